@@ -1,0 +1,48 @@
+//! The `BlockDevice` boundary. The engine sees only this trait, so every test can run on memory,
+//! on a device that records writes to build crash images, or on one that fails on command.
+use std::io;
+
+pub mod fault;
+pub mod file;
+pub mod mem;
+pub mod record;
+
+pub use fault::FaultDevice;
+pub use file::FileDevice;
+pub use mem::MemDevice;
+pub use record::{CrashImage, RecordingDevice, Tear};
+
+/// Positioned I/O on a fixed-size device. Writes are volatile until `flush` returns: a crash may
+/// drop, reorder or tear any write issued after the last completed flush.
+pub trait BlockDevice: Send + Sync {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    fn flush(&self) -> io::Result<()>;
+    /// Size in bytes.
+    fn size(&self) -> u64;
+}
+
+impl<T: BlockDevice + ?Sized> BlockDevice for std::sync::Arc<T> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        (**self).read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        (**self).write_at(buf, offset)
+    }
+    fn flush(&self) -> io::Result<()> {
+        (**self).flush()
+    }
+    fn size(&self) -> u64 {
+        (**self).size()
+    }
+}
+
+pub(crate) fn check_range(len: usize, offset: u64, size: u64) -> io::Result<()> {
+    match offset.checked_add(len as u64) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("I/O of {len} bytes at {offset} is past the device end ({size} bytes)"),
+        )),
+    }
+}

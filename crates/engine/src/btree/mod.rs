@@ -1,0 +1,12 @@
+//! The copy-on-write B+tree: in-memory nodes, the node cache, the store that owns device,
+//! cache and allocator, and the tree operations.
+pub mod cache;
+pub mod node;
+pub mod store;
+pub mod tree;
+
+pub use node::{Node, Ptr};
+pub use store::Store;
+pub use tree::{Change, Cursor, Tree};
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,168 @@
+//! The store: device, node cache and allocator, plus the copy-on-write rule.
+//!
+//! COW rule: a node whose generation equals the running transaction's was written by nobody yet
+//! and is changed in place; any other node is copied to a newly allocated block first, and its
+//! old block is freed (pinned until the commit is durable, see `space::alloc`).
+use super::cache::NodeCache;
+use super::node::Node;
+use crate::counters::Counters;
+use crate::error::{Error, Result};
+use crate::space::{Allocator, Kind};
+use idxfs_blockdev::BlockDevice;
+use idxfs_format::node::Expect;
+use idxfs_format::BLOCK_SIZE;
+use std::sync::Arc;
+
+pub struct Store {
+    pub dev: Arc<dyn BlockDevice>,
+    pub fsid: [u8; 16],
+    pub node_size: u32,
+    pub total_blocks: u64,
+    /// The running transaction's generation (last committed + 1).
+    pub generation: u64,
+    pub cache: NodeCache,
+    pub alloc: Allocator,
+    pub counters: Arc<Counters>,
+    /// Bumped on every tree change: cursors re-seek when it moved.
+    pub mod_seq: u64,
+    scratch: Vec<u8>,
+}
+
+impl Store {
+    pub fn new(
+        dev: Arc<dyn BlockDevice>,
+        fsid: [u8; 16],
+        node_size: u32,
+        total_blocks: u64,
+        generation: u64,
+        cache_nodes: usize,
+        alloc: Allocator,
+        counters: Arc<Counters>,
+    ) -> Store {
+        Store {
+            dev,
+            fsid,
+            node_size,
+            total_blocks,
+            generation,
+            cache: NodeCache::new(cache_nodes),
+            alloc,
+            counters,
+            mod_seq: 0,
+            scratch: vec![0; node_size as usize],
+        }
+    }
+
+    pub fn blocks_per_node(&self) -> u64 {
+        self.node_size as u64 / BLOCK_SIZE
+    }
+
+    /// Makes sure the node at `block` is cached, reading and validating it if needed.
+    pub fn load(
+        &mut self,
+        block: u64,
+        generation: u64,
+        owner: u64,
+        level: Option<u8>,
+    ) -> Result<()> {
+        if self.cache.contains(block) {
+            Counters::inc(&self.counters.node_cache_hits);
+            return Ok(());
+        }
+        let mut buf = std::mem::take(&mut self.scratch);
+        let r = self.dev.read_at(&mut buf, block * BLOCK_SIZE);
+        let exp = Expect {
+            block,
+            generation,
+            owner,
+            level,
+            fsid: self.fsid,
+            total_blocks: self.total_blocks,
+        };
+        let decoded = r
+            .map_err(Error::Io)
+            .and_then(|()| Node::decode(&buf, &exp).map_err(Error::Corrupt));
+        self.scratch = buf;
+        let node = decoded?;
+        Counters::inc(&self.counters.node_reads);
+        if self.cache.over_limit() {
+            let n = self.cache.evict(self.generation);
+            self.counters
+                .node_evictions
+                .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.cache.insert(block, node);
+        Ok(())
+    }
+
+    /// The cached node at `block`. Callers `load` first; a miss here is an engine bug.
+    #[inline]
+    pub fn node(&mut self, block: u64) -> &Node {
+        match self.cache.get(block) {
+            Some(n) => n,
+            None => panic!("node {block} used before load"),
+        }
+    }
+
+    #[inline]
+    pub fn node_mut(&mut self, block: u64) -> &mut Node {
+        match self.cache.get_mut(block) {
+            Some(n) => {
+                assert!(
+                    n.generation == self.generation,
+                    "changing clean node {block} without COW"
+                );
+                n
+            }
+            None => panic!("node {block} used before load"),
+        }
+    }
+
+    /// Allocates a block for a new node of the running transaction.
+    pub fn alloc_node(&mut self, node: Node) -> Result<u64> {
+        assert_eq!(node.generation, self.generation);
+        let bpn = self.blocks_per_node();
+        let (start, _) = self
+            .alloc
+            .alloc(bpn, bpn, Kind::Meta)
+            .ok_or(Error::NoSpace)?;
+        self.cache.insert(start, node);
+        Ok(start)
+    }
+
+    /// Frees a node's block and drops it from the cache.
+    pub fn free_node(&mut self, block: u64) {
+        let n = self.cache.remove(block);
+        let now = n.as_ref().is_some_and(|n| n.generation == self.generation);
+        self.alloc.free(block, self.blocks_per_node(), now);
+    }
+
+    /// Frees a block allocated in the running transaction whose node was already taken out of
+    /// the cache; no committed state references it, so it is reusable at once.
+    pub fn free_dirty_block(&mut self, block: u64) {
+        debug_assert!(!self.cache.contains(block));
+        self.alloc.free(block, self.blocks_per_node(), true);
+    }
+
+    /// Copy-on-write: returns the block that now holds a writable copy of the (loaded) node.
+    pub fn cow(&mut self, block: u64) -> Result<u64> {
+        let gen = self.generation;
+        if self.node(block).generation == gen {
+            return Ok(block);
+        }
+        let bpn = self.blocks_per_node();
+        let (new, _) = self
+            .alloc
+            .alloc(bpn, bpn, Kind::Meta)
+            .ok_or(Error::NoSpace)?;
+        let mut node = match self.cache.remove(block) {
+            Some(n) => n,
+            None => panic!("cow of uncached node {block}"),
+        };
+        node.generation = gen;
+        self.cache.insert(new, node);
+        self.alloc.free(block, bpn, false);
+        Counters::inc(&self.counters.node_cows);
+        Ok(new)
+    }
+}

@@ -1,0 +1,190 @@
+//! Model-based test of the B+tree against `BTreeMap`: random inserts, updates, deletes and range
+//! scans, with commits and cache drops so nodes round-trip through the device.
+use super::*;
+use crate::counters::Counters;
+use crate::space::Allocator;
+use crate::testutil::Rng;
+use crate::txn;
+use idxfs_blockdev::MemDevice;
+use idxfs_format::{ItemType, Key};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+fn store(node_size: u32, blocks: u64) -> Store {
+    let dev = Arc::new(MemDevice::new(blocks * 4096));
+    let counters = Arc::new(Counters::default());
+    let alloc = Allocator::new(blocks, 8192, counters.clone());
+    Store::new(dev, [9; 16], node_size, blocks, 1, 4096, alloc, counters)
+}
+
+fn commit(s: &mut Store, drop_cache: bool) {
+    txn::write_dirty_nodes(s).expect("write");
+    txn::finish(s);
+    if drop_cache {
+        s.cache.clear();
+    }
+}
+
+fn check_all(t: &Tree, s: &mut Store, model: &BTreeMap<Key, Vec<u8>>, seed: u64) {
+    let mut got = Vec::new();
+    t.scan(s, Key::MIN, Key::MAX, |k, v| {
+        got.push((*k, v.to_vec()));
+        Ok(true)
+    })
+    .expect("scan");
+    let want: Vec<(Key, Vec<u8>)> = model.iter().map(|(k, v)| (*k, v.clone())).collect();
+    assert_eq!(got.len(), want.len(), "seed {seed}: item count");
+    assert!(got == want, "seed {seed}: full scan differs from model");
+}
+
+#[test]
+fn model_random_ops() {
+    let (mut rng, seed) = Rng::from_env("btree model_random_ops");
+    let mut s = store(4096, 1 << 16);
+    let mut t = Tree::create(&mut s, 1).expect("create");
+    let mut model = BTreeMap::new();
+    let ops = 120_000;
+    // Keys from a few objects with a dense and a sparse offset range, so both sequential runs
+    // and random scatter occur.
+    let key = |rng: &mut Rng| {
+        let obj = rng.below(6);
+        let off = if obj < 3 {
+            rng.below(3000)
+        } else {
+            rng.next_u64() >> rng.below(64)
+        };
+        Key::new(obj, ItemType::Inode, off)
+    };
+    for i in 0..ops {
+        let k = key(&mut rng);
+        match rng.below(10) {
+            0..=3 => {
+                let n = rng.below(120) as usize;
+                let v = rng.bytes(n);
+                let r = t.insert(&mut s, k, v.clone());
+                match model.entry(k) {
+                    std::collections::btree_map::Entry::Vacant(e) => {
+                        r.expect("insert");
+                        e.insert(v);
+                    }
+                    std::collections::btree_map::Entry::Occupied(_) => {
+                        assert!(matches!(r, Err(crate::Error::Exists)), "seed {seed} op {i}")
+                    }
+                }
+            }
+            4 => {
+                let n = rng.below(200) as usize;
+                let v = rng.bytes(n);
+                t.put(&mut s, k, v.clone()).expect("put");
+                model.insert(k, v);
+            }
+            5..=7 => {
+                // Delete, biased toward existing keys so trees shrink as well as grow.
+                let k = if rng.chance(70) {
+                    model.range(k..).next().map(|(k, _)| *k).unwrap_or(k)
+                } else {
+                    k
+                };
+                let got = t.delete(&mut s, &k).expect("delete");
+                assert_eq!(got, model.remove(&k), "seed {seed} op {i}: delete {k}");
+            }
+            8 => {
+                assert_eq!(
+                    t.get(&mut s, &k).expect("get"),
+                    model.get(&k).cloned(),
+                    "seed {seed} op {i}: get {k}"
+                );
+            }
+            _ => {
+                let a = key(&mut rng);
+                let b = key(&mut rng);
+                let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+                let mut got = Vec::new();
+                let limit = rng.below(50) as usize + 1;
+                t.scan(&mut s, lo, hi, |k, _| {
+                    got.push(*k);
+                    Ok(got.len() < limit)
+                })
+                .expect("scan");
+                let want: Vec<Key> = model.range(lo..hi).map(|(k, _)| *k).take(limit).collect();
+                assert_eq!(got, want, "seed {seed} op {i}: scan {lo}..{hi}");
+            }
+        }
+        if i % 5000 == 4999 {
+            check_all(&t, &mut s, &model, seed);
+            commit(&mut s, rng.chance(50));
+        }
+    }
+    check_all(&t, &mut s, &model, seed);
+    // Delete everything: the tree must come back to one empty leaf and give every block back.
+    let keys: Vec<Key> = model.keys().copied().collect();
+    for k in keys {
+        assert!(t.delete(&mut s, &k).expect("delete").is_some());
+    }
+    commit(&mut s, true);
+    assert_eq!(t.level, 0, "seed {seed}: empty tree height");
+    // Superblocks + the one root leaf.
+    assert_eq!(s.alloc.used_blocks(), 2 + 1, "seed {seed}: leaked blocks");
+}
+
+#[test]
+fn sequential_inserts_fill_leaves() {
+    let mut s = store(16384, 1 << 16);
+    let mut t = Tree::create(&mut s, 1).expect("create");
+    for i in 0..100_000u64 {
+        t.insert(&mut s, Key::new(i, ItemType::Inode, 0), vec![7; 100])
+            .expect("insert");
+    }
+    let (mut leaves, mut used) = (0usize, 0usize);
+    t.walk_nodes(&mut s, |_, _, n| {
+        if n.is_leaf() {
+            leaves += 1;
+            used += n.used;
+        }
+        Ok(())
+    })
+    .expect("walk");
+    let fill = used as f64 / (leaves * idxfs_format::node::leaf_capacity(16384)) as f64;
+    assert!(
+        fill > 0.97,
+        "ascending inserts should fill leaves, got {fill:.3}"
+    );
+    assert_eq!(
+        s.counters
+            .leaf_splits_half
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+}
+
+#[test]
+fn alternating_insert_delete_does_not_thrash() {
+    let mut s = store(4096, 1 << 14);
+    let mut t = Tree::create(&mut s, 1).expect("create");
+    for i in 0..2000u64 {
+        t.insert(&mut s, Key::new(i, ItemType::Inode, 0), vec![1; 60])
+            .expect("insert");
+    }
+    let c = s.counters.clone();
+    let before = c.leaf_merges.load(std::sync::atomic::Ordering::Relaxed)
+        + c.leaf_splits_half
+            .load(std::sync::atomic::Ordering::Relaxed)
+        + c.leaf_splits_append
+            .load(std::sync::atomic::Ordering::Relaxed);
+    for _ in 0..10_000 {
+        t.insert(&mut s, Key::new(1000, ItemType::Inode, 1), vec![1; 60])
+            .expect("insert");
+        t.delete(&mut s, &Key::new(1000, ItemType::Inode, 1))
+            .expect("delete");
+    }
+    let after = c.leaf_merges.load(std::sync::atomic::Ordering::Relaxed)
+        + c.leaf_splits_half
+            .load(std::sync::atomic::Ordering::Relaxed)
+        + c.leaf_splits_append
+            .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        after - before <= 2,
+        "insert/delete at one spot split or merged {} times",
+        after - before
+    );
+}

@@ -1,0 +1,618 @@
+//! Copy-on-write B+tree operations: lookup, insert, update, delete, ordered scans.
+//!
+//! Glossary:
+//! - *path*: (block, child index) from the root down to a leaf, every node already COWed, so
+//!   changes can walk back up it.
+//! - *low key*: an internal node's key for child i is the smallest key in that child's subtree
+//!   (btrfs's invariant); `fixup_low_keys` restores it when a leaf's first key changes.
+//!
+//! Split policy (seed 002): when an insert lands at the right end of a full node, the node
+//! stays full and a new right sibling starts with just the new entry, so ascending inserts
+//! (inode numbers, directory indexes) fill nodes instead of leaving them half empty. Anywhere
+//! else the node splits at its byte midpoint.
+//!
+//! Merge policy: after a delete, a node below 1/4 full merges with a neighbour only if the
+//! result is at most 3/4 full. A merged node needs a quarter of a node of inserts before it can
+//! split again, and each half of a split starts near 1/2, far above the 1/4 trigger, so
+//! alternating insert/delete at a boundary cannot thrash.
+use super::node::{Node, Ptr};
+use super::store::Store;
+use crate::counters::Counters;
+use crate::error::{Error, Result};
+use idxfs_format::node::{
+    internal_capacity, leaf_capacity, ITEM_HEADER_SIZE, KEY_PTR_SIZE, MAX_LEVEL,
+};
+use idxfs_format::Key;
+
+#[derive(Debug, Clone, Copy)]
+pub struct Tree {
+    pub owner: u64,
+    pub root: Ptr,
+    pub level: u8,
+}
+
+type Path = Vec<(u64, usize)>;
+
+/// What an `update` closure asks for.
+pub enum Change {
+    Keep,
+    Delete,
+}
+
+impl Tree {
+    /// A new, empty tree (one empty leaf) in the running transaction.
+    pub fn create(store: &mut Store, owner: u64) -> Result<Tree> {
+        let leaf = Node::new_leaf(owner, store.generation);
+        let block = store.alloc_node(leaf)?;
+        Ok(Tree {
+            owner,
+            root: Ptr {
+                block,
+                generation: store.generation,
+            },
+            level: 0,
+        })
+    }
+
+    fn leaf_cap(store: &Store) -> usize {
+        leaf_capacity(store.node_size)
+    }
+
+    /// Capacity in `used` units (bytes) of a leaf or internal node.
+    fn cap(node_size: u32, leaf: bool) -> usize {
+        if leaf {
+            leaf_capacity(node_size)
+        } else {
+            internal_capacity(node_size) * KEY_PTR_SIZE
+        }
+    }
+
+    /// Descends without changing anything; returns the leaf block for `key`.
+    fn find_leaf(&self, store: &mut Store, key: &Key) -> Result<u64> {
+        let (mut block, mut gen, mut level) = (self.root.block, self.root.generation, self.level);
+        loop {
+            store.load(block, gen, self.owner, Some(level))?;
+            let n = store.node(block);
+            if n.is_leaf() {
+                return Ok(block);
+            }
+            let p = n.ptrs()[n.child_index(key)];
+            block = p.block;
+            gen = p.generation;
+            level -= 1;
+        }
+    }
+
+    /// Calls `f` with the value of `key`, if present.
+    pub fn with<R>(
+        &self,
+        store: &mut Store,
+        key: &Key,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>> {
+        let leaf = self.find_leaf(store, key)?;
+        let n = store.node(leaf);
+        Ok(n.keys.binary_search(key).ok().map(|i| f(&n.leaf_vals()[i])))
+    }
+
+    pub fn get(&self, store: &mut Store, key: &Key) -> Result<Option<Vec<u8>>> {
+        self.with(store, key, |v| v.to_vec())
+    }
+
+    pub fn contains(&self, store: &mut Store, key: &Key) -> Result<bool> {
+        Ok(self.with(store, key, |_| ())?.is_some())
+    }
+
+    /// Descends to the leaf for `key`, copying every node on the way (COW).
+    fn cow_path(&mut self, store: &mut Store, key: &Key) -> Result<Path> {
+        let gen = store.generation;
+        store.load(
+            self.root.block,
+            self.root.generation,
+            self.owner,
+            Some(self.level),
+        )?;
+        let root = store.cow(self.root.block)?;
+        self.root = Ptr {
+            block: root,
+            generation: gen,
+        };
+        let mut path = Vec::with_capacity(self.level as usize + 1);
+        let mut block = root;
+        loop {
+            let n = store.node(block);
+            if n.is_leaf() {
+                path.push((block, 0));
+                return Ok(path);
+            }
+            let i = n.child_index(key);
+            let p = n.ptrs()[i];
+            let level = n.level - 1;
+            store.load(p.block, p.generation, self.owner, Some(level))?;
+            let c = store.cow(p.block)?;
+            if c != p.block || p.generation != gen {
+                store.node_mut(block).ptrs_mut()[i] = Ptr {
+                    block: c,
+                    generation: gen,
+                };
+            }
+            path.push((block, i));
+            block = c;
+        }
+    }
+
+    /// Inserts a new item. The key must not exist (callers look first; a duplicate is a bug in
+    /// the caller, reported as `Error::Exists`).
+    pub fn insert(&mut self, store: &mut Store, key: Key, val: Vec<u8>) -> Result<()> {
+        assert!(
+            val.len() <= idxfs_format::node::max_item_size(store.node_size),
+            "item of {} bytes",
+            val.len()
+        );
+        let path = self.cow_path(store, &key)?;
+        let leaf = path[path.len() - 1].0;
+        let n = store.node_mut(leaf);
+        let pos = match n.keys.binary_search(&key) {
+            Ok(_) => return Err(Error::Exists),
+            Err(p) => p,
+        };
+        n.used += ITEM_HEADER_SIZE + val.len();
+        n.keys.insert(pos, key);
+        n.leaf_vals_mut().insert(pos, val);
+        let over = n.used > Self::leaf_cap(store);
+        store.mod_seq += 1;
+        if pos == 0 {
+            self.fixup_low_keys(store, &path, path.len() - 1, key);
+        }
+        if over {
+            self.split(store, &path, path.len() - 1, pos)?;
+        }
+        Ok(())
+    }
+
+    /// Changes the value of `key` in place (`f` gets it mutably), or deletes it. Returns false
+    /// when the key does not exist.
+    pub fn update(
+        &mut self,
+        store: &mut Store,
+        key: &Key,
+        f: impl FnOnce(&mut Vec<u8>) -> Change,
+    ) -> Result<bool> {
+        if !self.contains(store, key)? {
+            return Ok(false);
+        }
+        let path = self.cow_path(store, key)?;
+        let d = path.len() - 1;
+        let leaf = path[d].0;
+        let n = store.node_mut(leaf);
+        let Ok(pos) = n.keys.binary_search(key) else {
+            return Ok(false);
+        };
+        let vals = n.leaf_vals_mut();
+        let before = vals[pos].len();
+        let change = f(&mut vals[pos]);
+        let after = vals[pos].len();
+        store.mod_seq += 1;
+        match change {
+            Change::Delete => {
+                self.remove_at(store, &path, pos, before)?;
+            }
+            Change::Keep => {
+                assert!(
+                    after <= idxfs_format::node::max_item_size(store.node_size),
+                    "item grew to {after} bytes"
+                );
+                let n = store.node_mut(leaf);
+                n.used = n.used + after - before;
+                if n.used > Self::leaf_cap(store) {
+                    self.split(store, &path, d, pos)?;
+                } else if after < before {
+                    self.rebalance(store, &path, d)?;
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Inserts or replaces.
+    pub fn put(&mut self, store: &mut Store, key: Key, val: Vec<u8>) -> Result<()> {
+        let mut val = Some(val);
+        let replaced = self.update(store, &key, |v| {
+            *v = val.take().unwrap_or_default();
+            Change::Keep
+        })?;
+        match (replaced, val) {
+            (false, Some(v)) => self.insert(store, key, v),
+            _ => Ok(()),
+        }
+    }
+
+    /// Deletes `key`; returns its value if it existed.
+    pub fn delete(&mut self, store: &mut Store, key: &Key) -> Result<Option<Vec<u8>>> {
+        let mut out = None;
+        self.update(store, key, |v| {
+            out = Some(std::mem::take(v));
+            Change::Delete
+        })?;
+        Ok(out)
+    }
+
+    /// Removes leaf item `pos`, whose value was `len` bytes when last accounted in `used`.
+    fn remove_at(&mut self, store: &mut Store, path: &Path, pos: usize, len: usize) -> Result<()> {
+        let d = path.len() - 1;
+        let n = store.node_mut(path[d].0);
+        n.keys.remove(pos);
+        n.leaf_vals_mut().remove(pos);
+        n.used -= ITEM_HEADER_SIZE + len;
+        let first = n.keys.first().copied();
+        if let (0, Some(k)) = (pos, first) {
+            self.fixup_low_keys(store, path, d, k);
+        }
+        self.rebalance(store, path, d)
+    }
+
+    /// Restores the low-key invariant above path[d] after node d's first key became `key`.
+    fn fixup_low_keys(&mut self, store: &mut Store, path: &Path, d: usize, key: Key) {
+        for j in (0..d).rev() {
+            let (b, i) = path[j];
+            store.node_mut(b).keys[i] = key;
+            if i != 0 {
+                break;
+            }
+        }
+    }
+
+    /// Splits the over-full node path[d]; `pos` is where the entry that overflowed it went.
+    fn split(&mut self, store: &mut Store, path: &Path, d: usize, pos: usize) -> Result<()> {
+        let gen = store.generation;
+        let block = path[d].0;
+        let counters = store.counters.clone();
+        let leaf = store.node(block).is_leaf();
+        let cap = Self::cap(store.node_size, leaf);
+        let node = store.node_mut(block);
+        let n = node.len();
+        assert!(n >= 2, "cannot split a node of {n} entries");
+        let at = if pos == n - 1 {
+            n - 1
+        } else {
+            let half = node.used / 2;
+            let mut acc = 0;
+            let mut at = n - 1;
+            for i in 0..n {
+                acc += match &node.body {
+                    super::node::Body::Leaf(v) => ITEM_HEADER_SIZE + v[i].len(),
+                    super::node::Body::Internal(_) => KEY_PTR_SIZE,
+                };
+                if acc >= half {
+                    at = (i + 1).clamp(1, n - 1);
+                    break;
+                }
+            }
+            at
+        };
+        let mut right = if node.is_leaf() {
+            Node::new_leaf(self.owner, gen)
+        } else {
+            Node::new_internal(self.owner, gen, node.level)
+        };
+        right.keys = node.keys.split_off(at);
+        match (&mut node.body, &mut right.body) {
+            (super::node::Body::Leaf(l), super::node::Body::Leaf(r)) => {
+                *r = l.split_off(at);
+                right.used = r.iter().map(|v| v.len() + ITEM_HEADER_SIZE).sum();
+                if at == n - 1 {
+                    Counters::inc(&counters.leaf_splits_append);
+                } else {
+                    Counters::inc(&counters.leaf_splits_half);
+                }
+            }
+            (super::node::Body::Internal(l), super::node::Body::Internal(r)) => {
+                *r = l.split_off(at);
+                right.used = r.len() * KEY_PTR_SIZE;
+                Counters::inc(&counters.internal_splits);
+            }
+            _ => unreachable!("split node and new sibling differ in kind"),
+        }
+        node.used -= right.used;
+        let level = node.level;
+        node.assert_invariants(cap);
+        right.assert_invariants(cap);
+        let left_first = node.keys[0];
+        let right_first = right.keys[0];
+        let rblock = store.alloc_node(right)?;
+        let rptr = Ptr {
+            block: rblock,
+            generation: gen,
+        };
+        if d == 0 {
+            // Root split: the tree grows a level.
+            assert!(level + 1 < MAX_LEVEL, "tree deeper than {MAX_LEVEL}");
+            let mut root = Node::new_internal(self.owner, gen, level + 1);
+            root.keys = vec![left_first, right_first];
+            root.body = super::node::Body::Internal(vec![
+                Ptr {
+                    block,
+                    generation: gen,
+                },
+                rptr,
+            ]);
+            root.used = 2 * KEY_PTR_SIZE;
+            let rb = store.alloc_node(root)?;
+            self.root = Ptr {
+                block: rb,
+                generation: gen,
+            };
+            self.level = level + 1;
+            Counters::inc(&store.counters.root_grows);
+            return Ok(());
+        }
+        let (pb, pi) = path[d - 1];
+        let icap = internal_capacity(store.node_size);
+        let p = store.node_mut(pb);
+        p.keys.insert(pi + 1, right_first);
+        p.ptrs_mut().insert(pi + 1, rptr);
+        p.used += KEY_PTR_SIZE;
+        if p.len() > icap {
+            self.split(store, path, d - 1, pi + 1)?;
+        }
+        Ok(())
+    }
+
+    /// Restores fill after path[d] shrank: drop it if empty, merge it with a neighbour if it is
+    /// under 1/4 full and the pair fits in 3/4, collapse a root with one child.
+    fn rebalance(&mut self, store: &mut Store, path: &Path, d: usize) -> Result<()> {
+        let gen = store.generation;
+        let block = path[d].0;
+        if d == 0 {
+            let n = store.node(block);
+            if !n.is_leaf() && n.len() == 1 {
+                let child = n.ptrs()[0];
+                let level = n.level - 1;
+                store.load(child.block, child.generation, self.owner, Some(level))?;
+                store.free_node(block);
+                self.root = child;
+                self.level -= 1;
+                Counters::inc(&store.counters.root_shrinks);
+            }
+            return Ok(());
+        }
+        let (pb, pi) = path[d - 1];
+        let node = store.node(block);
+        let (len, used, is_leaf) = (node.len(), node.used, node.is_leaf());
+        let cap = Self::cap(store.node_size, is_leaf);
+        if len == 0 {
+            store.free_node(block);
+            return self.remove_ptr(store, path, d - 1, pi);
+        }
+        if used >= cap / 4 {
+            return Ok(());
+        }
+        let plen = store.node(pb).len();
+        let (li, ri) = if pi > 0 {
+            (pi - 1, pi)
+        } else if pi + 1 < plen {
+            (pi, pi + 1)
+        } else {
+            return Ok(());
+        };
+        let sib_i = if li == pi { ri } else { li };
+        let sp = store.node(pb).ptrs()[sib_i];
+        let level = store.node(block).level;
+        store.load(sp.block, sp.generation, self.owner, Some(level))?;
+        if used + store.node(sp.block).used > cap / 4 * 3 {
+            return Ok(());
+        }
+        let sb = store.cow(sp.block)?;
+        store.node_mut(pb).ptrs_mut()[sib_i] = Ptr {
+            block: sb,
+            generation: gen,
+        };
+        let (lb, rb) = if li == pi { (block, sb) } else { (sb, block) };
+        let right = match store.cache.remove(rb) {
+            Some(r) => r,
+            None => panic!("merge source {rb} not cached"),
+        };
+        let r_used = right.used;
+        {
+            let left = store.node_mut(lb);
+            left.keys.extend(right.keys);
+            match (&mut left.body, right.body) {
+                (super::node::Body::Leaf(l), super::node::Body::Leaf(r)) => l.extend(r),
+                (super::node::Body::Internal(l), super::node::Body::Internal(r)) => l.extend(r),
+                _ => unreachable!("merging nodes of different kinds"),
+            }
+            left.used += r_used;
+            left.assert_invariants(cap);
+        }
+        // Both halves were COWed in this transaction, so the emptied block is reusable at once.
+        store.free_dirty_block(rb);
+        if is_leaf {
+            Counters::inc(&store.counters.leaf_merges);
+        } else {
+            Counters::inc(&store.counters.internal_merges);
+        }
+        self.remove_ptr(store, path, d - 1, ri)
+    }
+
+    /// Removes pointer `i` from path[d]'s node and rebalances upward.
+    fn remove_ptr(&mut self, store: &mut Store, path: &Path, d: usize, i: usize) -> Result<()> {
+        let b = path[d].0;
+        let n = store.node_mut(b);
+        n.keys.remove(i);
+        n.ptrs_mut().remove(i);
+        n.used -= KEY_PTR_SIZE;
+        let first = n.keys.first().copied();
+        if let (0, Some(k)) = (i, first) {
+            self.fixup_low_keys(store, path, d, k);
+        }
+        if store.node(b).is_empty() {
+            if d > 0 {
+                // An internal node that had one child (its neighbours were too full to merge
+                // with) lost it: drop the node from its parent in turn.
+                store.free_node(b);
+                let (_, pi) = path[d - 1];
+                return self.remove_ptr(store, path, d - 1, pi);
+            }
+            // The root's last child went away: the tree is empty again.
+            store.free_node(b);
+            let leaf = Node::new_leaf(self.owner, store.generation);
+            let lb = store.alloc_node(leaf)?;
+            self.root = Ptr {
+                block: lb,
+                generation: store.generation,
+            };
+            self.level = 0;
+            return Ok(());
+        }
+        self.rebalance(store, path, d)
+    }
+
+    /// Calls `f(key, value)` for every item with `from <= key < to`, in key order, until it
+    /// returns false.
+    pub fn scan(
+        &self,
+        store: &mut Store,
+        from: Key,
+        to: Key,
+        mut f: impl FnMut(&Key, &[u8]) -> Result<bool>,
+    ) -> Result<()> {
+        let mut stack: Vec<(u64, usize)> = Vec::with_capacity(self.level as usize + 1);
+        let (mut block, mut gen, mut level) = (self.root.block, self.root.generation, self.level);
+        // Descend to the first leaf that may hold `from`.
+        loop {
+            store.load(block, gen, self.owner, Some(level))?;
+            let n = store.node(block);
+            if n.is_leaf() {
+                break;
+            }
+            let i = n.child_index(&from);
+            let p = n.ptrs()[i];
+            stack.push((block, i));
+            block = p.block;
+            gen = p.generation;
+            level -= 1;
+        }
+        let mut start = store.node(block).keys.partition_point(|k| *k < from);
+        loop {
+            {
+                let n = store.node(block);
+                let vals = n.leaf_vals();
+                for i in start..n.len() {
+                    let k = &n.keys[i];
+                    if *k >= to {
+                        return Ok(());
+                    }
+                    if !f(k, &vals[i])? {
+                        return Ok(());
+                    }
+                }
+            }
+            // Next leaf: climb to the first ancestor with a next child, then down its left edge.
+            loop {
+                let Some((b, i)) = stack.pop() else {
+                    return Ok(());
+                };
+                let n = store.node(b);
+                if i + 1 < n.len() {
+                    if n.keys[i + 1] >= to {
+                        return Ok(());
+                    }
+                    let p = n.ptrs()[i + 1];
+                    let lvl = n.level - 1;
+                    stack.push((b, i + 1));
+                    let (mut cb, mut cg, mut cl) = (p.block, p.generation, lvl);
+                    loop {
+                        store.load(cb, cg, self.owner, Some(cl))?;
+                        let c = store.node(cb);
+                        if c.is_leaf() {
+                            break;
+                        }
+                        let p0 = c.ptrs()[0];
+                        stack.push((cb, 0));
+                        cb = p0.block;
+                        cg = p0.generation;
+                        cl -= 1;
+                    }
+                    block = cb;
+                    start = 0;
+                    break;
+                }
+            }
+        }
+    }
+
+    /// The last item with `floor <= key <= at`, if any.
+    pub fn last_at_or_before(
+        &self,
+        store: &mut Store,
+        floor: Key,
+        at: Key,
+    ) -> Result<Option<(Key, Vec<u8>)>> {
+        // By the low-key invariant the leaf chosen for `at` starts at or before `at` unless it
+        // is the leftmost leaf, so the answer, if any, is in this leaf.
+        let leaf = self.find_leaf(store, &at)?;
+        let n = store.node(leaf);
+        let i = n.keys.partition_point(|k| *k <= at);
+        if i == 0 {
+            return Ok(None);
+        }
+        let k = n.keys[i - 1];
+        Ok((k >= floor).then(|| (k, n.leaf_vals()[i - 1].clone())))
+    }
+
+    /// Visits every node (pre-order) with its level, reading each once: fsck and dump.
+    pub fn walk_nodes(
+        &self,
+        store: &mut Store,
+        mut f: impl FnMut(&mut Store, u64, &Node) -> Result<()>,
+    ) -> Result<()> {
+        let mut stack = vec![(self.root, self.level)];
+        while let Some((p, level)) = stack.pop() {
+            store.load(p.block, p.generation, self.owner, Some(level))?;
+            let n = store.node(p.block).clone();
+            for cp in n.ptrs().iter().rev() {
+                stack.push((*cp, level - 1));
+            }
+            f(store, p.block, &n)?;
+        }
+        Ok(())
+    }
+}
+
+/// A resumable ordered cursor: returns items in batches and re-seeks by key, so it stays valid
+/// across changes to the tree between batches.
+pub struct Cursor {
+    next: Option<Key>,
+    end: Key,
+}
+
+impl Cursor {
+    pub fn new(from: Key, to: Key) -> Cursor {
+        Cursor {
+            next: Some(from),
+            end: to,
+        }
+    }
+
+    /// Up to `max` items from where the cursor stands; empty when done.
+    pub fn next_batch(
+        &mut self,
+        tree: &Tree,
+        store: &mut Store,
+        max: usize,
+    ) -> Result<Vec<(Key, Vec<u8>)>> {
+        let Some(from) = self.next else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        tree.scan(store, from, self.end, |k, v| {
+            out.push((*k, v.to_vec()));
+            Ok(out.len() < max)
+        })?;
+        self.next = match out.last() {
+            Some((k, _)) if out.len() == max => k.successor(),
+            _ => None,
+        };
+        Ok(out)
+    }
+}

@@ -1,0 +1,54 @@
+//! Counters for every distinct code path, readable at run time ("the humble counter").
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+macro_rules! counters {
+    ($($name:ident: $doc:literal,)*) => {
+        #[derive(Default)]
+        pub struct Counters { $(#[doc = $doc] pub $name: AtomicU64,)* }
+        impl Counters {
+            pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($name), self.$name.load(Ordering::Relaxed)),)*]
+            }
+        }
+    };
+}
+
+counters! {
+    node_reads: "nodes read from the device (cache misses)",
+    node_cache_hits: "node lookups served from the cache",
+    node_evictions: "clean nodes dropped from the cache to respect its bound",
+    node_cows: "nodes copied to a new block on first change in a transaction",
+    node_writes: "nodes written at commit",
+    leaf_splits_half: "leaf splits that moved half the items",
+    leaf_splits_append: "leaf splits that started an empty right leaf (append at the end)",
+    internal_splits: "internal node splits",
+    leaf_merges: "leaves merged into a neighbour after deletes",
+    internal_merges: "internal nodes merged into a neighbour",
+    root_grows: "tree height increases",
+    root_shrinks: "tree height decreases",
+    commits: "transactions committed",
+    commit_dirty_inodes: "inode items written back at commit",
+    inode_cache_hits: "inode lookups served from the inode cache",
+    inode_cache_misses: "inode lookups that read the fs tree",
+    blocks_allocated: "blocks allocated",
+    blocks_freed_now: "blocks freed and reusable at once (allocated in the same transaction)",
+    blocks_pinned: "blocks freed but held until the commit that frees them is durable",
+    enospc: "operations refused for lack of space",
+}
+
+impl Counters {
+    #[inline]
+    pub fn inc(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl fmt::Display for Counters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (name, v) in self.snapshot() {
+            writeln!(f, "{name:24} {v}")?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,118 @@
+//! Engine errors: fine-grained here, converted to errno only at the FUSE edge (`Error::errno`
+//! exists for that edge and for the CLI; nothing inside the engine looks at numbers).
+use idxfs_format::Corrupt;
+use std::fmt;
+
+#[derive(Debug)]
+pub enum Error {
+    NotFound,
+    Exists,
+    NotDir,
+    IsDir,
+    NotEmpty,
+    NameTooLong,
+    /// Name is empty, ".", "..", or contains '/' or NUL.
+    InvalidName,
+    NoSpace,
+    /// Mounted read-only, or gone read-only after an I/O error (the error that caused it is kept
+    /// in `Fs::failure`).
+    ReadOnly,
+    TooManyLinks,
+    FileTooBig,
+    /// An xattr does not exist (ENODATA).
+    NoData,
+    /// A value or list does not fit the caller's buffer or the format's item (ERANGE / E2BIG).
+    TooBig,
+    /// The operation makes no sense for these arguments (EINVAL), e.g. renaming a directory into
+    /// its own subtree.
+    Invalid(&'static str),
+    NotSupported(&'static str),
+    Io(std::io::Error),
+    Corrupt(Corrupt),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl From<Corrupt> for Error {
+    fn from(c: Corrupt) -> Self {
+        Error::Corrupt(c)
+    }
+}
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Io(e)
+    }
+}
+
+impl Error {
+    /// The Linux errno for this error, for front ends.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::NotFound => libc_consts::ENOENT,
+            Error::Exists => libc_consts::EEXIST,
+            Error::NotDir => libc_consts::ENOTDIR,
+            Error::IsDir => libc_consts::EISDIR,
+            Error::NotEmpty => libc_consts::ENOTEMPTY,
+            Error::NameTooLong => libc_consts::ENAMETOOLONG,
+            Error::InvalidName | Error::Invalid(_) => libc_consts::EINVAL,
+            Error::NoSpace => libc_consts::ENOSPC,
+            Error::ReadOnly => libc_consts::EROFS,
+            Error::TooManyLinks => libc_consts::EMLINK,
+            Error::FileTooBig => libc_consts::EFBIG,
+            Error::NoData => libc_consts::ENODATA,
+            Error::TooBig => libc_consts::E2BIG,
+            Error::NotSupported(_) => libc_consts::EOPNOTSUPP,
+            Error::Io(_) | Error::Corrupt(_) => libc_consts::EIO,
+        }
+    }
+
+    /// True for errors that mean the device or image is bad (the file system stops writing).
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, Error::Io(_) | Error::Corrupt(_))
+    }
+}
+
+/// The few errno values the engine names (Linux numbering), kept here so the engine needs no libc.
+mod libc_consts {
+    pub const ENOENT: i32 = 2;
+    pub const EIO: i32 = 5;
+    pub const E2BIG: i32 = 7;
+    pub const EEXIST: i32 = 17;
+    pub const ENOTDIR: i32 = 20;
+    pub const EISDIR: i32 = 21;
+    pub const EINVAL: i32 = 22;
+    pub const EFBIG: i32 = 27;
+    pub const ENOSPC: i32 = 28;
+    pub const EROFS: i32 = 30;
+    pub const EMLINK: i32 = 31;
+    pub const ENAMETOOLONG: i32 = 36;
+    pub const ENOTEMPTY: i32 = 39;
+    pub const ENODATA: i32 = 61;
+    pub const EOPNOTSUPP: i32 = 95;
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::NotFound => write!(f, "no such file or directory"),
+            Error::Exists => write!(f, "file exists"),
+            Error::NotDir => write!(f, "not a directory"),
+            Error::IsDir => write!(f, "is a directory"),
+            Error::NotEmpty => write!(f, "directory not empty"),
+            Error::NameTooLong => write!(f, "file name too long (over 255 bytes)"),
+            Error::InvalidName => write!(f, "invalid file name"),
+            Error::NoSpace => write!(f, "no space left on device"),
+            Error::ReadOnly => write!(f, "read-only file system"),
+            Error::TooManyLinks => write!(f, "too many links"),
+            Error::FileTooBig => write!(f, "file too big"),
+            Error::NoData => write!(f, "no such attribute"),
+            Error::TooBig => write!(f, "value too big"),
+            Error::Invalid(why) => write!(f, "invalid argument: {why}"),
+            Error::NotSupported(what) => write!(f, "not supported: {what}"),
+            Error::Io(e) => write!(f, "I/O error: {e}"),
+            Error::Corrupt(c) => write!(f, "{c}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}

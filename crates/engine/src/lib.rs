@@ -1,0 +1,14 @@
+//! idxfs engine: copy-on-write B+trees, transactions, space allocation, caches and the POSIX
+//! file-system operations, over a `BlockDevice`. No FUSE, no async runtime.
+//!
+//! Reading order: `btree` (node, store, tree) -> `space` -> `txn` (commit) -> `fs` (operations)
+//! -> `fsck` and `dump`.
+pub mod btree;
+pub mod clock;
+pub mod counters;
+pub mod error;
+pub mod space;
+pub mod testutil;
+pub mod txn;
+
+pub use error::{Error, Result};

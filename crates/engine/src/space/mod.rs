@@ -1,0 +1,4 @@
+//! Space: block groups with a free-space bitmap each.
+pub mod alloc;
+pub mod bitmap;
+pub use alloc::{Allocator, Kind};

@@ -1,0 +1,422 @@
+//! Item values. Fixed-size items are `#[repr(C)]` structs; list items (names that share a key
+//! because of hash collisions or hard links) are a sequence of length-prefixed records, each
+//! decoded with bounds checks.
+use crate::{ensure, Corrupt, NAME_MAX};
+use zerocopy::little_endian::{I64, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    FromBytes,
+    IntoBytes,
+    KnownLayout,
+    Immutable,
+    Unaligned,
+)]
+#[repr(C)]
+pub struct Timespec {
+    pub sec: I64,
+    pub nsec: U32,
+}
+const _: () = assert!(size_of::<Timespec>() == 12);
+
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned,
+)]
+#[repr(C)]
+pub struct InodeItem {
+    /// File type and permission bits, as in `st_mode`.
+    pub mode: U32,
+    pub nlink: U32,
+    pub uid: U32,
+    pub gid: U32,
+    /// Bytes; for a directory, the number of entries (so rmdir's emptiness test is O(1)).
+    pub size: U64,
+    /// Bytes of data blocks allocated to the file.
+    pub alloc_bytes: U64,
+    pub rdev: U64,
+    pub flags: U64,
+    /// Commit generation at creation: with the inode number, names this inode forever.
+    pub generation: U64,
+    pub atime: Timespec,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+    pub btime: Timespec,
+    pub reserved: [U64; 2],
+}
+pub const INODE_ITEM_SIZE: usize = 16 + 8 * 5 + 12 * 4 + 16;
+const _: () = assert!(size_of::<InodeItem>() == INODE_ITEM_SIZE);
+
+pub const S_IFMT: u32 = 0o170000;
+pub const S_IFSOCK: u32 = 0o140000;
+pub const S_IFLNK: u32 = 0o120000;
+pub const S_IFREG: u32 = 0o100000;
+pub const S_IFBLK: u32 = 0o060000;
+pub const S_IFDIR: u32 = 0o040000;
+pub const S_IFCHR: u32 = 0o020000;
+pub const S_IFIFO: u32 = 0o010000;
+
+/// Checks an inode item's value.
+pub fn decode_inode(data: &[u8], ino: u64) -> Result<InodeItem, Corrupt> {
+    let what = |f: &str| format!("inode {ino} {f}");
+    ensure!(
+        data.len() == INODE_ITEM_SIZE,
+        what("item size"),
+        data.len(),
+        INODE_ITEM_SIZE
+    );
+    let it = InodeItem::read_from_bytes(data)
+        .map_err(|_| Corrupt::new(what("item size"), data.len(), INODE_ITEM_SIZE))?;
+    let fmt = it.mode.get() & S_IFMT;
+    ensure!(
+        matches!(
+            fmt,
+            S_IFSOCK | S_IFLNK | S_IFREG | S_IFBLK | S_IFDIR | S_IFCHR | S_IFIFO
+        ),
+        what("file type"),
+        format!("{fmt:#o}"),
+        "one of the seven POSIX file types"
+    );
+    ensure!(
+        it.mode.get() & !(S_IFMT | 0o7777) == 0,
+        what("mode"),
+        format!("{:#o}", it.mode.get()),
+        "no bits outside S_IFMT|07777"
+    );
+    for (n, t) in [
+        ("atime", it.atime),
+        ("mtime", it.mtime),
+        ("ctime", it.ctime),
+        ("btime", it.btime),
+    ] {
+        ensure!(
+            t.nsec.get() < 1_000_000_000,
+            what(n),
+            t.nsec.get(),
+            "nanoseconds < 1e9"
+        );
+    }
+    Ok(it)
+}
+
+/// File type code stored in directory entries (the `d_type` values of Linux).
+pub fn dtype_of_mode(mode: u32) -> u8 {
+    ((mode & S_IFMT) >> 12) as u8
+}
+
+/// One directory entry record inside a DirHash or DirIno item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub ino: u64,
+    pub dtype: u8,
+    pub name: Vec<u8>,
+}
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct DirEntryHead {
+    ino: U64,
+    dtype: u8,
+    name_len: u8,
+}
+const DIR_ENTRY_HEAD: usize = 10;
+const _: () = assert!(size_of::<DirEntryHead>() == DIR_ENTRY_HEAD);
+
+pub fn dir_entry_size(name_len: usize) -> usize {
+    DIR_ENTRY_HEAD + name_len
+}
+
+pub fn encode_dir_entry(out: &mut Vec<u8>, e: &DirEntry) {
+    assert!(
+        !e.name.is_empty() && e.name.len() <= NAME_MAX,
+        "dir entry name length {}",
+        e.name.len()
+    );
+    let h = DirEntryHead {
+        ino: U64::new(e.ino),
+        dtype: e.dtype,
+        name_len: e.name.len() as u8,
+    };
+    out.extend_from_slice(h.as_bytes());
+    out.extend_from_slice(&e.name);
+}
+
+/// Decodes every record of a DirHash/DirIno item. `what` names the item for error messages.
+pub fn decode_dir_entries(mut data: &[u8], what: &str) -> Result<Vec<DirEntry>, Corrupt> {
+    let mut out = Vec::with_capacity(1);
+    ensure!(
+        !data.is_empty(),
+        format!("{what} entry list"),
+        "empty",
+        "at least one entry"
+    );
+    while !data.is_empty() {
+        let (h, rest) = DirEntryHead::read_from_prefix(data).map_err(|_| {
+            Corrupt::new(
+                format!("{what} entry header"),
+                format!("{} bytes left", data.len()),
+                format!(">= {DIR_ENTRY_HEAD}"),
+            )
+        })?;
+        let n = h.name_len as usize;
+        ensure!(n >= 1, format!("{what} name length"), n, "1..=255");
+        ensure!(
+            rest.len() >= n,
+            format!("{what} name length"),
+            n,
+            format!("<= {} bytes left", rest.len())
+        );
+        let (name, rest) = rest.split_at(n);
+        ensure!(
+            !name.contains(&b'/') && !name.contains(&0),
+            format!("{what} name"),
+            String::from_utf8_lossy(name),
+            "no '/' or NUL"
+        );
+        ensure!(h.dtype <= 14, format!("{what} dtype"), h.dtype, "<= 14");
+        out.push(DirEntry {
+            ino: h.ino.get(),
+            dtype: h.dtype,
+            name: name.to_vec(),
+        });
+        data = rest;
+    }
+    Ok(out)
+}
+
+/// Names in an InodeRef item: u8 length + bytes, repeated.
+pub fn encode_names(names: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for n in names {
+        assert!(!n.is_empty() && n.len() <= NAME_MAX);
+        out.push(n.len() as u8);
+        out.extend_from_slice(n);
+    }
+    out
+}
+
+pub fn decode_names(mut data: &[u8], what: &str) -> Result<Vec<Vec<u8>>, Corrupt> {
+    let mut out = Vec::new();
+    ensure!(
+        !data.is_empty(),
+        format!("{what} name list"),
+        "empty",
+        "at least one name"
+    );
+    while let Some((&len, rest)) = data.split_first() {
+        let n = len as usize;
+        ensure!(
+            n >= 1 && n <= rest.len(),
+            format!("{what} name length"),
+            n,
+            format!("1..={}", rest.len())
+        );
+        let (name, rest) = rest.split_at(n);
+        out.push(name.to_vec());
+        data = rest;
+    }
+    Ok(out)
+}
+
+/// Xattr records: name_len u8, value_len u16, name, value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XattrEntry {
+    pub name: Vec<u8>,
+    pub value: Vec<u8>,
+}
+
+pub fn xattr_entry_size(name_len: usize, value_len: usize) -> usize {
+    3 + name_len + value_len
+}
+
+pub fn encode_xattrs(xs: &[XattrEntry]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for x in xs {
+        assert!(!x.name.is_empty() && x.name.len() <= 255 && x.value.len() <= u16::MAX as usize);
+        out.push(x.name.len() as u8);
+        out.extend_from_slice(&(x.value.len() as u16).to_le_bytes());
+        out.extend_from_slice(&x.name);
+        out.extend_from_slice(&x.value);
+    }
+    out
+}
+
+pub fn decode_xattrs(mut data: &[u8], what: &str) -> Result<Vec<XattrEntry>, Corrupt> {
+    let mut out = Vec::new();
+    ensure!(
+        !data.is_empty(),
+        format!("{what} xattr list"),
+        "empty",
+        "at least one entry"
+    );
+    while !data.is_empty() {
+        ensure!(
+            data.len() >= 3,
+            format!("{what} xattr header"),
+            data.len(),
+            ">= 3 bytes"
+        );
+        let (h, rest) = data.split_at(3);
+        let nl = h.first().copied().unwrap_or(0) as usize;
+        let vl = u16::from_le_bytes([
+            h.get(1).copied().unwrap_or(0),
+            h.get(2).copied().unwrap_or(0),
+        ]) as usize;
+        ensure!(
+            nl >= 1 && nl + vl <= rest.len(),
+            format!("{what} xattr lengths"),
+            format!("name {nl} value {vl}"),
+            format!("name >= 1, total <= {}", rest.len())
+        );
+        let (name, rest) = rest.split_at(nl);
+        let (value, rest) = rest.split_at(vl);
+        out.push(XattrEntry {
+            name: name.to_vec(),
+            value: value.to_vec(),
+        });
+        data = rest;
+    }
+    Ok(out)
+}
+
+pub const EXTENT_INLINE: u8 = 0;
+pub const EXTENT_REGULAR: u8 = 1;
+/// Reserved: preallocated (unwritten) extent, reads as zeros.
+pub const EXTENT_PREALLOC: u8 = 2;
+
+/// A file extent. For inline extents the data follows this header in the same item.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned,
+)]
+#[repr(C)]
+pub struct ExtentItem {
+    pub kind: u8,
+    pub reserved: [u8; 7],
+    /// Generation that wrote the extent.
+    pub generation: U64,
+    /// First block on disk (regular) or 0 (inline).
+    pub disk_block: U64,
+    /// Length in blocks (regular) or 0 (inline).
+    pub blocks: U64,
+}
+pub const EXTENT_ITEM_SIZE: usize = 32;
+const _: () = assert!(size_of::<ExtentItem>() == EXTENT_ITEM_SIZE);
+
+pub fn decode_extent<'a>(
+    data: &'a [u8],
+    what: &str,
+    total_blocks: u64,
+) -> Result<(ExtentItem, &'a [u8]), Corrupt> {
+    let (e, rest) = ExtentItem::read_from_prefix(data).map_err(|_| {
+        Corrupt::new(
+            format!("{what} extent size"),
+            data.len(),
+            format!(">= {EXTENT_ITEM_SIZE}"),
+        )
+    })?;
+    match e.kind {
+        EXTENT_INLINE => {
+            ensure!(
+                e.blocks.get() == 0 && e.disk_block.get() == 0,
+                format!("{what} inline extent"),
+                e.blocks.get(),
+                "no disk blocks"
+            );
+        }
+        EXTENT_REGULAR | EXTENT_PREALLOC => {
+            ensure!(
+                rest.is_empty(),
+                format!("{what} extent size"),
+                data.len(),
+                EXTENT_ITEM_SIZE
+            );
+            let (s, n) = (e.disk_block.get(), e.blocks.get());
+            ensure!(
+                n >= 1
+                    && s >= crate::SUPER_COPIES
+                    && s.checked_add(n).is_some_and(|end| end <= total_blocks),
+                format!("{what} extent range"),
+                format!("{s}+{n}"),
+                format!("inside {}..{total_blocks}", crate::SUPER_COPIES)
+            );
+        }
+        k => {
+            return Err(Corrupt::new(
+                format!("{what} extent kind"),
+                k,
+                "0 (inline), 1 (regular) or 2 (prealloc)",
+            ))
+        }
+    }
+    Ok((e, rest))
+}
+
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned,
+)]
+#[repr(C)]
+pub struct BlockGroupItem {
+    pub used_blocks: U64,
+    pub flags: U64,
+}
+pub const BLOCK_GROUP_ITEM_SIZE: usize = 16;
+const _: () = assert!(size_of::<BlockGroupItem>() == BLOCK_GROUP_ITEM_SIZE);
+
+pub fn decode_block_group(data: &[u8], start: u64, len: u64) -> Result<BlockGroupItem, Corrupt> {
+    let what = format!("block group {start}+{len}");
+    let bg = BlockGroupItem::read_from_bytes(data).map_err(|_| {
+        Corrupt::new(
+            format!("{what} item size"),
+            data.len(),
+            BLOCK_GROUP_ITEM_SIZE,
+        )
+    })?;
+    ensure!(
+        bg.used_blocks.get() <= len,
+        format!("{what} used"),
+        bg.used_blocks.get(),
+        format!("<= {len}")
+    );
+    Ok(bg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn dir_entries_roundtrip_and_reject_garbage() {
+        let es = vec![
+            DirEntry {
+                ino: 5,
+                dtype: 8,
+                name: b"a".to_vec(),
+            },
+            DirEntry {
+                ino: 9,
+                dtype: 4,
+                name: vec![0xff, 0xfe],
+            },
+        ];
+        let mut buf = Vec::new();
+        for e in &es {
+            encode_dir_entry(&mut buf, e);
+        }
+        assert_eq!(decode_dir_entries(&buf, "t").expect("ok"), es);
+        assert!(decode_dir_entries(&buf[..buf.len() - 1], "t").is_err());
+        assert!(decode_dir_entries(&[], "t").is_err());
+    }
+    #[test]
+    fn xattrs_roundtrip() {
+        let xs = vec![XattrEntry {
+            name: b"user.a".to_vec(),
+            value: vec![1, 2, 3],
+        }];
+        assert_eq!(decode_xattrs(&encode_xattrs(&xs), "t").expect("ok"), xs);
+        assert!(decode_xattrs(&[5, 0, 0], "t").is_err());
+    }
+}

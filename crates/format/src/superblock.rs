@@ -1,0 +1,209 @@
+//! The superblock: two copies at blocks 0 and 1. Commit `g` writes copy `g % 2`, so a torn
+//! superblock write can only damage the copy being replaced; the other holds the previous commit.
+use crate::versions::{COMPAT_RO_SUPPORTED, CURRENT_VERSION, INCOMPAT_SUPPORTED, MAGIC};
+use crate::{ensure, Corrupt, BLOCK_SIZE, MAX_INO, MAX_NODE_SIZE, MIN_NODE_SIZE, SUPER_COPIES};
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+/// A tree root pointer: block number, the generation that wrote it, and its level.
+#[derive(Debug, Clone, Copy, Default, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct RootPtr {
+    pub block: U64,
+    pub generation: U64,
+    pub level: U32,
+    pub reserved: U32,
+}
+const _: () = assert!(size_of::<RootPtr>() == 24);
+
+#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct Superblock {
+    /// crc32c of the whole 4 KiB superblock block after this field (zero-filled tail included).
+    pub csum: U32,
+    pub version: U32,
+    pub magic: [u8; 8],
+    pub uuid: [u8; 16],
+    pub incompat: U64,
+    pub compat_ro: U64,
+    pub compat: U64,
+    /// Commit generation; the copy with the highest valid generation wins at open.
+    pub generation: U64,
+    /// Which copy this is (its block number); catches a copy written to the wrong place.
+    pub copy_index: U64,
+    pub block_size: U32,
+    pub node_size: U32,
+    pub total_blocks: U64,
+    /// Blocks per block group; a free-space bitmap item covers exactly one group.
+    pub group_blocks: U64,
+    pub fs_root: RootPtr,
+    pub space_root: RootPtr,
+    /// Reserved for the fsync log (seed 003). Zero in v1.
+    pub log_root: RootPtr,
+    pub next_ino: U64,
+    pub used_blocks: U64,
+    pub inode_count: U64,
+    pub reserved: [U64; 16],
+}
+pub const SUPERBLOCK_SIZE: usize = 4 + 4 + 8 + 16 + 8 * 5 + 4 + 4 + 8 + 8 + 24 * 3 + 8 * 3 + 8 * 16;
+const _: () = assert!(size_of::<Superblock>() == SUPERBLOCK_SIZE);
+const _: () = assert!(SUPERBLOCK_SIZE <= BLOCK_SIZE as usize);
+
+impl Superblock {
+    /// Encodes into one full block with the checksum filled in.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![0u8; BLOCK_SIZE as usize];
+        let mut sb = *self;
+        sb.csum = U32::new(0);
+        if let Some(dst) = out.get_mut(..SUPERBLOCK_SIZE) {
+            dst.copy_from_slice(sb.as_bytes());
+        }
+        let csum = crc32c::crc32c(out.get(4..).unwrap_or(&[]));
+        if let Some(dst) = out.get_mut(..4) {
+            dst.copy_from_slice(&csum.to_le_bytes());
+        }
+        out
+    }
+
+    /// Decodes and validates one superblock copy read from block `copy`.
+    pub fn decode(block: &[u8], copy: u64, device_blocks: u64) -> Result<Superblock, Corrupt> {
+        let what = |f: &str| format!("superblock copy {copy} {f}");
+        ensure!(
+            block.len() == BLOCK_SIZE as usize,
+            what("length"),
+            block.len(),
+            BLOCK_SIZE
+        );
+        let (sb, _) = Superblock::read_from_prefix(block)
+            .map_err(|_| Corrupt::new(what("length"), block.len(), SUPERBLOCK_SIZE))?;
+        ensure!(
+            sb.magic == MAGIC,
+            what("magic"),
+            format!("{:02x?}", sb.magic),
+            format!("{MAGIC:02x?} (not an idxfs image?)")
+        );
+        let csum = crc32c::crc32c(block.get(4..).unwrap_or(&[]));
+        ensure!(
+            sb.csum.get() == csum,
+            what("checksum"),
+            format!("{:#010x}", sb.csum.get()),
+            format!("{csum:#010x}")
+        );
+        ensure!(
+            sb.version.get() == CURRENT_VERSION,
+            what("version"),
+            sb.version.get(),
+            CURRENT_VERSION
+        );
+        ensure!(
+            sb.incompat.get() & !INCOMPAT_SUPPORTED == 0,
+            what("incompat features"),
+            format!("{:#x}", sb.incompat.get()),
+            format!("subset of {INCOMPAT_SUPPORTED:#x}")
+        );
+        ensure!(
+            sb.copy_index.get() == copy,
+            what("copy index"),
+            sb.copy_index.get(),
+            copy
+        );
+        ensure!(
+            sb.block_size.get() as u64 == BLOCK_SIZE,
+            what("block size"),
+            sb.block_size.get(),
+            BLOCK_SIZE
+        );
+        let ns = sb.node_size.get();
+        ensure!(
+            ns.is_power_of_two() && (MIN_NODE_SIZE..=MAX_NODE_SIZE).contains(&ns),
+            what("node size"),
+            ns,
+            format!("a power of two in {MIN_NODE_SIZE}..={MAX_NODE_SIZE}")
+        );
+        let total = sb.total_blocks.get();
+        ensure!(
+            total <= device_blocks,
+            what("total blocks"),
+            total,
+            format!("<= device size {device_blocks} blocks (truncated image?)")
+        );
+        ensure!(
+            total > SUPER_COPIES + 8,
+            what("total blocks"),
+            total,
+            "at least 11"
+        );
+        let gb = sb.group_blocks.get();
+        ensure!(
+            gb.is_power_of_two() && gb >= 64 && gb / 8 <= ns as u64 / 2,
+            what("group blocks"),
+            gb,
+            "a power of two, >= 64, whose bitmap fits half a node"
+        );
+        ensure!(
+            sb.generation.get() >= 1,
+            what("generation"),
+            sb.generation.get(),
+            ">= 1"
+        );
+        let next = sb.next_ino.get();
+        ensure!(
+            next > crate::ROOT_INO && next <= MAX_INO,
+            what("next inode"),
+            next,
+            format!("in 2..={MAX_INO}")
+        );
+        ensure!(
+            sb.used_blocks.get() <= total,
+            what("used blocks"),
+            sb.used_blocks.get(),
+            format!("<= {total}")
+        );
+        for (name, r) in [("fs root", &sb.fs_root), ("space root", &sb.space_root)] {
+            check_root(r, &what(name), &sb)?;
+        }
+        ensure!(
+            sb.log_root.block.get() == 0,
+            what("log root"),
+            sb.log_root.block.get(),
+            "0 (no log in v1)"
+        );
+        Ok(sb)
+    }
+
+    /// True when the image carries read-only-compatible features this code does not know:
+    /// it may be read but must not be written.
+    pub fn unknown_compat_ro(&self) -> bool {
+        self.compat_ro.get() & !COMPAT_RO_SUPPORTED != 0
+    }
+
+    pub fn blocks_per_node(&self) -> u64 {
+        self.node_size.get() as u64 / BLOCK_SIZE
+    }
+}
+
+fn check_root(r: &RootPtr, what: &str, sb: &Superblock) -> Result<(), Corrupt> {
+    let b = r.block.get();
+    let bpn = sb.node_size.get() as u64 / BLOCK_SIZE;
+    ensure!(
+        b >= SUPER_COPIES
+            && b.checked_add(bpn)
+                .is_some_and(|e| e <= sb.total_blocks.get()),
+        format!("{what} block"),
+        b,
+        format!("in {SUPER_COPIES}..{}", sb.total_blocks.get())
+    );
+    ensure!(
+        r.generation.get() <= sb.generation.get(),
+        format!("{what} generation"),
+        r.generation.get(),
+        format!("<= {}", sb.generation.get())
+    );
+    ensure!(
+        r.level.get() < crate::node::MAX_LEVEL as u32,
+        format!("{what} level"),
+        r.level.get(),
+        format!("< {}", crate::node::MAX_LEVEL)
+    );
+    Ok(())
+}
