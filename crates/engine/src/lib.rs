@@ -6,9 +6,14 @@
 pub mod btree;
 pub mod clock;
 pub mod counters;
+pub mod dump;
 pub mod error;
+pub mod fs;
+pub mod fsck;
+pub mod inode_cache;
 pub mod space;
 pub mod testutil;
 pub mod txn;
 
 pub use error::{Error, Result};
+pub use fs::{Fs, MkfsOptions, OpenOptions};

@@ -1,0 +1,186 @@
+//! create, mknod, mkdir, symlink, link, lookup.
+use super::{new_inode_item, Attr, Fs, Inner, Ino, Owner, Reserve};
+use crate::error::{Error, Result};
+use idxfs_format::items::{
+    dtype_of_mode, ExtentItem, EXTENT_INLINE, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT,
+    S_IFREG, S_IFSOCK,
+};
+use idxfs_format::{ItemType, Key, MAX_INO, SYMLINK_MAX};
+use zerocopy::IntoBytes;
+
+/// Item changes a create makes: inode, two dir indexes, back reference, plus slack.
+const CREATE_ITEMS: u64 = 5;
+/// Hard links per inode (ext4's limit, so programs see familiar behaviour).
+pub const LINK_MAX: u32 = 65000;
+
+impl Inner {
+    /// Creates an inode of any type named `name` in `parent`.
+    pub(crate) fn make_node(
+        &mut self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        owner: Owner,
+        rdev: u64,
+    ) -> Result<(Ino, idxfs_format::items::InodeItem)> {
+        Inner::check_name(name)?;
+        let p = self.dir_inode(parent)?;
+        if p.nlink.get() == 0 {
+            return Err(Error::NotFound); // creating in a removed directory
+        }
+        if self.lookup_entry(parent, name)?.is_some() {
+            return Err(Error::Exists);
+        }
+        if self.next_ino >= MAX_INO {
+            return Err(Error::NoSpace);
+        }
+        let is_dir = mode & S_IFMT == S_IFDIR;
+        if is_dir && p.nlink.get() >= LINK_MAX {
+            return Err(Error::TooManyLinks);
+        }
+        let ino = self.next_ino;
+        self.next_ino += 1;
+        self.inode_count += 1;
+        let now = self.now();
+        let mut it = new_inode_item(mode, owner, rdev, self.store.generation, now);
+        if is_dir {
+            it.nlink = 2.into();
+        }
+        self.insert_inode(ino, &it)?;
+        self.add_entry(parent, name, ino, dtype_of_mode(mode))?;
+        if is_dir {
+            self.modify_inode(parent, |d| d.nlink = (d.nlink.get() + 1).into())?;
+        }
+        Ok((ino, it))
+    }
+}
+
+fn check_type(mode: u32) -> Result<()> {
+    match mode & S_IFMT {
+        S_IFREG | S_IFDIR | S_IFLNK | S_IFIFO | S_IFSOCK | S_IFCHR | S_IFBLK => Ok(()),
+        0 => Err(Error::Invalid("mode has no file type")),
+        _ => Err(Error::Invalid("unknown file type")),
+    }
+}
+
+impl Fs {
+    /// Looks `name` up in `parent`. "." and ".." are understood.
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        let mut g = self.lock();
+        g.dir_inode(parent)?;
+        if name.len() > idxfs_format::NAME_MAX {
+            return Err(Error::NameTooLong);
+        }
+        let ino = match name {
+            b"." => parent,
+            b".." => g.parent_of(parent)?,
+            _ => g.lookup_entry(parent, name)?.ok_or(Error::NotFound)?.ino,
+        };
+        let it = g.inode(ino)?;
+        Ok(Attr::from_item(ino, &it))
+    }
+
+    /// Creates a regular file. `mode` holds permission bits (a file type, if given, must be
+    /// S_IFREG).
+    pub fn create(&self, parent: Ino, name: &[u8], mode: u32, owner: Owner) -> Result<Attr> {
+        if mode & S_IFMT != 0 && mode & S_IFMT != S_IFREG {
+            return Err(Error::Invalid("create of a non-regular file"));
+        }
+        self.mknod(parent, name, S_IFREG | (mode & 0o7777), owner, 0)
+    }
+
+    /// Creates an inode of the type in `mode` (regular, fifo, socket, char or block device,
+    /// directory).
+    pub fn mknod(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        owner: Owner,
+        rdev: u64,
+    ) -> Result<Attr> {
+        check_type(mode)?;
+        if mode & S_IFMT == S_IFLNK {
+            return Err(Error::Invalid("symlinks are made by symlink()"));
+        }
+        self.write_op(CREATE_ITEMS, Reserve::Grow, |g| {
+            let (ino, it) = g.make_node(parent, name, mode & (S_IFMT | 0o7777), owner, rdev)?;
+            Ok(Attr::from_item(ino, &it))
+        })
+    }
+
+    pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, owner: Owner) -> Result<Attr> {
+        self.mknod(parent, name, S_IFDIR | (mode & 0o7777), owner, 0)
+    }
+
+    /// Creates a symbolic link to `target` (stored inline, like btrfs).
+    pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], owner: Owner) -> Result<Attr> {
+        if target.is_empty() {
+            return Err(Error::Invalid("empty symlink target"));
+        }
+        if target.len() > SYMLINK_MAX || target.len() > super::file::inline_max(self.node_size()) {
+            return Err(Error::NameTooLong);
+        }
+        self.write_op(CREATE_ITEMS + 1, Reserve::Grow, |g| {
+            let (ino, _) = g.make_node(parent, name, S_IFLNK | 0o777, owner, 0)?;
+            let ext = ExtentItem {
+                kind: EXTENT_INLINE,
+                reserved: [0; 7],
+                generation: g.store.generation.into(),
+                disk_block: 0.into(),
+                blocks: 0.into(),
+            };
+            let mut v = ext.as_bytes().to_vec();
+            v.extend_from_slice(target);
+            g.fs_tree
+                .insert(&mut g.store, Key::new(ino, ItemType::Extent, 0), v)?;
+            let it = g.modify_inode(ino, |i| i.size = (target.len() as u64).into())?;
+            Ok(Attr::from_item(ino, &it))
+        })
+    }
+
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        let mut g = self.lock();
+        let it = g.inode(ino)?;
+        if it.mode.get() & S_IFMT != S_IFLNK {
+            return Err(Error::Invalid("not a symlink"));
+        }
+        let size = it.size.get();
+        g.read_data(ino, &it, 0, size as usize)
+    }
+
+    /// Adds a hard link `newparent/newname` to `ino`.
+    pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
+        self.write_op(CREATE_ITEMS, Reserve::Grow, |g| {
+            Inner::check_name(newname)?;
+            let it = g.inode(ino)?;
+            if it.mode.get() & S_IFMT == S_IFDIR {
+                return Err(Error::Invalid("hard link to a directory"));
+            }
+            if it.nlink.get() >= LINK_MAX {
+                return Err(Error::TooManyLinks);
+            }
+            if it.nlink.get() == 0 {
+                return Err(Error::NotFound);
+            }
+            let p = g.dir_inode(newparent)?;
+            if p.nlink.get() == 0 {
+                return Err(Error::NotFound);
+            }
+            if g.lookup_entry(newparent, newname)?.is_some() {
+                return Err(Error::Exists);
+            }
+            g.add_entry(newparent, newname, ino, dtype_of_mode(it.mode.get()))?;
+            let now = g.now();
+            let it = g.modify_inode(ino, |i| {
+                i.nlink = (i.nlink.get() + 1).into();
+                i.ctime = now;
+            })?;
+            Ok(Attr::from_item(ino, &it))
+        })
+    }
+
+    pub(crate) fn node_size(&self) -> u32 {
+        self.lock().store.node_size
+    }
+}

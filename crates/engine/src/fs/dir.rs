@@ -1,0 +1,219 @@
+//! Directory entries, indexed twice (seed 002):
+//! - by name hash, `(dir, DirHash, hash(name))`, for lookup;
+//! - by inode number, `(dir, DirIno, child << 16 | hash & 0xffff)`, for readdir, so a listing
+//!   returns entries in inode order and a pass over the directory (readdir+stat, cp, tar, rm)
+//!   walks inode items in on-disk order. The low hash bits keep hard links of one inode in one
+//!   directory apart (the compound key of the RFC).
+//!
+//! and one back reference per (child, parent) pair, `(child, InodeRef, parent)`, listing the
+//! names, for hard links, `..` and fsck. The three are changed together, always.
+use super::Inner;
+use crate::btree::Change;
+use crate::error::{Error, Result};
+use idxfs_format::items::{
+    decode_dir_entries, decode_names, encode_dir_entry, encode_names, DirEntry,
+};
+use idxfs_format::{ItemType, Key};
+use zerocopy::IntoBytes;
+
+pub(crate) fn dir_ino_offset(child: u64, hash: u64) -> u64 {
+    child << 16 | (hash & 0xffff)
+}
+
+impl Inner {
+    fn hash_key(&self, dir: u64, name: &[u8]) -> (Key, u64) {
+        let h = (self.hash)(name);
+        (Key::new(dir, ItemType::DirHash, h), h)
+    }
+
+    /// The entry `name` in `dir`, if any.
+    pub fn lookup_entry(&mut self, dir: u64, name: &[u8]) -> Result<Option<DirEntry>> {
+        let (key, _) = self.hash_key(dir, name);
+        let tree = self.fs_tree;
+        let found = tree.with(&mut self.store, &key, |v| {
+            decode_dir_entries(v, "dir hash item").map(|es| es.into_iter().find(|e| e.name == name))
+        })?;
+        match found {
+            None => Ok(None),
+            Some(r) => Ok(r?),
+        }
+    }
+
+    /// Adds `name -> child` to `dir` in both indexes and the back reference; bumps the
+    /// directory's size and times. The caller has checked that `name` is free.
+    pub fn add_entry(&mut self, dir: u64, name: &[u8], child: u64, dtype: u8) -> Result<()> {
+        let (hkey, h) = self.hash_key(dir, name);
+        let e = DirEntry {
+            ino: child,
+            dtype,
+            name: name.to_vec(),
+        };
+        let mut rec = Vec::with_capacity(10 + name.len());
+        encode_dir_entry(&mut rec, &e);
+        append_or_insert(self, hkey, &rec)?;
+        append_or_insert(
+            self,
+            Key::new(dir, ItemType::DirIno, dir_ino_offset(child, h)),
+            &rec,
+        )?;
+        let rkey = Key::new(child, ItemType::InodeRef, dir);
+        let names = encode_names(&[name.to_vec()]);
+        append_or_insert(self, rkey, &names)?;
+        let now = self.now();
+        self.modify_inode(dir, |d| {
+            d.size = (d.size.get() + 1).into();
+            d.mtime = now;
+            d.ctime = now;
+        })?;
+        Ok(())
+    }
+
+    /// Removes `name -> child` from `dir` (both indexes and the back reference).
+    pub fn remove_entry(&mut self, dir: u64, name: &[u8], child: u64) -> Result<()> {
+        let (hkey, h) = self.hash_key(dir, name);
+        remove_record(self, hkey, |es| es.iter().position(|e| e.name == name))?;
+        remove_record(
+            self,
+            Key::new(dir, ItemType::DirIno, dir_ino_offset(child, h)),
+            |es| es.iter().position(|e| e.name == name),
+        )?;
+        let rkey = Key::new(child, ItemType::InodeRef, dir);
+        let mut missing = false;
+        self.fs_tree.update(&mut self.store, &rkey, |v| {
+            let names = decode_names(v, "inode ref").unwrap_or_default();
+            let keep: Vec<Vec<u8>> = names
+                .iter()
+                .filter(|n| n.as_slice() != name)
+                .cloned()
+                .collect();
+            missing = keep.len() == names.len();
+            if keep.is_empty() {
+                return Change::Delete;
+            }
+            *v = encode_names(&keep);
+            Change::Keep
+        })?;
+        if missing {
+            return Err(idxfs_format::Corrupt::new(
+                format!("inode ref ({child} INODE_REF {dir})"),
+                "no such name",
+                String::from_utf8_lossy(name),
+            )
+            .into());
+        }
+        let now = self.now();
+        self.modify_inode(dir, |d| {
+            d.size = d.size.get().saturating_sub(1).into();
+            d.mtime = now;
+            d.ctime = now;
+        })?;
+        Ok(())
+    }
+
+    /// The parent of directory `dir` (itself for the root).
+    pub fn parent_of(&mut self, dir: u64) -> Result<u64> {
+        if dir == idxfs_format::ROOT_INO {
+            return Ok(dir);
+        }
+        let mut parent = None;
+        let tree = self.fs_tree;
+        tree.scan(
+            &mut self.store,
+            Key::new(dir, ItemType::InodeRef, 0),
+            Key::new(dir, ItemType::InodeRef, u64::MAX),
+            |k, _| {
+                parent = Some(k.offset);
+                Ok(false)
+            },
+        )?;
+        parent.ok_or_else(|| {
+            idxfs_format::Corrupt::new(
+                format!("directory {dir} back reference"),
+                "none",
+                "one INODE_REF item",
+            )
+            .into()
+        })
+    }
+
+    /// Writes a fresh inode item into the tree and the cache.
+    pub fn insert_inode(&mut self, ino: u64, it: &idxfs_format::items::InodeItem) -> Result<()> {
+        self.fs_tree.insert(
+            &mut self.store,
+            Key::new(ino, ItemType::Inode, 0),
+            it.as_bytes().to_vec(),
+        )?;
+        self.inodes.insert_clean(ino, *it);
+        Ok(())
+    }
+}
+
+/// Appends an encoded record to a list item, or creates the item.
+fn append_or_insert(fs: &mut Inner, key: Key, rec: &[u8]) -> Result<()> {
+    let max = idxfs_format::node::max_item_size(fs.store.node_size);
+    let mut too_big = false;
+    let found = fs.fs_tree.update(&mut fs.store, &key, |v| {
+        if v.len() + rec.len() > max {
+            too_big = true;
+        } else {
+            v.extend_from_slice(rec);
+        }
+        Change::Keep
+    })?;
+    if too_big {
+        // Only reachable with dozens of names colliding on one 64-bit hash (or a test hash).
+        return Err(Error::NoSpace);
+    }
+    if !found {
+        fs.fs_tree.insert(&mut fs.store, key, rec.to_vec())?;
+    }
+    Ok(())
+}
+
+/// Removes one record (chosen by `pick`) from a DirHash/DirIno list item; deletes the item when
+/// it empties. A missing item or record means the two indexes disagree: corruption.
+fn remove_record(
+    fs: &mut Inner,
+    key: Key,
+    pick: impl Fn(&[DirEntry]) -> Option<usize>,
+) -> Result<()> {
+    let mut err = None;
+    let found = fs.fs_tree.update(&mut fs.store, &key, |v| {
+        let mut es = match decode_dir_entries(v, "dir item") {
+            Ok(es) => es,
+            Err(e) => {
+                err = Some(e);
+                return Change::Keep;
+            }
+        };
+        let Some(i) = pick(&es) else {
+            err = Some(idxfs_format::Corrupt::new(
+                format!("dir item {key}"),
+                "entry missing",
+                "the entry the other index has",
+            ));
+            return Change::Keep;
+        };
+        es.remove(i);
+        if es.is_empty() {
+            return Change::Delete;
+        }
+        v.clear();
+        for e in &es {
+            encode_dir_entry(v, e);
+        }
+        Change::Keep
+    })?;
+    if let Some(e) = err {
+        return Err(e.into());
+    }
+    if !found {
+        return Err(idxfs_format::Corrupt::new(
+            format!("dir item {key}"),
+            "missing",
+            "present (the other index has the entry)",
+        )
+        .into());
+    }
+    Ok(())
+}

@@ -1,0 +1,756 @@
+//! The file system: POSIX operations over the fs tree, so front ends only translate.
+//!
+//! Glossary:
+//! - `Fs`: the handle a front end holds; every operation locks `Inner` once.
+//! - `Inner`: store, trees, inode cache and counters of one mounted image.
+//! - *running transaction*: every change since the last commit; it becomes durable at the next
+//!   commit (timer, `sync`, `fsync`, close, or when dirty state passes its bound).
+//!
+//! Each mutating operation checks everything it can first (names, types, emptiness, space),
+//! then changes the trees. An error after the first change means the in-memory state may be
+//! half-applied, so the file system goes read-only and the running transaction is never
+//! committed: the image keeps its last committed state, as after a crash.
+mod create;
+mod dir;
+mod file;
+mod readdir;
+mod remove;
+mod rename;
+mod setattr;
+pub mod types;
+mod xattr;
+
+pub use types::*;
+
+/// The inode-order index key offset of `child` under a name with hash `hash` (for fsck).
+pub fn dir_ino_offset_pub(child: u64, hash: u64) -> u64 {
+    dir::dir_ino_offset(child, hash)
+}
+
+use crate::btree::{Store, Tree};
+use crate::clock::{Clock, SystemClock};
+use crate::counters::Counters;
+use crate::error::{Error, Result};
+use crate::inode_cache::InodeCache;
+use crate::space::Allocator;
+use crate::txn;
+use idxfs_blockdev::BlockDevice;
+use idxfs_format::items::{decode_inode, InodeItem, Timespec, S_IFDIR, S_IFMT};
+use idxfs_format::superblock::{RootPtr, Superblock};
+use idxfs_format::versions::{CURRENT_VERSION, MAGIC};
+use idxfs_format::{
+    ItemType, Key, BLOCK_SIZE, FIRST_FREE_INO, NAME_MAX, ROOT_INO, SUPER_COPIES, TREE_FS,
+    TREE_SPACE,
+};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+use zerocopy::IntoBytes;
+
+/// Name hash function type: the format's `name_hash`, or a test hook that forces collisions.
+pub type NameHash = fn(&[u8]) -> u64;
+
+#[derive(Clone)]
+pub struct MkfsOptions {
+    pub node_size: u32,
+    pub uuid: Option<[u8; 16]>,
+    /// Owner of the root directory.
+    pub root_owner: Owner,
+}
+
+impl Default for MkfsOptions {
+    fn default() -> Self {
+        MkfsOptions {
+            node_size: idxfs_format::DEFAULT_NODE_SIZE,
+            uuid: None,
+            root_owner: Owner::default(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct OpenOptions {
+    pub read_only: bool,
+    /// Commit the running transaction this often (None: only on sync/fsync/close/bounds).
+    pub commit_interval: Option<Duration>,
+    /// Memory bound of the node cache, in bytes.
+    pub cache_bytes: usize,
+    /// Bound on cached inodes.
+    pub inode_cache_entries: usize,
+    /// Commit when this many nodes are dirty (bounds memory and commit latency).
+    pub dirty_nodes_limit: usize,
+    pub clock: Arc<dyn Clock>,
+    /// Testing only: a name hash other than the format's, to force collisions. An image written
+    /// with it must be read and checked with it.
+    pub name_hash: NameHash,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            read_only: false,
+            commit_interval: Some(Duration::from_secs(5)),
+            cache_bytes: 512 << 20,
+            inode_cache_entries: 1 << 20,
+            dirty_nodes_limit: 8192,
+            clock: Arc::new(SystemClock),
+            name_hash: idxfs_format::hash::name_hash,
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    pub store: Store,
+    pub fs_tree: Tree,
+    pub space_tree: Tree,
+    pub inodes: InodeCache,
+    pub sb: Superblock,
+    pub next_ino: u64,
+    pub inode_count: u64,
+    pub read_only: bool,
+    /// Set when the file system stopped writing after an error; the first cause.
+    pub failed: Option<String>,
+    pub hash: NameHash,
+    pub clock: Arc<dyn Clock>,
+    pub dirty_nodes_limit: usize,
+    /// The running transaction has changes.
+    pub changed: bool,
+}
+
+struct Shared {
+    inner: Mutex<Inner>,
+    stop: Mutex<bool>,
+    wake: Condvar,
+    counters: Arc<Counters>,
+}
+
+/// A mounted idxfs image.
+pub struct Fs {
+    shared: Arc<Shared>,
+    committer: Option<JoinHandle<()>>,
+}
+
+fn read_superblocks(dev: &dyn BlockDevice) -> Result<Superblock> {
+    let dev_blocks = dev.size() / BLOCK_SIZE;
+    if dev_blocks < SUPER_COPIES {
+        return Err(idxfs_format::Corrupt::new(
+            "device size",
+            format!("{} bytes", dev.size()),
+            "at least two 4 KiB blocks",
+        )
+        .into());
+    }
+    let mut best: Option<Superblock> = None;
+    let mut errors = Vec::new();
+    for copy in 0..SUPER_COPIES {
+        let mut buf = vec![0u8; BLOCK_SIZE as usize];
+        dev.read_at(&mut buf, copy * BLOCK_SIZE)?;
+        match Superblock::decode(&buf, copy, dev_blocks) {
+            Ok(sb) => {
+                if best.is_none_or(|b| sb.generation.get() > b.generation.get()) {
+                    best = Some(sb);
+                }
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    match best {
+        Some(sb) => Ok(sb),
+        // Report the first copy's problem: for a foreign image both say "magic".
+        None => Err(errors
+            .into_iter()
+            .next()
+            .map(Error::Corrupt)
+            .unwrap_or(Error::NotFound)),
+    }
+}
+
+/// Reads both superblock copies and returns the newest valid one.
+pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
+    read_superblocks(dev)
+}
+
+impl Fs {
+    /// Formats `dev` as an empty idxfs with a root directory.
+    pub fn mkfs(dev: Arc<dyn BlockDevice>, opts: &MkfsOptions) -> Result<()> {
+        let ns = opts.node_size;
+        if !ns.is_power_of_two()
+            || !(idxfs_format::MIN_NODE_SIZE..=idxfs_format::MAX_NODE_SIZE).contains(&ns)
+        {
+            return Err(Error::Invalid(
+                "node size must be a power of two from 4096 to 65536",
+            ));
+        }
+        let total_blocks = dev.size() / BLOCK_SIZE;
+        let group_blocks = ns as u64 * 2;
+        let min_blocks = 64 + ns as u64 / BLOCK_SIZE * 16;
+        if total_blocks < min_blocks {
+            return Err(Error::Invalid("device too small for idxfs"));
+        }
+        let uuid = opts.uuid.unwrap_or_else(random_uuid);
+        let counters = Arc::new(Counters::default());
+        let alloc = Allocator::new(total_blocks, group_blocks, counters.clone());
+        let mut store = Store::new(
+            dev.clone(),
+            uuid,
+            ns,
+            total_blocks,
+            1,
+            1024,
+            alloc,
+            counters,
+        );
+        // Zero both superblock slots first so an image of another format (or an older idxfs)
+        // cannot be half-recognised after a crash during mkfs.
+        for copy in 0..SUPER_COPIES {
+            dev.write_at(&[0u8; BLOCK_SIZE as usize], copy * BLOCK_SIZE)?;
+        }
+        let mut fs_tree = Tree::create(&mut store, TREE_FS)?;
+        let space_tree = Tree::create(&mut store, TREE_SPACE)?;
+        let (sec, nsec) = SystemClock.now();
+        let now = Timespec {
+            sec: sec.into(),
+            nsec: nsec.into(),
+        };
+        let root = new_inode_item(S_IFDIR | 0o755, opts.root_owner, 0, 1, now);
+        let mut root = root;
+        root.nlink = 2.into();
+        fs_tree.insert(
+            &mut store,
+            Key::new(ROOT_INO, ItemType::Inode, 0),
+            root.as_bytes().to_vec(),
+        )?;
+        let sb = Superblock {
+            csum: 0.into(),
+            version: CURRENT_VERSION.into(),
+            magic: MAGIC,
+            uuid,
+            incompat: 0.into(),
+            compat_ro: 0.into(),
+            compat: 0.into(),
+            generation: 0.into(),
+            copy_index: 0.into(),
+            block_size: (BLOCK_SIZE as u32).into(),
+            node_size: ns.into(),
+            total_blocks: total_blocks.into(),
+            group_blocks: group_blocks.into(),
+            fs_root: RootPtr::default(),
+            space_root: RootPtr::default(),
+            log_root: RootPtr::default(),
+            next_ino: FIRST_FREE_INO.into(),
+            used_blocks: 0.into(),
+            inode_count: 1.into(),
+            reserved: Default::default(),
+        };
+        let mut inner = Inner {
+            store,
+            fs_tree,
+            space_tree,
+            inodes: InodeCache::new(1024),
+            sb,
+            next_ino: FIRST_FREE_INO,
+            inode_count: 1,
+            read_only: false,
+            failed: None,
+            hash: idxfs_format::hash::name_hash,
+            clock: Arc::new(SystemClock),
+            dirty_nodes_limit: usize::MAX,
+            changed: true,
+        };
+        inner.commit()?;
+        // Write the second copy too, so a fresh image has both slots valid.
+        inner.changed = true;
+        inner.commit()
+    }
+
+    /// Opens a formatted device.
+    pub fn open(dev: Arc<dyn BlockDevice>, opts: OpenOptions) -> Result<Fs> {
+        let sb = read_superblocks(dev.as_ref())?;
+        let counters = Arc::new(Counters::default());
+        let total = sb.total_blocks.get();
+        let alloc = Allocator::new(total, sb.group_blocks.get(), counters.clone());
+        let cache_nodes = opts.cache_bytes / (sb.node_size.get() as usize * 2);
+        let store = Store::new(
+            dev,
+            sb.uuid,
+            sb.node_size.get(),
+            total,
+            sb.generation.get() + 1,
+            cache_nodes,
+            alloc,
+            counters.clone(),
+        );
+        let tree = |r: &RootPtr, owner| Tree {
+            owner,
+            root: crate::btree::Ptr {
+                block: r.block.get(),
+                generation: r.generation.get(),
+            },
+            level: r.level.get() as u8,
+        };
+        let mut inner = Inner {
+            fs_tree: tree(&sb.fs_root, TREE_FS),
+            space_tree: tree(&sb.space_root, TREE_SPACE),
+            store,
+            inodes: InodeCache::new(opts.inode_cache_entries),
+            next_ino: sb.next_ino.get(),
+            inode_count: sb.inode_count.get(),
+            read_only: opts.read_only || sb.unknown_compat_ro(),
+            failed: None,
+            hash: opts.name_hash,
+            clock: opts.clock.clone(),
+            dirty_nodes_limit: opts.dirty_nodes_limit.max(64),
+            changed: false,
+            sb,
+        };
+        let space_tree = inner.space_tree;
+        txn::load_space(&mut inner.store, &space_tree)?;
+        let used = inner.store.alloc.used_blocks();
+        if used != sb.used_blocks.get() {
+            return Err(idxfs_format::Corrupt::new(
+                "superblock used blocks",
+                sb.used_blocks.get(),
+                format!("{used} (sum of block group bitmaps)"),
+            )
+            .into());
+        }
+        // The root must exist and be a directory.
+        let root = inner.inode(ROOT_INO)?;
+        if root.mode.get() & S_IFMT != S_IFDIR {
+            return Err(idxfs_format::Corrupt::new(
+                "root inode type",
+                format!("{:#o}", root.mode.get() & S_IFMT),
+                "directory",
+            )
+            .into());
+        }
+        let shared = Arc::new(Shared {
+            inner: Mutex::new(inner),
+            stop: Mutex::new(false),
+            wake: Condvar::new(),
+            counters,
+        });
+        let committer = match (opts.commit_interval, opts.read_only) {
+            (Some(every), false) => {
+                let weak = Arc::downgrade(&shared);
+                Some(
+                    std::thread::Builder::new()
+                        .name("idxfs-commit".into())
+                        .spawn(move || commit_loop(weak, every))?,
+                )
+            }
+            _ => None,
+        };
+        Ok(Fs { shared, committer })
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic inside an operation poisons the lock; the state it left may be half-applied,
+        // so the guard's `failed` check (set below) keeps it from being committed.
+        match self.shared.inner.lock() {
+            Ok(g) => g,
+            Err(p) => {
+                let mut g = p.into_inner();
+                if g.failed.is_none() {
+                    g.failed = Some("an operation panicked".into());
+                }
+                g
+            }
+        }
+    }
+
+    /// Runs a mutating operation: refuses on a read-only or failed file system, reserves space
+    /// for `items` item changes, and turns an error after the first change into read-only.
+    pub(crate) fn write_op<R>(
+        &self,
+        items: u64,
+        kind: Reserve,
+        f: impl FnOnce(&mut Inner) -> Result<R>,
+    ) -> Result<R> {
+        let mut g = self.lock();
+        g.writable()?;
+        g.reserve(items, kind)?;
+        let seq = g.store.mod_seq;
+        let r = f(&mut g);
+        match &r {
+            Err(e) if g.store.mod_seq != seq || e.is_fatal() => {
+                let why = format!("{e}");
+                g.fail(why);
+            }
+            Ok(_) => {
+                if g.store.mod_seq != seq {
+                    g.changed = true;
+                }
+                g.after_op()?;
+            }
+            Err(_) => {}
+        }
+        r
+    }
+
+    /// Commits the running transaction now.
+    pub fn sync(&self) -> Result<()> {
+        let mut g = self.lock();
+        if g.read_only {
+            return Ok(());
+        }
+        g.writable()?;
+        g.commit()
+    }
+
+    /// Makes `ino`'s data and metadata durable. Commits the running transaction (the fsync log
+    /// of seed 003, whose cost follows what changed, is a later issue).
+    pub fn fsync(&self, ino: Ino) -> Result<()> {
+        self.getattr(ino)?;
+        self.sync()
+    }
+
+    /// Commits and stops the commit thread. Dropping an `Fs` does the same, ignoring errors.
+    pub fn close(mut self) -> Result<()> {
+        self.stop_committer();
+        let mut g = self.lock();
+        if g.read_only || g.failed.is_some() {
+            return Ok(());
+        }
+        g.commit()
+    }
+
+    fn stop_committer(&mut self) {
+        if let Ok(mut s) = self.shared.stop.lock() {
+            *s = true;
+        }
+        self.shared.wake.notify_all();
+        if let Some(h) = self.committer.take() {
+            let _ = h.join();
+        }
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.shared.counters
+    }
+
+    /// Why the file system stopped writing, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.lock().failed.clone()
+    }
+
+    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        let mut g = self.lock();
+        let it = g.inode(ino)?;
+        Ok(Attr::from_item(ino, &it))
+    }
+
+    pub fn statfs(&self) -> Result<StatFs> {
+        let g = self.lock();
+        let free = g.store.alloc.free_blocks();
+        let reserve = g.global_reserve();
+        Ok(StatFs {
+            block_size: BLOCK_SIZE as u32,
+            blocks: g.store.total_blocks,
+            blocks_free: free,
+            blocks_avail: free.saturating_sub(reserve),
+            files: g.inode_count + (idxfs_format::MAX_INO - g.next_ino).min(free * 16),
+            files_free: (idxfs_format::MAX_INO - g.next_ino).min(free * 16),
+            name_max: NAME_MAX as u32,
+        })
+    }
+
+    /// Test and tool access to the whole engine state under the lock.
+    pub fn with_store<R>(&self, f: impl FnOnce(&mut Store, &Tree, &Tree) -> R) -> R {
+        let mut g = self.lock();
+        let (fs, sp) = (g.fs_tree, g.space_tree);
+        f(&mut g.store, &fs, &sp)
+    }
+}
+
+impl Drop for Fs {
+    fn drop(&mut self) {
+        self.stop_committer();
+        let mut g = self.lock();
+        if !g.read_only && g.failed.is_none() {
+            let _ = g.commit();
+        }
+    }
+}
+
+fn commit_loop(weak: std::sync::Weak<Shared>, every: Duration) {
+    loop {
+        let Some(shared) = weak.upgrade() else { return };
+        {
+            let Ok(stop) = shared.stop.lock() else { return };
+            if *stop {
+                return;
+            }
+            let Ok((stop, _)) = shared.wake.wait_timeout(stop, every) else {
+                return;
+            };
+            if *stop {
+                return;
+            }
+        }
+        let lock = shared.inner.lock();
+        if let Ok(mut g) = lock {
+            if g.failed.is_none() && !g.read_only && g.changed {
+                // An error here has already turned the file system read-only.
+                let _ = g.commit();
+            }
+        };
+    }
+}
+
+fn random_uuid() -> [u8; 16] {
+    // Not security-relevant: a uuid only has to differ between file systems. Time and address
+    // entropy mixed through SplitMix64.
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let mut r =
+        crate::testutil::Rng::new(t ^ (&t as *const u64 as u64) ^ std::process::id() as u64);
+    let mut u = [0u8; 16];
+    u[..8].copy_from_slice(&r.next_u64().to_le_bytes());
+    u[8..].copy_from_slice(&r.next_u64().to_le_bytes());
+    u
+}
+
+pub(crate) fn new_inode_item(
+    mode: u32,
+    owner: Owner,
+    rdev: u64,
+    generation: u64,
+    now: Timespec,
+) -> InodeItem {
+    InodeItem {
+        mode: mode.into(),
+        nlink: 1.into(),
+        uid: owner.uid.into(),
+        gid: owner.gid.into(),
+        size: 0.into(),
+        alloc_bytes: 0.into(),
+        rdev: rdev.into(),
+        flags: 0.into(),
+        generation: generation.into(),
+        atime: now,
+        mtime: now,
+        ctime: now,
+        btime: now,
+        reserved: Default::default(),
+    }
+}
+
+/// What kind of space a mutating operation may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reserve {
+    /// Creates and writes: must leave the global reserve untouched.
+    Grow,
+    /// Deletes and truncates: may use the global reserve, so a full file system can be emptied.
+    Shrink,
+}
+
+impl Inner {
+    pub fn writable(&self) -> Result<()> {
+        if self.read_only || self.failed.is_some() {
+            return Err(Error::ReadOnly);
+        }
+        Ok(())
+    }
+
+    pub fn fail(&mut self, why: String) {
+        if self.failed.is_none() {
+            self.failed = Some(why);
+        }
+    }
+
+    pub fn now(&self) -> Timespec {
+        let (sec, nsec) = self.clock.now();
+        Timespec {
+            sec: sec.into(),
+            nsec: nsec.into(),
+        }
+    }
+
+    fn node_blocks_per_change(&self) -> u64 {
+        // COW of every level plus a split at every level plus a new root.
+        (2 * (self.fs_tree.level as u64 + 2) + 1) * self.store.blocks_per_node()
+    }
+
+    /// Blocks kept for deletes, so a full file system can always be emptied.
+    pub fn global_reserve(&self) -> u64 {
+        16 * self.store.blocks_per_node() + self.store.total_blocks / 200
+    }
+
+    /// Worst case blocks the commit of the running transaction still needs.
+    fn commit_need(&self) -> u64 {
+        let bpn = self.store.blocks_per_node();
+        let inodes = self.inodes.dirty_count() as u64 * (self.fs_tree.level as u64 + 2) * bpn;
+        let groups = self
+            .store
+            .alloc
+            .groups
+            .len()
+            .min(self.store.alloc.dirty_groups().len() + 8) as u64;
+        let space = groups * 2 * (self.space_tree.level as u64 + 3) * bpn;
+        inodes + space
+    }
+
+    /// Refuses with NoSpace unless `items` item changes (and the commit after them) fit.
+    pub fn reserve(&mut self, items: u64, kind: Reserve) -> Result<()> {
+        self.reserve_blocks(items, 0, kind)
+    }
+
+    pub fn reserve_blocks(&mut self, items: u64, data_blocks: u64, kind: Reserve) -> Result<()> {
+        let need = items * self.node_blocks_per_change()
+            + data_blocks
+            + self.commit_need()
+            + if kind == Reserve::Grow {
+                self.global_reserve()
+            } else {
+                0
+            };
+        if self.store.alloc.free_blocks() >= need {
+            return Ok(());
+        }
+        // Blocks freed by this transaction come back once it commits.
+        if self.store.alloc.pinned_blocks() > 0 || self.changed {
+            self.commit()?;
+            let need = items * self.node_blocks_per_change()
+                + data_blocks
+                + self.commit_need()
+                + if kind == Reserve::Grow {
+                    self.global_reserve()
+                } else {
+                    0
+                };
+            if self.store.alloc.free_blocks() >= need {
+                return Ok(());
+            }
+        }
+        Counters::inc(&self.store.counters.enospc);
+        Err(Error::NoSpace)
+    }
+
+    /// Housekeeping after a successful change: commit when dirty state passes its bounds.
+    fn after_op(&mut self) -> Result<()> {
+        let dirty_nodes = self.store.cache.len() > self.dirty_nodes_limit
+            && self.store.cache.dirty_blocks(self.store.generation).len() > self.dirty_nodes_limit;
+        if dirty_nodes || self.inodes.dirty_count() > 1 << 18 {
+            self.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Reads an inode (cache first).
+    pub fn inode(&mut self, ino: Ino) -> Result<InodeItem> {
+        if let Some(it) = self.inodes.get(ino) {
+            Counters::inc(&self.store.counters.inode_cache_hits);
+            return Ok(*it);
+        }
+        Counters::inc(&self.store.counters.inode_cache_misses);
+        if ino == 0 || ino >= self.next_ino {
+            return Err(Error::NotFound);
+        }
+        let tree = self.fs_tree;
+        let it = tree
+            .with(&mut self.store, &Key::new(ino, ItemType::Inode, 0), |v| {
+                decode_inode(v, ino)
+            })?
+            .ok_or(Error::NotFound)??;
+        self.inodes.insert_clean(ino, it);
+        Ok(it)
+    }
+
+    /// Changes a cached inode; written back at commit.
+    pub fn modify_inode(&mut self, ino: Ino, f: impl FnOnce(&mut InodeItem)) -> Result<InodeItem> {
+        self.inode(ino)?;
+        self.inodes.modify(ino, f);
+        self.store.mod_seq += 1;
+        self.inode(ino)
+    }
+
+    pub fn dir_inode(&mut self, ino: Ino) -> Result<InodeItem> {
+        let it = self.inode(ino)?;
+        if it.mode.get() & S_IFMT != S_IFDIR {
+            return Err(Error::NotDir);
+        }
+        Ok(it)
+    }
+
+    /// Commits the running transaction (see `txn` for the steps and why they are ordered so).
+    pub fn commit(&mut self) -> Result<()> {
+        if let Some(why) = &self.failed {
+            return Err(Error::Io(std::io::Error::other(format!(
+                "file system stopped after an error: {why}"
+            ))));
+        }
+        if !self.changed && self.inodes.dirty_count() == 0 {
+            return Ok(());
+        }
+        // A commit is not a change by an operation: keep `mod_seq` as the operation saw it, so
+        // a commit inside an operation (to reclaim pinned space) does not look like a change.
+        let seq = self.store.mod_seq;
+        let r = self.commit_inner();
+        self.store.mod_seq = seq;
+        if let Err(e) = &r {
+            self.fail(format!("commit failed: {e}"));
+        }
+        r
+    }
+
+    fn commit_inner(&mut self) -> Result<()> {
+        let dirty = self.inodes.take_dirty();
+        self.store
+            .counters
+            .commit_dirty_inodes
+            .fetch_add(dirty.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        for (ino, it) in dirty {
+            let key = Key::new(ino, ItemType::Inode, 0);
+            let found = self.fs_tree.update(&mut self.store, &key, |v| {
+                v.clear();
+                v.extend_from_slice(it.as_bytes());
+                crate::btree::Change::Keep
+            })?;
+            assert!(found, "dirty inode {ino} has no inode item");
+        }
+        txn::persist_space(&mut self.store, &mut self.space_tree)?;
+        txn::write_dirty_nodes(&mut self.store)?;
+        let gen = self.store.generation;
+        let mut sb = self.sb;
+        sb.generation = gen.into();
+        sb.copy_index = (gen % SUPER_COPIES).into();
+        let root = |t: &Tree| RootPtr {
+            block: t.root.block.into(),
+            generation: t.root.generation.into(),
+            level: (t.level as u32).into(),
+            reserved: 0.into(),
+        };
+        sb.fs_root = root(&self.fs_tree);
+        sb.space_root = root(&self.space_tree);
+        sb.next_ino = self.next_ino.into();
+        sb.inode_count = self.inode_count.into();
+        sb.used_blocks = self.store.alloc.used_blocks().into();
+        self.store
+            .dev
+            .write_at(&sb.encode(), (gen % SUPER_COPIES) * BLOCK_SIZE)?;
+        self.store.dev.flush()?;
+        self.sb = sb;
+        txn::finish(&mut self.store);
+        self.changed = false;
+        Ok(())
+    }
+
+    /// Validates a name for a new entry.
+    pub fn check_name(name: &[u8]) -> Result<()> {
+        if name.len() > NAME_MAX {
+            return Err(Error::NameTooLong);
+        }
+        if name.is_empty()
+            || name == b"."
+            || name == b".."
+            || name.contains(&b'/')
+            || name.contains(&0)
+        {
+            return Err(Error::InvalidName);
+        }
+        Ok(())
+    }
+}

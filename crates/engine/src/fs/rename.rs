@@ -1,0 +1,129 @@
+//! rename, with RENAME_NOREPLACE and RENAME_EXCHANGE.
+use super::{Fs, Inner, Ino, Reserve, RENAME_EXCHANGE, RENAME_NOREPLACE};
+use crate::error::{Error, Result};
+use idxfs_format::items::{dtype_of_mode, S_IFDIR, S_IFMT};
+use idxfs_format::ROOT_INO;
+
+impl Inner {
+    /// True if `dir` is `anc` or lies below it.
+    fn is_within(&mut self, mut dir: Ino, anc: Ino) -> Result<bool> {
+        // Bounded by tree depth; a cycle would be corruption, so cap the walk.
+        for _ in 0..1_000_000 {
+            if dir == anc {
+                return Ok(true);
+            }
+            if dir == ROOT_INO {
+                return Ok(false);
+            }
+            dir = self.parent_of(dir)?;
+        }
+        Err(idxfs_format::Corrupt::new(
+            format!("directory {dir} ancestry"),
+            "a cycle",
+            "a path to the root",
+        )
+        .into())
+    }
+
+    fn is_dir(&mut self, ino: Ino) -> Result<bool> {
+        Ok(self.inode(ino)?.mode.get() & S_IFMT == S_IFDIR)
+    }
+
+    /// Moves the entry (p1, n1) -> ino to (p2, n2), fixing directory link counts.
+    fn move_entry(&mut self, p1: Ino, n1: &[u8], p2: Ino, n2: &[u8], ino: Ino) -> Result<()> {
+        let it = self.inode(ino)?;
+        self.remove_entry(p1, n1, ino)?;
+        self.add_entry(p2, n2, ino, dtype_of_mode(it.mode.get()))?;
+        if it.mode.get() & S_IFMT == S_IFDIR && p1 != p2 {
+            self.modify_inode(p1, |p| p.nlink = p.nlink.get().saturating_sub(1).into())?;
+            self.modify_inode(p2, |p| p.nlink = (p.nlink.get() + 1).into())?;
+        }
+        let now = self.now();
+        self.modify_inode(ino, |i| i.ctime = now)?;
+        Ok(())
+    }
+}
+
+impl Fs {
+    pub fn rename(&self, p1: Ino, n1: &[u8], p2: Ino, n2: &[u8], flags: u32) -> Result<()> {
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
+            || flags == RENAME_NOREPLACE | RENAME_EXCHANGE
+        {
+            return Err(Error::Invalid("rename flags"));
+        }
+        self.write_op(16, Reserve::Grow, |g| {
+            g.dir_inode(p1)?;
+            g.dir_inode(p2)?;
+            for n in [n1, n2] {
+                if n == b"." || n == b".." {
+                    return Err(Error::Invalid("rename of . or .."));
+                }
+            }
+            Inner::check_name(n2)?;
+            let src = g.lookup_entry(p1, n1)?.ok_or(Error::NotFound)?;
+            let dst = g.lookup_entry(p2, n2)?;
+            let src_dir = g.is_dir(src.ino)?;
+            if p1 == p2 && n1 == n2 {
+                return Ok(());
+            }
+            // A directory may not move below itself.
+            if src_dir && g.is_within(p2, src.ino)? {
+                return Err(Error::Invalid("rename of a directory into its own subtree"));
+            }
+            if flags & RENAME_EXCHANGE != 0 {
+                let dst = dst.ok_or(Error::NotFound)?;
+                let dst_dir = g.is_dir(dst.ino)?;
+                if dst_dir && g.is_within(p1, dst.ino)? {
+                    return Err(Error::Invalid("rename of a directory into its own subtree"));
+                }
+                if src.ino == dst.ino {
+                    return Ok(());
+                }
+                // Take both names out, then put them back crosswise.
+                g.remove_entry(p1, n1, src.ino)?;
+                g.remove_entry(p2, n2, dst.ino)?;
+                g.add_entry(p1, n1, dst.ino, dst.dtype)?;
+                g.add_entry(p2, n2, src.ino, src.dtype)?;
+                if p1 != p2 && src_dir != dst_dir {
+                    let (from, to) = if src_dir { (p1, p2) } else { (p2, p1) };
+                    g.modify_inode(from, |p| p.nlink = p.nlink.get().saturating_sub(1).into())?;
+                    g.modify_inode(to, |p| p.nlink = (p.nlink.get() + 1).into())?;
+                }
+                let now = g.now();
+                g.modify_inode(src.ino, |i| i.ctime = now)?;
+                g.modify_inode(dst.ino, |i| i.ctime = now)?;
+                return Ok(());
+            }
+            if let Some(dst) = dst {
+                if flags & RENAME_NOREPLACE != 0 {
+                    return Err(Error::Exists);
+                }
+                if dst.ino == src.ino {
+                    // Two names of one inode: POSIX says do nothing.
+                    return Ok(());
+                }
+                let dst_dir = g.is_dir(dst.ino)?;
+                match (src_dir, dst_dir) {
+                    (true, false) => return Err(Error::NotDir),
+                    (false, true) => return Err(Error::IsDir),
+                    (true, true) => g.check_rmdir(dst.ino)?,
+                    (false, false) => {}
+                }
+                let it = g.inode(dst.ino)?;
+                let extents = if it.nlink.get() == 1 {
+                    2 * it.alloc_bytes.get().div_ceil(4096).min(1 << 16)
+                } else {
+                    0
+                };
+                g.reserve(extents, Reserve::Shrink)?;
+                if dst_dir {
+                    g.remove_dir(p2, n2, dst.ino)?;
+                } else {
+                    g.remove_entry(p2, n2, dst.ino)?;
+                    g.drop_link(dst.ino)?;
+                }
+            }
+            g.move_entry(p1, n1, p2, n2, src.ino)
+        })
+    }
+}

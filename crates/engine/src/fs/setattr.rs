@@ -1,0 +1,55 @@
+//! setattr: mode, owner, size, times.
+use super::{Attr, Fs, Ino, Reserve, SetAttr, SetTime};
+use crate::error::{Error, Result};
+use idxfs_format::items::{S_IFDIR, S_IFMT, S_IFREG};
+
+impl Fs {
+    pub fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr> {
+        if let Some(SetTime::At(t)) = set.atime.or(set.mtime) {
+            if t.nsec >= 1_000_000_000 {
+                return Err(Error::Invalid("nanoseconds out of range"));
+            }
+        }
+        if set.size.is_some_and(|s| s > super::file::MAX_FILE_SIZE) {
+            return Err(Error::FileTooBig);
+        }
+        self.write_op(4, Reserve::Shrink, |g| {
+            let it = g.inode(ino)?;
+            if let Some(size) = set.size {
+                match it.mode.get() & S_IFMT {
+                    S_IFREG => {
+                        let extents = 16;
+                        g.reserve_blocks(extents, 2, super::Reserve::Shrink)?;
+                        g.truncate(ino, size)?;
+                    }
+                    S_IFDIR => return Err(Error::IsDir),
+                    _ => return Err(Error::Invalid("size of a non-regular file")),
+                }
+            }
+            let now = g.now();
+            let it = g.modify_inode(ino, |i| {
+                if let Some(m) = set.mode {
+                    i.mode = ((i.mode.get() & S_IFMT) | (m & 0o7777)).into();
+                }
+                if let Some(u) = set.uid {
+                    i.uid = u.into();
+                }
+                if let Some(gid) = set.gid {
+                    i.gid = gid.into();
+                }
+                let pick = |s: SetTime| match s {
+                    SetTime::Now => now,
+                    SetTime::At(t) => t.into(),
+                };
+                if let Some(a) = set.atime {
+                    i.atime = pick(a);
+                }
+                if let Some(m) = set.mtime {
+                    i.mtime = pick(m);
+                }
+                i.ctime = set.ctime.map(Into::into).unwrap_or(now);
+            })?;
+            Ok(Attr::from_item(ino, &it))
+        })
+    }
+}

@@ -1,0 +1,562 @@
+//! fsck as an engine API: reads an image without trusting it and lists every problem found.
+//!
+//! Checks, in order: superblock copies; every node of every tree (checksum, identity, key
+//! order, item bounds, child keys inside the parent's range, pointer generations); every item's
+//! value; link counts; both directory indexes and the back references agree entry for entry;
+//! directory sizes; file extents do not overlap; and every block is accounted for exactly once
+//! (referenced by one tree node or extent, or a superblock, exactly when its bitmap bit is set).
+use crate::btree::node::Node;
+use crate::error::{Error, Result};
+use crate::fs::NameHash;
+use idxfs_blockdev::BlockDevice;
+use idxfs_format::items::{
+    decode_block_group, decode_dir_entries, decode_extent, decode_inode, decode_names,
+    decode_xattrs, dtype_of_mode, EXTENT_INLINE, S_IFDIR, S_IFMT,
+};
+use idxfs_format::node::Expect;
+use idxfs_format::superblock::{RootPtr, Superblock};
+use idxfs_format::{
+    ItemType, Key, BLOCK_SIZE, ORPHAN_OBJECTID, ROOT_INO, SUPER_COPIES, TREE_FS, TREE_SPACE,
+};
+use std::collections::{BTreeMap, HashMap};
+
+#[derive(Debug, Default)]
+pub struct Report {
+    pub problems: Vec<String>,
+    /// Things worth saying that are not damage (e.g. a superblock copy torn by a crash).
+    pub notes: Vec<String>,
+    pub generation: u64,
+    pub nodes: u64,
+    pub items: u64,
+    pub inodes: u64,
+    pub dir_entries: u64,
+    pub used_blocks: u64,
+}
+
+impl Report {
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+    fn problem(&mut self, s: String) {
+        // Cap the list: a badly damaged image should not print millions of lines.
+        if self.problems.len() < 10_000 {
+            self.problems.push(s);
+        }
+    }
+}
+
+#[derive(Default)]
+struct InodeInfo {
+    mode: u32,
+    nlink: u32,
+    size: u64,
+    alloc_bytes: u64,
+    seen_entries: u32,
+    subdirs: u32,
+    extent_blocks: u64,
+    last_extent_end: u64,
+}
+
+struct Checker<'a> {
+    dev: &'a dyn BlockDevice,
+    sb: Superblock,
+    hash: NameHash,
+    report: Report,
+    /// Block -> what references it.
+    owners: HashMap<u64, &'static str>,
+    inodes: BTreeMap<u64, InodeInfo>,
+    by_hash: Vec<(u64, u64, Vec<u8>)>,
+    by_ino: Vec<(u64, u64, Vec<u8>)>,
+    refs: Vec<(u64, u64, Vec<u8>)>,
+    space_bitmaps: Vec<(u64, u64, Vec<u8>)>,
+    /// (child, dtype in the entry, directory), checked against the inode at the end.
+    refs_dtype: Vec<(u64, u8, u64)>,
+    progress: &'a mut dyn FnMut(u64),
+}
+
+/// Checks the image on `dev`. Returns Err only when not even a superblock can be read.
+pub fn check(
+    dev: &dyn BlockDevice,
+    hash: NameHash,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Report> {
+    let mut report = Report::default();
+    let dev_blocks = dev.size() / BLOCK_SIZE;
+    let mut best: Option<Superblock> = None;
+    let mut first_err = None;
+    for copy in 0..SUPER_COPIES.min(dev_blocks) {
+        let mut buf = vec![0u8; BLOCK_SIZE as usize];
+        dev.read_at(&mut buf, copy * BLOCK_SIZE)?;
+        match Superblock::decode(&buf, copy, dev_blocks) {
+            Ok(sb) => {
+                if best.is_none_or(|b| sb.generation.get() > b.generation.get()) {
+                    best = Some(sb);
+                }
+            }
+            Err(e) => {
+                report.notes.push(format!("superblock copy {copy} unusable ({e}); the other copy is used and the next commit rewrites this one"));
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    let Some(sb) = best else {
+        return Err(first_err
+            .map(Error::Corrupt)
+            .unwrap_or_else(|| Error::Invalid("device smaller than two blocks")));
+    };
+    report.generation = sb.generation.get();
+    let mut c = Checker {
+        dev,
+        sb,
+        hash,
+        report,
+        owners: HashMap::new(),
+        inodes: BTreeMap::new(),
+        by_hash: Vec::new(),
+        by_ino: Vec::new(),
+        refs: Vec::new(),
+        space_bitmaps: Vec::new(),
+        refs_dtype: Vec::new(),
+        progress,
+    };
+    for b in 0..SUPER_COPIES {
+        c.owners.insert(b, "superblock");
+    }
+    c.walk(&sb.fs_root, TREE_FS, "fs tree");
+    c.walk(&sb.space_root, TREE_SPACE, "space tree");
+    c.cross_check();
+    c.check_space();
+    Ok(c.report)
+}
+
+impl Checker<'_> {
+    fn claim(&mut self, start: u64, n: u64, what: &'static str) {
+        for b in start..start + n {
+            if let Some(prev) = self.owners.insert(b, what) {
+                self.report.problem(format!(
+                    "block {b} referenced twice: by {prev} and by {what}"
+                ));
+            }
+        }
+    }
+
+    fn walk(&mut self, root: &RootPtr, owner: u64, name: &'static str) {
+        let bpn = self.sb.blocks_per_node();
+        // (block, generation, level, low bound, high bound (exclusive, None = unbounded), parent key)
+        let mut stack = vec![(
+            root.block.get(),
+            root.generation.get(),
+            root.level.get() as u8,
+            Key::MIN,
+            None::<Key>,
+            None::<Key>,
+        )];
+        while let Some((block, gen, level, lo, hi, pkey)) = stack.pop() {
+            self.claim(block, bpn, name);
+            let mut buf = vec![0u8; self.sb.node_size.get() as usize];
+            if let Err(e) = self.dev.read_at(&mut buf, block * BLOCK_SIZE) {
+                self.report
+                    .problem(format!("{name} node {block}: read failed: {e}"));
+                continue;
+            }
+            let exp = Expect {
+                block,
+                generation: gen,
+                owner,
+                level: Some(level),
+                fsid: self.sb.uuid,
+                total_blocks: self.sb.total_blocks.get(),
+            };
+            let node = match Node::decode(&buf, &exp) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.report.problem(format!("{name}: {e}"));
+                    continue;
+                }
+            };
+            self.report.nodes += 1;
+            if self.report.nodes % 4096 == 0 {
+                (self.progress)(self.report.nodes);
+            }
+            if let (Some(first), Some(pk)) = (node.keys.first(), pkey) {
+                if *first != pk {
+                    self.report.problem(format!(
+                        "{name} node {block}: first key {first} differs from its parent's key {pk}"
+                    ));
+                }
+            }
+            if node.keys.is_empty() && !(level == 0 && pkey.is_none()) {
+                self.report
+                    .problem(format!("{name} node {block}: empty non-root node"));
+            }
+            for k in &node.keys {
+                if *k < lo || hi.is_some_and(|h| *k >= h) {
+                    self.report.problem(format!(
+                        "{name} node {block}: key {k} outside its parent's range"
+                    ));
+                }
+            }
+            if node.is_leaf() {
+                for (k, v) in node.keys.iter().zip(node.leaf_vals()) {
+                    self.report.items += 1;
+                    if owner == TREE_FS {
+                        self.fs_item(k, v);
+                    } else {
+                        self.space_item(k, v);
+                    }
+                }
+            } else {
+                let n = node.keys.len();
+                for i in (0..n).rev() {
+                    let p = node.ptrs()[i];
+                    let chi = if i + 1 < n {
+                        Some(node.keys[i + 1])
+                    } else {
+                        hi
+                    };
+                    stack.push((
+                        p.block,
+                        p.generation,
+                        level - 1,
+                        node.keys[i],
+                        chi,
+                        Some(node.keys[i]),
+                    ));
+                }
+            }
+        }
+    }
+
+    fn fs_item(&mut self, k: &Key, v: &[u8]) {
+        let what = format!("item {k}");
+        let total = self.sb.total_blocks.get();
+        match k.item_type() {
+            Some(ItemType::Inode) => match decode_inode(v, k.objectid) {
+                Ok(it) => {
+                    if k.offset != 0 {
+                        self.report
+                            .problem(format!("{what}: inode key offset must be 0"));
+                    }
+                    if k.objectid >= self.sb.next_ino.get() {
+                        self.report.problem(format!(
+                            "{what}: inode number not below next_ino {}",
+                            self.sb.next_ino.get()
+                        ));
+                    }
+                    let e = self.inodes.entry(k.objectid).or_default();
+                    e.mode = it.mode.get();
+                    e.nlink = it.nlink.get();
+                    e.size = it.size.get();
+                    e.alloc_bytes = it.alloc_bytes.get();
+                    self.report.inodes += 1;
+                }
+                Err(e) => self.report.problem(format!("{e}")),
+            },
+            Some(t @ (ItemType::DirHash | ItemType::DirIno)) => {
+                match decode_dir_entries(v, &what) {
+                    Ok(es) => {
+                        for e in es {
+                            let h = (self.hash)(&e.name);
+                            let ok = match t {
+                                ItemType::DirHash => k.offset == h,
+                                _ => k.offset == crate::fs::dir_ino_offset_pub(e.ino, h),
+                            };
+                            if !ok {
+                                self.report.problem(format!(
+                                    "{what}: entry {:?} -> {} is filed under the wrong key",
+                                    String::from_utf8_lossy(&e.name),
+                                    e.ino
+                                ));
+                            }
+                            let list = if t == ItemType::DirHash {
+                                &mut self.by_hash
+                            } else {
+                                &mut self.by_ino
+                            };
+                            list.push((k.objectid, e.ino, e.name.clone()));
+                            if t == ItemType::DirHash {
+                                self.report.dir_entries += 1;
+                                let child = self.inodes.entry(e.ino).or_default();
+                                child.seen_entries += 1;
+                                // dtype is checked once both the entry and the inode are known.
+                                self.refs_dtype.push((e.ino, e.dtype, k.objectid));
+                            }
+                        }
+                    }
+                    Err(e) => self.report.problem(format!("{e}")),
+                }
+            }
+            Some(ItemType::InodeRef) => match decode_names(v, &what) {
+                Ok(names) => {
+                    for n in names {
+                        self.refs.push((k.offset, k.objectid, n));
+                    }
+                }
+                Err(e) => self.report.problem(format!("{e}")),
+            },
+            Some(ItemType::Xattr) => match decode_xattrs(v, &what) {
+                Ok(xs) => {
+                    for x in xs {
+                        if (self.hash)(&x.name) != k.offset {
+                            self.report.problem(format!(
+                                "{what}: xattr {:?} filed under the wrong hash",
+                                String::from_utf8_lossy(&x.name)
+                            ));
+                        }
+                    }
+                }
+                Err(e) => self.report.problem(format!("{e}")),
+            },
+            Some(ItemType::Extent) => match decode_extent(v, &what, total) {
+                Ok((e, inline)) => {
+                    let info = self.inodes.entry(k.objectid).or_default();
+                    if k.offset < info.last_extent_end {
+                        self.report.problem(format!(
+                            "{what}: overlaps the previous extent (ends at {})",
+                            info.last_extent_end
+                        ));
+                    }
+                    let info = self.inodes.entry(k.objectid).or_default();
+                    if e.kind == EXTENT_INLINE {
+                        info.last_extent_end = k.offset + inline.len() as u64;
+                        if k.offset != 0 {
+                            self.report
+                                .problem(format!("{what}: inline extent not at offset 0"));
+                        }
+                    } else {
+                        let n = e.blocks.get();
+                        info.last_extent_end = k.offset + n * BLOCK_SIZE;
+                        info.extent_blocks += n;
+                        if k.offset % BLOCK_SIZE != 0 {
+                            self.report
+                                .problem(format!("{what}: regular extent at unaligned offset"));
+                        }
+                        self.claim(e.disk_block.get(), n, "file extent");
+                    }
+                }
+                Err(e) => self.report.problem(format!("{e}")),
+            },
+            Some(ItemType::Orphan) if k.objectid == ORPHAN_OBJECTID => {}
+            _ => self
+                .report
+                .problem(format!("{what}: item type not allowed in the fs tree")),
+        }
+    }
+
+    fn space_item(&mut self, k: &Key, v: &[u8]) {
+        let gb = self.sb.group_blocks.get();
+        let total = self.sb.total_blocks.get();
+        let len = if k.objectid < total {
+            gb.min(total - k.objectid)
+        } else {
+            0
+        };
+        match k.item_type() {
+            Some(ItemType::BlockGroup) => {
+                if let Err(e) = decode_block_group(v, k.objectid, len) {
+                    self.report.problem(format!("{e}"));
+                }
+            }
+            Some(ItemType::FreeSpaceBitmap) => {
+                self.space_bitmaps.push((k.objectid, k.offset, v.to_vec()))
+            }
+            _ => self.report.problem(format!(
+                "space item {k}: type not allowed in the space tree"
+            )),
+        }
+        if k.objectid % gb != 0 || k.offset != len {
+            self.report.problem(format!(
+                "space item {k}: not a block group boundary (groups are {gb} blocks)"
+            ));
+        }
+    }
+
+    fn cross_check(&mut self) {
+        let name = |n: &[u8]| String::from_utf8_lossy(n).into_owned();
+        let mut by_hash = std::mem::take(&mut self.by_hash);
+        let mut by_ino = std::mem::take(&mut self.by_ino);
+        let mut refs = std::mem::take(&mut self.refs);
+        by_hash.sort_unstable();
+        by_ino.sort_unstable();
+        refs.sort_unstable();
+        for (a, an, b, bn) in [
+            (&by_hash, "name-hash index", &by_ino, "inode-order index"),
+            (&by_hash, "name-hash index", &refs, "back references"),
+        ] {
+            let (mut i, mut j) = (0, 0);
+            while i < a.len() || j < b.len() {
+                match (a.get(i), b.get(j)) {
+                    (Some(x), Some(y)) if x == y => {
+                        i += 1;
+                        j += 1;
+                    }
+                    (Some(x), y) if y.is_none_or(|y| x < y) => {
+                        self.report.problem(format!(
+                            "directory {} entry {:?} -> {} is in the {an} but not in the {bn}",
+                            x.0,
+                            name(&x.2),
+                            x.1
+                        ));
+                        i += 1;
+                    }
+                    (_, Some(y)) => {
+                        self.report.problem(format!(
+                            "directory {} entry {:?} -> {} is in the {bn} but not in the {an}",
+                            y.0,
+                            name(&y.2),
+                            y.1
+                        ));
+                        j += 1;
+                    }
+                    _ => break,
+                }
+            }
+        }
+        // Entry counts per directory and subdirectory counts.
+        let mut entries: HashMap<u64, u64> = HashMap::new();
+        for (dir, child, _) in &by_hash {
+            *entries.entry(*dir).or_default() += 1;
+            if self
+                .inodes
+                .get(child)
+                .is_some_and(|c| c.mode & S_IFMT == S_IFDIR)
+            {
+                if let Some(d) = self.inodes.get_mut(dir) {
+                    d.subdirs += 1;
+                }
+            }
+        }
+        for (child, dtype, dir) in std::mem::take(&mut self.refs_dtype) {
+            match self.inodes.get(&child) {
+                Some(c) if c.mode != 0 => {
+                    if dtype_of_mode(c.mode) != dtype {
+                        self.report.problem(format!(
+                            "directory {dir} entry -> {child}: type {dtype} but the inode is {:#o}",
+                            c.mode & S_IFMT
+                        ));
+                    }
+                }
+                _ => self.report.problem(format!(
+                    "directory {dir} has an entry for inode {child}, which does not exist"
+                )),
+            }
+        }
+        let mut count = 0u64;
+        for (ino, i) in &self.inodes {
+            if i.mode == 0 {
+                if i.extent_blocks > 0 || i.last_extent_end > 0 {
+                    self.report
+                        .problems
+                        .push(format!("inode {ino}: extents but no inode item"));
+                }
+                continue;
+            }
+            count += 1;
+            let is_dir = i.mode & S_IFMT == S_IFDIR;
+            if is_dir {
+                let want_links = if *ino == ROOT_INO { 0 } else { 1 };
+                if i.seen_entries != want_links {
+                    self.report.problems.push(format!(
+                        "directory {ino}: {} names, expect {want_links}",
+                        i.seen_entries
+                    ));
+                }
+                if i.nlink != 2 + i.subdirs {
+                    self.report.problems.push(format!(
+                        "directory {ino}: link count {}, expect {} (2 + subdirectories)",
+                        i.nlink,
+                        2 + i.subdirs
+                    ));
+                }
+                let n = entries.get(ino).copied().unwrap_or(0);
+                if i.size != n {
+                    self.report.problems.push(format!(
+                        "directory {ino}: size {}, expect {n} (entries)",
+                        i.size
+                    ));
+                }
+            } else {
+                if i.nlink != i.seen_entries {
+                    self.report.problems.push(format!(
+                        "inode {ino}: link count {}, expect {} (names found)",
+                        i.nlink, i.seen_entries
+                    ));
+                }
+                if i.alloc_bytes != i.extent_blocks * BLOCK_SIZE {
+                    self.report.problems.push(format!(
+                        "inode {ino}: allocated bytes {}, expect {} (sum of extents)",
+                        i.alloc_bytes,
+                        i.extent_blocks * BLOCK_SIZE
+                    ));
+                }
+            }
+        }
+        if count != self.sb.inode_count.get() {
+            self.report.problem(format!(
+                "superblock inode count {}, expect {count} (inode items)",
+                self.sb.inode_count.get()
+            ));
+        }
+        if !self
+            .inodes
+            .get(&ROOT_INO)
+            .is_some_and(|r| r.mode & S_IFMT == S_IFDIR)
+        {
+            self.report
+                .problem("root inode missing or not a directory".into());
+        }
+    }
+
+    fn check_space(&mut self) {
+        let total = self.sb.total_blocks.get();
+        let gb = self.sb.group_blocks.get();
+        let ngroups = total.div_ceil(gb);
+        let mut used_total = 0u64;
+        let mut seen = vec![false; ngroups as usize];
+        for (start, len, bits) in std::mem::take(&mut self.space_bitmaps) {
+            let gi = (start / gb) as usize;
+            if gi >= seen.len() || bits.len() as u64 != len.div_ceil(8) {
+                self.report.problem(format!(
+                    "free-space bitmap {start}: {} bytes, expect {}",
+                    bits.len(),
+                    len.div_ceil(8)
+                ));
+                continue;
+            }
+            seen[gi] = true;
+            for i in 0..len {
+                let used = bits[(i / 8) as usize] >> (i % 8) & 1 == 1;
+                let b = start + i;
+                let referenced = self.owners.contains_key(&b);
+                if used {
+                    used_total += 1;
+                }
+                match (used, referenced) {
+                    (true, false) => self.report.problem(format!(
+                        "block {b} is marked used but nothing references it (leak)"
+                    )),
+                    (false, true) => self.report.problem(format!(
+                        "block {b} is referenced by {} but marked free",
+                        self.owners[&b]
+                    )),
+                    _ => {}
+                }
+            }
+        }
+        for (gi, s) in seen.iter().enumerate() {
+            if !s {
+                self.report.problem(format!(
+                    "block group {} has no free-space bitmap",
+                    gi as u64 * gb
+                ));
+            }
+        }
+        if used_total != self.sb.used_blocks.get() {
+            self.report.problem(format!(
+                "superblock used blocks {}, expect {used_total} (bitmaps)",
+                self.sb.used_blocks.get()
+            ));
+        }
+        self.report.used_blocks = used_total;
+    }
+}

@@ -1,0 +1,40 @@
+#![allow(dead_code)]
+use idxfs_blockdev::{BlockDevice, MemDevice};
+use idxfs_engine::fs::{NameHash, Owner};
+use idxfs_engine::{fsck, Fs, MkfsOptions, OpenOptions};
+use std::sync::Arc;
+
+pub const ROOT: u64 = 1;
+pub const ME: Owner = Owner {
+    uid: 1000,
+    gid: 1000,
+};
+
+pub fn opts() -> OpenOptions {
+    OpenOptions {
+        commit_interval: None,
+        ..OpenOptions::default()
+    }
+}
+
+pub fn mem_fs(bytes: u64) -> (Arc<MemDevice>, Fs) {
+    let dev = Arc::new(MemDevice::new(bytes));
+    Fs::mkfs(dev.clone(), &MkfsOptions::default()).expect("mkfs");
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    (dev, fs)
+}
+
+/// Runs fsck and panics with every problem listed if the image is not clean.
+pub fn assert_clean(dev: &dyn BlockDevice) {
+    assert_clean_with(dev, idxfs_format::hash::name_hash)
+}
+
+pub fn assert_clean_with(dev: &dyn BlockDevice, hash: NameHash) {
+    let r = fsck::check(dev, hash, &mut |_| {}).expect("fsck could not read the image");
+    assert!(
+        r.is_clean(),
+        "fsck found {} problems:\n{}",
+        r.problems.len(),
+        r.problems.join("\n")
+    );
+}
