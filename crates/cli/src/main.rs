@@ -1,1 +1,220 @@
-fn main() {}
+//! The `idxfs` command: mkfs, fsck, dump, demo and bench. Errors print one line and exit non-zero.
+mod bench;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use idxfs_blockdev::{BlockDevice, FileDevice};
+use idxfs_engine::dump::{dump, Which};
+use idxfs_engine::{fsck, Fs, MkfsOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[derive(Parser)]
+#[command(name = "idxfs", version, about = "idxfs: a file system for directories of millions of small files")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Format an image file (created if missing) or block device.
+    Mkfs {
+        image: PathBuf,
+        /// Size for a new image, e.g. 1G, 512M (default 1G; an existing file or device keeps its size).
+        #[arg(long, value_parser = parse_size)]
+        size: Option<u64>,
+        /// B+tree node size in bytes (4096 to 65536, a power of two).
+        #[arg(long, default_value_t = idxfs_format::DEFAULT_NODE_SIZE)]
+        node_size: u32,
+    },
+    /// Check an image; exit 0 when clean, 1 when problems were found, 2 when it cannot be read.
+    Fsck { image: PathBuf },
+    /// Print trees, nodes and items, and fill statistics.
+    Dump {
+        image: PathBuf,
+        /// Only this tree.
+        tree: Option<TreeArg>,
+        /// Only statistics, no nodes or items.
+        #[arg(long)]
+        stats: bool,
+    },
+    /// Make an image, fill a directory through the library, check it and show its statistics.
+    Demo {
+        /// Where to put the image (default: a temporary file, removed afterwards).
+        #[arg(long)]
+        image: Option<PathBuf>,
+        #[arg(long, default_value_t = 100_000)]
+        files: u64,
+    },
+    /// Benchmarks (not tests): print rates beside a baseline measured in the same run.
+    Bench {
+        #[command(subcommand)]
+        what: bench::BenchCmd,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum TreeArg {
+    Fs,
+    Space,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => (&s[..i], &s[i..]),
+        None => (s, ""),
+    };
+    let n: f64 = num.parse().map_err(|_| format!("not a size: {s:?}"))?;
+    let m: u64 = match mult.to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "K" | "KB" | "KIB" => 1 << 10,
+        "M" | "MB" | "MIB" => 1 << 20,
+        "G" | "GB" | "GIB" => 1 << 30,
+        "T" | "TB" | "TIB" => 1 << 40,
+        _ => return Err(format!("unknown size suffix {mult:?} (use K, M, G, T)")),
+    };
+    if !(n >= 0.0) {
+        return Err(format!("not a size: {s:?}"));
+    }
+    Ok((n * m as f64) as u64)
+}
+
+fn open_dev(path: &Path, writable: bool) -> Result<Arc<dyn BlockDevice>, String> {
+    FileDevice::open(path, writable).map(|d| Arc::new(d) as Arc<dyn BlockDevice>).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+pub(crate) fn mkfs_image(image: &Path, size: Option<u64>, node_size: u32) -> Result<Arc<dyn BlockDevice>, String> {
+    let dev: Arc<dyn BlockDevice> = match std::fs::metadata(image) {
+        Ok(m) if m.file_type().is_file() && size.is_some() => Arc::new(FileDevice::create(image, size.unwrap_or(0)).map_err(|e| format!("{}: {e}", image.display()))?),
+        Ok(_) => open_dev(image, true)?,
+        Err(_) => Arc::new(FileDevice::create(image, size.unwrap_or(1 << 30)).map_err(|e| format!("{}: {e}", image.display()))?),
+    };
+    Fs::mkfs(dev.clone(), &MkfsOptions { node_size, ..MkfsOptions::default() }).map_err(|e| format!("mkfs {}: {e}", image.display()))?;
+    Ok(dev)
+}
+
+fn run_fsck(image: &Path) -> Result<bool, String> {
+    let dev = open_dev(image, false)?;
+    let mut last = std::time::Instant::now();
+    let mut progress = |n: u64| {
+        if last.elapsed().as_millis() > 500 {
+            eprint!("\rfsck: {n} nodes checked");
+            last = std::time::Instant::now();
+        }
+    };
+    let r = fsck::check(dev.as_ref(), idxfs_format::hash::name_hash, &mut progress).map_err(|e| format!("fsck {}: {e}", image.display()))?;
+    eprint!("\r");
+    for n in &r.notes {
+        println!("note: {n}");
+    }
+    for p in &r.problems {
+        println!("problem: {p}");
+    }
+    println!(
+        "{}: generation {}, {} nodes, {} items, {} inodes, {} directory entries, {} blocks used: {}",
+        image.display(),
+        r.generation,
+        r.nodes,
+        r.items,
+        r.inodes,
+        r.dir_entries,
+        r.used_blocks,
+        if r.is_clean() { "clean".to_string() } else { format!("{} problems", r.problems.len()) }
+    );
+    Ok(r.is_clean())
+}
+
+fn demo(image: Option<PathBuf>, files: u64) -> Result<(), String> {
+    let tmp;
+    let path = match image {
+        Some(p) => p,
+        None => {
+            tmp = tempdir_in_shm()?;
+            tmp.join("demo.img")
+        }
+    };
+    println!("mkfs {} (2 GiB)", path.display());
+    let dev = mkfs_image(&path, Some(2 << 30), idxfs_format::DEFAULT_NODE_SIZE)?;
+    let fs = Fs::open(dev.clone(), idxfs_engine::OpenOptions::default()).map_err(|e| e.to_string())?;
+    let owner = idxfs_engine::fs::Owner::default();
+    let dir = fs.mkdir(idxfs_format::ROOT_INO, b"maildir", 0o755, owner).map_err(|e| e.to_string())?;
+    let t = std::time::Instant::now();
+    for i in 0..files {
+        let a = fs.create(dir.ino, format!("msg-{i:08}").as_bytes(), 0o644, owner).map_err(|e| e.to_string())?;
+        if i % 10 == 0 {
+            fs.write(a.ino, 0, format!("message {i}\n").as_bytes()).map_err(|e| e.to_string())?;
+        }
+    }
+    let secs = t.elapsed().as_secs_f64();
+    println!("created {files} files in one directory in {secs:.2} s ({:.0} files/s, library API)", files as f64 / secs);
+    let t = std::time::Instant::now();
+    let mut n = 0u64;
+    let mut increasing = 0u64;
+    let mut prev = 0;
+    fs.readdir(dir.ino, 2, |e| {
+        n += 1;
+        if e.ino > prev {
+            increasing += 1;
+        }
+        prev = e.ino;
+        true
+    })
+    .map_err(|e| e.to_string())?;
+    println!("readdir: {n} entries in {:.3} s, {:.4} of consecutive entries in increasing inode order", t.elapsed().as_secs_f64(), increasing as f64 / n.max(1) as f64);
+    fs.close().map_err(|e| e.to_string())?;
+    let clean = run_fsck(&path)?;
+    let stdout = std::io::stdout();
+    dump(dev.as_ref(), Some(Which::Fs), true, &mut stdout.lock()).map_err(|e| e.to_string())?;
+    if !clean {
+        return Err("fsck found problems".into());
+    }
+    Ok(())
+}
+
+pub(crate) fn tempdir_in_shm() -> Result<PathBuf, String> {
+    let base = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    let p = base.join(format!("idxfs-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)));
+    std::fs::create_dir_all(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+    Ok(p)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r: Result<ExitCode, String> = match cli.cmd {
+        Cmd::Mkfs { image, size, node_size } => mkfs_image(&image, size, node_size).map(|d| {
+            println!("{}: idxfs formatted, {} bytes, node size {node_size}", image.display(), d.size());
+            ExitCode::SUCCESS
+        }),
+        Cmd::Fsck { image } => match run_fsck(&image) {
+            Ok(true) => Ok(ExitCode::SUCCESS),
+            Ok(false) => Ok(ExitCode::from(1)),
+            Err(e) => {
+                eprintln!("idxfs: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        Cmd::Dump { image, tree, stats } => open_dev(&image, false).and_then(|dev| {
+            let which = tree.map(|t| match t {
+                TreeArg::Fs => Which::Fs,
+                TreeArg::Space => Which::Space,
+            });
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            let r = dump(dev.as_ref(), which, stats, &mut out).map(|_| ExitCode::SUCCESS).map_err(|e| format!("dump {}: {e}", image.display()));
+            let _ = out.flush();
+            r
+        }),
+        Cmd::Demo { image, files } => demo(image, files).map(|_| ExitCode::SUCCESS),
+        Cmd::Bench { what } => bench::run(what).map(|_| ExitCode::SUCCESS),
+    };
+    match r {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("idxfs: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -28,6 +28,7 @@ counters! {
     root_grows: "tree height increases",
     root_shrinks: "tree height decreases",
     commits: "transactions committed",
+    commit_us: "microseconds spent committing (all steps, including device flushes)",
     commit_dirty_inodes: "inode items written back at commit",
     inode_cache_hits: "inode lookups served from the inode cache",
     inode_cache_misses: "inode lookups that read the fs tree",

@@ -232,3 +232,40 @@ fn readdir_is_in_inode_order_and_resumable() {
     fs.close().expect("close");
     assert_clean(dev.as_ref());
 }
+
+#[test]
+#[ignore]
+fn probe_fill() {
+    let dev = std::sync::Arc::new(idxfs_blockdev::MemDevice::new(1 << 30));
+    Fs::mkfs(dev.clone(), &idxfs_engine::MkfsOptions::default()).expect("mkfs");
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let d = fs.mkdir(ROOT, b"d", 0o755, ME).expect("d");
+    for i in 0..200_000 {
+        fs.create(d.ino, format!("file_{i}").as_bytes(), 0o644, ME).expect("create");
+    }
+    fs.close().expect("close");
+    let mut out = Vec::new();
+    idxfs_engine::dump::dump(dev.as_ref(), None, false, &mut out).expect("dump");
+    let s = String::from_utf8_lossy(&out);
+    // Per-leaf: first item type and fill.
+    let mut cur = String::new();
+    let mut rows: std::collections::BTreeMap<String, (u64, f64)> = Default::default();
+    let mut fill = 0.0;
+    for line in s.lines() {
+        if line.starts_with("node ") && line.contains("level 0") {
+            fill = line.rsplit("fill ").next().unwrap_or("0%").trim_end_matches('%').parse().unwrap_or(0.0);
+            cur = "?".into();
+        } else if line.starts_with("  (") && cur == "?" {
+            cur = line.split_whitespace().nth(1).unwrap_or("").to_string();
+            let e = rows.entry(cur.clone()).or_default();
+            e.0 += 1;
+            e.1 += fill;
+        }
+    }
+    for (k, (n, f)) in rows {
+        eprintln!("{k}: {n} leaves, mean fill {:.1}", f / n as f64);
+    }
+    for l in s.lines().filter(|l| l.starts_with("  fs")) {
+        eprintln!("{l}");
+    }
+}

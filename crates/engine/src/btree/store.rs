@@ -25,6 +25,8 @@ pub struct Store {
     pub counters: Arc<Counters>,
     /// Bumped on every tree change: cursors re-seek when it moved.
     pub mod_seq: u64,
+    /// Nodes changed in the running transaction (exact: kept by alloc_node, cow and frees).
+    pub dirty_nodes: usize,
     scratch: Vec<u8>,
 }
 
@@ -49,6 +51,7 @@ impl Store {
             alloc,
             counters,
             mod_seq: 0,
+            dirty_nodes: 0,
             scratch: vec![0; node_size as usize],
         }
     }
@@ -127,6 +130,7 @@ impl Store {
             .alloc(bpn, bpn, Kind::Meta)
             .ok_or(Error::NoSpace)?;
         self.cache.insert(start, node);
+        self.dirty_nodes += 1;
         Ok(start)
     }
 
@@ -134,6 +138,9 @@ impl Store {
     pub fn free_node(&mut self, block: u64) {
         let n = self.cache.remove(block);
         let now = n.as_ref().is_some_and(|n| n.generation == self.generation);
+        if now {
+            self.dirty_nodes -= 1;
+        }
         self.alloc.free(block, self.blocks_per_node(), now);
     }
 
@@ -141,7 +148,21 @@ impl Store {
     /// the cache; no committed state references it, so it is reusable at once.
     pub fn free_dirty_block(&mut self, block: u64) {
         debug_assert!(!self.cache.contains(block));
+        self.dirty_nodes -= 1;
         self.alloc.free(block, self.blocks_per_node(), true);
+    }
+
+    /// Loads (if needed) and COWs in one step: a node already dirty costs one cache lookup.
+    pub fn load_cow(&mut self, block: u64, generation: u64, owner: u64, level: Option<u8>) -> Result<u64> {
+        match self.cache.get(block) {
+            Some(n) if n.generation == self.generation => {
+                Counters::inc(&self.counters.node_cache_hits);
+                return Ok(block);
+            }
+            Some(_) => {}
+            None => self.load(block, generation, owner, level)?,
+        }
+        self.cow(block)
     }
 
     /// Copy-on-write: returns the block that now holds a writable copy of the (loaded) node.
@@ -161,6 +182,7 @@ impl Store {
         };
         node.generation = gen;
         self.cache.insert(new, node);
+        self.dirty_nodes += 1;
         self.alloc.free(block, bpn, false);
         Counters::inc(&self.counters.node_cows);
         Ok(new)

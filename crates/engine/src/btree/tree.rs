@@ -106,17 +106,8 @@ impl Tree {
     /// Descends to the leaf for `key`, copying every node on the way (COW).
     fn cow_path(&mut self, store: &mut Store, key: &Key) -> Result<Path> {
         let gen = store.generation;
-        store.load(
-            self.root.block,
-            self.root.generation,
-            self.owner,
-            Some(self.level),
-        )?;
-        let root = store.cow(self.root.block)?;
-        self.root = Ptr {
-            block: root,
-            generation: gen,
-        };
+        let root = store.load_cow(self.root.block, self.root.generation, self.owner, Some(self.level))?;
+        self.root = Ptr { block: root, generation: gen };
         let mut path = Vec::with_capacity(self.level as usize + 1);
         let mut block = root;
         loop {
@@ -128,17 +119,58 @@ impl Tree {
             let i = n.child_index(key);
             let p = n.ptrs()[i];
             let level = n.level - 1;
-            store.load(p.block, p.generation, self.owner, Some(level))?;
-            let c = store.cow(p.block)?;
+            let c = store.load_cow(p.block, p.generation, self.owner, Some(level))?;
             if c != p.block || p.generation != gen {
-                store.node_mut(block).ptrs_mut()[i] = Ptr {
-                    block: c,
-                    generation: gen,
-                };
+                store.node_mut(block).ptrs_mut()[i] = Ptr { block: c, generation: gen };
             }
             path.push((block, i));
             block = c;
         }
+    }
+
+    /// One descent for insert-or-change: `f` gets the current value (None if absent) and may
+    /// change it in place; when absent it may return a value to insert. Returns what `f` said.
+    pub fn upsert(&mut self, store: &mut Store, key: Key, f: impl FnOnce(Option<&mut Vec<u8>>) -> Option<Vec<u8>>) -> Result<()> {
+        let path = self.cow_path(store, &key)?;
+        let d = path.len() - 1;
+        let leaf = path[d].0;
+        let n = store.node_mut(leaf);
+        match n.keys.binary_search(&key) {
+            Ok(pos) => {
+                let v = &mut n.leaf_vals_mut()[pos];
+                let before = v.len();
+                let r = f(Some(v));
+                debug_assert!(r.is_none(), "upsert returned a value for an existing key");
+                let after = n.leaf_vals()[pos].len();
+                assert!(after <= idxfs_format::node::max_item_size(store.node_size), "item grew to {after} bytes");
+                let n = store.node_mut(leaf);
+                n.used = n.used + after - before;
+                let over = n.used > Self::leaf_cap(store);
+                store.mod_seq += 1;
+                if over {
+                    self.split(store, &path, d, pos)?;
+                } else if after < before {
+                    self.rebalance(store, &path, d)?;
+                }
+            }
+            Err(pos) => {
+                let Some(val) = f(None) else { return Ok(()) };
+                assert!(val.len() <= idxfs_format::node::max_item_size(store.node_size), "item of {} bytes", val.len());
+                let n = store.node_mut(leaf);
+                n.used += ITEM_HEADER_SIZE + val.len();
+                n.keys.insert(pos, key);
+                n.leaf_vals_mut().insert(pos, val);
+                let over = n.used > Self::leaf_cap(store);
+                store.mod_seq += 1;
+                if pos == 0 {
+                    self.fixup_low_keys(store, &path, d, key);
+                }
+                if over {
+                    self.split(store, &path, d, pos)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Inserts a new item. The key must not exist (callers look first; a duplicate is a bug in
@@ -272,8 +304,22 @@ impl Tree {
         let node = store.node_mut(block);
         let n = node.len();
         assert!(n >= 2, "cannot split a node of {n} entries");
+        // Where the entry that overflowed the node sits decides the split:
+        // - at the right end: keep this node full, start the right sibling with the new entry;
+        // - at the end of its (object id, type) run with other items after it (a directory's
+        //   inode-order entries followed by the next inode's items): split right after it, so
+        //   the run's later inserts append to a node that fills, instead of splitting it in half
+        //   again and again;
+        // - anywhere else (random keys such as name hashes): at the byte midpoint.
+        let ends_run = node.is_leaf()
+            && pos + 1 < n
+            && pos > 0
+            && (node.keys[pos + 1].objectid, node.keys[pos + 1].ty) != (node.keys[pos].objectid, node.keys[pos].ty)
+            && (node.keys[pos - 1].objectid, node.keys[pos - 1].ty) == (node.keys[pos].objectid, node.keys[pos].ty);
         let at = if pos == n - 1 {
             n - 1
+        } else if ends_run {
+            pos + 1
         } else {
             let half = node.used / 2;
             let mut acc = 0;
@@ -300,7 +346,7 @@ impl Tree {
             (super::node::Body::Leaf(l), super::node::Body::Leaf(r)) => {
                 *r = l.split_off(at);
                 right.used = r.iter().map(|v| v.len() + ITEM_HEADER_SIZE).sum();
-                if at == n - 1 {
+                if at == n - 1 || ends_run {
                     Counters::inc(&counters.leaf_splits_append);
                 } else {
                     Counters::inc(&counters.leaf_splits_half);

@@ -148,24 +148,24 @@ impl Inner {
     }
 }
 
-/// Appends an encoded record to a list item, or creates the item.
+/// Appends an encoded record to a list item, or creates the item (one tree descent).
 fn append_or_insert(fs: &mut Inner, key: Key, rec: &[u8]) -> Result<()> {
     let max = idxfs_format::node::max_item_size(fs.store.node_size);
     let mut too_big = false;
-    let found = fs.fs_tree.update(&mut fs.store, &key, |v| {
-        if v.len() + rec.len() > max {
-            too_big = true;
-        } else {
-            v.extend_from_slice(rec);
+    fs.fs_tree.upsert(&mut fs.store, key, |v| match v {
+        Some(v) => {
+            if v.len() + rec.len() > max {
+                too_big = true;
+            } else {
+                v.extend_from_slice(rec);
+            }
+            None
         }
-        Change::Keep
+        None => Some(rec.to_vec()),
     })?;
     if too_big {
         // Only reachable with dozens of names colliding on one 64-bit hash (or a test hash).
         return Err(Error::NoSpace);
-    }
-    if !found {
-        fs.fs_tree.insert(&mut fs.store, key, rec.to_vec())?;
     }
     Ok(())
 }

@@ -77,7 +77,11 @@ pub struct OpenOptions {
     pub cache_bytes: usize,
     /// Bound on cached inodes.
     pub inode_cache_entries: usize,
-    /// Commit when this many nodes are dirty (bounds memory and commit latency).
+    /// Commit when this many nodes are dirty (bounds memory and commit latency). Kept at most
+    /// half the cache: dirty nodes cannot be evicted. Random inserts (name hashes) dirty every
+    /// leaf they touch, so a limit below the number of hash leaves turns into one commit per
+    /// few thousand creates; this bound is the main knob of create throughput in huge
+    /// directories.
     pub dirty_nodes_limit: usize,
     pub clock: Arc<dyn Clock>,
     /// Testing only: a name hash other than the format's, to force collisions. An image written
@@ -90,9 +94,9 @@ impl Default for OpenOptions {
         OpenOptions {
             read_only: false,
             commit_interval: Some(Duration::from_secs(5)),
-            cache_bytes: 512 << 20,
-            inode_cache_entries: 1 << 20,
-            dirty_nodes_limit: 8192,
+            cache_bytes: 1 << 30,
+            inode_cache_entries: 1 << 16,
+            dirty_nodes_limit: 16384,
             clock: Arc::new(SystemClock),
             name_hash: idxfs_format::hash::name_hash,
         }
@@ -182,7 +186,9 @@ impl Fs {
             ));
         }
         let total_blocks = dev.size() / BLOCK_SIZE;
-        let group_blocks = ns as u64 * 2;
+        // One bitmap item per group must fit a quarter of a leaf: node_size blocks per group
+        // gives a bitmap of node_size / 8 bytes (64 MiB groups with 16 KiB nodes).
+        let group_blocks = ns as u64;
         let min_blocks = 64 + ns as u64 / BLOCK_SIZE * 16;
         if total_blocks < min_blocks {
             return Err(Error::Invalid("device too small for idxfs"));
@@ -299,7 +305,7 @@ impl Fs {
             failed: None,
             hash: opts.name_hash,
             clock: opts.clock.clone(),
-            dirty_nodes_limit: opts.dirty_nodes_limit.max(64),
+            dirty_nodes_limit: opts.dirty_nodes_limit.clamp(64, (cache_nodes / 2).max(64)),
             changed: false,
             sb,
         };
@@ -631,9 +637,7 @@ impl Inner {
 
     /// Housekeeping after a successful change: commit when dirty state passes its bounds.
     fn after_op(&mut self) -> Result<()> {
-        let dirty_nodes = self.store.cache.len() > self.dirty_nodes_limit
-            && self.store.cache.dirty_blocks(self.store.generation).len() > self.dirty_nodes_limit;
-        if dirty_nodes || self.inodes.dirty_count() > 1 << 18 {
+        if self.store.dirty_nodes > self.dirty_nodes_limit || self.inodes.dirty_count() > 1 << 18 {
             self.commit()?;
         }
         Ok(())
@@ -688,7 +692,9 @@ impl Inner {
         // A commit is not a change by an operation: keep `mod_seq` as the operation saw it, so
         // a commit inside an operation (to reclaim pinned space) does not look like a change.
         let seq = self.store.mod_seq;
+        let t = std::time::Instant::now();
         let r = self.commit_inner();
+        self.store.counters.commit_us.fetch_add(t.elapsed().as_micros() as u64, std::sync::atomic::Ordering::Relaxed);
         self.store.mod_seq = seq;
         if let Err(e) = &r {
             self.fail(format!("commit failed: {e}"));

@@ -220,6 +220,12 @@ impl Allocator {
 
     /// The commit that freed the pinned blocks is durable: they may be reused.
     pub fn commit_done(&mut self) {
+        // Reuse released blocks before new ones: keeps the metadata compact on the device (and
+        // a memory-backed device from faulting in fresh pages for every commit).
+        if let Some(low) = self.pinned.iter().map(|p| p.0).min() {
+            let c = &mut self.cursor[Kind::Meta as usize];
+            *c = (*c).min(low);
+        }
         for (start, n) in std::mem::take(&mut self.pinned) {
             let gi = self.group_of(start);
             let g = &mut self.groups[gi];
