@@ -59,26 +59,48 @@ fn tmpfs_creates(n: u64) -> Result<f64, String> {
 
 pub fn run(cmd: BenchCmd) -> Result<(), String> {
     match cmd {
-        BenchCmd::Create { files, image, check, no_baseline, cache_mib, dirty_nodes } => {
+        BenchCmd::Create {
+            files,
+            image,
+            check,
+            no_baseline,
+            cache_mib,
+            dirty_nodes,
+        } => {
             let bytes = (files * 600).max(256 << 20) + (256 << 20);
             let dev: Arc<dyn BlockDevice> = match &image {
-                Some(p) => Arc::new(FileDevice::create(p, bytes).map_err(|e| format!("{}: {e}", p.display()))?),
+                Some(p) => Arc::new(
+                    FileDevice::create(p, bytes).map_err(|e| format!("{}: {e}", p.display()))?,
+                ),
                 None => Arc::new(MemDevice::new(bytes)),
             };
             Fs::mkfs(dev.clone(), &MkfsOptions::default()).map_err(|e| e.to_string())?;
-            let opts = OpenOptions { cache_bytes: cache_mib << 20, dirty_nodes_limit: dirty_nodes, ..OpenOptions::default() };
+            let opts = OpenOptions {
+                cache_bytes: cache_mib << 20,
+                dirty_nodes_limit: dirty_nodes,
+                ..OpenOptions::default()
+            };
             let fs = Fs::open(dev.clone(), opts).map_err(|e| e.to_string())?;
             let owner = Owner::default();
-            let dir = fs.mkdir(idxfs_format::ROOT_INO, b"d", 0o755, owner).map_err(|e| e.to_string())?;
-            let names: Vec<Vec<u8>> = (0..files).map(|i| format!("file_{i}").into_bytes()).collect();
+            let dir = fs
+                .mkdir(idxfs_format::ROOT_INO, b"d", 0o755, owner)
+                .map_err(|e| e.to_string())?;
+            let names: Vec<Vec<u8>> = (0..files)
+                .map(|i| format!("file_{i}").into_bytes())
+                .collect();
             eprintln!("creating {files} files through the library API...");
             let cpu0 = cpu_seconds();
             let t = Instant::now();
             let mut lap = Instant::now();
             for (i, name) in names.iter().enumerate() {
-                fs.create(dir.ino, name, 0o644, owner).map_err(|e| e.to_string())?;
+                fs.create(dir.ino, name, 0o644, owner)
+                    .map_err(|e| e.to_string())?;
                 if i % 200_000 == 199_999 {
-                    eprintln!("  {} / {files}: last 200000 at {:.0} files/s", i + 1, 200_000.0 / lap.elapsed().as_secs_f64());
+                    eprintln!(
+                        "  {} / {files}: last 200000 at {:.0} files/s",
+                        i + 1,
+                        200_000.0 / lap.elapsed().as_secs_f64()
+                    );
                     lap = Instant::now();
                 }
             }
@@ -90,24 +112,68 @@ pub fn run(cmd: BenchCmd) -> Result<(), String> {
             let idx_rate = files as f64 / create_secs;
             let idx_rate_sync = files as f64 / total_secs;
             eprintln!("baseline: {files} creates through syscalls on tmpfs (/dev/shm)...");
-            let tmpfs = if no_baseline { f64::NAN } else { tmpfs_creates(files)? };
+            let tmpfs = if no_baseline {
+                f64::NAN
+            } else {
+                tmpfs_creates(files)?
+            };
             println!("bench create: {files} empty files in one directory");
             println!("{:<34} {:>14} {:>10}", "", "files/s", "vs tmpfs");
-            println!("{:<34} {:>14.0} {:>9.2}x", "idxfs library (creates)", idx_rate, idx_rate / tmpfs);
-            println!("{:<34} {:>14.0} {:>9.2}x", "idxfs library (incl. final commit)", idx_rate_sync, idx_rate_sync / tmpfs);
-            println!("{:<34} {:>14.0} {:>9.2}x", "tmpfs via syscalls (baseline)", tmpfs, 1.0);
-            println!("idxfs: {:.0} files per CPU-second; {} commits", files as f64 / cpu.max(1e-9), fs.counters().commits.load(std::sync::atomic::Ordering::Relaxed));
+            println!(
+                "{:<34} {:>14.0} {:>9.2}x",
+                "idxfs library (creates)",
+                idx_rate,
+                idx_rate / tmpfs
+            );
+            println!(
+                "{:<34} {:>14.0} {:>9.2}x",
+                "idxfs library (incl. final commit)",
+                idx_rate_sync,
+                idx_rate_sync / tmpfs
+            );
+            println!(
+                "{:<34} {:>14.0} {:>9.2}x",
+                "tmpfs via syscalls (baseline)", tmpfs, 1.0
+            );
+            println!(
+                "idxfs: {:.0} files per CPU-second; {} commits",
+                files as f64 / cpu.max(1e-9),
+                fs.counters()
+                    .commits
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            );
             if std::env::var_os("IDXFS_COUNTERS").is_some() {
                 eprint!("{}", fs.counters());
             }
             fs.close().map_err(|e| e.to_string())?;
             if check {
-                let stats = idxfs_engine::dump::dump(dev.as_ref(), Some(idxfs_engine::dump::Which::Fs), true, &mut std::io::sink()).map_err(|e| e.to_string())?;
+                let stats = idxfs_engine::dump::dump(
+                    dev.as_ref(),
+                    Some(idxfs_engine::dump::Which::Fs),
+                    true,
+                    &mut std::io::sink(),
+                )
+                .map_err(|e| e.to_string())?;
                 if let Some((_, s)) = stats.first() {
-                    println!("fs tree leaf fill after the run: {:.1}%", s.leaf_fill() * 100.0);
+                    println!(
+                        "fs tree leaf fill after the run: {:.1}%",
+                        s.leaf_fill() * 100.0
+                    );
                 }
-                let r = idxfs_engine::fsck::check(dev.as_ref(), idxfs_format::hash::name_hash, &mut |_| {}).map_err(|e| e.to_string())?;
-                println!("fsck: {}", if r.is_clean() { "clean".to_string() } else { format!("{} problems, first: {}", r.problems.len(), r.problems[0]) });
+                let r = idxfs_engine::fsck::check(
+                    dev.as_ref(),
+                    idxfs_format::hash::name_hash,
+                    &mut |_| {},
+                )
+                .map_err(|e| e.to_string())?;
+                println!(
+                    "fsck: {}",
+                    if r.is_clean() {
+                        "clean".to_string()
+                    } else {
+                        format!("{} problems, first: {}", r.problems.len(), r.problems[0])
+                    }
+                );
             }
             if let Some(p) = image {
                 let _ = std::fs::remove_file(p);

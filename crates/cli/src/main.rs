@@ -11,7 +11,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 #[derive(Parser)]
-#[command(name = "idxfs", version, about = "idxfs: a file system for directories of millions of small files")]
+#[command(
+    name = "idxfs",
+    version,
+    about = "idxfs: a file system for directories of millions of small files"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -83,16 +87,35 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 fn open_dev(path: &Path, writable: bool) -> Result<Arc<dyn BlockDevice>, String> {
-    FileDevice::open(path, writable).map(|d| Arc::new(d) as Arc<dyn BlockDevice>).map_err(|e| format!("{}: {e}", path.display()))
+    FileDevice::open(path, writable)
+        .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
-pub(crate) fn mkfs_image(image: &Path, size: Option<u64>, node_size: u32) -> Result<Arc<dyn BlockDevice>, String> {
+pub(crate) fn mkfs_image(
+    image: &Path,
+    size: Option<u64>,
+    node_size: u32,
+) -> Result<Arc<dyn BlockDevice>, String> {
     let dev: Arc<dyn BlockDevice> = match std::fs::metadata(image) {
-        Ok(m) if m.file_type().is_file() && size.is_some() => Arc::new(FileDevice::create(image, size.unwrap_or(0)).map_err(|e| format!("{}: {e}", image.display()))?),
+        Ok(m) if m.file_type().is_file() && size.is_some() => Arc::new(
+            FileDevice::create(image, size.unwrap_or(0))
+                .map_err(|e| format!("{}: {e}", image.display()))?,
+        ),
         Ok(_) => open_dev(image, true)?,
-        Err(_) => Arc::new(FileDevice::create(image, size.unwrap_or(1 << 30)).map_err(|e| format!("{}: {e}", image.display()))?),
+        Err(_) => Arc::new(
+            FileDevice::create(image, size.unwrap_or(1 << 30))
+                .map_err(|e| format!("{}: {e}", image.display()))?,
+        ),
     };
-    Fs::mkfs(dev.clone(), &MkfsOptions { node_size, ..MkfsOptions::default() }).map_err(|e| format!("mkfs {}: {e}", image.display()))?;
+    Fs::mkfs(
+        dev.clone(),
+        &MkfsOptions {
+            node_size,
+            ..MkfsOptions::default()
+        },
+    )
+    .map_err(|e| format!("mkfs {}: {e}", image.display()))?;
     Ok(dev)
 }
 
@@ -105,7 +128,8 @@ fn run_fsck(image: &Path) -> Result<bool, String> {
             last = std::time::Instant::now();
         }
     };
-    let r = fsck::check(dev.as_ref(), idxfs_format::hash::name_hash, &mut progress).map_err(|e| format!("fsck {}: {e}", image.display()))?;
+    let r = fsck::check(dev.as_ref(), idxfs_format::hash::name_hash, &mut progress)
+        .map_err(|e| format!("fsck {}: {e}", image.display()))?;
     eprint!("\r");
     for n in &r.notes {
         println!("note: {n}");
@@ -138,18 +162,27 @@ fn demo(image: Option<PathBuf>, files: u64) -> Result<(), String> {
     };
     println!("mkfs {} (2 GiB)", path.display());
     let dev = mkfs_image(&path, Some(2 << 30), idxfs_format::DEFAULT_NODE_SIZE)?;
-    let fs = Fs::open(dev.clone(), idxfs_engine::OpenOptions::default()).map_err(|e| e.to_string())?;
+    let fs =
+        Fs::open(dev.clone(), idxfs_engine::OpenOptions::default()).map_err(|e| e.to_string())?;
     let owner = idxfs_engine::fs::Owner::default();
-    let dir = fs.mkdir(idxfs_format::ROOT_INO, b"maildir", 0o755, owner).map_err(|e| e.to_string())?;
+    let dir = fs
+        .mkdir(idxfs_format::ROOT_INO, b"maildir", 0o755, owner)
+        .map_err(|e| e.to_string())?;
     let t = std::time::Instant::now();
     for i in 0..files {
-        let a = fs.create(dir.ino, format!("msg-{i:08}").as_bytes(), 0o644, owner).map_err(|e| e.to_string())?;
+        let a = fs
+            .create(dir.ino, format!("msg-{i:08}").as_bytes(), 0o644, owner)
+            .map_err(|e| e.to_string())?;
         if i % 10 == 0 {
-            fs.write(a.ino, 0, format!("message {i}\n").as_bytes()).map_err(|e| e.to_string())?;
+            fs.write(a.ino, 0, format!("message {i}\n").as_bytes())
+                .map_err(|e| e.to_string())?;
         }
     }
     let secs = t.elapsed().as_secs_f64();
-    println!("created {files} files in one directory in {secs:.2} s ({:.0} files/s, library API)", files as f64 / secs);
+    println!(
+        "created {files} files in one directory in {secs:.2} s ({:.0} files/s, library API)",
+        files as f64 / secs
+    );
     let t = std::time::Instant::now();
     let mut n = 0u64;
     let mut increasing = 0u64;
@@ -163,7 +196,11 @@ fn demo(image: Option<PathBuf>, files: u64) -> Result<(), String> {
         true
     })
     .map_err(|e| e.to_string())?;
-    println!("readdir: {n} entries in {:.3} s, {:.4} of consecutive entries in increasing inode order", t.elapsed().as_secs_f64(), increasing as f64 / n.max(1) as f64);
+    println!(
+        "readdir: {n} entries in {:.3} s, {:.4} of consecutive entries in increasing inode order",
+        t.elapsed().as_secs_f64(),
+        increasing as f64 / n.max(1) as f64
+    );
     fs.close().map_err(|e| e.to_string())?;
     let clean = run_fsck(&path)?;
     let stdout = std::io::stdout();
@@ -175,8 +212,19 @@ fn demo(image: Option<PathBuf>, files: u64) -> Result<(), String> {
 }
 
 pub(crate) fn tempdir_in_shm() -> Result<PathBuf, String> {
-    let base = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
-    let p = base.join(format!("idxfs-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)));
+    let base = if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    let p = base.join(format!(
+        "idxfs-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    ));
     std::fs::create_dir_all(&p).map_err(|e| format!("{}: {e}", p.display()))?;
     Ok(p)
 }
@@ -184,8 +232,16 @@ pub(crate) fn tempdir_in_shm() -> Result<PathBuf, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r: Result<ExitCode, String> = match cli.cmd {
-        Cmd::Mkfs { image, size, node_size } => mkfs_image(&image, size, node_size).map(|d| {
-            println!("{}: idxfs formatted, {} bytes, node size {node_size}", image.display(), d.size());
+        Cmd::Mkfs {
+            image,
+            size,
+            node_size,
+        } => mkfs_image(&image, size, node_size).map(|d| {
+            println!(
+                "{}: idxfs formatted, {} bytes, node size {node_size}",
+                image.display(),
+                d.size()
+            );
             ExitCode::SUCCESS
         }),
         Cmd::Fsck { image } => match run_fsck(&image) {
@@ -203,7 +259,9 @@ fn main() -> ExitCode {
             });
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
-            let r = dump(dev.as_ref(), which, stats, &mut out).map(|_| ExitCode::SUCCESS).map_err(|e| format!("dump {}: {e}", image.display()));
+            let r = dump(dev.as_ref(), which, stats, &mut out)
+                .map(|_| ExitCode::SUCCESS)
+                .map_err(|e| format!("dump {}: {e}", image.display()));
             let _ = out.flush();
             r
         }),

@@ -135,7 +135,11 @@ pub fn load_space(store: &mut Store, space: &Tree) -> Result<()> {
 /// Steps 3 and 4: write every dirty node, then flush.
 pub fn write_dirty_nodes(store: &mut Store) -> Result<u64> {
     let blocks = store.cache.dirty_blocks(store.generation);
-    assert_eq!(blocks.len(), store.dirty_nodes, "dirty node count drifted from the cache");
+    assert_eq!(
+        blocks.len(),
+        store.dirty_nodes,
+        "dirty node count drifted from the cache"
+    );
     let ns = store.node_size as usize;
     // Contiguous nodes go out in one write (up to 1 MiB) to keep the device busy with large I/O.
     let mut buf: Vec<u8> = Vec::with_capacity(1 << 20);

@@ -10,6 +10,10 @@ pub fn name_hash(name: &[u8]) -> u64 {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::indexing_slicing,
+    reason = "tests index fixed, known-good buffers"
+)]
 mod tests {
     use super::*;
     #[test]

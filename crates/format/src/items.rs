@@ -386,6 +386,10 @@ pub fn decode_block_group(data: &[u8], start: u64, len: u64) -> Result<BlockGrou
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::indexing_slicing,
+    reason = "tests index fixed, known-good buffers"
+)]
 mod tests {
     use super::*;
     #[test]

@@ -158,6 +158,10 @@ impl fmt::Display for Key {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::indexing_slicing,
+    reason = "tests index fixed, known-good buffers"
+)]
 mod tests {
     use super::*;
     #[test]

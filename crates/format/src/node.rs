@@ -365,6 +365,10 @@ pub fn encode_internal(
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::indexing_slicing,
+    reason = "tests index fixed, known-good buffers"
+)]
 mod tests {
     use super::*;
     use crate::ItemType;

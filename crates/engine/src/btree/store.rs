@@ -153,7 +153,13 @@ impl Store {
     }
 
     /// Loads (if needed) and COWs in one step: a node already dirty costs one cache lookup.
-    pub fn load_cow(&mut self, block: u64, generation: u64, owner: u64, level: Option<u8>) -> Result<u64> {
+    pub fn load_cow(
+        &mut self,
+        block: u64,
+        generation: u64,
+        owner: u64,
+        level: Option<u8>,
+    ) -> Result<u64> {
         match self.cache.get(block) {
             Some(n) if n.generation == self.generation => {
                 Counters::inc(&self.counters.node_cache_hits);

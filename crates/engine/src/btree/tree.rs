@@ -106,8 +106,16 @@ impl Tree {
     /// Descends to the leaf for `key`, copying every node on the way (COW).
     fn cow_path(&mut self, store: &mut Store, key: &Key) -> Result<Path> {
         let gen = store.generation;
-        let root = store.load_cow(self.root.block, self.root.generation, self.owner, Some(self.level))?;
-        self.root = Ptr { block: root, generation: gen };
+        let root = store.load_cow(
+            self.root.block,
+            self.root.generation,
+            self.owner,
+            Some(self.level),
+        )?;
+        self.root = Ptr {
+            block: root,
+            generation: gen,
+        };
         let mut path = Vec::with_capacity(self.level as usize + 1);
         let mut block = root;
         loop {
@@ -121,7 +129,10 @@ impl Tree {
             let level = n.level - 1;
             let c = store.load_cow(p.block, p.generation, self.owner, Some(level))?;
             if c != p.block || p.generation != gen {
-                store.node_mut(block).ptrs_mut()[i] = Ptr { block: c, generation: gen };
+                store.node_mut(block).ptrs_mut()[i] = Ptr {
+                    block: c,
+                    generation: gen,
+                };
             }
             path.push((block, i));
             block = c;
@@ -130,7 +141,12 @@ impl Tree {
 
     /// One descent for insert-or-change: `f` gets the current value (None if absent) and may
     /// change it in place; when absent it may return a value to insert. Returns what `f` said.
-    pub fn upsert(&mut self, store: &mut Store, key: Key, f: impl FnOnce(Option<&mut Vec<u8>>) -> Option<Vec<u8>>) -> Result<()> {
+    pub fn upsert(
+        &mut self,
+        store: &mut Store,
+        key: Key,
+        f: impl FnOnce(Option<&mut Vec<u8>>) -> Option<Vec<u8>>,
+    ) -> Result<()> {
         let path = self.cow_path(store, &key)?;
         let d = path.len() - 1;
         let leaf = path[d].0;
@@ -142,7 +158,10 @@ impl Tree {
                 let r = f(Some(v));
                 debug_assert!(r.is_none(), "upsert returned a value for an existing key");
                 let after = n.leaf_vals()[pos].len();
-                assert!(after <= idxfs_format::node::max_item_size(store.node_size), "item grew to {after} bytes");
+                assert!(
+                    after <= idxfs_format::node::max_item_size(store.node_size),
+                    "item grew to {after} bytes"
+                );
                 let n = store.node_mut(leaf);
                 n.used = n.used + after - before;
                 let over = n.used > Self::leaf_cap(store);
@@ -155,7 +174,11 @@ impl Tree {
             }
             Err(pos) => {
                 let Some(val) = f(None) else { return Ok(()) };
-                assert!(val.len() <= idxfs_format::node::max_item_size(store.node_size), "item of {} bytes", val.len());
+                assert!(
+                    val.len() <= idxfs_format::node::max_item_size(store.node_size),
+                    "item of {} bytes",
+                    val.len()
+                );
                 let n = store.node_mut(leaf);
                 n.used += ITEM_HEADER_SIZE + val.len();
                 n.keys.insert(pos, key);
@@ -314,8 +337,10 @@ impl Tree {
         let ends_run = node.is_leaf()
             && pos + 1 < n
             && pos > 0
-            && (node.keys[pos + 1].objectid, node.keys[pos + 1].ty) != (node.keys[pos].objectid, node.keys[pos].ty)
-            && (node.keys[pos - 1].objectid, node.keys[pos - 1].ty) == (node.keys[pos].objectid, node.keys[pos].ty);
+            && (node.keys[pos + 1].objectid, node.keys[pos + 1].ty)
+                != (node.keys[pos].objectid, node.keys[pos].ty)
+            && (node.keys[pos - 1].objectid, node.keys[pos - 1].ty)
+                == (node.keys[pos].objectid, node.keys[pos].ty);
         let at = if pos == n - 1 {
             n - 1
         } else if ends_run {

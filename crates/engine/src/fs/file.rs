@@ -334,6 +334,11 @@ impl Inner {
         Ok(())
     }
 
+    /// Number of extent items of an inode (to reserve space for deleting them).
+    pub fn extent_count(&mut self, ino: Ino) -> Result<u64> {
+        Ok(self.extents(ino, 0, u64::MAX)?.len() as u64)
+    }
+
     /// Frees all data of an inode being deleted.
     pub fn free_all_data(&mut self, ino: Ino) -> Result<()> {
         self.punch(ino, 0, u64::MAX).map(|_| ())

@@ -694,7 +694,10 @@ impl Inner {
         let seq = self.store.mod_seq;
         let t = std::time::Instant::now();
         let r = self.commit_inner();
-        self.store.counters.commit_us.fetch_add(t.elapsed().as_micros() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.store.counters.commit_us.fetch_add(
+            t.elapsed().as_micros() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         self.store.mod_seq = seq;
         if let Err(e) = &r {
             self.fail(format!("commit failed: {e}"));

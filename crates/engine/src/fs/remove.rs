@@ -67,7 +67,7 @@ impl Fs {
             }
             // Data may need one item change per extent.
             let extents = if it.nlink.get() == 1 {
-                2 * it.alloc_bytes.get().div_ceil(4096).min(1 << 16)
+                g.extent_count(e.ino)?
             } else {
                 0
             };

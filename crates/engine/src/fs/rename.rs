@@ -111,7 +111,7 @@ impl Fs {
                 }
                 let it = g.inode(dst.ino)?;
                 let extents = if it.nlink.get() == 1 {
-                    2 * it.alloc_bytes.get().div_ceil(4096).min(1 << 16)
+                    g.extent_count(dst.ino)?
                 } else {
                     0
                 };

@@ -1,4 +1,5 @@
 #![allow(dead_code)]
+pub mod digest;
 use idxfs_blockdev::{BlockDevice, MemDevice};
 use idxfs_engine::fs::{NameHash, Owner};
 use idxfs_engine::{fsck, Fs, MkfsOptions, OpenOptions};
