@@ -72,7 +72,7 @@ pub fn run(cmd: BenchCmd) -> Result<(), String> {
                 Some(p) => Arc::new(
                     FileDevice::create(p, bytes).map_err(|e| format!("{}: {e}", p.display()))?,
                 ),
-                None => Arc::new(MemDevice::new(bytes)),
+                None => Arc::new(MemDevice::new_prefaulted(bytes)),
             };
             Fs::mkfs(dev.clone(), &MkfsOptions::default()).map_err(|e| e.to_string())?;
             let opts = OpenOptions {
