@@ -85,7 +85,7 @@ fn parse_size(s: &str) -> Result<u64, String> {
         "T" | "TB" | "TIB" => 1 << 40,
         _ => return Err(format!("unknown size suffix {mult:?} (use K, M, G, T)")),
     };
-    if !(n >= 0.0) {
+    if !n.is_finite() || n < 0.0 {
         return Err(format!("not a size: {s:?}"));
     }
     Ok((n * m as f64) as u64)

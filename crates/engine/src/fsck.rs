@@ -175,7 +175,7 @@ impl Checker<'_> {
                 }
             };
             self.report.nodes += 1;
-            if self.report.nodes % 4096 == 0 {
+            if self.report.nodes.is_multiple_of(4096) {
                 (self.progress)(self.report.nodes);
             }
             if let (Some(first), Some(pk)) = (node.keys.first(), pkey) {
@@ -327,7 +327,7 @@ impl Checker<'_> {
                         let n = e.blocks.get();
                         info.last_extent_end = k.offset + n * BLOCK_SIZE;
                         info.extent_blocks += n;
-                        if k.offset % BLOCK_SIZE != 0 {
+                        if !k.offset.is_multiple_of(BLOCK_SIZE) {
                             self.report
                                 .problem(format!("{what}: regular extent at unaligned offset"));
                         }
@@ -364,7 +364,7 @@ impl Checker<'_> {
                 "space item {k}: type not allowed in the space tree"
             )),
         }
-        if k.objectid % gb != 0 || k.offset != len {
+        if !k.objectid.is_multiple_of(gb) || k.offset != len {
             self.report.problem(format!(
                 "space item {k}: not a block group boundary (groups are {gb} blocks)"
             ));
@@ -497,10 +497,10 @@ impl Checker<'_> {
                 self.sb.inode_count.get()
             ));
         }
-        if !self
+        if self
             .inodes
             .get(&ROOT_INO)
-            .is_some_and(|r| r.mode & S_IFMT == S_IFDIR)
+            .is_none_or(|r| r.mode & S_IFMT != S_IFDIR)
         {
             self.report
                 .problem("root inode missing or not a directory".into());

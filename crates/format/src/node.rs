@@ -245,7 +245,7 @@ impl<'a> Checked<'a> {
             .get(at..)
             .and_then(|s| ItemHeader::read_from_prefix(s).ok())
             .map(|(h, _)| h)
-            .unwrap_or_else(|| ItemHeader::new_zeroed())
+            .unwrap_or_else(ItemHeader::new_zeroed)
     }
     fn key_ptr(&self, i: usize) -> KeyPtr {
         let at = NODE_HEADER_SIZE + i * KEY_PTR_SIZE;
@@ -253,7 +253,7 @@ impl<'a> Checked<'a> {
             .get(at..)
             .and_then(|s| KeyPtr::read_from_prefix(s).ok())
             .map(|(h, _)| h)
-            .unwrap_or_else(|| KeyPtr::new_zeroed())
+            .unwrap_or_else(KeyPtr::new_zeroed)
     }
     /// Leaf item `i`: key and data. Bounds were checked by [`check`].
     pub fn item(&self, i: usize) -> (Key, &'a [u8]) {
@@ -410,20 +410,26 @@ mod tests {
         // A flipped bit anywhere fails the checksum.
         let mut bad = buf.clone();
         bad[2000] ^= 1;
-        assert!(check(&bad, &exp()).unwrap_err().what.contains("checksum"));
+        assert!(check(&bad, &exp())
+            .expect_err("bad checksum")
+            .what
+            .contains("checksum"));
         // Wrong expected generation is reported as such.
         let e = Expect {
             generation: 4,
             ..exp()
         };
-        assert!(check(&buf, &e).unwrap_err().what.contains("generation"));
+        assert!(check(&buf, &e)
+            .expect_err("wrong generation")
+            .what
+            .contains("generation"));
     }
 
     #[test]
     fn internal_pointer_past_device_is_corrupt() {
         let mut buf = vec![0u8; 4096];
         encode_internal(&mut buf, &id(), 1, [(Key::MIN, 5000u64, 1u64)].into_iter());
-        let err = check(&buf, &exp()).err().expect("must fail");
+        let err = check(&buf, &exp()).expect_err("must fail");
         assert!(err.what.contains("pointer 0 block"), "{err}");
     }
 }

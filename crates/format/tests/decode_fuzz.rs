@@ -74,10 +74,10 @@ fn mutated_nodes_never_panic() {
             b[at] = rng.next() as u8;
         }
         // Mostly re-sealed, so the checks behind the checksum are exercised too.
-        if rng.next() % 4 != 0 {
+        if !rng.next().is_multiple_of(4) {
             reseal(&mut b);
         }
-        if rng.next() % 16 == 0 {
+        if rng.next().is_multiple_of(16) {
             b.truncate((rng.next() % 4096) as usize);
         }
         if let Ok(c) = node::check(&b, &exp()) {

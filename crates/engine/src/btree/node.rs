@@ -64,8 +64,6 @@ impl Node {
         self.keys.is_empty()
     }
 
-    /// Approximate heap bytes, for the cache's memory bound.
-
     pub fn leaf_vals(&self) -> &[Vec<u8>] {
         match &self.body {
             Body::Leaf(v) => v,

@@ -31,6 +31,10 @@ pub struct Store {
 }
 
 impl Store {
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "a store is made in two places (mkfs, open), each naming every part"
+    )]
     pub fn new(
         dev: Arc<dyn BlockDevice>,
         fsid: [u8; 16],

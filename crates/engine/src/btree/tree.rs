@@ -568,12 +568,11 @@ impl Tree {
             {
                 let n = store.node(block);
                 let vals = n.leaf_vals();
-                for i in start..n.len() {
-                    let k = &n.keys[i];
+                for (k, v) in n.keys.iter().zip(vals).skip(start) {
                     if *k >= to {
                         return Ok(());
                     }
-                    if !f(k, &vals[i])? {
+                    if !f(k, v)? {
                         return Ok(());
                     }
                 }

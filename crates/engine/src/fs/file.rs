@@ -133,7 +133,7 @@ impl Inner {
                 continue;
             }
             assert!(
-                start % BS == 0,
+                start.is_multiple_of(BS),
                 "punch of regular extents at unaligned {start}"
             );
             let (eb, en) = (e.item.disk_block.get(), e.item.blocks.get());
@@ -212,7 +212,7 @@ impl Inner {
         let nblocks = b1 - b0;
         let mut buf = vec![0u8; (nblocks * BS) as usize];
         let head = (off - b0 * BS) as usize;
-        if head > 0 || (end % BS != 0 && end < size) || inline_now {
+        if head > 0 || (!end.is_multiple_of(BS) && end < size) || inline_now {
             // Partial first/last block (or inline data moving out): start from what is there.
             let old = self.read_data(ino, &it, b0 * BS, buf.len())?;
             buf[..old.len()].copy_from_slice(&old);
@@ -295,7 +295,7 @@ impl Inner {
                 self.modify_inode(ino, |i| {
                     i.alloc_bytes = i.alloc_bytes.get().saturating_sub(freed * BS).into()
                 })?;
-                if new_size % BS != 0 {
+                if !new_size.is_multiple_of(BS) {
                     // Zero the rest of the last block so a later extension reads zeros.
                     let blk_start = new_size / BS * BS;
                     let it = self.inode(ino)?;

@@ -93,10 +93,9 @@ impl Bitmap {
             }
         }
         // Bits past `len` must be clear.
-        (b.words.last().copied().unwrap_or(0) >> (len % 64 == 0).then_some(63).unwrap_or(len % 64)
-            <= 1
-            || len % 64 == 0)
-            .then_some(b)
+        let tail = len % 64;
+        let last = b.words.last().copied().unwrap_or(0);
+        (tail == 0 || last >> tail == 0).then_some(b)
     }
 }
 
