@@ -237,23 +237,34 @@ impl<T: Value> XArray<T> {
     /// Reads with a guard the caller already holds (cheaper in a loop).
     pub fn get_in(&self, index: u64, _guard: &Guard) -> Option<T> {
         let mut node = self.head.load(Acquire);
-        if node.is_null() || !self.head_covers(node, index) {
+        if node.is_null() {
             return None;
         }
-        loop {
-            // SAFETY: nodes reachable from the head stay allocated while we are pinned.
-            let n = unsafe { &*node };
-            let s = n.shift();
-            let off = slot_of(index, s);
-            if n.present.load(Acquire) >> off & 1 == 0 {
+        // SAFETY: nodes reachable from the head stay allocated while we are pinned.
+        let mut s = unsafe { (*node).shift() };
+        if (index as u128) >= span(s) {
+            return None;
+        }
+        // Internal levels: one load each. A child slot is non-null exactly while the child is
+        // linked (writers store the pointer before setting the present bit and zero it when
+        // unlinking), and the level is known from the head, so the node header is not read.
+        while s > 0 {
+            // SAFETY: as above.
+            let child = unsafe { (*node).slots[slot_of(index, s)].load(Acquire) };
+            if child == 0 {
                 return None;
             }
-            let raw = n.slots[off].load(Acquire);
-            if s == 0 {
-                return Some(T::from_raw(raw));
-            }
-            node = raw as usize as *mut Node;
+            node = child as usize as *mut Node;
+            s -= BITS;
         }
+        // Leaf: values may be any u64, so the present bit decides.
+        // SAFETY: as above.
+        let n = unsafe { &*node };
+        let off = slot_of(index, 0);
+        if n.present.load(Acquire) >> off & 1 == 0 {
+            return None;
+        }
+        Some(T::from_raw(n.slots[off].load(Acquire)))
     }
 
     fn head_covers(&self, head: *mut Node, index: u64) -> bool {
@@ -277,6 +288,27 @@ impl<T: Value> XArray<T> {
     /// Inserts or replaces, reporting allocation failure (nothing observable changed then).
     pub fn try_insert(&self, index: u64, value: T) -> Result<Option<T>, AllocError> {
         let _w = self.write_lock();
+        self.insert_locked(index, value)
+    }
+
+    /// Insert through exclusive access: no lock (the borrow proves there is no other writer or
+    /// reader). For owners that already serialize access, such as the engine's caches.
+    pub fn try_insert_mut(&mut self, index: u64, value: T) -> Result<Option<T>, AllocError> {
+        self.insert_locked(index, value)
+    }
+
+    /// Removal through exclusive access (see `try_insert_mut`).
+    pub fn remove_mut(&mut self, index: u64) -> Option<T> {
+        self.remove_locked(index)
+    }
+
+    /// The insert itself; the caller holds the writer lock or exclusive access.
+    fn insert_locked(&self, index: u64, value: T) -> Result<Option<T>, AllocError> {
+        // Fast path: the leaf exists (the common case for dense keys): one walk, no allocation,
+        // no epoch pin (nothing can be retired).
+        if let Some(leaf) = self.leaf_for(index) {
+            return Ok(Some(self.store_in_leaf(leaf, index, value)).flatten());
+        }
         let guard = epoch::pin();
         // 1. Make the head cover `index`. Growing only adds levels above the current head,
         //    which readers cannot tell from before; on failure `shrink` takes them off again.
@@ -329,18 +361,11 @@ impl<T: Value> XArray<T> {
             let s = n.shift();
             let off = slot_of(index, s);
             if s == 0 {
-                let had = n.present.load(Relaxed) >> off & 1 == 1;
-                let old = had.then(|| T::from_raw(n.slots[off].load(Relaxed)));
-                n.slots[off].store(value.to_raw(), Release);
-                if !had {
-                    n.present.fetch_or(1 << off, Release);
-                    self.len.fetch_add(1, Relaxed);
-                }
                 debug_assert!(
                     fresh.next().is_none(),
                     "allocated more nodes than the path needed"
                 );
-                return Ok(old);
+                return Ok(self.store_in_leaf(node, index, value));
             }
             if n.present.load(Relaxed) >> off & 1 == 0 {
                 let c = fresh
@@ -351,11 +376,49 @@ impl<T: Value> XArray<T> {
                     (*c).parent.store(node, Relaxed);
                     (*c).offset.store(off as u64, Relaxed);
                 }
-                n.slots[off].store(c as usize as u64, Relaxed);
-                n.present.fetch_or(1 << off, Release);
+                // Release: lock-free readers of internal levels trust the pointer alone.
+                n.slots[off].store(c as usize as u64, Release);
+                n.present.store(n.present.load(Relaxed) | 1 << off, Release);
             }
             node = n.child(off);
         }
+    }
+
+    /// The existing leaf that would hold `index` (writer lock held).
+    fn leaf_for(&self, index: u64) -> Option<*mut Node> {
+        let mut node = self.head.load(Relaxed);
+        if node.is_null() || !self.head_covers(node, index) {
+            return None;
+        }
+        // SAFETY: live under the writer lock.
+        let mut s = unsafe { (*node).shift() };
+        while s > 0 {
+            // SAFETY: as above.
+            let child = unsafe { (*node).slots[slot_of(index, s)].load(Relaxed) };
+            if child == 0 {
+                return None;
+            }
+            node = child as usize as *mut Node;
+            s -= BITS;
+        }
+        Some(node)
+    }
+
+    /// Stores `value` for `index` in `leaf` (writer lock held); returns the old value.
+    fn store_in_leaf(&self, leaf: *mut Node, index: u64, value: T) -> Option<T> {
+        // SAFETY: live under the writer lock.
+        let n = unsafe { &*leaf };
+        let off = slot_of(index, 0);
+        let present = n.present.load(Relaxed);
+        let had = present >> off & 1 == 1;
+        let old = had.then(|| T::from_raw(n.slots[off].load(Relaxed)));
+        n.slots[off].store(value.to_raw(), Release);
+        if !had {
+            // Writers are serialized: plain stores, no locked read-modify-write.
+            n.present.store(present | 1 << off, Release);
+            self.len.store(self.len.load(Relaxed) + 1, Relaxed);
+        }
+        old
     }
 
     /// Adds levels at the top until the head covers `index` (writer lock held).
@@ -431,18 +494,22 @@ impl<T: Value> XArray<T> {
     /// Removes the entry at `index`; frees nodes that empty and shrinks the tree.
     pub fn remove(&self, index: u64) -> Option<T> {
         let _w = self.write_lock();
+        self.remove_locked(index)
+    }
+
+    fn remove_locked(&self, index: u64) -> Option<T> {
         let guard = epoch::pin();
         let (leaf, off) = self.find_leaf(index)?;
         // SAFETY: live under the writer lock.
         let n = unsafe { &*leaf };
         let old = T::from_raw(n.slots[off].load(Relaxed));
         n.present.fetch_and(!(1 << off), Release);
+        self.len.store(self.len.load(Relaxed) - 1, Relaxed);
         for m in 0..MARKS {
             if n.marks[m].load(Relaxed) >> off & 1 == 1 {
                 self.clear_mark_at(leaf, off, m);
             }
         }
-        self.len.fetch_sub(1, Relaxed);
         // Free emptied nodes upward.
         let mut node = leaf;
         loop {
@@ -458,8 +525,12 @@ impl<T: Value> XArray<T> {
                 return Some(old);
             }
             let poff = nn.offset.load(Relaxed) as usize;
-            // SAFETY: parent is live under the writer lock.
-            unsafe { (*parent).present.fetch_and(!(1 << poff), Release) };
+            // SAFETY: parent is live under the writer lock. Clear the bit, then the pointer:
+            // lock-free readers of internal levels look at the pointer only.
+            unsafe {
+                (*parent).present.fetch_and(!(1 << poff), Release);
+                (*parent).slots[poff].store(0, Release);
+            }
             self.retire(node, &guard);
             node = parent;
         }
