@@ -1,20 +1,22 @@
-//! The in-memory inode cache, keyed by inode number behind this one type (the XArray of the
-//! index issue replaces the map here without touching callers).
+//! The in-memory inode cache: inodes found by number through an XArray (seed 000), in a slab,
+//! with changed inodes carrying the XArray's DIRTY mark.
 //!
 //! The cache is authoritative for the inodes it holds: changes to an inode (times, size, link
 //! count) are made here and marked dirty, and written into the fs tree once per commit rather
 //! than once per change. That is why a million creates in one directory update the directory's
-//! inode item once per commit, not a million times.
-use crate::btree::cache::FastMap;
+//! inode item once per commit, not a million times. Commit walks the DIRTY mark, which yields
+//! inodes in ascending order, so write-back walks the tree in order.
+use crate::btree::cache::{Slab, DIRTY};
 use idxfs_format::items::InodeItem;
 
 pub struct InodeCache {
-    map: FastMap<u64, Slot>,
-    dirty: Vec<u64>,
+    slab: Slab<Slot>,
+    dirty: usize,
     limit: usize,
 }
 
 struct Slot {
+    ino: u64,
     item: InodeItem,
     dirty: bool,
 }
@@ -22,77 +24,97 @@ struct Slot {
 impl InodeCache {
     pub fn new(limit: usize) -> Self {
         InodeCache {
-            map: FastMap::default(),
-            dirty: Vec::new(),
+            slab: Slab::default(),
+            dirty: 0,
             limit: limit.max(16),
         }
     }
 
-    pub fn get(&self, ino: u64) -> Option<&InodeItem> {
-        self.map.get(&ino).map(|s| &s.item)
+    pub fn get(&mut self, ino: u64) -> Option<&InodeItem> {
+        self.slab.get(ino).map(|s| &s.item)
     }
 
-    /// Installs an inode read from (or just inserted into) the tree: clean.
+    /// Installs an inode read from the tree: clean.
     pub fn insert_clean(&mut self, ino: u64, item: InodeItem) {
-        if self.map.len() >= self.limit {
+        if self.slab.contains(ino) {
+            return;
+        }
+        if self.slab.len() >= self.limit {
             self.shrink();
         }
-        self.map.entry(ino).or_insert(Slot { item, dirty: false });
+        self.slab.insert(
+            ino,
+            Slot {
+                ino,
+                item,
+                dirty: false,
+            },
+        );
     }
 
     /// Changes a cached inode and marks it for write-back. The inode must be cached.
     pub fn modify(&mut self, ino: u64, f: impl FnOnce(&mut InodeItem)) {
-        let Some(slot) = self.map.get_mut(&ino) else {
+        let Some(slot) = self.slab.get(ino) else {
             panic!("modify of uncached inode {ino}")
         };
         f(&mut slot.item);
         if !slot.dirty {
             slot.dirty = true;
-            self.dirty.push(ino);
+            self.dirty += 1;
+            self.slab.set_mark(ino, DIRTY);
         }
     }
 
     pub fn remove(&mut self, ino: u64) {
-        self.map.remove(&ino);
+        if let Some(s) = self.slab.remove(ino) {
+            if s.dirty {
+                self.dirty -= 1;
+            }
+        }
     }
 
     pub fn dirty_count(&self) -> usize {
-        self.dirty.len()
+        self.dirty
     }
 
-    /// Takes the dirty inodes (ascending inode order, so write-back walks the tree in order) and
-    /// marks them clean.
+    /// Takes the dirty inodes, ascending, and marks them clean.
     pub fn take_dirty(&mut self) -> Vec<(u64, InodeItem)> {
-        let mut inos = std::mem::take(&mut self.dirty);
-        inos.sort_unstable();
-        inos.dedup();
+        let inos = self.slab.marked(DIRTY);
         let mut out = Vec::with_capacity(inos.len());
         for ino in inos {
-            if let Some(s) = self.map.get_mut(&ino) {
-                if s.dirty {
-                    s.dirty = false;
-                    out.push((ino, s.item));
-                }
+            self.slab.clear_mark(ino, DIRTY);
+            if let Some(s) = self.slab.get(ino) {
+                s.dirty = false;
+                out.push((ino, s.item));
             }
         }
+        debug_assert_eq!(
+            out.len(),
+            self.dirty,
+            "dirty count drifted from the DIRTY mark"
+        );
+        self.dirty = 0;
         out
     }
 
     /// Drops clean inodes down to half the limit. Dirty ones stay until commit.
     fn shrink(&mut self) {
         let target = self.limit / 2;
-        let mut excess = self.map.len().saturating_sub(target);
-        self.map.retain(|_, s| {
-            if excess == 0 || s.dirty {
-                return true;
-            }
-            excess -= 1;
-            false
-        });
+        let excess = self.slab.len().saturating_sub(target);
+        let victims: Vec<u64> = self
+            .slab
+            .values_mut()
+            .filter(|s| !s.dirty)
+            .take(excess)
+            .map(|s| s.ino)
+            .collect();
+        for ino in victims {
+            self.slab.remove(ino);
+        }
     }
 
     pub fn clear(&mut self) {
-        self.map.clear();
-        self.dirty.clear();
+        self.slab.clear();
+        self.dirty = 0;
     }
 }

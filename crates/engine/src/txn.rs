@@ -134,7 +134,7 @@ pub fn load_space(store: &mut Store, space: &Tree) -> Result<()> {
 
 /// Steps 3 and 4: write every dirty node, then flush.
 pub fn write_dirty_nodes(store: &mut Store) -> Result<u64> {
-    let blocks = store.cache.dirty_blocks(store.generation);
+    let blocks = store.cache.dirty_blocks();
     assert_eq!(
         blocks.len(),
         store.dirty_nodes,
@@ -181,6 +181,8 @@ pub fn write_dirty_nodes(store: &mut Store) -> Result<u64> {
 /// Step 6's bookkeeping once the superblock is durable.
 pub fn finish(store: &mut Store) {
     store.alloc.commit_done();
+    let dirty = store.cache.dirty_blocks();
+    store.cache.clear_dirty(&dirty);
     store.generation += 1;
     store.dirty_nodes = 0;
     Counters::inc(&store.counters.commits);

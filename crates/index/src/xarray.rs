@@ -585,10 +585,36 @@ impl<T: Value> XArray<T> {
         }
     }
 
+    /// Lookup through exclusive access: no epoch pin (no writer can free a node meanwhile).
+    pub fn get_mut_access(&mut self, index: u64) -> Option<T> {
+        // SAFETY: `&mut self` excludes every writer, so no node is freed during the lookup.
+        let guard = unsafe { epoch::unprotected() };
+        self.get_in(index, guard)
+    }
+
+    /// `set_mark` through exclusive access (no lock).
+    pub fn set_mark_mut(&mut self, index: u64, m: usize) -> bool {
+        self.set_mark_locked(index, m)
+    }
+
+    /// `clear_mark` through exclusive access (no lock).
+    pub fn clear_mark_mut(&mut self, index: u64, m: usize) -> bool {
+        assert!(m < MARKS, "mark {m} out of range");
+        let Some((leaf, off)) = self.find_leaf(index) else {
+            return false;
+        };
+        self.clear_mark_at(leaf, off, m);
+        true
+    }
+
     /// Sets mark `m` on an existing entry; false if there is none.
     pub fn set_mark(&self, index: u64, m: usize) -> bool {
-        assert!(m < MARKS, "mark {m} out of range");
         let _w = self.write_lock();
+        self.set_mark_locked(index, m)
+    }
+
+    fn set_mark_locked(&self, index: u64, m: usize) -> bool {
+        assert!(m < MARKS, "mark {m} out of range");
         let Some((leaf, off)) = self.find_leaf(index) else {
             return false;
         };

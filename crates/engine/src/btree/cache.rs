@@ -1,13 +1,17 @@
-//! The node cache: every node the engine holds, keyed by block number. Dirty nodes (changed in
-//! the running transaction) stay until commit; clean ones are evicted to keep the memory bound.
-//! Keyed by block number behind this one type so the XArray of the index issue can replace the
-//! hash map without touching callers.
+//! The node cache: every node the engine holds, found by block number through an XArray
+//! (seed 000: dense integer keys belong in a radix tree), stored in a slab. Dirty nodes (changed
+//! in the running transaction) carry the XArray's DIRTY mark, so commit walks them in block
+//! order without sorting, and they stay until commit; clean ones are evicted to keep the bound.
 use super::node::Node;
+use idxfs_index::XArray;
+use std::alloc::Layout;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-/// Block numbers are already well spread; a multiply-shift hash is enough and far cheaper than
-/// SipHash.
+/// XArray mark for dirty entries.
+pub const DIRTY: usize = 0;
+
+/// A cheap multiply-shift hasher for u64 keys (for the few hash maps left, e.g. in fsck).
 #[derive(Default)]
 pub struct BlockHasher(u64);
 impl Hasher for BlockHasher {
@@ -26,12 +30,101 @@ impl Hasher for BlockHasher {
 pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<BlockHasher>>;
 
 struct Entry {
+    block: u64,
     node: Node,
     referenced: bool,
 }
 
+/// An XArray from keys to slab slots, and the slab: the shape both engine caches share.
+pub struct Slab<E> {
+    index: XArray<u32>,
+    slots: Vec<Option<E>>,
+    free: Vec<u32>,
+}
+
+impl<E> Default for Slab<E> {
+    fn default() -> Self {
+        Slab {
+            index: XArray::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+}
+
+impl<E> Slab<E> {
+    #[inline]
+    pub fn get(&mut self, key: u64) -> Option<&mut E> {
+        let slot = self.index.get_mut_access(key)?;
+        self.slots.get_mut(slot as usize).and_then(|e| e.as_mut())
+    }
+
+    pub fn contains(&mut self, key: u64) -> bool {
+        self.index.get_mut_access(key).is_some()
+    }
+
+    /// Inserts a new key. Out of memory for an index node aborts, as for any std collection.
+    pub fn insert(&mut self, key: u64, e: E) {
+        let slot = match self.free.pop() {
+            Some(s) => {
+                self.slots[s as usize] = Some(e);
+                s
+            }
+            None => {
+                self.slots.push(Some(e));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        match self.index.try_insert_mut(key, slot) {
+            Ok(None) => {}
+            Ok(Some(_)) => panic!("slab key {key} inserted twice"),
+            Err(_) => std::alloc::handle_alloc_error(Layout::new::<[u64; 72]>()),
+        }
+    }
+
+    pub fn remove(&mut self, key: u64) -> Option<E> {
+        let slot = self.index.remove_mut(key)?;
+        self.free.push(slot);
+        self.slots.get_mut(slot as usize).and_then(|e| e.take())
+    }
+
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    pub fn set_mark(&mut self, key: u64, m: usize) {
+        self.index.set_mark_mut(key, m);
+    }
+
+    pub fn clear_mark(&mut self, key: u64, m: usize) {
+        self.index.clear_mark_mut(key, m);
+    }
+
+    /// Keys carrying mark `m`, ascending.
+    pub fn marked(&self, m: usize) -> Vec<u64> {
+        self.index
+            .range_marked(0, u64::MAX, m)
+            .map(|(k, _)| k)
+            .collect()
+    }
+
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut E> {
+        self.slots.iter_mut().flatten()
+    }
+
+    pub fn clear(&mut self) {
+        self.index = XArray::new();
+        self.slots.clear();
+        self.free.clear();
+    }
+}
+
 pub struct NodeCache {
-    map: FastMap<u64, Entry>,
+    slab: Slab<Entry>,
     /// Bound on the number of nodes held; an in-memory node costs at most about twice the
     /// on-disk node size, so this is a memory bound of `limit_nodes * 2 * node_size`.
     limit_nodes: usize,
@@ -40,14 +133,14 @@ pub struct NodeCache {
 impl NodeCache {
     pub fn new(limit_nodes: usize) -> Self {
         NodeCache {
-            map: FastMap::default(),
+            slab: Slab::default(),
             limit_nodes: limit_nodes.max(64),
         }
     }
 
     #[inline]
     pub fn get(&mut self, block: u64) -> Option<&Node> {
-        self.map.get_mut(&block).map(|e| {
+        self.slab.get(block).map(|e| {
             e.referenced = true;
             &e.node
         })
@@ -55,41 +148,45 @@ impl NodeCache {
 
     #[inline]
     pub fn get_mut(&mut self, block: u64) -> Option<&mut Node> {
-        self.map.get_mut(&block).map(|e| {
+        self.slab.get(block).map(|e| {
             e.referenced = true;
             &mut e.node
         })
     }
 
-    pub fn contains(&self, block: u64) -> bool {
-        self.map.contains_key(&block)
+    pub fn contains(&mut self, block: u64) -> bool {
+        self.slab.contains(block)
     }
 
-    pub fn insert(&mut self, block: u64, node: Node) {
-        let old = self.map.insert(
+    /// Inserts a node; `dirty` marks it as changed in the running transaction.
+    pub fn insert(&mut self, block: u64, node: Node, dirty: bool) {
+        self.slab.insert(
             block,
             Entry {
+                block,
                 node,
                 referenced: true,
             },
         );
-        assert!(old.is_none(), "node cache already held block {block}");
+        if dirty {
+            self.slab.set_mark(block, DIRTY);
+        }
     }
 
     pub fn remove(&mut self, block: u64) -> Option<Node> {
-        self.map.remove(&block).map(|e| e.node)
+        self.slab.remove(block).map(|e| e.node)
     }
 
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.slab.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.slab.is_empty()
     }
 
     pub fn over_limit(&self) -> bool {
-        self.map.len() > self.limit_nodes
+        self.slab.len() > self.limit_nodes
     }
 
     /// Second-chance eviction of clean nodes (generation < `running`) until under 3/4 of the
@@ -98,41 +195,43 @@ impl NodeCache {
         let target = self.limit_nodes / 4 * 3;
         let mut evicted = 0u64;
         for _pass in 0..2 {
-            let len = self.map.len();
+            let len = self.slab.len();
             if len <= target {
                 break;
             }
-            let need = (len - target) as u64;
-            let mut dropped = 0u64;
-            self.map.retain(|_, e| {
-                if dropped >= need || e.node.generation >= running_generation {
-                    return true;
+            let need = len - target;
+            let mut victims = Vec::new();
+            for e in self.slab.values_mut() {
+                if victims.len() >= need || e.node.generation >= running_generation {
+                    continue;
                 }
                 if e.referenced {
                     e.referenced = false;
-                    return true;
+                } else {
+                    victims.push(e.block);
                 }
-                dropped += 1;
-                false
-            });
-            evicted += dropped;
+            }
+            for b in victims {
+                self.slab.remove(b);
+                evicted += 1;
+            }
         }
         evicted
     }
 
-    /// Every dirty block (generation == running), sorted, for commit.
-    pub fn dirty_blocks(&self, running_generation: u64) -> Vec<u64> {
-        let mut v: Vec<u64> = self
-            .map
-            .iter()
-            .filter(|(_, e)| e.node.generation == running_generation)
-            .map(|(b, _)| *b)
-            .collect();
-        v.sort_unstable();
-        v
+    /// Every dirty block, ascending (from the DIRTY mark: no scan of the cache, no sort).
+    pub fn dirty_blocks(&self) -> Vec<u64> {
+        self.slab.marked(DIRTY)
+    }
+
+    /// After a commit: nothing is dirty any more.
+    pub fn clear_dirty(&mut self, blocks: &[u64]) {
+        for b in blocks {
+            self.slab.clear_mark(*b, DIRTY);
+        }
     }
 
     pub fn clear(&mut self) {
-        self.map.clear();
+        self.slab.clear();
     }
 }

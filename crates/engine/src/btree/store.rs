@@ -98,7 +98,7 @@ impl Store {
                 .node_evictions
                 .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         }
-        self.cache.insert(block, node);
+        self.cache.insert(block, node, false);
         Ok(())
     }
 
@@ -133,7 +133,7 @@ impl Store {
             .alloc
             .alloc(bpn, bpn, Kind::Meta)
             .ok_or(Error::NoSpace)?;
-        self.cache.insert(start, node);
+        self.cache.insert(start, node, true);
         self.dirty_nodes += 1;
         Ok(start)
     }
@@ -191,7 +191,7 @@ impl Store {
             None => panic!("cow of uncached node {block}"),
         };
         node.generation = gen;
-        self.cache.insert(new, node);
+        self.cache.insert(new, node, true);
         self.dirty_nodes += 1;
         self.alloc.free(block, bpn, false);
         Counters::inc(&self.counters.node_cows);
