@@ -82,7 +82,7 @@ fn print_histogram(s: &Stats) {
         edges.push(e);
     }
     edges.push(hi);
-    let mut counts = vec![0usize; 10];
+    let mut counts = [0usize; 10];
     for &x in &s.samples {
         let b = edges.windows(2).position(|w| x < w[1]).unwrap_or(9);
         counts[b] += 1;
@@ -155,8 +155,8 @@ fn inode_keys(n: usize) -> Vec<u64> {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        k += 1 + (x % 16 == 0) as u64 * (x % 5);
-        keys.push(if x % 64 == 0 {
+        k += 1 + x.is_multiple_of(16) as u64 * (x % 5);
+        keys.push(if x.is_multiple_of(64) {
             k.saturating_sub(x % 200)
         } else {
             k

@@ -883,6 +883,9 @@ mod tests {
     fn marks_propagate_and_skip() {
         let xa = XArray::<u64>::new();
         for i in 0..10_000u64 {
+            if cfg!(miri) && i % 37 != 0 && i != 100 && i != 9_999 {
+                continue; // Miri: the same shape, fewer entries
+            }
             xa.insert(i * 3, i);
         }
         assert!(xa.set_mark(300, 1));
