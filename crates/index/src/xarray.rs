@@ -31,6 +31,10 @@ pub const MARKS: usize = 3;
 const MAX_SHIFT: u32 = 60;
 
 /// A value an XArray can hold inline: copyable and convertible to and from 64 bits.
+///
+/// `to_raw` must never return `u64::MAX`: a leaf slot holds `raw + 1`, so that 0 means empty
+/// and a lock-free lookup reads one word per level (the kernel reserves entry values the same
+/// way). Storing such a value panics.
 pub trait Value: Copy + Send + Sync + 'static {
     fn to_raw(self) -> u64;
     fn from_raw(raw: u64) -> Self;
@@ -257,14 +261,11 @@ impl<T: Value> XArray<T> {
             node = child as usize as *mut Node;
             s -= BITS;
         }
-        // Leaf: values may be any u64, so the present bit decides.
+        // Leaf: the slot holds raw + 1, 0 when empty (writers clear it on removal), so one load
+        // decides.
         // SAFETY: as above.
-        let n = unsafe { &*node };
-        let off = slot_of(index, 0);
-        if n.present.load(Acquire) >> off & 1 == 0 {
-            return None;
-        }
-        Some(T::from_raw(n.slots[off].load(Acquire)))
+        let raw = unsafe { (*node).slots[slot_of(index, 0)].load(Acquire) };
+        raw.checked_sub(1).map(T::from_raw)
     }
 
     fn head_covers(&self, head: *mut Node, index: u64) -> bool {
@@ -411,8 +412,10 @@ impl<T: Value> XArray<T> {
         let off = slot_of(index, 0);
         let present = n.present.load(Relaxed);
         let had = present >> off & 1 == 1;
-        let old = had.then(|| T::from_raw(n.slots[off].load(Relaxed)));
-        n.slots[off].store(value.to_raw(), Release);
+        let old = had.then(|| T::from_raw(n.slots[off].load(Relaxed).wrapping_sub(1)));
+        let raw = value.to_raw();
+        assert!(raw != u64::MAX, "XArray values must not encode to u64::MAX");
+        n.slots[off].store(raw + 1, Release);
         if !had {
             // Writers are serialized: plain stores, no locked read-modify-write.
             n.present.store(present | 1 << off, Release);
@@ -502,8 +505,10 @@ impl<T: Value> XArray<T> {
         let (leaf, off) = self.find_leaf(index)?;
         // SAFETY: live under the writer lock.
         let n = unsafe { &*leaf };
-        let old = T::from_raw(n.slots[off].load(Relaxed));
+        let old = T::from_raw(n.slots[off].load(Relaxed).wrapping_sub(1));
         n.present.fetch_and(!(1 << off), Release);
+        // Lock-free lookups read only the slot: empty it too.
+        n.slots[off].store(0, Release);
         self.len.store(self.len.load(Relaxed) - 1, Relaxed);
         for m in 0..MARKS {
             if n.marks[m].load(Relaxed) >> off & 1 == 1 {
@@ -724,7 +729,7 @@ impl<T: Value> XArray<T> {
                 }
                 if s == 0 {
                     let raw = n.slots[o as usize].load(Acquire);
-                    return Some((index as u64, T::from_raw(raw)));
+                    return Some((index as u64, T::from_raw(raw.wrapping_sub(1))));
                 }
                 node = n.child(o as usize);
             }
