@@ -139,21 +139,23 @@ impl Store {
     }
 
     /// Frees a node's block and drops it from the cache.
-    pub fn free_node(&mut self, block: u64) {
+    pub fn free_node(&mut self, block: u64) -> Result<()> {
         let n = self.cache.remove(block);
         let now = n.as_ref().is_some_and(|n| n.generation == self.generation);
         if now {
             self.dirty_nodes -= 1;
         }
-        self.alloc.free(block, self.blocks_per_node(), now);
+        self.alloc.free(block, self.blocks_per_node(), now)?;
+        Ok(())
     }
 
     /// Frees a block allocated in the running transaction whose node was already taken out of
     /// the cache; no committed state references it, so it is reusable at once.
-    pub fn free_dirty_block(&mut self, block: u64) {
+    pub fn free_dirty_block(&mut self, block: u64) -> Result<()> {
         debug_assert!(!self.cache.contains(block));
         self.dirty_nodes -= 1;
-        self.alloc.free(block, self.blocks_per_node(), true);
+        self.alloc.free(block, self.blocks_per_node(), true)?;
+        Ok(())
     }
 
     /// Loads (if needed) and COWs in one step: a node already dirty costs one cache lookup.
@@ -193,7 +195,7 @@ impl Store {
         node.generation = gen;
         self.cache.insert(new, node, true);
         self.dirty_nodes += 1;
-        self.alloc.free(block, bpn, false);
+        self.alloc.free(block, bpn, false)?;
         Counters::inc(&self.counters.node_cows);
         Ok(new)
     }

@@ -440,7 +440,7 @@ impl Tree {
                 let child = n.ptrs()[0];
                 let level = n.level - 1;
                 store.load(child.block, child.generation, self.owner, Some(level))?;
-                store.free_node(block);
+                store.free_node(block)?;
                 self.root = child;
                 self.level -= 1;
                 Counters::inc(&store.counters.root_shrinks);
@@ -452,7 +452,7 @@ impl Tree {
         let (len, used, is_leaf) = (node.len(), node.used, node.is_leaf());
         let cap = Self::cap(store.node_size, is_leaf);
         if len == 0 {
-            store.free_node(block);
+            store.free_node(block)?;
             return self.remove_ptr(store, path, d - 1, pi);
         }
         if used >= cap / 4 {
@@ -496,7 +496,7 @@ impl Tree {
             left.assert_invariants(cap);
         }
         // Both halves were COWed in this transaction, so the emptied block is reusable at once.
-        store.free_dirty_block(rb);
+        store.free_dirty_block(rb)?;
         if is_leaf {
             Counters::inc(&store.counters.leaf_merges);
         } else {
@@ -520,12 +520,12 @@ impl Tree {
             if d > 0 {
                 // An internal node that had one child (its neighbours were too full to merge
                 // with) lost it: drop the node from its parent in turn.
-                store.free_node(b);
+                store.free_node(b)?;
                 let (_, pi) = path[d - 1];
                 return self.remove_ptr(store, path, d - 1, pi);
             }
             // The root's last child went away: the tree is empty again.
-            store.free_node(b);
+            store.free_node(b)?;
             let leaf = Node::new_leaf(self.owner, store.generation);
             let lb = store.alloc_node(leaf)?;
             self.root = Ptr {

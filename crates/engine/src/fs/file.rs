@@ -145,7 +145,7 @@ impl Inner {
             let tail_start = (cut_b - e.offset) / BS;
             let now = e.item.generation.get() == gen;
             if tail_start > head {
-                self.store.alloc.free(eb + head, tail_start - head, now);
+                self.store.alloc.free(eb + head, tail_start - head, now)?;
                 freed += tail_start - head;
             }
             // Replace the item by the head and tail that survive.
@@ -233,7 +233,8 @@ impl Inner {
                 }
                 None => {
                     for (s, n) in runs {
-                        self.store.alloc.free(s, n, true);
+                        // Just allocated by us: marked used, so this cannot fail.
+                        let _ = self.store.alloc.free(s, n, true);
                     }
                     return Err(Error::NoSpace);
                 }
@@ -244,7 +245,8 @@ impl Inner {
             let len = (n * BS) as usize;
             if let Err(e) = self.store.dev.write_at(&buf[at..at + len], s * BS) {
                 for (s, n) in runs {
-                    self.store.alloc.free(s, n, true);
+                    // Just allocated by us: marked used, so this cannot fail.
+                    let _ = self.store.alloc.free(s, n, true);
                 }
                 return Err(e.into());
             }

@@ -191,16 +191,33 @@ impl Allocator {
     /// Frees a range. `now` = the range was allocated in the running transaction, so no
     /// committed state references it and it may be reused at once; otherwise it is pinned until
     /// [`Allocator::commit_done`].
-    pub fn free(&mut self, start: u64, n: u64, now: bool) {
+    pub fn free(&mut self, start: u64, n: u64, now: bool) -> Result<(), idxfs_format::Corrupt> {
+        // Check before changing anything: a block the image's trees reference but its bitmap
+        // calls free (or a range past a group) is corruption, reported, never a panic.
         let gi = self.group_of(start);
-        let g = &mut self.groups[gi];
-        assert!(
-            start + n <= g.start + g.len,
-            "free of {start}+{n} crosses a group boundary"
-        );
+        let Some(g) = self.groups.get_mut(gi) else {
+            return Err(idxfs_format::Corrupt::new(
+                format!("free of blocks {start}+{n}"),
+                "past the last block group",
+                "inside the device",
+            ));
+        };
+        if start + n > g.start + g.len {
+            return Err(idxfs_format::Corrupt::new(
+                format!("free of blocks {start}+{n}"),
+                "crosses a block group boundary",
+                "inside one group",
+            ));
+        }
+        if let Some(b) = (start..start + n).find(|b| !g.used.get(b - g.start)) {
+            return Err(idxfs_format::Corrupt::new(
+                format!("free of block {b}"),
+                "marked free in its bitmap",
+                "marked used (referenced by the tree)",
+            ));
+        }
         for b in start..start + n {
             let i = b - g.start;
-            assert!(g.used.get(i), "double free of block {b}");
             g.used.set(i, false);
             if now {
                 g.busy.set(i, false);
@@ -216,6 +233,7 @@ impl Allocator {
             self.pinned.push((start, n));
             Counters::inc(&self.counters.blocks_pinned);
         }
+        Ok(())
     }
 
     /// The commit that freed the pinned blocks is durable: they may be reused.
@@ -281,7 +299,7 @@ mod tests {
         let (s, n) = a.alloc(4, 4, Kind::Meta).expect("space");
         assert_eq!((s, n), (2, 4));
         a.commit_done();
-        a.free(s, 4, false);
+        a.free(s, 4, false).expect("free");
         assert_eq!(a.free_blocks(), 250, "pinned blocks are not free yet");
         let (s2, _) = a.alloc(4, 4, Kind::Meta).expect("space");
         assert_ne!(s2, s);
