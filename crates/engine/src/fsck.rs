@@ -81,28 +81,16 @@ pub fn check(
     progress: &mut dyn FnMut(u64),
 ) -> Result<Report> {
     let mut report = Report::default();
-    let dev_blocks = dev.size() / BLOCK_SIZE;
-    let mut best: Option<Superblock> = None;
-    let mut first_err = None;
-    for copy in 0..SUPER_COPIES.min(dev_blocks) {
-        let mut buf = vec![0u8; BLOCK_SIZE as usize];
-        dev.read_at(&mut buf, copy * BLOCK_SIZE)?;
-        match Superblock::decode(&buf, copy, dev_blocks) {
-            Ok(sb) => {
-                if best.is_none_or(|b| sb.generation.get() > b.generation.get()) {
-                    best = Some(sb);
-                }
-            }
-            Err(e) => {
-                report.notes.push(format!("superblock copy {copy} unusable ({e}); the other copy is used and the next commit rewrites this one"));
-                first_err.get_or_insert(e);
-            }
-        }
+    let (best, bad) = crate::fs::superblock_copies(dev)?;
+    for (copy, e) in &bad {
+        report.notes.push(format!("superblock copy {copy} unusable ({e}); the other copy is used and the next commit rewrites this one"));
     }
     let Some(sb) = best else {
-        return Err(first_err
-            .map(Error::Corrupt)
-            .unwrap_or_else(|| Error::Invalid("device smaller than two blocks")));
+        return Err(bad
+            .into_iter()
+            .next()
+            .map(|(_, e)| Error::Corrupt(e))
+            .unwrap_or(Error::Invalid("no superblock")));
     };
     report.generation = sb.generation.get();
     let mut c = Checker {

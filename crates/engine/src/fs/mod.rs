@@ -134,7 +134,10 @@ pub struct Fs {
     committer: Option<JoinHandle<()>>,
 }
 
-fn read_superblocks(dev: &dyn BlockDevice) -> Result<Superblock> {
+/// Every superblock copy: the newest valid one, and the problem with each copy that is not.
+pub fn superblock_copies(
+    dev: &dyn BlockDevice,
+) -> Result<(Option<Superblock>, Vec<(u64, idxfs_format::Corrupt)>)> {
     let dev_blocks = dev.size() / BLOCK_SIZE;
     if dev_blocks < SUPER_COPIES {
         return Err(idxfs_format::Corrupt::new(
@@ -155,16 +158,20 @@ fn read_superblocks(dev: &dyn BlockDevice) -> Result<Superblock> {
                     best = Some(sb);
                 }
             }
-            Err(e) => errors.push(e),
+            Err(e) => errors.push((copy, e)),
         }
     }
-    match best {
-        Some(sb) => Ok(sb),
+    Ok((best, errors))
+}
+
+fn read_superblocks(dev: &dyn BlockDevice) -> Result<Superblock> {
+    match superblock_copies(dev)? {
+        (Some(sb), _) => Ok(sb),
         // Report the first copy's problem: for a foreign image both say "magic".
-        None => Err(errors
+        (None, errors) => Err(errors
             .into_iter()
             .next()
-            .map(Error::Corrupt)
+            .map(|(_, e)| Error::Corrupt(e))
             .unwrap_or(Error::NotFound)),
     }
 }
@@ -604,30 +611,25 @@ impl Inner {
         self.reserve_blocks(items, 0, kind)
     }
 
+    /// Blocks `items` item changes and `data_blocks` of data need, with the commit after them
+    /// and, for growing operations, the global reserve left untouched.
+    fn blocks_needed(&self, items: u64, data_blocks: u64, kind: Reserve) -> u64 {
+        let reserve = if kind == Reserve::Grow {
+            self.global_reserve()
+        } else {
+            0
+        };
+        items * self.node_blocks_per_change() + data_blocks + self.commit_need() + reserve
+    }
+
     pub fn reserve_blocks(&mut self, items: u64, data_blocks: u64, kind: Reserve) -> Result<()> {
-        let need = items * self.node_blocks_per_change()
-            + data_blocks
-            + self.commit_need()
-            + if kind == Reserve::Grow {
-                self.global_reserve()
-            } else {
-                0
-            };
-        if self.store.alloc.free_blocks() >= need {
+        if self.store.alloc.free_blocks() >= self.blocks_needed(items, data_blocks, kind) {
             return Ok(());
         }
         // Blocks freed by this transaction come back once it commits.
         if self.store.alloc.pinned_blocks() > 0 || self.changed {
             self.commit()?;
-            let need = items * self.node_blocks_per_change()
-                + data_blocks
-                + self.commit_need()
-                + if kind == Reserve::Grow {
-                    self.global_reserve()
-                } else {
-                    0
-                };
-            if self.store.alloc.free_blocks() >= need {
+            if self.store.alloc.free_blocks() >= self.blocks_needed(items, data_blocks, kind) {
                 return Ok(());
             }
         }
