@@ -134,10 +134,11 @@ pub struct Fs {
     committer: Option<JoinHandle<()>>,
 }
 
-/// Every superblock copy: the newest valid one, and the problem with each copy that is not.
-pub fn superblock_copies(
-    dev: &dyn BlockDevice,
-) -> Result<(Option<Superblock>, Vec<(u64, idxfs_format::Corrupt)>)> {
+/// The newest valid superblock copy, and the problem with each copy (by number) that is not.
+pub type SuperblockCopies = (Option<Superblock>, Vec<(u64, idxfs_format::Corrupt)>);
+
+/// Reads every superblock copy.
+pub fn superblock_copies(dev: &dyn BlockDevice) -> Result<SuperblockCopies> {
     let dev_blocks = dev.size() / BLOCK_SIZE;
     if dev_blocks < SUPER_COPIES {
         return Err(idxfs_format::Corrupt::new(
