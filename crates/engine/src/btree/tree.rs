@@ -179,19 +179,34 @@ impl Tree {
                     "item of {} bytes",
                     val.len()
                 );
-                let n = store.node_mut(leaf);
-                n.used += ITEM_HEADER_SIZE + val.len();
-                n.keys.insert(pos, key);
-                n.leaf_vals_mut().insert(pos, val);
-                let over = n.used > Self::leaf_cap(store);
-                store.mod_seq += 1;
-                if pos == 0 {
-                    self.fixup_low_keys(store, &path, d, key);
-                }
-                if over {
-                    self.split(store, &path, d, pos)?;
-                }
+                self.insert_at(store, &path, pos, key, val)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Puts a new item at `pos` of the leaf at the end of `path`, then restores the low-key
+    /// invariant and splits if the leaf overflowed.
+    fn insert_at(
+        &mut self,
+        store: &mut Store,
+        path: &Path,
+        pos: usize,
+        key: Key,
+        val: Vec<u8>,
+    ) -> Result<()> {
+        let d = path.len() - 1;
+        let n = store.node_mut(path[d].0);
+        n.used += ITEM_HEADER_SIZE + val.len();
+        n.keys.insert(pos, key);
+        n.leaf_vals_mut().insert(pos, val);
+        let over = n.used > Self::leaf_cap(store);
+        store.mod_seq += 1;
+        if pos == 0 {
+            self.fixup_low_keys(store, path, d, key);
+        }
+        if over {
+            self.split(store, path, d, pos)?;
         }
         Ok(())
     }
@@ -211,18 +226,7 @@ impl Tree {
             Ok(_) => return Err(Error::Exists),
             Err(p) => p,
         };
-        n.used += ITEM_HEADER_SIZE + val.len();
-        n.keys.insert(pos, key);
-        n.leaf_vals_mut().insert(pos, val);
-        let over = n.used > Self::leaf_cap(store);
-        store.mod_seq += 1;
-        if pos == 0 {
-            self.fixup_low_keys(store, &path, path.len() - 1, key);
-        }
-        if over {
-            self.split(store, &path, path.len() - 1, pos)?;
-        }
-        Ok(())
+        self.insert_at(store, &path, pos, key, val)
     }
 
     /// Changes the value of `key` in place (`f` gets it mutably), or deletes it. Returns false
