@@ -78,28 +78,45 @@ impl Inner {
             |es| es.iter().position(|e| e.name == name),
         )?;
         let rkey = Key::new(child, ItemType::InodeRef, dir);
-        let mut missing = false;
-        self.fs_tree.update(&mut self.store, &rkey, |v| {
-            let names = decode_names(v, "inode ref").unwrap_or_default();
+        // A back reference that does not decode, or lacks the name, is corruption: report it
+        // and leave the item as it is (never rewrite what could not be read).
+        let mut err = None;
+        let found = self.fs_tree.update(&mut self.store, &rkey, |v| {
+            let names = match decode_names(v, "inode ref") {
+                Ok(n) => n,
+                Err(e) => {
+                    err = Some(e);
+                    return Change::Keep;
+                }
+            };
             let keep: Vec<Vec<u8>> = names
                 .iter()
                 .filter(|n| n.as_slice() != name)
                 .cloned()
                 .collect();
-            missing = keep.len() == names.len();
+            if keep.len() == names.len() {
+                err = Some(idxfs_format::Corrupt::new(
+                    format!("inode ref ({child} INODE_REF {dir})"),
+                    "no such name",
+                    String::from_utf8_lossy(name),
+                ));
+                return Change::Keep;
+            }
             if keep.is_empty() {
                 return Change::Delete;
             }
             *v = encode_names(&keep);
             Change::Keep
         })?;
-        if missing {
-            return Err(idxfs_format::Corrupt::new(
+        if !found {
+            err = Some(idxfs_format::Corrupt::new(
                 format!("inode ref ({child} INODE_REF {dir})"),
-                "no such name",
-                String::from_utf8_lossy(name),
-            )
-            .into());
+                "missing",
+                "present (the directory has the entry)",
+            ));
+        }
+        if let Some(e) = err {
+            return Err(e.into());
         }
         let now = self.now();
         self.modify_inode(dir, |d| {
