@@ -27,6 +27,8 @@ pub enum Error {
     /// its own subtree.
     Invalid(&'static str),
     NotSupported(&'static str),
+    /// A seek for data or a hole at or past the end of the file (ENXIO).
+    NoSuchOffset,
     Io(std::io::Error),
     Corrupt(Corrupt),
 }
@@ -62,6 +64,7 @@ impl Error {
             Error::NoData => libc_consts::ENODATA,
             Error::TooBig => libc_consts::E2BIG,
             Error::NotSupported(_) => libc_consts::EOPNOTSUPP,
+            Error::NoSuchOffset => libc_consts::ENXIO,
             Error::Io(_) | Error::Corrupt(_) => libc_consts::EIO,
         }
     }
@@ -76,6 +79,7 @@ impl Error {
 mod libc_consts {
     pub const ENOENT: i32 = 2;
     pub const EIO: i32 = 5;
+    pub const ENXIO: i32 = 6;
     pub const E2BIG: i32 = 7;
     pub const EEXIST: i32 = 17;
     pub const ENOTDIR: i32 = 20;
@@ -109,6 +113,7 @@ impl fmt::Display for Error {
             Error::TooBig => write!(f, "value too big"),
             Error::Invalid(why) => write!(f, "invalid argument: {why}"),
             Error::NotSupported(what) => write!(f, "not supported: {what}"),
+            Error::NoSuchOffset => write!(f, "no data or hole past the end of the file"),
             Error::Io(e) => write!(f, "I/O error: {e}"),
             Error::Corrupt(c) => write!(f, "{c}"),
         }

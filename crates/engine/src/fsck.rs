@@ -55,6 +55,8 @@ struct InodeInfo {
     subdirs: u32,
     extent_blocks: u64,
     last_extent_end: u64,
+    /// An ORPHAN item names this inode.
+    orphan: bool,
 }
 
 struct Checker<'a> {
@@ -324,7 +326,15 @@ impl Checker<'_> {
                 }
                 Err(e) => self.report.problem(format!("{e}")),
             },
-            Some(ItemType::Orphan) if k.objectid == ORPHAN_OBJECTID => {}
+            Some(ItemType::Orphan) if k.objectid == ORPHAN_OBJECTID => {
+                if !v.is_empty() {
+                    self.report.problem(format!(
+                        "{what}: orphan item has {} bytes, expect 0",
+                        v.len()
+                    ));
+                }
+                self.inodes.entry(k.offset).or_default().orphan = true;
+            }
             _ => self
                 .report
                 .problem(format!("{what}: item type not allowed in the fs tree")),
@@ -437,10 +447,41 @@ impl Checker<'_> {
                         .problems
                         .push(format!("inode {ino}: extents but no inode item"));
                 }
+                if i.orphan {
+                    self.report
+                        .problems
+                        .push(format!("orphan item for inode {ino}, which does not exist"));
+                }
                 continue;
             }
             count += 1;
             let is_dir = i.mode & S_IFMT == S_IFDIR;
+            if i.orphan || i.nlink == 0 {
+                // Unlinked while held: no names, no links, and an orphan item to free it.
+                if !i.orphan {
+                    self.report.problems.push(format!(
+                        "inode {ino}: link count 0 but no orphan item (it would leak)"
+                    ));
+                } else if i.nlink != 0 || i.seen_entries != 0 {
+                    self.report.problems.push(format!(
+                        "inode {ino}: orphan item but link count {} and {} names, expect 0 and 0",
+                        i.nlink, i.seen_entries
+                    ));
+                }
+                if is_dir && i.size != 0 {
+                    self.report
+                        .problems
+                        .push(format!("orphan directory {ino}: size {}, expect 0", i.size));
+                }
+                if !is_dir && i.alloc_bytes != i.extent_blocks * BLOCK_SIZE {
+                    self.report.problems.push(format!(
+                        "inode {ino}: allocated bytes {}, expect {} (sum of extents)",
+                        i.alloc_bytes,
+                        i.extent_blocks * BLOCK_SIZE
+                    ));
+                }
+                continue;
+            }
             if is_dir {
                 let want_links = if *ino == ROOT_INO { 0 } else { 1 };
                 if i.seen_entries != want_links {

@@ -10,6 +10,7 @@ use zerocopy::IntoBytes;
 
 /// Item changes a create makes: inode, two dir indexes, back reference, plus slack.
 const CREATE_ITEMS: u64 = 5;
+const S_ISGID: u32 = 0o2000;
 /// Hard links per inode (ext4's limit, so programs see familiar behaviour).
 pub const LINK_MAX: u32 = 65000;
 
@@ -37,6 +38,14 @@ impl Inner {
         let is_dir = mode & S_IFMT == S_IFDIR;
         if is_dir && p.nlink.get() >= LINK_MAX {
             return Err(Error::TooManyLinks);
+        }
+        // A set-group-ID directory passes its group on, and to subdirectories the bit itself.
+        let (mut mode, mut owner) = (mode, owner);
+        if p.mode.get() & S_ISGID != 0 {
+            owner.gid = p.gid.get();
+            if is_dir {
+                mode |= S_ISGID;
+            }
         }
         let ino = self.next_ino;
         self.next_ino += 1;
@@ -67,12 +76,13 @@ impl Fs {
     /// Looks `name` up in `parent`. "." and ".." are understood.
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
         let mut g = self.lock();
-        g.dir_inode(parent)?;
+        let dir = g.dir_inode(parent)?;
         if name.len() > idxfs_format::NAME_MAX {
             return Err(Error::NameTooLong);
         }
         let ino = match name {
             b"." => parent,
+            b".." if dir.nlink.get() == 0 => return Err(Error::NotFound),
             b".." => g.parent_of(parent)?,
             _ => g.lookup_entry(parent, name)?.ok_or(Error::NotFound)?.ino,
         };

@@ -3,7 +3,7 @@
 //! Writes are copy-on-write: the new data goes to newly allocated blocks, then the extent items
 //! are changed to point at them, and the old blocks are freed (pinned until the commit is
 //! durable). A crash before the commit leaves the old data and the old extents intact.
-use super::{Attr, Fs, Inner, Ino, Reserve};
+use super::{Atime, Attr, Fs, Inner, Ino, Reserve};
 use crate::btree::Change;
 use crate::error::{Error, Result};
 use crate::space::Kind;
@@ -18,7 +18,7 @@ const BS: u64 = BLOCK_SIZE;
 /// Largest file: keeps every block index and byte offset far from overflow.
 pub const MAX_FILE_SIZE: u64 = 1 << 50;
 /// Largest extent, in blocks (keeps any single write's allocation bounded).
-const MAX_EXTENT_BLOCKS: u64 = 8192;
+pub(crate) const MAX_EXTENT_BLOCKS: u64 = 8192;
 
 /// Largest inline file for a node size.
 pub fn inline_max(node_size: u32) -> usize {
@@ -27,14 +27,14 @@ pub fn inline_max(node_size: u32) -> usize {
 
 /// One extent as found in the tree.
 #[derive(Debug, Clone)]
-struct Ext {
-    offset: u64,
-    item: ExtentItem,
-    inline: Vec<u8>,
+pub(crate) struct Ext {
+    pub offset: u64,
+    pub item: ExtentItem,
+    pub inline: Vec<u8>,
 }
 
 impl Ext {
-    fn len_bytes(&self) -> u64 {
+    pub fn len_bytes(&self) -> u64 {
         if self.item.kind == EXTENT_INLINE {
             self.inline.len() as u64
         } else {
@@ -45,7 +45,7 @@ impl Ext {
 
 impl Inner {
     /// Extents that overlap [start, end), in order.
-    fn extents(&mut self, ino: Ino, start: u64, end: u64) -> Result<Vec<Ext>> {
+    pub(crate) fn extents(&mut self, ino: Ino, start: u64, end: u64) -> Result<Vec<Ext>> {
         let tree = self.fs_tree;
         let total = self.store.total_blocks;
         let mut out = Vec::new();
@@ -114,7 +114,7 @@ impl Inner {
 
     /// Removes file data in [start, end) (block-aligned start for regular extents), freeing
     /// blocks; extents that straddle a bound are trimmed or split.
-    fn punch(&mut self, ino: Ino, start: u64, end: u64) -> Result<u64> {
+    pub(crate) fn punch(&mut self, ino: Ino, start: u64, end: u64) -> Result<u64> {
         let gen = self.store.generation;
         let mut freed = 0;
         for e in self.extents(ino, start, end)? {
@@ -170,7 +170,7 @@ impl Inner {
         Ok(freed)
     }
 
-    fn has_inline(&mut self, ino: Ino) -> Result<bool> {
+    pub(crate) fn has_inline(&mut self, ino: Ino) -> Result<bool> {
         let tree = self.fs_tree;
         let v = tree.get(&mut self.store, &Key::new(ino, ItemType::Extent, 0))?;
         Ok(v.is_some_and(|v| v.first() == Some(&EXTENT_INLINE)))
@@ -182,7 +182,9 @@ impl Inner {
         let size = it.size.get();
         let end = off + data.len() as u64;
         let inline_max = inline_max(self.store.node_size) as u64;
-        let inline_now = size == 0 || self.has_inline(ino)?;
+        // An empty file with no extents starts inline; one with preallocated blocks does not.
+        let inline_now =
+            self.has_inline(ino)? || (size == 0 && self.extents(ino, 0, u64::MAX)?.is_empty());
         let gen = self.store.generation;
         if inline_now && end <= inline_max {
             let mut cur = self.read_data(ino, &it, 0, size as usize)?;
@@ -328,12 +330,34 @@ impl Inner {
         })
     }
 
-    fn write_data_force_blocks(&mut self, ino: Ino, cur: &[u8]) -> Result<()> {
+    pub(crate) fn write_data_force_blocks(&mut self, ino: Ino, cur: &[u8]) -> Result<()> {
         // Write one block's worth (zero padded) so the inline path is not taken.
         let mut b = cur.to_vec();
         b.resize(BS as usize, 0);
         self.write_data(ino, 0, &b)?;
         Ok(())
+    }
+
+    /// Updates the access time after a read, as the atime policy says. Best effort: on a
+    /// read-only or full file system the read succeeds and the time stays.
+    pub(crate) fn touch_atime(&mut self, ino: Ino, it: &InodeItem) {
+        let now = self.now();
+        let due = match self.atime {
+            Atime::NoAtime => false,
+            Atime::Strict => true,
+            Atime::Relatime => {
+                let a = (it.atime.sec.get(), it.atime.nsec.get());
+                let m = (it.mtime.sec.get(), it.mtime.nsec.get());
+                let c = (it.ctime.sec.get(), it.ctime.nsec.get());
+                a <= m || a <= c || now.sec.get() - a.0 >= 24 * 3600
+            }
+        };
+        if !due || self.writable().is_err() || self.reserve(1, Reserve::Shrink).is_err() {
+            return;
+        }
+        if self.modify_inode(ino, |i| i.atime = now).is_ok() {
+            self.changed = true;
+        }
     }
 
     /// Number of extent items of an inode (to reserve space for deleting them).
@@ -347,7 +371,7 @@ impl Inner {
     }
 }
 
-fn check_regular(it: &InodeItem) -> Result<()> {
+pub(crate) fn check_regular(it: &InodeItem) -> Result<()> {
     match it.mode.get() & S_IFMT {
         S_IFREG => Ok(()),
         S_IFDIR => Err(Error::IsDir),
@@ -361,7 +385,9 @@ impl Fs {
         let mut g = self.lock();
         let it = g.inode(ino)?;
         check_regular(&it)?;
-        g.read_data(ino, &it, off, len)
+        let data = g.read_data(ino, &it, off, len)?;
+        g.touch_atime(ino, &it);
+        Ok(data)
     }
 
     /// Writes `data` at `off`; returns bytes written (all of them, or an error).

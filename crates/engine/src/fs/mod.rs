@@ -13,6 +13,8 @@
 mod create;
 mod dir;
 mod file;
+mod layout;
+mod orphan;
 mod readdir;
 mod remove;
 mod rename;
@@ -84,6 +86,8 @@ pub struct OpenOptions {
     /// directories.
     pub dirty_nodes_limit: usize,
     pub clock: Arc<dyn Clock>,
+    /// When reads update the access time.
+    pub atime: Atime,
     /// Testing only: a name hash other than the format's, to force collisions. An image written
     /// with it must be read and checked with it.
     pub name_hash: NameHash,
@@ -98,6 +102,7 @@ impl Default for OpenOptions {
             inode_cache_entries: 1 << 16,
             dirty_nodes_limit: 16384,
             clock: Arc::new(SystemClock),
+            atime: Atime::default(),
             name_hash: idxfs_format::hash::name_hash,
         }
     }
@@ -119,6 +124,9 @@ pub(crate) struct Inner {
     pub dirty_nodes_limit: usize,
     /// The running transaction has changes.
     pub changed: bool,
+    /// Pin counts of inodes a front end still holds (see `orphan`).
+    pub pins: std::collections::HashMap<Ino, u64>,
+    pub atime: Atime,
 }
 
 struct Shared {
@@ -270,6 +278,8 @@ impl Fs {
             clock: Arc::new(SystemClock),
             dirty_nodes_limit: usize::MAX,
             changed: true,
+            pins: Default::default(),
+            atime: Atime::NoAtime,
         };
         inner.commit()?;
         // Write the second copy too, so a fresh image has both slots valid.
@@ -315,6 +325,8 @@ impl Fs {
             clock: opts.clock.clone(),
             dirty_nodes_limit: opts.dirty_nodes_limit.clamp(64, (cache_nodes / 2).max(64)),
             changed: false,
+            pins: Default::default(),
+            atime: opts.atime,
             sb,
         };
         let space_tree = inner.space_tree;
@@ -355,7 +367,10 @@ impl Fs {
             }
             _ => None,
         };
-        Ok(Fs { shared, committer })
+        let fs = Fs { shared, committer };
+        // Orphans left by a crash: nothing can hold them any more.
+        fs.reclaim_orphans()?;
+        Ok(fs)
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -422,11 +437,18 @@ impl Fs {
     /// Commits and stops the commit thread. Dropping an `Fs` does the same, ignoring errors.
     pub fn close(mut self) -> Result<()> {
         self.stop_committer();
+        self.release_all()?;
         let mut g = self.lock();
         if g.read_only || g.failed.is_some() {
             return Ok(());
         }
         g.commit()
+    }
+
+    /// Nothing holds an inode of a closing file system: drop all pins and free the orphans.
+    fn release_all(&self) -> Result<()> {
+        self.lock().pins.clear();
+        self.reclaim_orphans().map(|_| ())
     }
 
     fn stop_committer(&mut self) {
@@ -480,6 +502,7 @@ impl Fs {
 impl Drop for Fs {
     fn drop(&mut self) {
         self.stop_committer();
+        let _ = self.release_all();
         let mut g = self.lock();
         if !g.read_only && g.failed.is_none() {
             let _ = g.commit();

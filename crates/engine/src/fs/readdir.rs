@@ -22,7 +22,9 @@ impl Fs {
         mut f: impl FnMut(&DirEntryOut) -> bool,
     ) -> Result<()> {
         let mut g = self.lock();
-        g.dir_inode(dir)?;
+        if g.dir_inode(dir)?.nlink.get() == 0 {
+            return Err(crate::error::Error::NotFound); // removed while open, like a dead dir
+        }
         if cookie == 0
             && !f(&DirEntryOut {
                 ino: dir,

@@ -35,7 +35,7 @@ impl Inner {
             i.ctime = now;
         })?;
         if it.nlink.get() == 0 {
-            self.delete_inode(ino)?;
+            self.unlinked(ino)?;
         }
         Ok(())
     }
@@ -43,8 +43,14 @@ impl Inner {
     /// Removes an empty directory `ino` named `name` in `parent`.
     pub(crate) fn remove_dir(&mut self, parent: Ino, name: &[u8], ino: Ino) -> Result<()> {
         self.remove_entry(parent, name, ino)?;
+        let now = self.now();
         self.modify_inode(parent, |p| p.nlink = p.nlink.get().saturating_sub(1).into())?;
-        self.delete_inode(ino)
+        // Both of its links ("." and its name) go at once.
+        self.modify_inode(ino, |d| {
+            d.nlink = 0.into();
+            d.ctime = now;
+        })?;
+        self.unlinked(ino)
     }
 
     pub(crate) fn check_rmdir(&mut self, ino: Ino) -> Result<()> {

@@ -130,3 +130,26 @@ pub const RENAME_EXCHANGE: u32 = 2;
 /// setxattr(2) flags, Linux values.
 pub const XATTR_CREATE: u32 = 1;
 pub const XATTR_REPLACE: u32 = 2;
+
+/// fallocate(2) mode bits, Linux values.
+pub const FALLOC_KEEP_SIZE: u32 = 1;
+pub const FALLOC_PUNCH_HOLE: u32 = 2;
+
+/// What `seek` looks for (lseek's SEEK_DATA / SEEK_HOLE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seek {
+    Data,
+    Hole,
+}
+
+/// When reads update the access time (the mount options of the same names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Atime {
+    /// Never.
+    NoAtime,
+    /// When the access time is not newer than the change or modification time, or is a day old.
+    #[default]
+    Relatime,
+    /// On every read.
+    Strict,
+}

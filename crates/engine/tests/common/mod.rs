@@ -14,6 +14,8 @@ pub const ME: Owner = Owner {
 pub fn opts() -> OpenOptions {
     OpenOptions {
         commit_interval: None,
+        // Reads must not change the state the tests compare (digests include atime).
+        atime: idxfs_engine::fs::Atime::NoAtime,
         ..OpenOptions::default()
     }
 }

@@ -1,0 +1,226 @@
+//! Where a file's data is: fallocate (preallocate, punch a hole) and lseek SEEK_DATA/SEEK_HOLE.
+//!
+//! Preallocated extents own blocks but read as zeros; a write over one is copy-on-write like any
+//! other write (the preallocated blocks are freed when the new ones are linked). SEEK_DATA skips
+//! preallocated extents, as ext4 does for unwritten extents.
+use super::file::{check_regular, inline_max, MAX_EXTENT_BLOCKS, MAX_FILE_SIZE};
+use super::{Attr, Fs, Inner, Ino, Reserve, Seek, FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE};
+use crate::error::{Error, Result};
+use crate::space::Kind;
+use idxfs_format::items::{ExtentItem, EXTENT_PREALLOC};
+use idxfs_format::{ItemType, Key, BLOCK_SIZE};
+use zerocopy::IntoBytes;
+
+const BS: u64 = BLOCK_SIZE;
+
+impl Inner {
+    /// Block ranges [start, end) in [b0, b1) that no extent covers.
+    fn holes(&mut self, ino: Ino, b0: u64, b1: u64) -> Result<Vec<(u64, u64)>> {
+        let mut out = Vec::new();
+        let mut at = b0;
+        for e in self.extents(ino, b0 * BS, b1 * BS)? {
+            let (s, t) = (e.offset / BS, (e.offset + e.len_bytes()).div_ceil(BS));
+            if s > at {
+                out.push((at, s.min(b1)));
+            }
+            at = at.max(t);
+        }
+        if at < b1 {
+            out.push((at, b1));
+        }
+        Ok(out)
+    }
+
+    /// Allocates preallocated extents over the holes in [off, off + len).
+    fn preallocate(&mut self, ino: Ino, off: u64, len: u64, keep_size: bool) -> Result<InodeSize> {
+        let it = self.inode(ino)?;
+        let size = it.size.get();
+        let end = off + len;
+        let new_size = if keep_size { size } else { size.max(end) };
+        let imax = inline_max(self.store.node_size) as u64;
+        let inline = self.has_inline(ino)?;
+        let empty = !inline && size == 0 && self.extents(ino, 0, u64::MAX)?.is_empty();
+        if (inline || empty) && end <= imax && new_size <= imax {
+            // Fits inline: zeros past the inline bytes are implied by the size.
+            return Ok(InodeSize { size: new_size });
+        }
+        if inline {
+            let cur = self.read_data(ino, &it, 0, size as usize)?;
+            self.write_data_force_blocks(ino, &cur)?;
+            self.modify_inode(ino, |i| i.size = size.into())?;
+        }
+        let (b0, b1) = (off / BS, end.div_ceil(BS));
+        let holes = self.holes(ino, b0, b1)?;
+        let need: u64 = holes.iter().map(|(s, t)| t - s).sum();
+        let items: u64 = holes
+            .iter()
+            .map(|(s, t)| (t - s).div_ceil(MAX_EXTENT_BLOCKS) + 1)
+            .sum();
+        self.reserve_blocks(items + 4, need, Reserve::Grow)?;
+        // Allocate everything before the first tree change, so ENOSPC changes nothing.
+        let mut runs: Vec<(u64, u64, u64)> = Vec::new(); // (file block, disk block, blocks)
+        for &(s, t) in &holes {
+            let mut at = s;
+            while at < t {
+                match self
+                    .store
+                    .alloc
+                    .alloc(1, (t - at).min(MAX_EXTENT_BLOCKS), Kind::Data)
+                {
+                    Some((d, n)) => {
+                        runs.push((at, d, n));
+                        at += n;
+                    }
+                    None => {
+                        for &(_, d, n) in &runs {
+                            // Just allocated by us and marked used: freeing cannot fail.
+                            let _ = self.store.alloc.free(d, n, true);
+                        }
+                        return Err(Error::NoSpace);
+                    }
+                }
+            }
+        }
+        let gen = self.store.generation;
+        for &(fb, d, n) in &runs {
+            let ext = ExtentItem {
+                kind: EXTENT_PREALLOC,
+                reserved: [0; 7],
+                generation: gen.into(),
+                disk_block: d.into(),
+                blocks: n.into(),
+            };
+            self.fs_tree.insert(
+                &mut self.store,
+                Key::new(ino, ItemType::Extent, fb * BS),
+                ext.as_bytes().to_vec(),
+            )?;
+        }
+        self.modify_inode(ino, |i| {
+            i.alloc_bytes = (i.alloc_bytes.get() + need * BS).into();
+        })?;
+        Ok(InodeSize { size: new_size })
+    }
+
+    /// Zeroes [off, off + len) of file data, freeing the whole blocks inside it.
+    fn punch_hole(&mut self, ino: Ino, off: u64, len: u64) -> Result<()> {
+        let it = self.inode(ino)?;
+        let size = it.size.get();
+        let end = off + len;
+        if self.has_inline(ino)? {
+            let e = end.min(size);
+            if off < e {
+                self.write_data(ino, off, &vec![0u8; (e - off) as usize])?;
+            }
+            return Ok(());
+        }
+        // Whole blocks inside the range go; the partial blocks at its edges are zeroed (only
+        // below the size: past it, data already reads as zeros and stays so).
+        let (w0, w1) = (off.div_ceil(BS), end / BS);
+        let mut edges = Vec::new();
+        if w0 > w1 {
+            edges.push((off, end)); // within one block
+        } else {
+            edges.push((off, (w0 * BS).min(end)));
+            edges.push(((w1 * BS).max(off), end));
+        }
+        for (a, b) in edges {
+            let b = b.min(size);
+            if a < b && !self.extents(ino, a, b)?.is_empty() {
+                self.write_data(ino, a, &vec![0u8; (b - a) as usize])?;
+            }
+        }
+        if w0 < w1 {
+            let freed = self.punch(ino, w0 * BS, w1 * BS)?;
+            self.modify_inode(ino, |i| {
+                i.alloc_bytes = i.alloc_bytes.get().saturating_sub(freed * BS).into()
+            })?;
+        }
+        // write_data never grows the size here (ranges are clamped to it).
+        debug_assert_eq!(self.inode(ino)?.size.get(), size);
+        Ok(())
+    }
+}
+
+/// The size a file will have after a change.
+struct InodeSize {
+    size: u64,
+}
+
+impl Fs {
+    /// fallocate(2): mode 0 allocates and may grow the size, `FALLOC_KEEP_SIZE` allocates past
+    /// the size without changing it, `FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE` frees a range. Other
+    /// modes are not supported.
+    pub fn fallocate(&self, ino: Ino, off: u64, len: u64, mode: u32) -> Result<Attr> {
+        if len == 0 {
+            return Err(Error::Invalid("fallocate of length 0"));
+        }
+        if off.checked_add(len).is_none_or(|e| e > MAX_FILE_SIZE) {
+            return Err(Error::FileTooBig);
+        }
+        let punch = match mode {
+            0 | FALLOC_KEEP_SIZE => false,
+            m if m == FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE => true,
+            m if m == FALLOC_PUNCH_HOLE => return Err(Error::Invalid("punch without keep-size")),
+            _ => return Err(Error::NotSupported("this fallocate mode")),
+        };
+        let kind = if punch {
+            Reserve::Shrink
+        } else {
+            Reserve::Grow
+        };
+        self.write_op(8, kind, |g| {
+            let it = g.inode(ino)?;
+            check_regular(&it)?;
+            let now = g.now();
+            if punch {
+                let touched = g.extents(ino, off / BS * BS, (off + len).div_ceil(BS) * BS)?;
+                g.reserve_blocks(8 + 2 * touched.len() as u64, 2, Reserve::Shrink)?;
+                g.punch_hole(ino, off, len)?;
+                let it = g.modify_inode(ino, |i| {
+                    i.ctime = now;
+                    i.mtime = now;
+                })?;
+                return Ok(Attr::from_item(ino, &it));
+            }
+            let old = it.size.get();
+            let new = g.preallocate(ino, off, len, mode & FALLOC_KEEP_SIZE != 0)?;
+            let it = g.modify_inode(ino, |i| {
+                i.ctime = now;
+                if new.size != old {
+                    i.size = new.size.into();
+                    i.mtime = now;
+                }
+            })?;
+            Ok(Attr::from_item(ino, &it))
+        })
+    }
+
+    /// lseek(2) SEEK_DATA / SEEK_HOLE from `off`. The end of the file counts as a hole.
+    pub fn seek(&self, ino: Ino, off: u64, what: Seek) -> Result<u64> {
+        let mut g = self.lock();
+        let it = g.inode(ino)?;
+        check_regular(&it)?;
+        let size = it.size.get();
+        if off >= size {
+            return Err(Error::NoSuchOffset);
+        }
+        let mut pos = off;
+        for e in g.extents(ino, off, size)? {
+            let is_data = e.item.kind != EXTENT_PREALLOC;
+            let (s, t) = (e.offset, e.offset + e.len_bytes());
+            if !is_data || t <= pos {
+                continue;
+            }
+            match what {
+                Seek::Data => return Ok(s.max(off)),
+                Seek::Hole if s > pos => return Ok(pos),
+                Seek::Hole => pos = t,
+            }
+        }
+        match what {
+            Seek::Data => Err(Error::NoSuchOffset),
+            Seek::Hole => Ok(pos.min(size)),
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! Inodes whose last name is gone while something still holds them ("orphans").
+//!
+//! A front end *pins* an inode while a holder can still use it by number: the FUSE front end
+//! pins once for every reply that raises the kernel's lookup count and unpins on `forget`; a
+//! library user pins while it has a file open. When the last name of a pinned inode goes, the
+//! inode item stays (nlink 0) and an ORPHAN item `(ORPHAN_OBJECTID, Orphan, ino)` records it in
+//! the same transaction. The last unpin frees the inode and drops the orphan item.
+//!
+//! Pins live in memory only. After a crash the image still lists its orphans, and the next
+//! read-write open frees them all (`reclaim_orphans`); a clean close does the same, since
+//! nothing can hold an inode of a closed file system.
+use super::{Fs, Inner, Ino, Reserve};
+use crate::error::Result;
+use idxfs_format::{ItemType, Key, ORPHAN_OBJECTID};
+
+fn orphan_key(ino: Ino) -> Key {
+    Key::new(ORPHAN_OBJECTID, ItemType::Orphan, ino)
+}
+
+impl Inner {
+    /// The last name of `ino` is gone (its nlink is already 0): free it now, or keep it as an
+    /// orphan while it is pinned.
+    pub(crate) fn unlinked(&mut self, ino: Ino) -> Result<()> {
+        if self.pins.contains_key(&ino) {
+            self.fs_tree
+                .insert(&mut self.store, orphan_key(ino), Vec::new())?;
+            Ok(())
+        } else {
+            self.delete_inode(ino)
+        }
+    }
+
+    /// Frees an orphan: its data, its items, and the orphan item.
+    fn free_orphan(&mut self, ino: Ino) -> Result<()> {
+        self.delete_inode(ino)?;
+        self.fs_tree.delete(&mut self.store, &orphan_key(ino))?;
+        Ok(())
+    }
+
+    /// Orphans the image lists, in inode order.
+    fn orphan_list(&mut self) -> Result<Vec<Ino>> {
+        let tree = self.fs_tree;
+        let mut out = Vec::new();
+        tree.scan(
+            &mut self.store,
+            orphan_key(0),
+            orphan_key(u64::MAX),
+            |k, _| {
+                out.push(k.offset);
+                Ok(true)
+            },
+        )?;
+        Ok(out)
+    }
+
+    /// True when `ino` is an orphan nobody pins any more.
+    fn is_free_orphan(&mut self, ino: Ino) -> Result<bool> {
+        if self.pins.contains_key(&ino) {
+            return Ok(false);
+        }
+        let tree = self.fs_tree;
+        Ok(tree.get(&mut self.store, &orphan_key(ino))?.is_some())
+    }
+}
+
+impl Fs {
+    /// Holds `ino` alive past its last unlink until a matching `unpin`.
+    pub fn pin(&self, ino: Ino) {
+        *self.lock().pins.entry(ino).or_insert(0) += 1;
+    }
+
+    /// Drops `n` pins of `ino`; the last one frees it if it was unlinked meanwhile. Unpinning an
+    /// inode that is not pinned does nothing (a front end may forget after a restart).
+    pub fn unpin(&self, ino: Ino, n: u64) -> Result<()> {
+        {
+            let mut g = self.lock();
+            let Some(count) = g.pins.get_mut(&ino) else {
+                return Ok(());
+            };
+            *count = count.saturating_sub(n);
+            if *count > 0 {
+                return Ok(());
+            }
+            g.pins.remove(&ino);
+            if g.writable().is_err() || !g.is_free_orphan(ino)? {
+                return Ok(());
+            }
+        }
+        self.free_orphans(&[ino])
+    }
+
+    /// Frees every orphan nobody pins: at mount (after a crash, none is pinned) and at close.
+    pub fn reclaim_orphans(&self) -> Result<u64> {
+        let list = {
+            let mut g = self.lock();
+            if g.writable().is_err() {
+                return Ok(0);
+            }
+            g.orphan_list()?
+        };
+        self.free_orphans(&list)?;
+        Ok(list.len() as u64)
+    }
+
+    fn free_orphans(&self, inos: &[Ino]) -> Result<()> {
+        for &ino in inos {
+            self.write_op(4, Reserve::Shrink, |g| {
+                // Checked again under this lock: a pin may have come meanwhile.
+                if !g.is_free_orphan(ino)? {
+                    return Ok(());
+                }
+                let extents = g.extent_count(ino)?;
+                g.reserve(extents, Reserve::Shrink)?;
+                g.free_orphan(ino)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Orphans the image lists (for tests and tools).
+    pub fn orphans(&self) -> Result<Vec<Ino>> {
+        self.lock().orphan_list()
+    }
+}

@@ -1,0 +1,216 @@
+//! Orphans (unlinked while pinned), fallocate, SEEK_DATA/SEEK_HOLE and set-group-ID directories.
+mod common;
+use common::*;
+use idxfs_engine::fs::{Owner, Seek, FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE};
+use idxfs_engine::{Error, Fs};
+
+#[test]
+fn unlinked_while_pinned_lives_until_unpin() {
+    let (dev, fs) = mem_fs(64 << 20);
+    let base = fs.statfs().expect("statfs").blocks_free;
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create");
+    fs.write(f.ino, 0, &vec![7u8; 300_000]).expect("write");
+    fs.pin(f.ino);
+    fs.pin(f.ino);
+    fs.unlink(ROOT, b"f").expect("unlink");
+    assert!(matches!(fs.lookup(ROOT, b"f"), Err(Error::NotFound)));
+    // Still readable and writable by number, with no links.
+    assert_eq!(fs.getattr(f.ino).expect("attr").nlink, 0);
+    assert_eq!(fs.read(f.ino, 0, 10).expect("read"), vec![7u8; 10]);
+    fs.write(f.ino, 0, b"abc").expect("write to orphan");
+    assert_eq!(fs.orphans().expect("orphans"), vec![f.ino]);
+    fs.sync().expect("sync");
+    assert_clean(dev.as_ref());
+    fs.unpin(f.ino, 1).expect("unpin");
+    assert!(fs.getattr(f.ino).is_ok(), "one pin left");
+    fs.unpin(f.ino, 1).expect("unpin");
+    assert!(matches!(fs.getattr(f.ino), Err(Error::NotFound)));
+    assert!(fs.orphans().expect("orphans").is_empty());
+    fs.sync().expect("sync");
+    assert_clean(dev.as_ref());
+    assert_eq!(fs.statfs().expect("statfs").blocks_free, base);
+    fs.close().expect("close");
+}
+
+#[test]
+fn removed_directory_pinned_and_orphans_reclaimed_after_crash() {
+    let (dev, fs) = mem_fs(64 << 20);
+    let d = fs.mkdir(ROOT, b"d", 0o755, ME).expect("mkdir");
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create");
+    fs.write(f.ino, 0, &vec![1u8; 100_000]).expect("write");
+    fs.pin(d.ino);
+    fs.pin(f.ino);
+    fs.rmdir(ROOT, b"d").expect("rmdir");
+    // A removed directory: no entries, no creates, ".." gone.
+    assert_eq!(fs.getattr(d.ino).expect("attr").nlink, 0);
+    assert!(matches!(
+        fs.readdir(d.ino, 0, |_| true),
+        Err(Error::NotFound)
+    ));
+    assert!(matches!(
+        fs.create(d.ino, b"x", 0o644, ME),
+        Err(Error::NotFound)
+    ));
+    assert!(matches!(fs.lookup(d.ino, b".."), Err(Error::NotFound)));
+    // Replacing a pinned file by rename orphans it too.
+    let g = fs.create(ROOT, b"g", 0o644, ME).expect("create");
+    fs.rename(ROOT, b"g", ROOT, b"f", 0).expect("rename over");
+    assert_eq!(fs.getattr(f.ino).expect("attr").nlink, 0);
+    let mut orphans = fs.orphans().expect("orphans");
+    orphans.sort();
+    assert_eq!(orphans, vec![d.ino, f.ino]);
+    fs.sync().expect("sync");
+    assert_clean(dev.as_ref());
+    // "Crash": drop the in-memory state without closing (the image has the orphans).
+    let snapshot = dev.snapshot();
+    drop(fs);
+    let crashed = std::sync::Arc::new(idxfs_blockdev::MemDevice::from_bytes(snapshot));
+    let fs = Fs::open(crashed.clone(), opts()).expect("open after crash");
+    assert!(
+        fs.orphans().expect("orphans").is_empty(),
+        "reclaimed at mount"
+    );
+    assert!(matches!(fs.getattr(f.ino), Err(Error::NotFound)));
+    assert!(matches!(fs.getattr(d.ino), Err(Error::NotFound)));
+    assert_eq!(fs.getattr(g.ino).expect("g").nlink, 1);
+    fs.close().expect("close");
+    assert_clean(crashed.as_ref());
+}
+
+#[test]
+fn fallocate_modes() {
+    let (dev, fs) = mem_fs(64 << 20);
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create");
+    let free0 = fs.statfs().expect("statfs").blocks_free;
+    // Default mode: allocates and grows the size; reads zeros.
+    let a = fs.fallocate(f.ino, 0, 1 << 20, 0).expect("fallocate");
+    assert_eq!(a.size, 1 << 20);
+    assert_eq!(a.blocks, (1 << 20) / 512);
+    assert!(fs.statfs().expect("statfs").blocks_free <= free0 - 256);
+    assert_eq!(
+        fs.read(f.ino, 0, 1 << 20).expect("read"),
+        vec![0u8; 1 << 20]
+    );
+    // A small write into the preallocated range lands there (not inline).
+    fs.write(f.ino, 10, b"data").expect("write");
+    let mut want = vec![0u8; 1 << 20];
+    want[10..14].copy_from_slice(b"data");
+    assert_eq!(fs.read(f.ino, 0, 1 << 20).expect("read"), want);
+    // KEEP_SIZE: blocks past the end, size unchanged.
+    let a = fs
+        .fallocate(f.ino, 1 << 20, 1 << 20, FALLOC_KEEP_SIZE)
+        .expect("keep size");
+    assert_eq!(a.size, 1 << 20);
+    assert_eq!(a.blocks, (2 << 20) / 512);
+    // Punch: the edges are zeroed, whole blocks freed.
+    fs.write(f.ino, 0, &vec![9u8; 1 << 20]).expect("fill");
+    let a = fs
+        .fallocate(f.ino, 5000, 20_000, FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE)
+        .expect("punch");
+    assert_eq!(a.size, 1 << 20);
+    let mut want = vec![9u8; 1 << 20];
+    want[5000..25_000].fill(0);
+    assert_eq!(fs.read(f.ino, 0, 1 << 20).expect("read"), want);
+    // Blocks 2..=5 (8192..24576) are whole inside the range and freed.
+    assert_eq!(a.blocks, ((2 << 20) - 4 * 4096) / 512);
+    assert!(matches!(
+        fs.fallocate(f.ino, 0, 10, FALLOC_PUNCH_HOLE),
+        Err(Error::Invalid(_))
+    ));
+    assert!(matches!(
+        fs.fallocate(f.ino, 0, 10, 0x10),
+        Err(Error::NotSupported(_))
+    ));
+    // Inline files: small fallocate stays inline, a larger one moves the data out.
+    let s = fs.create(ROOT, b"s", 0o644, ME).expect("create");
+    fs.write(s.ino, 0, b"hello").expect("write");
+    assert_eq!(fs.fallocate(s.ino, 0, 100, 0).expect("small").size, 100);
+    fs.fallocate(s.ino, 0, 100_000, 0).expect("large");
+    let mut want = b"hello".to_vec();
+    want.resize(100_000, 0);
+    assert_eq!(fs.read(s.ino, 0, 200_000).expect("read"), want);
+    fs.close().expect("close");
+    assert_clean(dev.as_ref());
+}
+
+#[test]
+fn seek_data_and_hole() {
+    let (dev, fs) = mem_fs(64 << 20);
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create");
+    // [0, 64K) data, [64K, 1M) hole, [1M, 1M+4K) data, then preallocated (a hole) to 2M.
+    fs.write(f.ino, 0, &vec![1u8; 65536]).expect("write");
+    fs.write(f.ino, 1 << 20, &vec![2u8; 4096]).expect("write");
+    fs.fallocate(f.ino, (1 << 20) + 4096, (1 << 20) - 4096, 0)
+        .expect("fallocate");
+    let size = 2 << 20;
+    assert_eq!(fs.getattr(f.ino).expect("attr").size, size);
+    assert_eq!(fs.seek(f.ino, 0, Seek::Data).expect("data"), 0);
+    assert_eq!(fs.seek(f.ino, 0, Seek::Hole).expect("hole"), 65536);
+    assert_eq!(fs.seek(f.ino, 70_000, Seek::Data).expect("data"), 1 << 20);
+    assert_eq!(fs.seek(f.ino, 70_000, Seek::Hole).expect("hole"), 70_000);
+    assert_eq!(
+        fs.seek(f.ino, 1 << 20, Seek::Hole).expect("hole"),
+        (1 << 20) + 4096
+    );
+    assert!(matches!(
+        fs.seek(f.ino, (1 << 20) + 4096, Seek::Data),
+        Err(Error::NoSuchOffset)
+    ));
+    assert!(matches!(
+        fs.seek(f.ino, size, Seek::Hole),
+        Err(Error::NoSuchOffset)
+    ));
+    // An inline file: data, then the implicit hole at the end.
+    let s = fs.create(ROOT, b"s", 0o644, ME).expect("create");
+    fs.write(s.ino, 0, b"hi").expect("write");
+    assert_eq!(fs.seek(s.ino, 1, Seek::Data).expect("data"), 1);
+    assert_eq!(fs.seek(s.ino, 0, Seek::Hole).expect("hole"), 2);
+    fs.close().expect("close");
+    assert_clean(dev.as_ref());
+}
+
+#[test]
+fn setgid_directory_passes_group_on() {
+    let (dev, fs) = mem_fs(64 << 20);
+    let d = fs
+        .mkdir(ROOT, b"d", 0o2775, Owner { uid: 0, gid: 50 })
+        .expect("mkdir");
+    assert_eq!(d.mode & 0o7777, 0o2775);
+    let f = fs.create(d.ino, b"f", 0o644, ME).expect("create");
+    assert_eq!((f.uid, f.gid), (ME.uid, 50));
+    let sub = fs.mkdir(d.ino, b"sub", 0o755, ME).expect("mkdir");
+    assert_eq!((sub.gid, sub.mode & 0o2000), (50, 0o2000));
+    let plain = fs.mkdir(ROOT, b"plain", 0o755, ME).expect("mkdir");
+    assert_eq!((plain.gid, plain.mode & 0o2000), (ME.gid, 0));
+    fs.close().expect("close");
+    assert_clean(dev.as_ref());
+}
+
+#[test]
+fn atime_policies() {
+    use idxfs_engine::clock::StepClock;
+    use idxfs_engine::fs::Atime;
+    for (policy, first, second) in [
+        (Atime::NoAtime, false, false),
+        (Atime::Relatime, true, false),
+        (Atime::Strict, true, true),
+    ] {
+        let dev = std::sync::Arc::new(idxfs_blockdev::MemDevice::new(16 << 20));
+        Fs::mkfs(dev.clone(), &Default::default()).expect("mkfs");
+        let o = idxfs_engine::OpenOptions {
+            atime: policy,
+            clock: std::sync::Arc::new(StepClock::new(1_000_000_000_000)),
+            ..opts()
+        };
+        let fs = Fs::open(dev, o).expect("open");
+        let f = fs.create(ROOT, b"f", 0o644, ME).expect("create");
+        fs.write(f.ino, 0, b"x").expect("write");
+        let a0 = fs.getattr(f.ino).expect("attr").atime;
+        fs.read(f.ino, 0, 1).expect("read");
+        let a1 = fs.getattr(f.ino).expect("attr").atime;
+        fs.read(f.ino, 0, 1).expect("read");
+        let a2 = fs.getattr(f.ino).expect("attr").atime;
+        assert_eq!((a1 > a0, a2 > a1), (first, second), "{policy:?}");
+        fs.close().expect("close");
+    }
+}
