@@ -1,5 +1,8 @@
-//! The `idxfs` command: mkfs, fsck, dump, demo and bench. Errors print one line and exit non-zero.
+//! The `idxfs` command: mkfs, fsck, mount, dump, demo and bench. Errors print one line and exit
+//! non-zero. Also answers as `mkfs.idxfs` and `fsck.idxfs` (mkfs(8), fsck(8)) and in the form
+//! mount.fuse3 runs: `idxfs SOURCE MOUNTPOINT [-o OPTIONS]`.
 mod bench;
+mod mount;
 
 /// The engine allocates many small values per operation; mimalloc's size classes avoid glibc's
 /// consolidation slow paths, which took about a tenth of a million-file create run.
@@ -40,6 +43,26 @@ enum Cmd {
     },
     /// Check an image; exit 0 when clean, 1 when problems were found, 2 when it cannot be read.
     Fsck { image: PathBuf },
+    /// Mount an image through FUSE and serve it in the foreground until unmounted
+    /// (umount, or Ctrl-C/SIGTERM, which unmount it); the last changes are committed then.
+    Mount {
+        image: PathBuf,
+        mountpoint: PathBuf,
+        /// Mount options: ro, rw, noatime, relatime, strictatime, allow_other,
+        /// default_permissions (always on), fsname=NAME, nodev, nosuid, noexec, ttl=SECONDS,
+        /// threads=N.
+        #[arg(short = 'o', value_name = "OPTIONS")]
+        options: Vec<String>,
+        /// Create and format the image first if it does not exist.
+        #[arg(long)]
+        create: bool,
+        /// Size of an image made by --create (default 1G).
+        #[arg(long, value_parser = parse_size, requires = "create")]
+        size: Option<u64>,
+        /// Return once mounted, serving from a background process.
+        #[arg(long)]
+        background: bool,
+    },
     /// Print trees, nodes and items, and fill statistics.
     Dump {
         image: PathBuf,
@@ -234,9 +257,107 @@ pub(crate) fn tempdir_in_shm() -> Result<PathBuf, String> {
     Ok(p)
 }
 
+const SUBCOMMANDS: [&str; 8] = [
+    "mkfs", "fsck", "mount", "dump", "demo", "bench", "help", "--help",
+];
+
+/// The other names and forms this binary answers to; `None` when it is the `idxfs` command.
+fn other_forms(args: &[std::ffi::OsString]) -> Option<ExitCode> {
+    let prog = args
+        .first()
+        .and_then(|a| Path::new(a).file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let rest: Vec<String> = args
+        .iter()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    if prog == "fsck.idxfs" {
+        // fsck(8) passes flags such as -a, -p, -n, -y, -f; the check never writes, so they
+        // change nothing. Exit codes are fsck(8)'s: 0 clean, 4 problems left, 8 cannot check.
+        let Some(image) = rest.iter().rfind(|a| !a.starts_with('-')) else {
+            eprintln!("fsck.idxfs: usage: fsck.idxfs [-a|-p|-n|-y|-f] IMAGE");
+            return Some(ExitCode::from(16));
+        };
+        return Some(match run_fsck(Path::new(image)) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(4),
+            Err(e) => {
+                eprintln!("fsck.idxfs: {e}");
+                ExitCode::from(8)
+            }
+        });
+    }
+    let helper_form = prog == "mount.idxfs"
+        || (rest.len() >= 2
+            && !rest[0].starts_with('-')
+            && !SUBCOMMANDS.contains(&rest[0].as_str()));
+    if !helper_form {
+        return None;
+    }
+    // mount.fuse3 form: SOURCE MOUNTPOINT [-o OPTIONS]...
+    let mut pos = Vec::new();
+    let mut options = Vec::new();
+    let mut it = rest.into_iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-o" => options.extend(it.next()),
+            s if s.starts_with("-o") => options.push(s[2..].to_string()),
+            // -n (no mtab), -f (fake), -v (verbose) from mount(8) helpers: nothing to do.
+            "-n" | "-v" | "-s" => {}
+            _ => pos.push(a),
+        }
+    }
+    let [image, mountpoint] = pos.as_slice() else {
+        eprintln!("idxfs: usage: idxfs IMAGE MOUNTPOINT [-o OPTIONS]");
+        return Some(ExitCode::from(1));
+    };
+    let r = mount::mount(&mount::MountArgs {
+        image: Path::new(image),
+        mountpoint: Path::new(mountpoint),
+        options: &options,
+        create: None,
+        background: true,
+    });
+    Some(match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("idxfs: {e}");
+            ExitCode::from(1)
+        }
+    })
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(code) = other_forms(&args) {
+        return code;
+    }
+    if args
+        .first()
+        .and_then(|a| Path::new(a).file_name())
+        .is_some_and(|n| n == "mkfs.idxfs")
+    {
+        args.insert(1, "mkfs".into());
+    }
+    let cli = Cli::parse_from(args);
     let r: Result<ExitCode, String> = match cli.cmd {
+        Cmd::Mount {
+            image,
+            mountpoint,
+            options,
+            create,
+            size,
+            background,
+        } => mount::mount(&mount::MountArgs {
+            image: &image,
+            mountpoint: &mountpoint,
+            options: &options,
+            create: create.then_some(size.unwrap_or(1 << 30)),
+            background,
+        })
+        .map(|_| ExitCode::SUCCESS),
         Cmd::Mkfs {
             image,
             size,

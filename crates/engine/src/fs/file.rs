@@ -390,8 +390,20 @@ impl Fs {
         Ok(data)
     }
 
-    /// Writes `data` at `off`; returns bytes written (all of them, or an error).
+    /// Writes `data` at `off`; returns bytes written (all of them, or an error). Sets the
+    /// modification and change times.
     pub fn write(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
+        self.write_impl(ino, off, data, true)
+    }
+
+    /// `write` that leaves the modification and change times alone: for a front end whose
+    /// kernel keeps those times itself and sends them with setattr (FUSE's writeback cache,
+    /// where a write request may arrive after the times it should not override).
+    pub fn write_keep_times(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
+        self.write_impl(ino, off, data, false)
+    }
+
+    fn write_impl(&self, ino: Ino, off: u64, data: &[u8], times: bool) -> Result<usize> {
         if off
             .checked_add(data.len() as u64)
             .is_none_or(|e| e > MAX_FILE_SIZE)
@@ -415,7 +427,14 @@ impl Fs {
                 )?
                 .len() as u64;
             g.reserve_blocks(items + touched * 2, blocks, Reserve::Grow)?;
-            g.write_data(ino, off, data).map(|_| data.len())
+            g.write_data(ino, off, data)?;
+            if !times {
+                g.modify_inode(ino, |i| {
+                    i.mtime = it.mtime;
+                    i.ctime = it.ctime;
+                })?;
+            }
+            Ok(data.len())
         })
     }
 

@@ -69,6 +69,14 @@ impl Fs {
         *self.lock().pins.entry(ino).or_insert(0) += 1;
     }
 
+    /// `pin` for each of `inos`, under one lock.
+    pub fn pin_many(&self, inos: &[Ino]) {
+        let mut g = self.lock();
+        for &ino in inos {
+            *g.pins.entry(ino).or_insert(0) += 1;
+        }
+    }
+
     /// Drops `n` pins of `ino`; the last one frees it if it was unlinked meanwhile. Unpinning an
     /// inode that is not pinned does nothing (a front end may forget after a restart).
     pub fn unpin(&self, ino: Ino, n: u64) -> Result<()> {

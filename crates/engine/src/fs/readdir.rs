@@ -5,7 +5,7 @@
 //! changes, so an entry present for the whole listing is returned exactly once, and entries
 //! come in inode-number order.
 use super::dir::dir_ino_offset;
-use super::{DirEntryOut, Fs, Ino};
+use super::{Attr, DirEntryOut, Fs, Inner, Ino};
 use crate::error::Result;
 use idxfs_format::items::decode_dir_entries;
 use idxfs_format::{ItemType, Key};
@@ -19,9 +19,55 @@ impl Fs {
         &self,
         dir: Ino,
         cookie: u64,
-        mut f: impl FnMut(&DirEntryOut) -> bool,
+        f: impl FnMut(&DirEntryOut) -> bool,
+    ) -> Result<()> {
+        self.lock().readdir_in(dir, cookie, f)
+    }
+
+    /// readdir with each entry's attributes ("readdirplus"). Up to `limit` names are read from
+    /// the inode-order index, then their inode items, in the same order and under the same
+    /// lock: a whole-directory pass walks the names and the inodes each in key order.
+    pub fn readdir_plus(
+        &self,
+        dir: Ino,
+        cookie: u64,
+        limit: usize,
+        mut f: impl FnMut(&DirEntryOut, &Attr) -> bool,
     ) -> Result<()> {
         let mut g = self.lock();
+        let mut batch = Vec::with_capacity(limit.min(4096));
+        g.readdir_in(dir, cookie, |e| {
+            batch.push(e.clone());
+            batch.len() < limit.max(1)
+        })?;
+        for e in &batch {
+            let it = g.inode(e.ino)?;
+            if !f(e, &Attr::from_item(e.ino, &it)) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// All entries except "." and "..": convenient for tests and tools.
+    pub fn list(&self, dir: Ino) -> Result<Vec<DirEntryOut>> {
+        let mut out = Vec::new();
+        self.readdir(dir, 2, |e| {
+            out.push(e.clone());
+            true
+        })?;
+        Ok(out)
+    }
+}
+
+impl Inner {
+    fn readdir_in(
+        &mut self,
+        dir: Ino,
+        cookie: u64,
+        mut f: impl FnMut(&DirEntryOut) -> bool,
+    ) -> Result<()> {
+        let g = self;
         if g.dir_inode(dir)?.nlink.get() == 0 {
             return Err(crate::error::Error::NotFound); // removed while open, like a dead dir
         }
@@ -83,15 +129,5 @@ impl Fs {
             return Err(e.into());
         }
         Ok(())
-    }
-
-    /// All entries except "." and "..": convenient for tests and tools.
-    pub fn list(&self, dir: Ino) -> Result<Vec<DirEntryOut>> {
-        let mut out = Vec::new();
-        self.readdir(dir, 2, |e| {
-            out.push(e.clone());
-            true
-        })?;
-        Ok(out)
     }
 }

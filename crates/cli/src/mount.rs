@@ -1,0 +1,166 @@
+//! `idxfs mount` and the ways the system mounts things: `mount -t fuse.idxfs` and fstab go
+//! through mount.fuse3, which runs `idxfs SOURCE MOUNTPOINT -o OPTIONS` and expects it to
+//! return once the mount is up (so that form serves from a background process).
+use idxfs_blockdev::{BlockDevice, FileDevice};
+use idxfs_engine::{Fs, OpenOptions};
+use idxfs_fuse::{block_shutdown_signals, serve, MountConfig};
+use std::io::{Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::Arc;
+
+pub struct MountArgs<'a> {
+    pub image: &'a Path,
+    pub mountpoint: &'a Path,
+    /// `-o` lists, in order.
+    pub options: &'a [String],
+    /// Create (and format) the image at this size when it does not exist.
+    pub create: Option<u64>,
+    /// Return once mounted, serving from a child process.
+    pub background: bool,
+}
+
+pub fn mount(a: &MountArgs) -> Result<(), String> {
+    let mut cfg = MountConfig::default();
+    for o in a.options {
+        cfg.apply(o).map_err(|e| e.to_string())?;
+    }
+    if !a.mountpoint.is_dir() {
+        return Err(format!(
+            "mount point {}: not a directory",
+            a.mountpoint.display()
+        ));
+    }
+    if a.background {
+        daemonize(|notify| run(a, &cfg, notify))
+    } else {
+        run(a, &cfg, &mut |r| {
+            if r.is_ok() {
+                eprintln!(
+                    "idxfs: {} mounted on {} (Ctrl-C or umount to unmount)",
+                    a.image.display(),
+                    a.mountpoint.display()
+                );
+            }
+        })
+    }
+}
+
+/// Opens the image and serves it; calls `mounted` with Ok once the mount is usable, or with
+/// the error if it never gets there.
+fn run(
+    a: &MountArgs,
+    cfg: &MountConfig,
+    mounted: &mut dyn FnMut(Result<(), &str>),
+) -> Result<(), String> {
+    let r = serve_image(a, cfg, mounted);
+    if let Err(e) = &r {
+        mounted(Err(e));
+    }
+    r
+}
+
+fn serve_image(
+    a: &MountArgs,
+    cfg: &MountConfig,
+    mounted: &mut dyn FnMut(Result<(), &str>),
+) -> Result<(), String> {
+    // Before any thread exists (opening the engine starts one).
+    block_shutdown_signals();
+    if let Some(size) = a.create {
+        if !a.image.exists() {
+            crate::mkfs_image(a.image, Some(size), idxfs_format::DEFAULT_NODE_SIZE)?;
+        }
+    }
+    let dev = FileDevice::open(a.image, !cfg.read_only)
+        .map_err(|e| format!("{}: {e}", a.image.display()))?;
+    let dev: Arc<dyn BlockDevice> = Arc::new(dev);
+    let fs = Fs::open(
+        dev,
+        OpenOptions {
+            read_only: cfg.read_only,
+            atime: cfg.atime,
+            ..OpenOptions::default()
+        },
+    )
+    .map_err(|e| format!("{}: {e}", a.image.display()))?;
+    let source = std::fs::canonicalize(a.image)
+        .unwrap_or_else(|_| a.image.to_path_buf())
+        .display()
+        .to_string();
+    let mut once = Some(());
+    serve(fs, &source, a.mountpoint, cfg, || {
+        if once.take().is_some() {
+            mounted(Ok(()));
+        }
+    })
+    .map_err(|e| format!("{}: {e}", a.mountpoint.display()))
+}
+
+/// Forks; the child runs `f` and reports through a pipe when the mount is up (or why it failed);
+/// the parent waits for that report and returns it. Called before any thread exists.
+fn daemonize(
+    f: impl FnOnce(&mut dyn FnMut(Result<(), &str>)) -> Result<(), String>,
+) -> Result<(), String> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: both descriptors were just created and are owned here alone.
+    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: the process has one thread here, so the child may run arbitrary code.
+    match unsafe { libc::fork() } {
+        -1 => Err(format!("fork: {}", std::io::Error::last_os_error())),
+        0 => {
+            drop(rd);
+            // SAFETY: setsid has no memory effects; detaches from the terminal's session.
+            unsafe { libc::setsid() };
+            let mut pipe = Some(std::fs::File::from(wr));
+            let mut report = |r: Result<(), &str>| {
+                if let Some(mut p) = pipe.take() {
+                    let msg = match r {
+                        Ok(()) => "ok".to_string(),
+                        Err(e) => format!("error: {e}"),
+                    };
+                    let _ = p.write_all(msg.as_bytes());
+                    if r.is_ok() {
+                        detach_stdio();
+                    }
+                }
+            };
+            let code = match f(&mut report) {
+                Ok(()) => 0,
+                Err(_) => 1,
+            };
+            std::process::exit(code);
+        }
+        _child => {
+            drop(wr);
+            let mut msg = String::new();
+            std::fs::File::from(rd)
+                .read_to_string(&mut msg)
+                .map_err(|e| format!("waiting for the mount: {e}"))?;
+            match msg.as_str() {
+                "ok" => Ok(()),
+                "" => Err("the mount process died before mounting".into()),
+                m => Err(m.trim_start_matches("error: ").to_string()),
+            }
+        }
+    }
+}
+
+/// Points stdin, stdout and stderr at /dev/null: a background server has no terminal.
+fn detach_stdio() {
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        use std::os::fd::AsRawFd;
+        for fd in 0..3 {
+            // SAFETY: dup2 onto the standard descriptors, which this process owns.
+            unsafe { libc::dup2(null.as_raw_fd(), fd) };
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! Mounting idxfs in tests: a fresh image in a temporary directory, the `idxfs mount` daemon as
+//! a child process, and a guard that always unmounts, kills and cleans up, even when the test
+//! fails.
+#![allow(dead_code)]
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_idxfs")
+}
+
+/// Runs the idxfs binary; returns (exit code, stdout, stderr).
+pub fn idxfs(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(bin()).args(args).output().expect("run idxfs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+pub fn shm_tempdir() -> tempfile::TempDir {
+    let base = if Path::new("/dev/shm").is_dir() {
+        "/dev/shm"
+    } else {
+        "/tmp"
+    };
+    tempfile::tempdir_in(base).expect("tempdir")
+}
+
+/// Whether `mp` is a mount point now (per /proc/self/mountinfo).
+pub fn is_mounted(mp: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let want = mp.to_string_lossy();
+    info.lines()
+        .any(|l| l.split(' ').nth(4).is_some_and(|p| p == want))
+}
+
+/// The /proc/mounts line for `mp`.
+pub fn mounts_line(mp: &Path) -> Option<String> {
+    let m = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let want = mp.to_string_lossy().into_owned();
+    m.lines()
+        .find(|l| l.split(' ').nth(1) == Some(want.as_str()))
+        .map(str::to_string)
+}
+
+/// Waits until `cond` holds, up to `secs`.
+pub fn wait_for(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(secs) {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cond()
+}
+
+/// Lazy unmount: works on a busy mount and on one whose daemon is dead.
+pub fn force_unmount(mp: &Path) {
+    let _ = Command::new("umount")
+        .arg("-l")
+        .arg(mp)
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// A mounted image. Dropping it unmounts, stops the daemon and deletes the image.
+pub struct Mounted {
+    pub dir: tempfile::TempDir,
+    pub image: PathBuf,
+    pub mp: PathBuf,
+    child: Option<Child>,
+}
+
+impl Mounted {
+    /// A new image of `size` (e.g. "256M") mounted with `-o allow_other` plus `opts`.
+    pub fn new(size: &str, opts: &str) -> Mounted {
+        let dir = shm_tempdir();
+        let image = dir.path().join("fs.img");
+        let mp = dir.path().join("mnt");
+        std::fs::create_dir(&mp).expect("mkdir mount point");
+        let (code, out, err) = idxfs(&["mkfs", image.to_str().expect("utf8"), "--size", size]);
+        assert_eq!(code, 0, "mkfs: {out}{err}");
+        let mut m = Mounted {
+            dir,
+            image,
+            mp,
+            child: None,
+        };
+        m.mount(opts);
+        m
+    }
+
+    /// Mounts the image again (after `unmount`).
+    pub fn mount(&mut self, opts: &str) {
+        assert!(self.child.is_none(), "already mounted");
+        let o = if opts.is_empty() {
+            "allow_other".to_string()
+        } else {
+            format!("allow_other,{opts}")
+        };
+        let mut child = Command::new(bin())
+            .arg("mount")
+            .arg(&self.image)
+            .arg(&self.mp)
+            .arg("-o")
+            .arg(&o)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn idxfs mount");
+        let mp = self.mp.clone();
+        let up = wait_for(20, || {
+            is_mounted(&mp) || child.try_wait().ok().flatten().is_some()
+        });
+        if !up || !is_mounted(&self.mp) {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("wait");
+            panic!(
+                "idxfs mount did not come up: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        self.child = Some(child);
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.mp.join(rel)
+    }
+
+    /// Unmounts with umount(8) and waits for the daemon to commit and exit; returns its stderr.
+    pub fn unmount(&mut self) -> String {
+        let st = Command::new("umount")
+            .arg(&self.mp)
+            .status()
+            .expect("run umount");
+        assert!(st.success(), "umount failed: {st}");
+        self.wait_exit()
+    }
+
+    /// Waits for the daemon to exit by itself, which must be a success; returns its stderr.
+    pub fn wait_exit(&mut self) -> String {
+        let child = self.child.take().expect("mounted");
+        let out = child.wait_with_output().expect("wait for the daemon");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            out.status.success(),
+            "daemon exited with {}: {err}",
+            out.status
+        );
+        err
+    }
+
+    /// Kills the daemon with SIGKILL (no commit) and clears the dead mount.
+    pub fn kill(&mut self) {
+        let mut child = self.child.take().expect("mounted");
+        child.kill().expect("SIGKILL");
+        let _ = child.wait();
+        force_unmount(&self.mp);
+        assert!(wait_for(10, || !is_mounted(&self.mp)), "dead mount stays");
+    }
+
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("mounted").id()
+    }
+
+    /// Runs `idxfs fsck` on the (unmounted) image; panics with its output unless clean.
+    pub fn assert_fsck_clean(&self) {
+        let (code, out, err) = idxfs(&["fsck", self.image.to_str().expect("utf8")]);
+        assert_eq!(code, 0, "fsck: {out}{err}");
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // Ask nicely first (SIGTERM unmounts and commits), then insist.
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            if !wait_for(10, || child.try_wait().ok().flatten().is_some()) {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        if is_mounted(&self.mp) {
+            force_unmount(&self.mp);
+        }
+    }
+}

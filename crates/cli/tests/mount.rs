@@ -1,0 +1,369 @@
+//! idxfs through a real FUSE mount, driven by ordinary std::fs and libc calls.
+mod common;
+use common::*;
+use std::ffi::CString;
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+
+fn errno_of(r: std::io::Result<impl Sized>) -> i32 {
+    match r {
+        Ok(_) => 0,
+        Err(e) => e.raw_os_error().unwrap_or(-1),
+    }
+}
+
+fn cpath(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).expect("no NUL")
+}
+
+#[test]
+fn posix_operations_through_the_mount() {
+    let m = Mounted::new("256M", "");
+    let line = mounts_line(&m.mp).expect("in /proc/mounts");
+    let image = m.image.to_string_lossy().into_owned();
+    assert!(
+        line.starts_with(&format!("{image} ")) && line.contains(" fuse.idxfs "),
+        "source and type in /proc/mounts: {line}"
+    );
+    // Files: write, read, append, overwrite, truncate.
+    let f = m.path("file");
+    fs::write(&f, b"hello world").expect("write");
+    assert_eq!(fs::read(&f).expect("read"), b"hello world");
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    fs::write(&f, &big).expect("write big");
+    assert_eq!(fs::read(&f).expect("read big"), big);
+    let mut h = fs::OpenOptions::new().write(true).open(&f).expect("open");
+    h.seek(SeekFrom::Start(1_000_000)).expect("seek");
+    h.write_all(b"XYZ").expect("overwrite");
+    h.set_len(2_000_000).expect("truncate");
+    drop(h);
+    let got = fs::read(&f).expect("read");
+    assert_eq!(got.len(), 2_000_000);
+    assert_eq!(&got[1_000_000..1_000_003], b"XYZ");
+    assert_eq!(got[999_999], big[999_999]);
+    // Directories, rename, links, symlinks.
+    fs::create_dir_all(m.path("a/b/c")).expect("mkdir -p");
+    fs::rename(&f, m.path("a/b/moved")).expect("rename");
+    fs::hard_link(m.path("a/b/moved"), m.path("a/link")).expect("link");
+    assert_eq!(fs::metadata(m.path("a/link")).expect("stat").nlink(), 2);
+    std::os::unix::fs::symlink("b/moved", m.path("a/sym")).expect("symlink");
+    assert_eq!(
+        fs::read_link(m.path("a/sym")).expect("readlink"),
+        Path::new("b/moved")
+    );
+    assert_eq!(
+        fs::read(m.path("a/sym")).expect("through symlink").len(),
+        2_000_000
+    );
+    let mut names: Vec<String> = fs::read_dir(m.path("a"))
+        .expect("readdir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["b", "link", "sym"]);
+    // Errors as the kernel's file systems give them.
+    let long = "x".repeat(256);
+    assert_eq!(errno_of(fs::write(m.path(&long), b"")), libc::ENAMETOOLONG);
+    fs::write(m.path(&"y".repeat(255)), b"").expect("255-byte name");
+    assert_eq!(errno_of(fs::remove_dir(m.path("a/b"))), libc::ENOTEMPTY);
+    assert_eq!(errno_of(fs::create_dir(m.path("a"))), libc::EEXIST);
+    assert_eq!(errno_of(fs::read(m.path("nope"))), libc::ENOENT);
+    // A name that is not UTF-8.
+    let odd = m.mp.join(std::ffi::OsStr::from_bytes(b"\xff\xfeodd"));
+    fs::write(&odd, b"x").expect("non-utf8 name");
+    assert_eq!(fs::read(&odd).expect("read"), b"x");
+    // chmod, chown, utimens with nanoseconds.
+    let p = m.path("a/link");
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o640)).expect("chmod");
+    std::os::unix::fs::chown(&p, Some(1234), Some(5678)).expect("chown");
+    let times = [
+        libc::timespec {
+            tv_sec: 1_000_000_000,
+            tv_nsec: 123_456_789,
+        },
+        libc::timespec {
+            tv_sec: 1_100_000_000,
+            tv_nsec: 987_654_321,
+        },
+    ];
+    // SAFETY: a valid path and two timespecs.
+    let r = unsafe { libc::utimensat(libc::AT_FDCWD, cpath(&p).as_ptr(), times.as_ptr(), 0) };
+    assert_eq!(r, 0, "utimensat");
+    let md = fs::metadata(&p).expect("stat");
+    assert_eq!(md.mode() & 0o7777, 0o640);
+    assert_eq!((md.uid(), md.gid()), (1234, 5678));
+    assert_eq!((md.atime(), md.atime_nsec()), (1_000_000_000, 123_456_789));
+    assert_eq!((md.mtime(), md.mtime_nsec()), (1_100_000_000, 987_654_321));
+    // mknod: fifo, socket, char and block devices.
+    for (name, mode, dev) in [
+        ("fifo", libc::S_IFIFO | 0o644, 0),
+        ("sock", libc::S_IFSOCK | 0o644, 0),
+        ("chr", libc::S_IFCHR | 0o644, libc::makedev(1, 3)),
+        ("blk", libc::S_IFBLK | 0o644, libc::makedev(7, 0)),
+    ] {
+        // SAFETY: a valid path.
+        let r = unsafe { libc::mknod(cpath(&m.path(name)).as_ptr(), mode, dev) };
+        assert_eq!(r, 0, "mknod {name}: {}", std::io::Error::last_os_error());
+        let md = fs::symlink_metadata(m.path(name)).expect("stat");
+        assert_eq!(md.mode() & libc::S_IFMT, mode & libc::S_IFMT, "{name}");
+        assert_eq!(md.rdev(), dev, "{name}");
+    }
+    assert!(fs::symlink_metadata(m.path("fifo"))
+        .expect("stat")
+        .file_type()
+        .is_fifo());
+    // xattrs.
+    let cp = cpath(&p);
+    let (k, v) = (c"user.color", b"blue");
+    // SAFETY: valid strings and buffers with their lengths.
+    unsafe {
+        assert_eq!(
+            libc::setxattr(cp.as_ptr(), k.as_ptr(), v.as_ptr().cast(), v.len(), 0),
+            0
+        );
+        let mut buf = [0u8; 16];
+        let n = libc::getxattr(cp.as_ptr(), k.as_ptr(), buf.as_mut_ptr().cast(), buf.len());
+        assert_eq!(&buf[..n as usize], b"blue");
+        let n = libc::listxattr(cp.as_ptr(), buf.as_mut_ptr().cast(), buf.len());
+        assert_eq!(&buf[..n as usize], b"user.color\0");
+        assert_eq!(libc::removexattr(cp.as_ptr(), k.as_ptr()), 0);
+        let n = libc::getxattr(cp.as_ptr(), k.as_ptr(), buf.as_mut_ptr().cast(), buf.len());
+        assert_eq!((n, *libc::__errno_location()), (-1, libc::ENODATA));
+    }
+    // statfs.
+    // SAFETY: a valid path and a zeroed statvfs to fill.
+    let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(cpath(&m.mp).as_ptr(), &mut sv) }, 0);
+    assert_eq!((sv.f_bsize, sv.f_namemax), (4096, 255));
+    assert!(sv.f_bfree > 0 && sv.f_blocks >= sv.f_bfree);
+    drop(m);
+}
+
+#[test]
+fn fallocate_seek_and_unlinked_open_files() {
+    use std::os::fd::AsRawFd;
+    let mut m = Mounted::new("256M", "");
+    let p = m.path("sparse");
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&p)
+        .expect("create");
+    let fd = f.as_raw_fd();
+    // SAFETY: fallocate, lseek and pwrite on our own descriptor and buffers.
+    unsafe {
+        assert_eq!(libc::fallocate(fd, 0, 0, 1 << 20), 0, "fallocate");
+        assert_eq!(f.metadata().expect("stat").len(), 1 << 20);
+        assert_eq!(
+            libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, 1 << 20, 1 << 20),
+            0
+        );
+        assert_eq!(f.metadata().expect("stat").len(), 1 << 20);
+        assert!(f.metadata().expect("stat").blocks() >= (2 << 20) / 512);
+        let data = vec![7u8; 1 << 20];
+        assert_eq!(
+            libc::pwrite(fd, data.as_ptr().cast(), data.len(), 0),
+            1 << 20
+        );
+        assert_eq!(libc::fsync(fd), 0);
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        assert_eq!(libc::fallocate(fd, mode, 65536, 131072), 0, "punch");
+        assert_eq!(libc::lseek(fd, 0, libc::SEEK_HOLE), 65536);
+        assert_eq!(libc::lseek(fd, 65536, libc::SEEK_DATA), 196608);
+    }
+    let mut back = Vec::new();
+    fs::File::open(&p)
+        .expect("open")
+        .read_to_end(&mut back)
+        .expect("read");
+    assert!(back[65536..196608].iter().all(|&b| b == 0));
+    assert!(back[..65536].iter().all(|&b| b == 7));
+    assert!(back[196608..].iter().all(|&b| b == 7));
+    drop(f);
+    // A file unlinked while open stays readable and writable until closed.
+    let q = m.path("doomed");
+    fs::write(&q, vec![5u8; 500_000]).expect("write");
+    let mut h = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&q)
+        .expect("open");
+    fs::remove_file(&q).expect("unlink");
+    assert_eq!(errno_of(fs::metadata(&q)), libc::ENOENT);
+    h.write_all(b"still here").expect("write after unlink");
+    h.seek(SeekFrom::Start(0)).expect("seek");
+    let mut got = vec![0u8; 10];
+    h.read_exact(&mut got).expect("read after unlink");
+    assert_eq!(&got, b"still here");
+    assert_eq!(h.metadata().expect("fstat").nlink(), 0);
+    drop(h);
+    m.unmount();
+    m.assert_fsck_clean();
+}
+
+#[test]
+fn persistence_across_remount_byte_for_byte() {
+    let mut m = Mounted::new("512M", "");
+    let mut rng = 0x9e3779b97f4a7c15u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut want = Vec::new();
+    for d in 0..8 {
+        let dir = m.path(&format!("d{d}"));
+        fs::create_dir(&dir).expect("mkdir");
+        for i in 0..60 {
+            let len = [0usize, 100, 4096, 5000, 70_000, 300_000][(next() % 6) as usize];
+            let data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            let p = dir.join(format!("f{i}"));
+            fs::write(&p, &data).expect("write");
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o600 + (i % 8) as u32))
+                .expect("chmod");
+            want.push((p, data));
+        }
+    }
+    std::os::unix::fs::symlink("d0/f0", m.path("link")).expect("symlink");
+    let stat = |p: &Path| {
+        let md = fs::symlink_metadata(p).expect("stat");
+        (
+            md.ino(),
+            md.mode(),
+            md.nlink(),
+            md.uid(),
+            md.gid(),
+            md.size(),
+            md.mtime(),
+            md.mtime_nsec(),
+            md.ctime(),
+            md.ctime_nsec(),
+        )
+    };
+    let before: Vec<_> = want.iter().map(|(p, _)| stat(p)).collect();
+    m.unmount();
+    m.assert_fsck_clean();
+    m.mount("");
+    for ((p, data), st) in want.iter().zip(&before) {
+        assert_eq!(&fs::read(p).expect("read"), data, "{}", p.display());
+        assert_eq!(&stat(p), st, "metadata of {}", p.display());
+    }
+    assert_eq!(
+        fs::read_link(m.path("link")).expect("readlink"),
+        Path::new("d0/f0")
+    );
+    m.unmount();
+}
+
+#[test]
+fn sigkill_mid_workload_keeps_everything_fsynced() {
+    let mut m = Mounted::new("512M", "");
+    let dir = m.path("work");
+    fs::create_dir(&dir).expect("mkdir");
+    // A writer keeps creating files; every tenth is fsynced and recorded as durable.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let durable = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let writer = {
+        let (dir, stop, durable) = (dir.clone(), stop.clone(), durable.clone());
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let p = dir.join(format!("f{i}"));
+                let data = format!("file {i} ").repeat((i % 50) as usize + 1);
+                let Ok(mut f) = fs::File::create(&p) else {
+                    break;
+                };
+                if f.write_all(data.as_bytes()).is_err() {
+                    break;
+                }
+                if i.is_multiple_of(10) {
+                    if f.sync_all().is_err() {
+                        break;
+                    }
+                    if let Ok(mut d) = durable.lock() {
+                        d.push((p, data));
+                    }
+                }
+                i += 1;
+            }
+        })
+    };
+    assert!(
+        wait_for(30, || durable.lock().map(|d| d.len() >= 50).unwrap_or(true)),
+        "the writer made no progress"
+    );
+    m.kill();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().expect("writer");
+    m.assert_fsck_clean();
+    m.mount("");
+    let durable = durable.lock().expect("lock").clone();
+    assert!(durable.len() >= 50);
+    for (p, data) in &durable {
+        let got = fs::read(p).unwrap_or_else(|e| panic!("{} lost after SIGKILL: {e}", p.display()));
+        assert_eq!(got, data.as_bytes(), "{}", p.display());
+    }
+    m.unmount();
+    m.assert_fsck_clean();
+}
+
+#[test]
+fn read_only_mount_and_full_device() {
+    let mut m = Mounted::new("64M", "");
+    fs::write(m.path("keep"), b"precious").expect("write");
+    // Fill the device: ENOSPC, nothing corrupted, earlier data intact, deletes work. With the
+    // writeback cache the error may come from write or only from fsync (or close), as on any
+    // file system that caches writes; fsync makes it certain.
+    let chunk = vec![1u8; 1 << 20];
+    let mut n = 0;
+    let write_synced = |p: &Path| -> std::io::Result<()> {
+        let mut f = fs::File::create(p)?;
+        f.write_all(&chunk)?;
+        f.sync_all()
+    };
+    let err = loop {
+        match write_synced(&m.path(&format!("fill{n}"))) {
+            Ok(()) => n += 1,
+            Err(e) => break e,
+        }
+        assert!(n < 200, "a 64M device took 200 MiB");
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    assert_eq!(fs::read(m.path("keep")).expect("read"), b"precious");
+    for i in 0..n {
+        fs::remove_file(m.path(&format!("fill{i}"))).expect("delete when full");
+    }
+    let _ = fs::remove_file(m.path(&format!("fill{n}")));
+    fs::write(m.path("after"), &chunk).expect("space came back");
+    m.unmount();
+    m.assert_fsck_clean();
+    m.mount("ro");
+    assert_eq!(fs::read(m.path("keep")).expect("read"), b"precious");
+    assert_eq!(errno_of(fs::write(m.path("new"), b"x")), libc::EROFS);
+    assert_eq!(errno_of(fs::remove_file(m.path("keep"))), libc::EROFS);
+    m.unmount();
+    m.assert_fsck_clean();
+}
+
+#[test]
+fn signals_unmount_and_commit() {
+    let mut m = Mounted::new("128M", "");
+    fs::write(m.path("f"), b"before the signal").expect("write");
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(m.pid() as i32, libc::SIGTERM) };
+    assert!(
+        wait_for(20, || !is_mounted(&m.mp)),
+        "SIGTERM did not unmount"
+    );
+    m.wait_exit();
+    m.assert_fsck_clean();
+    m.mount("");
+    assert_eq!(fs::read(m.path("f")).expect("read"), b"before the signal");
+    m.unmount();
+}

@@ -1,0 +1,688 @@
+//! idxfs over FUSE: the kernel's requests translated to the engine's library API.
+//!
+//! This crate only translates. Every decision about the file system is the engine's; the only
+//! knowledge here is FUSE's: errno numbers (`Error::errno`), attribute and entry caching, the
+//! kernel's lookup counts (mapped to engine pins, so a file unlinked while open lives until
+//! the kernel forgets it), and which protocol features make each request cheap:
+//!
+//! - entry and attribute TTLs, with negative entries cached too: every change goes through this
+//!   kernel, which invalidates what a change makes stale, so the caches may live long;
+//! - writeback cache: small writes are gathered in the page cache and sent in large requests;
+//! - no-open / no-opendir: open, release, opendir and releasedir cost no round trip (the engine
+//!   keeps no per-open state);
+//! - readdirplus: names and attributes in one pass, in inode order (`Fs::readdir_plus`);
+//! - parallel directory operations, several threads each on its own cloned /dev/fuse fd.
+mod options;
+mod serve;
+
+pub use options::{MountConfig, OptionError};
+pub use serve::{block_shutdown_signals, serve, unmount, ServeError};
+
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use idxfs_engine::fs::{Attr, Owner, Seek, SetAttr, SetTime, Time};
+use idxfs_engine::{Error, Fs};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Largest write request the kernel sends.
+pub const MAX_WRITE: u32 = 1 << 20;
+
+/// The FUSE file system: an engine handle and the caching policy.
+pub struct IdxFuse {
+    fs: Arc<Fs>,
+    /// How long the kernel may trust an entry or attributes (and a negative lookup).
+    ttl: Duration,
+}
+
+impl IdxFuse {
+    pub fn new(fs: Arc<Fs>, ttl: Duration) -> IdxFuse {
+        IdxFuse { fs, ttl }
+    }
+
+    /// Replies with an entry the kernel now holds: one lookup count, one engine pin.
+    fn entry(&self, r: Result<Attr, Error>, reply: ReplyEntry) {
+        match r {
+            Ok(a) => {
+                self.fs.pin(a.ino);
+                reply.entry(&self.ttl, &file_attr(&a), Generation(a.generation));
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+}
+
+fn errno(e: &Error) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+fn owner(req: &Request) -> Owner {
+    Owner {
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+fn system_time(t: Time) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+    } else {
+        // sec < 0 with nsec >= 0 is the instant sec + nsec/1e9, before the epoch.
+        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs()) + Duration::from_nanos(t.nsec as u64)
+    }
+}
+
+fn engine_time(t: SystemTime) -> Time {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Time {
+            sec: d.as_secs() as i64,
+            nsec: d.subsec_nanos(),
+        },
+        Err(e) => {
+            let d = e.duration();
+            let (s, n) = (d.as_secs() as i64, d.subsec_nanos());
+            if n == 0 {
+                Time { sec: -s, nsec: 0 }
+            } else {
+                Time {
+                    sec: -s - 1,
+                    nsec: 1_000_000_000 - n,
+                }
+            }
+        }
+    }
+}
+
+fn kind(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFSOCK => FileType::Socket,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn kind_of_dtype(dtype: u8) -> FileType {
+    match dtype {
+        libc::DT_DIR => FileType::Directory,
+        libc::DT_LNK => FileType::Symlink,
+        libc::DT_FIFO => FileType::NamedPipe,
+        libc::DT_SOCK => FileType::Socket,
+        libc::DT_CHR => FileType::CharDevice,
+        libc::DT_BLK => FileType::BlockDevice,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: system_time(a.atime),
+        mtime: system_time(a.mtime),
+        ctime: system_time(a.ctime),
+        crtime: system_time(a.btime),
+        kind: kind(a.mode),
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        // The kernel's device numbers are 32-bit (new_encode_dev); mknod stored what it sent.
+        rdev: u32::try_from(a.rdev).unwrap_or(u32::MAX),
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+/// An entry the kernel may cache as "no such name" (node id 0).
+fn negative_entry() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+fn set_time(t: TimeOrNow) -> SetTime {
+    match t {
+        TimeOrNow::Now => SetTime::Now,
+        TimeOrNow::SpecificTime(t) => SetTime::At(engine_time(t)),
+    }
+}
+
+/// xattr names this file system does not store: POSIX ACLs and other `system.` names would be
+/// kept but never enforced, so they are refused as a file system without ACLs refuses them.
+fn xattr_unsupported(name: &[u8]) -> bool {
+    name.starts_with(b"system.")
+}
+
+fn bytes(name: &OsStr) -> &[u8] {
+    name.as_bytes()
+}
+
+impl Filesystem for IdxFuse {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        for flag in [
+            InitFlags::FUSE_WRITEBACK_CACHE,
+            InitFlags::FUSE_NO_OPEN_SUPPORT,
+            InitFlags::FUSE_NO_OPENDIR_SUPPORT,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_READDIRPLUS_AUTO,
+            InitFlags::FUSE_CACHE_SYMLINKS,
+            InitFlags::FUSE_MAX_PAGES,
+            InitFlags::FUSE_BIG_WRITES,
+            InitFlags::FUSE_ASYNC_READ,
+        ] {
+            // A kernel without a feature gets the request without it.
+            let _ = config.add_capabilities(flag);
+        }
+        let _ = config.set_max_write(MAX_WRITE);
+        let _ = config.set_time_granularity(Duration::from_nanos(1));
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.fs.lookup(parent.0, bytes(name)) {
+            Err(Error::NotFound) => reply.entry(&self.ttl, &negative_entry(), Generation(0)),
+            r => self.entry(r, reply),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        // An error here (a failed device) already turned the file system read-only; the
+        // orphan stays listed and is freed at the next mount.
+        let _ = self.fs.unpin(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(ino.0) {
+            Ok(a) => reply.attr(&self.ttl, &file_attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            mode: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size,
+            atime: atime.map(set_time),
+            mtime: mtime.map(set_time),
+            ctime: ctime.map(engine_time),
+        };
+        match self.fs.setattr(ino.0, &set) {
+            Ok(a) => reply.attr(&self.ttl, &file_attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self
+            .fs
+            .mknod(parent.0, bytes(name), mode, owner(req), rdev as u64);
+        self.entry(r, reply)
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self
+            .fs
+            .mkdir(parent.0, bytes(name), mode & 0o7777, owner(req));
+        self.entry(r, reply)
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.fs.unlink(parent.0, bytes(name)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.fs.rmdir(parent.0, bytes(name)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let r = self.fs.symlink(
+            parent.0,
+            bytes(link_name),
+            target.as_os_str().as_bytes(),
+            owner(req),
+        );
+        self.entry(r, reply)
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        match self.fs.rename(
+            parent.0,
+            bytes(name),
+            newparent.0,
+            bytes(newname),
+            flags.bits(),
+        ) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let r = self.fs.link(ino.0, newparent.0, bytes(newname));
+        self.entry(r, reply)
+    }
+
+    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // With FUSE_NO_OPEN_SUPPORT, ENOSYS tells the kernel to stop sending open (and
+        // release): the engine keeps no per-open state.
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.fs.read(ino.0, offset, size as usize) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        // With the writeback cache the kernel keeps mtime and ctime and sends them by setattr;
+        // a write request can come after that setattr and must not override them.
+        match self.fs.write_keep_times(ino.0, offset, data) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: fuser::LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Data is in the engine once write returned and durability is fsync's job, so there is
+        // nothing to do: ENOSYS tells the kernel to stop sending flush on every close (it
+        // still writes back cached pages first and reports their errors to close).
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.fs.fsync(ino.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // FUSE_NO_OPENDIR_SUPPORT: as for open.
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let r = self.fs.readdir(ino.0, offset, |e| {
+            !reply.add(
+                INodeNo(e.ino),
+                e.cookie,
+                kind_of_dtype(e.dtype),
+                OsStr::from_bytes(&e.name),
+            )
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        // The kernel's buffer is a few pages; an entry takes at least 152 bytes, so this many
+        // names fill it (the rest of a batch is read again by the next call).
+        const LIMIT: usize = 64;
+        let mut handed_out = Vec::with_capacity(LIMIT);
+        let r = self.fs.readdir_plus(ino.0, offset, LIMIT, |e, a| {
+            let name = OsStr::from_bytes(&e.name);
+            let full = reply.add(
+                INodeNo(e.ino),
+                e.cookie,
+                name,
+                &self.ttl,
+                &file_attr(a),
+                Generation(a.generation),
+            );
+            // The kernel takes a lookup count for every entry but "." and "..".
+            if !full && e.name != b"." && e.name != b".." {
+                handed_out.push(e.ino);
+            }
+            !full
+        });
+        match r {
+            Ok(()) => {
+                self.fs.pin_many(&handed_out);
+                reply.ok()
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.fs.fsync(ino.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.fs.statfs() {
+            Ok(s) => reply.statfs(
+                s.blocks,
+                s.blocks_free,
+                s.blocks_avail,
+                s.files,
+                s.files_free,
+                s.block_size,
+                s.name_max,
+                s.block_size,
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        if xattr_unsupported(bytes(name)) {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
+        match self.fs.setxattr(ino.0, bytes(name), value, flags as u32) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if xattr_unsupported(bytes(name)) {
+            return reply.error(Errno::ENODATA);
+        }
+        match self.fs.getxattr(ino.0, bytes(name)) {
+            Ok(v) => sized(reply, size, &v),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.fs.listxattr(ino.0) {
+            Ok(names) => {
+                let mut buf = Vec::new();
+                for n in names {
+                    buf.extend_from_slice(&n);
+                    buf.push(0);
+                }
+                sized(reply, size, &buf)
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if xattr_unsupported(bytes(name)) {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
+        match self.fs.removexattr(ino.0, bytes(name)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        // Sent only without default_permissions (which idxfs always sets); answered anyway.
+        match self.fs.getattr(ino.0) {
+            Ok(a) => {
+                if may_access(&a, req.uid(), req.gid(), mask.bits() as u32) {
+                    reply.ok()
+                } else {
+                    reply.error(Errno::EACCES)
+                }
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        match self.fs.mknod(parent.0, bytes(name), mode, owner(req), 0) {
+            Ok(a) => {
+                self.fs.pin(a.ino);
+                reply.created(
+                    &self.ttl,
+                    &file_attr(&a),
+                    Generation(a.generation),
+                    FileHandle(0),
+                    FopenFlags::empty(),
+                )
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        match self.fs.fallocate(ino.0, offset, length, mode as u32) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let what = match whence {
+            libc::SEEK_DATA => Seek::Data,
+            libc::SEEK_HOLE => Seek::Hole,
+            // SEEK_SET/CUR/END never reach a file system.
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let Ok(off) = u64::try_from(offset) else {
+            return reply.error(Errno::ENXIO);
+        };
+        match self.fs.seek(ino.0, off, what) {
+            Ok(o) => reply.offset(o as i64),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+}
+
+/// Replies to getxattr/listxattr: the size when asked for it, ERANGE when it does not fit.
+fn sized(reply: ReplyXattr, size: u32, data: &[u8]) {
+    if size == 0 {
+        reply.size(data.len() as u32);
+    } else if data.len() > size as usize {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(data);
+    }
+}
+
+/// The permission check `access(2)` makes, for a caller with only its primary group.
+fn may_access(a: &Attr, uid: u32, gid: u32, mask: u32) -> bool {
+    let mask = mask & 0o7;
+    if uid == 0 {
+        // Root may do anything but execute a file no one may execute.
+        return mask & 1 == 0 || a.is_dir() || a.mode & 0o111 != 0;
+    }
+    let bits = if uid == a.uid {
+        (a.mode >> 6) & 7
+    } else if gid == a.gid {
+        (a.mode >> 3) & 7
+    } else {
+        a.mode & 7
+    };
+    bits & mask == mask
+}

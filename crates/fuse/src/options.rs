@@ -1,0 +1,231 @@
+//! Mount options: the `-o a,b,c=d` strings of mount(8), fstab and mount.fuse3, parsed once into
+//! what the engine and fuser need.
+use fuser::{Config, MountOption, SessionACL};
+use idxfs_engine::fs::Atime;
+use std::fmt;
+use std::time::Duration;
+
+/// Everything a mount needs beyond the image and the mount point.
+#[derive(Debug, Clone)]
+pub struct MountConfig {
+    pub read_only: bool,
+    pub atime: Atime,
+    pub allow_other: bool,
+    /// Source shown in /proc/mounts (default: the image path).
+    pub fsname: Option<String>,
+    /// Entry and attribute cache lifetime in the kernel.
+    pub ttl: Duration,
+    /// FUSE worker threads (each with its own cloned /dev/fuse fd).
+    pub threads: usize,
+    /// Kernel mount flags passed through (nodev, nosuid, noexec, sync, dirsync, ...).
+    pub flags: Vec<MountOption>,
+}
+
+impl Default for MountConfig {
+    fn default() -> Self {
+        MountConfig {
+            read_only: false,
+            atime: Atime::Relatime,
+            allow_other: false,
+            fsname: None,
+            ttl: Duration::from_secs(3600),
+            threads: 2,
+            flags: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptionError(pub String);
+
+impl fmt::Display for OptionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for OptionError {}
+
+impl MountConfig {
+    /// Applies one comma-separated option list (later options win, as in mount(8)).
+    pub fn apply<'a>(&mut self, list: &'a str) -> Result<(), OptionError> {
+        for opt in list.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+            let (key, value) = match opt.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (opt, None),
+            };
+            let need = |v: Option<&'a str>| -> Result<&'a str, OptionError> {
+                v.ok_or_else(|| OptionError(format!("mount option {key} needs a value")))
+            };
+            match key {
+                "ro" => self.read_only = true,
+                "rw" => self.read_only = false,
+                "noatime" => self.atime = Atime::NoAtime,
+                "relatime" | "atime" => self.atime = Atime::Relatime,
+                "strictatime" => self.atime = Atime::Strict,
+                "allow_other" => self.allow_other = true,
+                // Always on: the kernel checks permissions from the attributes idxfs returns.
+                "default_permissions" => {}
+                "fsname" => self.fsname = Some(need(value)?.to_string()),
+                "ttl" => {
+                    let v = need(value)?;
+                    let secs: f64 = v
+                        .parse()
+                        .ok()
+                        .filter(|s: &f64| s.is_finite() && *s >= 0.0)
+                        .ok_or_else(|| OptionError(format!("bad ttl {v:?}: seconds expected")))?;
+                    self.ttl = Duration::from_secs_f64(secs);
+                }
+                "threads" => {
+                    let v = need(value)?;
+                    self.threads = v
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=64).contains(n))
+                        .ok_or_else(|| OptionError(format!("bad threads {v:?}: 1 to 64")))?;
+                }
+                "dev" => self.flags.push(MountOption::Dev),
+                "nodev" => self.flags.push(MountOption::NoDev),
+                "suid" => self.flags.push(MountOption::Suid),
+                "nosuid" => self.flags.push(MountOption::NoSuid),
+                "exec" => self.flags.push(MountOption::Exec),
+                "noexec" => self.flags.push(MountOption::NoExec),
+                "sync" => self.flags.push(MountOption::Sync),
+                "async" => self.flags.push(MountOption::Async),
+                "dirsync" => self.flags.push(MountOption::DirSync),
+                // fstab and mount(8) words that concern mount(8) itself, not the file system.
+                "defaults" | "auto" | "noauto" | "user" | "users" | "nouser" | "owner"
+                | "group" | "_netdev" | "nofail" | "subtype" => {}
+                k if k.starts_with("x-") || k.starts_with("comment") => {}
+                _ => return Err(OptionError(format!("unknown mount option {opt:?}"))),
+            }
+        }
+        Ok(())
+    }
+
+    /// mount(2) flags: nodev and nosuid unless `dev` / `suid` (as fuser and libfuse do).
+    pub fn kernel_flags(&self) -> libc::c_ulong {
+        let has = |o: &MountOption| {
+            self.flags.iter().rev().find(|f| {
+                use MountOption::*;
+                matches!(
+                    (*f, o),
+                    (Dev | NoDev, Dev)
+                        | (Suid | NoSuid, Suid)
+                        | (Exec | NoExec, Exec)
+                        | (Sync | Async, Sync)
+                )
+            })
+        };
+        let mut f = 0;
+        if has(&MountOption::Dev) != Some(&MountOption::Dev) {
+            f |= libc::MS_NODEV;
+        }
+        if has(&MountOption::Suid) != Some(&MountOption::Suid) {
+            f |= libc::MS_NOSUID;
+        }
+        if has(&MountOption::Exec) == Some(&MountOption::NoExec) {
+            f |= libc::MS_NOEXEC;
+        }
+        if has(&MountOption::Sync) == Some(&MountOption::Sync) {
+            f |= libc::MS_SYNCHRONOUS;
+        }
+        if self.flags.contains(&MountOption::DirSync) {
+            f |= libc::MS_DIRSYNC;
+        }
+        if self.read_only {
+            f |= libc::MS_RDONLY;
+        }
+        f |= match self.atime {
+            Atime::NoAtime => libc::MS_NOATIME,
+            Atime::Relatime => libc::MS_RELATIME,
+            Atime::Strict => libc::MS_STRICTATIME,
+        };
+        f
+    }
+
+    /// The fuser session configuration for an image at `source`.
+    pub fn fuser_config(&self, source: &str) -> Config {
+        let mut mount_options = vec![
+            MountOption::FSName(self.fsname.clone().unwrap_or_else(|| source.to_string())),
+            MountOption::Subtype("idxfs".into()),
+            MountOption::DefaultPermissions,
+            if self.read_only {
+                MountOption::RO
+            } else {
+                MountOption::RW
+            },
+        ];
+        if self.atime == Atime::NoAtime {
+            mount_options.push(MountOption::NoAtime);
+        }
+        // Later flags override earlier conflicting ones, as mount(8) reads them.
+        for f in &self.flags {
+            let opposite = |a: &MountOption, b: &MountOption| {
+                use MountOption::*;
+                matches!(
+                    (a, b),
+                    (Dev, NoDev)
+                        | (NoDev, Dev)
+                        | (Suid, NoSuid)
+                        | (NoSuid, Suid)
+                        | (Exec, NoExec)
+                        | (NoExec, Exec)
+                        | (Sync, Async)
+                        | (Async, Sync)
+                )
+            };
+            mount_options.retain(|m| m != f && !opposite(m, f));
+            mount_options.push(f.clone());
+        }
+        let mut c = Config::default();
+        c.mount_options = mount_options;
+        c.acl = if self.allow_other {
+            SessionACL::All
+        } else {
+            SessionACL::Owner
+        };
+        c.n_threads = Some(self.threads);
+        c.clone_fd = true;
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_standard_options() {
+        let mut c = MountConfig::default();
+        c.apply("ro,noatime,allow_other,default_permissions,fsname=img,nodev,defaults,_netdev")
+            .expect("valid");
+        assert!(c.read_only && c.allow_other);
+        assert_eq!(c.atime, Atime::NoAtime);
+        assert_eq!(c.fsname.as_deref(), Some("img"));
+        c.apply("rw,strictatime,ttl=0.5,threads=4").expect("valid");
+        assert!(!c.read_only);
+        assert_eq!(c.atime, Atime::Strict);
+        assert_eq!(c.ttl, Duration::from_millis(500));
+        assert_eq!(c.threads, 4);
+        let f = c.fuser_config("/x.img");
+        assert!(f.mount_options.contains(&MountOption::NoDev));
+        assert!(f.mount_options.contains(&MountOption::FSName("img".into())));
+        assert_eq!(f.acl, SessionACL::All);
+        let k = c.kernel_flags();
+        assert_eq!(k & libc::MS_NODEV, libc::MS_NODEV);
+        assert_eq!(k & libc::MS_STRICTATIME, libc::MS_STRICTATIME);
+        c.apply("dev,suid,noexec").expect("valid");
+        let k = c.kernel_flags();
+        assert_eq!(k & (libc::MS_NODEV | libc::MS_NOSUID), 0);
+        assert_eq!(k & libc::MS_NOEXEC, libc::MS_NOEXEC);
+    }
+
+    #[test]
+    fn rejects_unknown_and_bad_values() {
+        let mut c = MountConfig::default();
+        assert!(c.apply("frobnicate").is_err());
+        assert!(c.apply("threads=0").is_err());
+        assert!(c.apply("ttl=-1").is_err());
+        assert!(c.apply("fsname").is_err());
+    }
+}

@@ -1,0 +1,188 @@
+//! Running a mount: mount, serve until unmounted or signalled, then commit and close.
+use crate::{IdxFuse, MountConfig};
+use idxfs_engine::Fs;
+use std::ffi::CString;
+use std::fmt;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[derive(Debug)]
+pub enum ServeError {
+    /// mount(2) or the FUSE handshake failed.
+    Mount(io::Error),
+    /// The request loop ended with an error.
+    Session(io::Error),
+    /// The final commit failed: the image keeps its previous committed state.
+    Close(idxfs_engine::Error),
+}
+
+impl fmt::Display for ServeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ServeError::Mount(e) => write!(f, "mount failed: {e}"),
+            ServeError::Session(e) => write!(f, "FUSE session failed: {e}"),
+            ServeError::Close(e) => write!(f, "final commit failed: {e}"),
+        }
+    }
+}
+impl std::error::Error for ServeError {}
+
+const SHUTDOWN_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+fn shutdown_set() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset only write the set we own.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in SHUTDOWN_SIGNALS {
+            libc::sigaddset(&mut set, s);
+        }
+        set
+    }
+}
+
+/// Blocks SIGINT, SIGTERM and SIGHUP in the calling thread and every thread it starts later,
+/// so they are taken by `serve`'s signal thread and end the mount cleanly. Call it before
+/// anything starts a thread (opening the engine does).
+pub fn block_shutdown_signals() {
+    let set = shutdown_set();
+    // SAFETY: the set is initialised; a null old-set pointer is allowed.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Unmounts `mp`: normally, or lazily when it is busy (the kernel then finishes the unmount
+/// when the last user lets go, and the session ends after that).
+pub fn unmount(mp: &Path) -> io::Result<()> {
+    let c = CString::new(mp.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "mount point has a NUL byte"))?;
+    // SAFETY: a valid C string; umount2 does not keep the pointer.
+    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        // SAFETY: as above.
+        Some(libc::EBUSY) if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 => Ok(()),
+        Some(libc::EPERM) => {
+            // Not root: the setuid helper may unmount what this user mounted.
+            let st = std::process::Command::new("fusermount3")
+                .arg("-uz")
+                .arg(mp)
+                .status()?;
+            if st.success() {
+                Ok(())
+            } else {
+                Err(io::Error::other(format!("fusermount3 -uz failed: {st}")))
+            }
+        }
+        _ => Err(e),
+    }
+}
+
+fn spawn_signal_thread(mp: PathBuf) -> io::Result<()> {
+    std::thread::Builder::new()
+        .name("idxfs-signals".into())
+        .spawn(move || {
+            let set = shutdown_set();
+            loop {
+                let mut sig: libc::c_int = 0;
+                // SAFETY: the set is initialised and `sig` is ours to write.
+                if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+                    continue;
+                }
+                eprintln!("idxfs: signal {sig}: unmounting {}", mp.display());
+                if let Err(e) = unmount(&mp) {
+                    eprintln!("idxfs: unmount {} failed: {e}", mp.display());
+                }
+            }
+        })?;
+    Ok(())
+}
+
+/// Opens /dev/fuse and mounts it at `mp` as type fuse.idxfs; returns the connection's fd.
+fn mount_fuse(source: &str, mp: &Path, cfg: &MountConfig) -> io::Result<OwnedFd> {
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")?;
+    let rootmode = std::fs::metadata(mp)?.mode() & libc::S_IFMT;
+    let fd: OwnedFd = dev.into();
+    // SAFETY: getuid/getgid have no preconditions.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let mut data = format!(
+        "fd={},rootmode={rootmode:o},user_id={uid},group_id={gid},default_permissions",
+        fd.as_raw_fd()
+    );
+    if cfg.allow_other {
+        data.push_str(",allow_other");
+    }
+    let cstr = |s: &[u8]| {
+        CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL byte"))
+    };
+    let (src, target, fstype, data) = (
+        cstr(source.as_bytes())?,
+        cstr(mp.as_os_str().as_bytes())?,
+        cstr(b"fuse.idxfs")?,
+        cstr(data.as_bytes())?,
+    );
+    // SAFETY: valid C strings that outlive the call.
+    let r = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            cfg.kernel_flags(),
+            data.as_ptr().cast(),
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// Mounts `fs` at `mountpoint` and serves it until it is unmounted (umount, fusermount3 -u, or
+/// SIGINT/SIGTERM/SIGHUP, which unmount it), then commits and closes. `on_mounted` runs once
+/// the kernel has completed the FUSE handshake, i.e. when the mount is usable.
+pub fn serve(
+    fs: Fs,
+    source: &str,
+    mountpoint: &Path,
+    cfg: &MountConfig,
+    on_mounted: impl FnOnce(),
+) -> Result<(), ServeError> {
+    let fs = Arc::new(fs);
+    let fuse = IdxFuse::new(fs.clone(), cfg.ttl);
+    let config = cfg.fuser_config(source);
+    // SAFETY: geteuid has no preconditions.
+    let session = if unsafe { libc::geteuid() } == 0 {
+        // As root, mount(2) directly with the type "fuse.idxfs" (fuser would say "fuse"), so
+        // /proc/mounts, findmnt -t and umount -t know the file system.
+        let fd = mount_fuse(source, mountpoint, cfg).map_err(ServeError::Mount)?;
+        match fuser::Session::from_fd(fuse, fd, config.acl, config) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = unmount(mountpoint);
+                return Err(ServeError::Mount(e));
+            }
+        }
+    } else {
+        fuser::Session::new(fuse, mountpoint, &config).map_err(ServeError::Mount)?
+    };
+    spawn_signal_thread(mountpoint.to_path_buf()).map_err(ServeError::Session)?;
+    on_mounted();
+    let ran = session.run();
+    // The session dropped its handle when it ended, so this is normally the last one.
+    let closed = match Arc::try_unwrap(fs) {
+        Ok(fs) => fs.close(),
+        Err(fs) => fs.sync(),
+    };
+    ran.map_err(ServeError::Session)?;
+    closed.map_err(ServeError::Close)
+}
