@@ -10,6 +10,13 @@ use std::time::Instant;
 
 #[derive(Subcommand)]
 pub enum BenchCmd {
+    /// Per-operation cost through the idxfs mount beside ext4 on a memory-backed loop device
+    /// (stat, open+close, create+unlink, creates/s with 1 and 2 threads), and the FUSE round
+    /// trip of an empty daemon. Needs root.
+    Mount {
+        #[arg(long, default_value_t = 20_000)]
+        files: u64,
+    },
     /// Create N empty files in one directory through the library API; baseline: the same
     /// creates through syscalls on tmpfs (/dev/shm) in this run.
     Create {
@@ -33,7 +40,7 @@ pub enum BenchCmd {
     },
 }
 
-fn cpu_seconds() -> f64 {
+pub(crate) fn cpu_seconds() -> f64 {
     // getrusage(RUSAGE_SELF): CPU time moves far less than wall time on a shared machine.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: getrusage writes into the struct we own; RUSAGE_SELF is always valid.
@@ -59,6 +66,7 @@ fn tmpfs_creates(n: u64) -> Result<f64, String> {
 
 pub fn run(cmd: BenchCmd) -> Result<(), String> {
     match cmd {
+        BenchCmd::Mount { files } => crate::bench_mount::bench_mount(files),
         BenchCmd::Create {
             files,
             image,

@@ -208,7 +208,16 @@ fn fallocate_seek_and_unlinked_open_files() {
 
 #[test]
 fn persistence_across_remount_byte_for_byte() {
-    let mut m = Mounted::new("512M", "");
+    persistence("");
+}
+
+#[test]
+fn persistence_with_writeback_cache() {
+    persistence("writeback");
+}
+
+fn persistence(opts: &str) {
+    let mut m = Mounted::new("512M", opts);
     let mut rng = 0x9e3779b97f4a7c15u64;
     let mut next = move || {
         rng ^= rng << 13;
@@ -249,7 +258,7 @@ fn persistence_across_remount_byte_for_byte() {
     let before: Vec<_> = want.iter().map(|(p, _)| stat(p)).collect();
     m.unmount();
     m.assert_fsck_clean();
-    m.mount("");
+    m.mount(opts);
     for ((p, data), st) in want.iter().zip(&before) {
         assert_eq!(&fs::read(p).expect("read"), data, "{}", p.display());
         assert_eq!(&stat(p), st, "metadata of {}", p.display());

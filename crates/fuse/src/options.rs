@@ -15,6 +15,10 @@ pub struct MountConfig {
     pub fsname: Option<String>,
     /// Entry and attribute cache lifetime in the kernel.
     pub ttl: Duration,
+    /// The kernel's writeback cache: writes gathered in the page cache and sent in large
+    /// requests (the kernel then keeps mtime/ctime and sends them by setattr on close). Off by
+    /// default: for small files it adds requests (see the crate docs).
+    pub writeback: bool,
     /// FUSE worker threads (each with its own cloned /dev/fuse fd).
     pub threads: usize,
     /// Kernel mount flags passed through (nodev, nosuid, noexec, sync, dirsync, ...).
@@ -29,6 +33,7 @@ impl Default for MountConfig {
             allow_other: false,
             fsname: None,
             ttl: Duration::from_secs(3600),
+            writeback: false,
             threads: 2,
             flags: Vec::new(),
         }
@@ -63,6 +68,8 @@ impl MountConfig {
                 "relatime" | "atime" => self.atime = Atime::Relatime,
                 "strictatime" => self.atime = Atime::Strict,
                 "allow_other" => self.allow_other = true,
+                "writeback" => self.writeback = true,
+                "nowriteback" => self.writeback = false,
                 // Always on: the kernel checks permissions from the attributes idxfs returns.
                 "default_permissions" => {}
                 "fsname" => self.fsname = Some(need(value)?.to_string()),

@@ -158,7 +158,8 @@ pub fn serve(
     on_mounted: impl FnOnce(),
 ) -> Result<(), ServeError> {
     let fs = Arc::new(fs);
-    let fuse = IdxFuse::new(fs.clone(), cfg.ttl);
+    let requests = Arc::new(crate::Requests::default());
+    let fuse = IdxFuse::new(fs.clone(), cfg, requests.clone());
     let config = cfg.fuser_config(source);
     // SAFETY: geteuid has no preconditions.
     let session = if unsafe { libc::geteuid() } == 0 {
@@ -178,6 +179,12 @@ pub fn serve(
     spawn_signal_thread(mountpoint.to_path_buf()).map_err(ServeError::Session)?;
     on_mounted();
     let ran = session.run();
+    if std::env::var_os("IDXFS_COUNTERS").is_some() {
+        for (op, n) in requests.snapshot() {
+            eprintln!("fuse requests {op}: {n}");
+        }
+        eprintln!("{}", fs.counters());
+    }
     // The session dropped its handle when it ended, so this is normally the last one.
     let closed = match Arc::try_unwrap(fs) {
         Ok(fs) => fs.close(),
