@@ -148,7 +148,43 @@ pub(crate) fn mkfs_image(
     Ok(dev)
 }
 
+/// Takes an advisory lock on the image: exclusive for a mount, shared for fsck, so neither
+/// runs while a server writes it. Waits up to `wait` (a previous server may still be committing
+/// after its unmount). The lock lasts as long as the returned file.
+pub(crate) fn lock_image(
+    image: &Path,
+    exclusive: bool,
+    wait: std::time::Duration,
+) -> Result<std::fs::File, String> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(image).map_err(|e| format!("{}: {e}", image.display()))?;
+    let op = if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    } | libc::LOCK_NB;
+    let t = std::time::Instant::now();
+    loop {
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
+            return Ok(f);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(format!("{}: lock: {e}", image.display()));
+        }
+        if t.elapsed() >= wait {
+            return Err(format!(
+                "{}: in use (mounted by another idxfs process)",
+                image.display()
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 fn run_fsck(image: &Path) -> Result<bool, String> {
+    let _lock = lock_image(image, false, std::time::Duration::from_secs(10))?;
     let dev = open_dev(image, false)?;
     let mut last = std::time::Instant::now();
     let mut progress = |n: u64| {
@@ -291,7 +327,8 @@ fn other_forms(args: &[std::ffi::OsString]) -> Option<ExitCode> {
         });
     }
     let helper_form = prog == "mount.idxfs"
-        || (rest.len() >= 2
+        || (prog != "mkfs.idxfs"
+            && rest.len() >= 2
             && !rest[0].starts_with('-')
             && !SUBCOMMANDS.contains(&rest[0].as_str()));
     if !helper_form {

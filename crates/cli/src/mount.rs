@@ -72,6 +72,9 @@ fn serve_image(
             crate::mkfs_image(a.image, Some(size), idxfs_format::DEFAULT_NODE_SIZE)?;
         }
     }
+    // One server per image: a second mount (or an old server still committing after its
+    // unmount) would interleave transactions. Held until this process exits.
+    let _lock = crate::lock_image(a.image, true, std::time::Duration::from_secs(10))?;
     let dev = FileDevice::open(a.image, !cfg.read_only)
         .map_err(|e| format!("{}: {e}", a.image.display()))?;
     let dev: Arc<dyn BlockDevice> = Arc::new(dev);
