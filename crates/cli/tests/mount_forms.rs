@@ -134,9 +134,15 @@ impl Installed {
                 if std::fs::read_link(link).is_ok_and(|t| t == Path::new(bin())) {
                     return Installed(None); // already this build
                 }
-                panic!("{} links elsewhere; remove it to run this test", link.display());
+                panic!(
+                    "{} links elsewhere; remove it to run this test",
+                    link.display()
+                );
             }
-            Ok(_) => panic!("{} is installed; remove it to run this test", link.display()),
+            Ok(_) => panic!(
+                "{} is installed; remove it to run this test",
+                link.display()
+            ),
             Err(_) => {}
         }
         std::fs::create_dir_all("/usr/local/sbin").expect("mkdir /usr/local/sbin");

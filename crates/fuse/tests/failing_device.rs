@@ -1,0 +1,84 @@
+//! A failing device through the mount: the call that hits the failure gets EIO, every change
+//! after it EROFS, reads keep working, and the image keeps its last committed state.
+use idxfs_blockdev::{FaultDevice, MemDevice};
+use idxfs_engine::{fsck, Fs, MkfsOptions, OpenOptions};
+use idxfs_fuse::{serve, unmount, MountConfig};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn mounted(mp: &std::path::Path) -> bool {
+    let want = mp.to_string_lossy().into_owned();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+}
+
+#[test]
+fn eio_then_read_only() {
+    let dir = tempfile::tempdir_in("/dev/shm").expect("tempdir");
+    let mp = dir.path().join("mnt");
+    std::fs::create_dir(&mp).expect("mkdir");
+    let dev = Arc::new(FaultDevice::new(MemDevice::new(64 << 20)));
+    Fs::mkfs(dev.clone(), &MkfsOptions::default()).expect("mkfs");
+    let fs = Fs::open(
+        dev.clone(),
+        OpenOptions {
+            commit_interval: None,
+            ..OpenOptions::default()
+        },
+    )
+    .expect("open");
+    let server = {
+        let mp = mp.clone();
+        std::thread::spawn(move || serve(fs, "faulty", &mp, &MountConfig::default(), || {}))
+    };
+    // Unmounts even when an assertion below fails.
+    struct Guard(std::path::PathBuf);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            if mounted(&self.0) {
+                let _ = unmount(&self.0);
+            }
+        }
+    }
+    let guard = Guard(mp.clone());
+    for _ in 0..500 {
+        if mounted(&mp) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(mounted(&mp), "mount did not come up");
+    std::fs::write(mp.join("safe"), b"committed").expect("write");
+    std::fs::File::open(mp.join("safe"))
+        .and_then(|f| f.sync_all())
+        .expect("fsync");
+    // The device starts failing writes: the fsync that needs them reports EIO.
+    dev.fail_writes_after(0);
+    std::fs::write(mp.join("doomed"), b"never durable").expect("write is in memory");
+    let err = std::fs::File::open(mp.join("doomed"))
+        .and_then(|f| f.sync_all())
+        .expect_err("fsync on a failing device");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    // From now on the file system refuses changes, and still reads.
+    let err = std::fs::write(mp.join("later"), b"x").expect_err("write after failure");
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+    assert_eq!(std::fs::read(mp.join("safe")).expect("read"), b"committed");
+    unmount(&mp).expect("unmount");
+    drop(guard);
+    // The close at the end cannot commit; the server reports it.
+    let r = server.join().expect("server thread");
+    assert!(
+        r.is_ok() || matches!(r, Err(idxfs_fuse::ServeError::Close(_))),
+        "{r:?}"
+    );
+    dev.heal();
+    let report = fsck::check(dev.as_ref(), idxfs_format::hash::name_hash, &mut |_| {})
+        .expect("fsck reads the image");
+    assert!(report.is_clean(), "{:?}", report.problems);
+    let fs = Fs::open(dev, OpenOptions::default()).expect("reopen");
+    let root = idxfs_format::ROOT_INO;
+    assert!(fs.lookup(root, b"safe").is_ok(), "committed file kept");
+    assert!(fs.lookup(root, b"doomed").is_err(), "uncommitted file gone");
+}
