@@ -176,7 +176,10 @@ pub fn serve(
     } else {
         fuser::Session::new(fuse, mountpoint, &config).map_err(ServeError::Mount)?
     };
-    spawn_signal_thread(mountpoint.to_path_buf()).map_err(ServeError::Session)?;
+    if let Err(e) = spawn_signal_thread(mountpoint.to_path_buf()) {
+        let _ = unmount(mountpoint);
+        return Err(ServeError::Session(e));
+    }
     on_mounted();
     let ran = session.run();
     if std::env::var_os("IDXFS_COUNTERS").is_some() {
