@@ -406,18 +406,12 @@ impl Filesystem for IdxFuse {
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.requests.count(Op::Unlink);
-        match self.fs.unlink(parent.0, bytes(name)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        done(reply, self.fs.unlink(parent.0, bytes(name)))
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.requests.count(Op::Rmdir);
-        match self.fs.rmdir(parent.0, bytes(name)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        done(reply, self.fs.rmdir(parent.0, bytes(name)))
     }
 
     fn symlink(
@@ -449,16 +443,16 @@ impl Filesystem for IdxFuse {
         reply: ReplyEmpty,
     ) {
         self.requests.count(Op::Rename);
-        match self.fs.rename(
-            parent.0,
-            bytes(name),
-            newparent.0,
-            bytes(newname),
-            flags.bits(),
-        ) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        done(
+            reply,
+            self.fs.rename(
+                parent.0,
+                bytes(name),
+                newparent.0,
+                bytes(newname),
+                flags.bits(),
+            ),
+        )
     }
 
     fn link(
@@ -549,10 +543,7 @@ impl Filesystem for IdxFuse {
         reply: ReplyEmpty,
     ) {
         self.requests.count(Op::Fsync);
-        match self.fs.fsync(ino.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        done(reply, self.fs.fsync(ino.0))
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -631,10 +622,7 @@ impl Filesystem for IdxFuse {
         reply: ReplyEmpty,
     ) {
         self.requests.count(Op::Fsyncdir);
-        match self.fs.fsync(ino.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        done(reply, self.fs.fsync(ino.0))
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -668,10 +656,10 @@ impl Filesystem for IdxFuse {
         if xattr_unsupported(bytes(name)) {
             return reply.error(Errno::EOPNOTSUPP);
         }
-        match self.fs.setxattr(ino.0, bytes(name), value, flags as u32) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        done(
+            reply,
+            self.fs.setxattr(ino.0, bytes(name), value, flags as u32),
+        )
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -705,10 +693,7 @@ impl Filesystem for IdxFuse {
         if xattr_unsupported(bytes(name)) {
             return reply.error(Errno::EOPNOTSUPP);
         }
-        match self.fs.removexattr(ino.0, bytes(name)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        done(reply, self.fs.removexattr(ino.0, bytes(name)))
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
@@ -763,10 +748,12 @@ impl Filesystem for IdxFuse {
         reply: ReplyEmpty,
     ) {
         self.requests.count(Op::Fallocate);
-        match self.fs.fallocate(ino.0, offset, length, mode as u32) {
-            Ok(_) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
-        }
+        done(
+            reply,
+            self.fs
+                .fallocate(ino.0, offset, length, mode as u32)
+                .map(|_| ()),
+        )
     }
 
     fn lseek(
@@ -792,6 +779,14 @@ impl Filesystem for IdxFuse {
             Ok(o) => reply.offset(o as i64),
             Err(e) => reply.error(errno(&e)),
         }
+    }
+}
+
+/// Replies to a request that returns nothing but success or an errno.
+fn done(reply: ReplyEmpty, r: Result<(), Error>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
     }
 }
 

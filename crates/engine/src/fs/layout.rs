@@ -31,8 +31,9 @@ impl Inner {
         Ok(out)
     }
 
-    /// Allocates preallocated extents over the holes in [off, off + len).
-    fn preallocate(&mut self, ino: Ino, off: u64, len: u64, keep_size: bool) -> Result<InodeSize> {
+    /// Allocates preallocated extents over the holes in [off, off + len); returns the size the
+    /// file will have (the caller sets it).
+    fn preallocate(&mut self, ino: Ino, off: u64, len: u64, keep_size: bool) -> Result<u64> {
         let it = self.inode(ino)?;
         let size = it.size.get();
         let end = off + len;
@@ -42,7 +43,7 @@ impl Inner {
         let empty = !inline && size == 0 && self.extents(ino, 0, u64::MAX)?.is_empty();
         if (inline || empty) && end <= imax && new_size <= imax {
             // Fits inline: zeros past the inline bytes are implied by the size.
-            return Ok(InodeSize { size: new_size });
+            return Ok(new_size);
         }
         if inline {
             let cur = self.read_data(ino, &it, 0, size as usize)?;
@@ -99,7 +100,7 @@ impl Inner {
         self.modify_inode(ino, |i| {
             i.alloc_bytes = (i.alloc_bytes.get() + need * BS).into();
         })?;
-        Ok(InodeSize { size: new_size })
+        Ok(new_size)
     }
 
     /// Zeroes [off, off + len) of file data, freeing the whole blocks inside it.
@@ -142,11 +143,6 @@ impl Inner {
     }
 }
 
-/// The size a file will have after a change.
-struct InodeSize {
-    size: u64,
-}
-
 impl Fs {
     /// fallocate(2): mode 0 allocates and may grow the size, `FALLOC_KEEP_SIZE` allocates past
     /// the size without changing it, `FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE` frees a range. Other
@@ -184,11 +180,11 @@ impl Fs {
                 return Ok(Attr::from_item(ino, &it));
             }
             let old = it.size.get();
-            let new = g.preallocate(ino, off, len, mode & FALLOC_KEEP_SIZE != 0)?;
+            let new_size = g.preallocate(ino, off, len, mode & FALLOC_KEEP_SIZE != 0)?;
             let it = g.modify_inode(ino, |i| {
                 i.ctime = now;
-                if new.size != old {
-                    i.size = new.size.into();
+                if new_size != old {
+                    i.size = new_size.into();
                     i.mtime = now;
                 }
             })?;
