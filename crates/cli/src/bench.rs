@@ -17,6 +17,18 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 20_000)]
         files: u64,
     },
+    /// What the second directory index costs: N creates in one directory through the library
+    /// with both indexes, against a build of the same creates with the name-hash index only,
+    /// alternating rounds in this run (median of each).
+    DirIndex {
+        #[arg(long, default_value_t = 1_000_000)]
+        files: u64,
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
+        /// Run one side only (for profiling): `hash` or `both`.
+        #[arg(long, value_parser = ["hash", "both"])]
+        only: Option<String>,
+    },
     /// Create N empty files in one directory through the library API; baseline: the same
     /// creates through syscalls on tmpfs (/dev/shm) in this run.
     Create {
@@ -64,8 +76,99 @@ fn tmpfs_creates(n: u64) -> Result<f64, String> {
     Ok(n as f64 / secs)
 }
 
+/// One run of `files` creates in a fresh directory on a memory device: (files/s including the
+/// final commit, CPU-seconds per million files).
+fn library_creates(files: u64, hash_index_only: bool) -> Result<(f64, f64), String> {
+    let bytes = (files * 600).max(256 << 20) + (256 << 20);
+    let dev = Arc::new(MemDevice::new_prefaulted(bytes));
+    Fs::mkfs(dev.clone(), &MkfsOptions::default()).map_err(|e| e.to_string())?;
+    let opts = OpenOptions {
+        bench_hash_index_only: hash_index_only,
+        ..OpenOptions::default()
+    };
+    let fs = Fs::open(dev, opts).map_err(|e| e.to_string())?;
+    let owner = Owner::default();
+    let dir = fs
+        .mkdir(idxfs_format::ROOT_INO, b"d", 0o755, owner)
+        .map_err(|e| e.to_string())?;
+    let names: Vec<Vec<u8>> = (0..files)
+        .map(|i| format!("file_{i}").into_bytes())
+        .collect();
+    let cpu0 = cpu_seconds();
+    let t = Instant::now();
+    for name in &names {
+        fs.create(dir.ino, name, 0o644, owner)
+            .map_err(|e| e.to_string())?;
+    }
+    fs.sync().map_err(|e| e.to_string())?;
+    let secs = t.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu0;
+    fs.close().map_err(|e| e.to_string())?;
+    Ok((files as f64 / secs, cpu * 1e6 / files as f64))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn bench_dir_index(files: u64, rounds: u32, only: Option<String>) -> Result<(), String> {
+    let only = only.map(|o| o == "hash");
+    let (mut both, mut one) = (Vec::new(), Vec::new());
+    for r in 0..rounds.max(1) {
+        // Alternate which goes first, so drift in the machine's speed hits both alike.
+        let order = if r % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for hash_only in order.into_iter().filter(|h| only.is_none_or(|o| o == *h)) {
+            let x = library_creates(files, hash_only)?;
+            eprintln!(
+                "  round {}: {:<26} {:>10.0} files/s, {:.2} CPU-s per million",
+                r + 1,
+                if hash_only {
+                    "name-hash index only"
+                } else {
+                    "both indexes"
+                },
+                x.0,
+                x.1
+            );
+            if hash_only { &mut one } else { &mut both }.push(x);
+        }
+    }
+    let rate = |v: &[(f64, f64)]| median(v.iter().map(|x| x.0).collect());
+    let cpu = |v: &[(f64, f64)]| median(v.iter().map(|x| x.1).collect());
+    println!("bench dir-index: {files} creates in one directory, library API, median of {rounds}");
+    println!("{:<26} {:>12} {:>22}", "", "files/s", "CPU-s per million");
+    println!(
+        "{:<26} {:>12.0} {:>22.2}",
+        "name-hash index only",
+        rate(&one),
+        cpu(&one)
+    );
+    println!(
+        "{:<26} {:>12.0} {:>22.2}",
+        "both indexes",
+        rate(&both),
+        cpu(&both)
+    );
+    println!(
+        "second index costs {:+.1}% in time per create, {:+.1}% in CPU per create",
+        (rate(&one) / rate(&both) - 1.0) * 100.0,
+        (cpu(&both) / cpu(&one) - 1.0) * 100.0
+    );
+    Ok(())
+}
+
 pub fn run(cmd: BenchCmd) -> Result<(), String> {
     match cmd {
+        BenchCmd::DirIndex {
+            files,
+            rounds,
+            only,
+        } => bench_dir_index(files, rounds, only),
         BenchCmd::Mount { files } => crate::bench_mount::bench_mount(files),
         BenchCmd::Create {
             files,

@@ -27,9 +27,19 @@ pub struct TreeStats {
     pub items_by_type: BTreeMap<&'static str, u64>,
     /// Leaves under half full (coarse fullness levels: <25%, <50%, <75%, <=100%).
     pub leaf_fill_buckets: [u64; 4],
+    /// Leaves by the item type holding most of their bytes -> (leaves, used bytes, capacity):
+    /// the fill of each index on its own (a huge directory's DIR_HASH and DIR_INO leaves).
+    pub leaf_fill_by_kind: BTreeMap<&'static str, (u64, u64, u64)>,
 }
 
 impl TreeStats {
+    /// Fill of the leaves whose bytes are mostly items of type `kind` (e.g. "DIR_INO").
+    pub fn leaf_fill_of(&self, kind: &str) -> Option<f64> {
+        self.leaf_fill_by_kind
+            .get(kind)
+            .map(|(_, u, c)| *u as f64 / (*c).max(1) as f64)
+    }
+
     pub fn leaf_fill(&self) -> f64 {
         self.levels
             .get(&0)
@@ -147,6 +157,13 @@ pub fn dump(
         for (t, n) in &stats.items_by_type {
             writeln!(out, "  {name} items {t}: {n}")?;
         }
+        for (t, (n, used, cap)) in &stats.leaf_fill_by_kind {
+            writeln!(
+                out,
+                "  {name} leaves mostly {t}: {n}, fill {:.1}%",
+                *used as f64 * 100.0 / (*cap).max(1) as f64
+            )?;
+        }
         writeln!(out, "  {name} leaf fill: {:.1}%", stats.leaf_fill() * 100.0)?;
         all.push((w, stats));
     }
@@ -201,13 +218,20 @@ fn dump_tree(
         if node.is_leaf() {
             let q = (node.used * 4 / cap.max(1)).min(3);
             st.leaf_fill_buckets[q] += 1;
+            let mut bytes: BTreeMap<&'static str, usize> = BTreeMap::new();
             for (k, v) in node.keys.iter().zip(node.leaf_vals()) {
-                *st.items_by_type
-                    .entry(k.item_type().map_or("UNKNOWN", |t| t.name()))
-                    .or_default() += 1;
+                let t = k.item_type().map_or("UNKNOWN", |t| t.name());
+                *st.items_by_type.entry(t).or_default() += 1;
+                *bytes.entry(t).or_default() += v.len();
                 if !stats_only {
                     writeln!(out, "  {k} {}", describe(k, v, total))?;
                 }
+            }
+            if let Some((t, _)) = bytes.iter().max_by_key(|(_, b)| **b) {
+                let e = st.leaf_fill_by_kind.entry(t).or_default();
+                e.0 += 1;
+                e.1 += node.used as u64;
+                e.2 += cap as u64;
             }
         } else {
             for (k, p) in node.keys.iter().zip(node.ptrs()).rev() {

@@ -245,11 +245,19 @@ impl Checker<'_> {
             Some(t @ (ItemType::DirHash | ItemType::DirIno)) => {
                 match decode_dir_entries(v, &what) {
                     Ok(es) => {
+                        if t == ItemType::DirIno && es.len() != 1 {
+                            self.report.problem(format!(
+                                "{what}: {} entries, an inode-order item holds exactly one",
+                                es.len()
+                            ));
+                        }
                         for e in es {
                             let h = (self.hash)(&e.name);
+                            // Inode order: the high bits are the child; the low 16 are its slot
+                            // among that child's names in this directory (any free one).
                             let ok = match t {
                                 ItemType::DirHash => k.offset == h,
-                                _ => k.offset == crate::fs::dir_ino_offset_pub(e.ino, h),
+                                _ => k.offset >> 16 == e.ino,
                             };
                             if !ok {
                                 self.report.problem(format!(

@@ -1,9 +1,11 @@
 //! Directory entries, indexed twice (seed 002):
 //! - by name hash, `(dir, DirHash, hash(name))`, for lookup;
-//! - by inode number, `(dir, DirIno, child << 16 | hash & 0xffff)`, for readdir, so a listing
-//!   returns entries in inode order and a pass over the directory (readdir+stat, cp, tar, rm)
-//!   walks inode items in on-disk order. The low hash bits keep hard links of one inode in one
-//!   directory apart (the compound key of the RFC).
+//! - by inode number, `(dir, DirIno, child << 16 | slot)`, for readdir, so a listing returns
+//!   entries in inode order and a pass over the directory (readdir+stat, cp, tar, rm) walks
+//!   inode items in on-disk order. `slot` keeps hard links of one inode in one directory apart
+//!   (the compound key of the RFC): it starts at the name hash's low 16 bits and, when another
+//!   name of the same inode already has that slot, takes the next free one. So every DirIno
+//!   item holds exactly one entry, and its key is a readdir cookie no other entry shares.
 //!
 //! and one back reference per (child, parent) pair, `(child, InodeRef, parent)`, listing the
 //! names, for hard links, `..` and fsck. The three are changed together, always.
@@ -16,8 +18,23 @@ use idxfs_format::items::{
 use idxfs_format::{ItemType, Key};
 use zerocopy::IntoBytes;
 
-pub(crate) fn dir_ino_offset(child: u64, hash: u64) -> u64 {
-    child << 16 | (hash & 0xffff)
+/// Slots per inode in one directory's inode-order index (the key's low 16 bits).
+const SLOTS: u64 = 1 << 16;
+const _: () = assert!(
+    super::create::LINK_MAX as u64 <= SLOTS,
+    "a slot for every link"
+);
+
+pub(crate) fn dir_ino_offset(child: u64, slot: u64) -> u64 {
+    child << 16 | (slot & (SLOTS - 1))
+}
+
+/// The inode-order index's key range of `child` in `dir`: all its names' slots.
+fn child_range(dir: u64, child: u64) -> (Key, Key) {
+    (
+        Key::new(dir, ItemType::DirIno, dir_ino_offset(child, 0)),
+        Key::new(dir, ItemType::DirIno, dir_ino_offset(child + 1, 0)),
+    )
 }
 
 impl Inner {
@@ -51,11 +68,9 @@ impl Inner {
         let mut rec = Vec::with_capacity(10 + name.len());
         encode_dir_entry(&mut rec, &e);
         append_or_insert(self, hkey, &rec)?;
-        append_or_insert(
-            self,
-            Key::new(dir, ItemType::DirIno, dir_ino_offset(child, h)),
-            &rec,
-        )?;
+        if !self.hash_index_only {
+            self.add_ino_record(dir, child, h, rec)?;
+        }
         let rkey = Key::new(child, ItemType::InodeRef, dir);
         let names = encode_names(&[name.to_vec()]);
         append_or_insert(self, rkey, &names)?;
@@ -72,11 +87,10 @@ impl Inner {
     pub fn remove_entry(&mut self, dir: u64, name: &[u8], child: u64) -> Result<()> {
         let (hkey, h) = self.hash_key(dir, name);
         remove_record(self, hkey, |es| es.iter().position(|e| e.name == name))?;
-        remove_record(
-            self,
-            Key::new(dir, ItemType::DirIno, dir_ino_offset(child, h)),
-            |es| es.iter().position(|e| e.name == name),
-        )?;
+        if !self.hash_index_only {
+            let ikey = self.find_ino_record(dir, child, name, h)?;
+            remove_record(self, ikey, |es| es.iter().position(|e| e.name == name))?;
+        }
         let rkey = Key::new(child, ItemType::InodeRef, dir);
         // A back reference that does not decode, or lacks the name, is corruption: report it
         // and leave the item as it is (never rewrite what could not be read).
@@ -125,6 +139,63 @@ impl Inner {
             d.ctime = now;
         })?;
         Ok(())
+    }
+
+    /// Files `rec` (the entry `child` under a name with hash `h`) in the inode-order index, at
+    /// the first free slot from `h`'s low bits. One descent unless another name of `child` in
+    /// `dir` holds that slot (hard links whose hashes agree in 16 bits: rare).
+    fn add_ino_record(&mut self, dir: u64, child: u64, h: u64, rec: Vec<u8>) -> Result<()> {
+        let first = Key::new(dir, ItemType::DirIno, dir_ino_offset(child, h));
+        let mut rec = Some(rec);
+        self.fs_tree.upsert(&mut self.store, first, |v| match v {
+            Some(_) => None,
+            None => rec.take(),
+        })?;
+        let Some(rec) = rec else { return Ok(()) };
+        let mut taken = std::collections::HashSet::new();
+        let (from, to) = child_range(dir, child);
+        let tree = self.fs_tree;
+        tree.scan(&mut self.store, from, to, |k, _| {
+            taken.insert(k.offset & (SLOTS - 1));
+            Ok(true)
+        })?;
+        let slot = (0..SLOTS)
+            .map(|i| (h + i) & (SLOTS - 1))
+            .find(|s| !taken.contains(s))
+            .ok_or(Error::TooManyLinks)?;
+        let key = Key::new(dir, ItemType::DirIno, dir_ino_offset(child, slot));
+        self.fs_tree.insert(&mut self.store, key, rec)
+    }
+
+    /// The inode-order key holding `name -> child` in `dir`: its first-choice slot, else the
+    /// one of `child`'s slots that has it. Missing means the two indexes disagree: corruption.
+    fn find_ino_record(&mut self, dir: u64, child: u64, name: &[u8], h: u64) -> Result<Key> {
+        let first = Key::new(dir, ItemType::DirIno, dir_ino_offset(child, h));
+        let (from, to) = child_range(dir, child);
+        let mut found = None;
+        let tree = self.fs_tree;
+        for (from, to) in [
+            (first, Key::new(dir, ItemType::DirIno, first.offset + 1)),
+            (from, to),
+        ] {
+            tree.scan(&mut self.store, from, to, |k, v| {
+                let es = decode_dir_entries(v, "dir ino item")?;
+                if es.iter().any(|e| e.name == name) {
+                    found = Some(*k);
+                    return Ok(false);
+                }
+                Ok(true)
+            })?;
+            if let Some(k) = found {
+                return Ok(k);
+            }
+        }
+        Err(idxfs_format::Corrupt::new(
+            format!("inode-order entries of {child} in directory {dir}"),
+            format!("no {:?}", String::from_utf8_lossy(name)),
+            "the entry the name-hash index has",
+        )
+        .into())
     }
 
     /// The parent of directory `dir` (itself for the root).

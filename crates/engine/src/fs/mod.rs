@@ -24,11 +24,6 @@ mod xattr;
 
 pub use types::*;
 
-/// The inode-order index key offset of `child` under a name with hash `hash` (for fsck).
-pub fn dir_ino_offset_pub(child: u64, hash: u64) -> u64 {
-    dir::dir_ino_offset(child, hash)
-}
-
 use crate::btree::{Store, Tree};
 use crate::clock::{Clock, SystemClock};
 use crate::counters::Counters;
@@ -91,6 +86,11 @@ pub struct OpenOptions {
     /// Testing only: a name hash other than the format's, to force collisions. An image written
     /// with it must be read and checked with it.
     pub name_hash: NameHash,
+    /// Benchmark only: file new entries in the name-hash index alone, to measure what the
+    /// inode-order index costs (`idxfs bench dir-index`). Such an image fails fsck and its
+    /// directories list empty: never use it for data.
+    #[doc(hidden)]
+    pub bench_hash_index_only: bool,
 }
 
 impl Default for OpenOptions {
@@ -104,6 +104,7 @@ impl Default for OpenOptions {
             clock: Arc::new(SystemClock),
             atime: Atime::default(),
             name_hash: idxfs_format::hash::name_hash,
+            bench_hash_index_only: false,
         }
     }
 }
@@ -127,6 +128,8 @@ pub(crate) struct Inner {
     /// Pin counts of inodes a front end still holds (see `orphan`).
     pub pins: std::collections::HashMap<Ino, u64>,
     pub atime: Atime,
+    /// `OpenOptions::bench_hash_index_only`.
+    pub hash_index_only: bool,
 }
 
 struct Shared {
@@ -280,6 +283,7 @@ impl Fs {
             changed: true,
             pins: Default::default(),
             atime: Atime::NoAtime,
+            hash_index_only: false,
         };
         inner.commit()?;
         // Write the second copy too, so a fresh image has both slots valid.
@@ -327,6 +331,7 @@ impl Fs {
             changed: false,
             pins: Default::default(),
             atime: opts.atime,
+            hash_index_only: opts.bench_hash_index_only,
             sb,
         };
         let space_tree = inner.space_tree;

@@ -1,8 +1,10 @@
 //! readdir from the inode-order index (seed 002).
 //!
 //! Cookies: 0 starts a listing; 1 resumes after "."; 2 after ".."; any other value is the key
-//! offset (child << 16 | hash & 0xffff) to resume from. Keys are stable while the directory
-//! changes, so an entry present for the whole listing is returned exactly once, and entries
+//! offset (child << 16 | slot) to resume from: an entry's cookie is its own key offset plus one.
+//! Every entry has a key of its own (hard links of one inode take distinct slots, see `dir`),
+//! and a key never changes while its entry exists, so an entry present for the whole listing is
+//! returned exactly once, whatever else is created, removed or renamed meanwhile, and entries
 //! come in inode-number order.
 use super::dir::dir_ino_offset;
 use super::{Attr, DirEntryOut, Fs, Inner, Ino};
@@ -109,9 +111,9 @@ impl Inner {
                 };
                 let n = es.len();
                 for (i, e) in es.into_iter().enumerate() {
-                    // Names sharing one key (hard links whose hashes agree in the low 16 bits) share
-                    // its cookie until the last: stopping inside such an item repeats its earlier
-                    // names rather than losing later ones.
+                    // One entry per key (fsck checks it). Were there more, they would share the
+                    // key's cookie until the last: a resume inside the item repeats earlier names
+                    // rather than losing later ones.
                     let cookie = if i + 1 == n { k.offset + 1 } else { k.offset };
                     if !f(&DirEntryOut {
                         ino: e.ino,
