@@ -1,105 +1,10 @@
 //! `idxfs bench mount`: per-operation cost through the idxfs FUSE mount beside ext4 on a
 //! memory-backed loop device, measured by the same compiled loops in one run, plus the floor of
 //! the FUSE transport (one round trip to an empty daemon). Performance only: nothing asserted.
+use crate::bench_env::{self, check, cpath, create_close, FsKind, Target};
 use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
-
-/// Something made for the benchmark, undone on drop (also when the benchmark fails).
-enum Made {
-    File(PathBuf),
-    Dir(PathBuf),
-    Loop(String),
-    Mount(PathBuf),
-}
-
-#[derive(Default)]
-struct Cleanup(Vec<Made>);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        while let Some(m) = self.0.pop() {
-            match m {
-                Made::Mount(p) => {
-                    let ok = Command::new("umount")
-                        .arg(&p)
-                        .status()
-                        .is_ok_and(|s| s.success());
-                    if !ok {
-                        let _ = Command::new("umount").arg("-l").arg(&p).status();
-                    }
-                }
-                Made::Loop(dev) => {
-                    let _ = Command::new("losetup").arg("-d").arg(&dev).status();
-                }
-                Made::File(p) => {
-                    let _ = std::fs::remove_file(&p);
-                }
-                Made::Dir(p) => {
-                    let _ = std::fs::remove_dir_all(&p);
-                }
-            }
-        }
-    }
-}
-
-fn run(cmd: &mut Command) -> Result<String, String> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{cmd:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
-fn wait_mounted(mp: &Path) -> bool {
-    let want = mp.to_string_lossy().into_owned();
-    for _ in 0..500 {
-        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        if info
-            .lines()
-            .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
-        {
-            return true;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    false
-}
-
-fn cpath(p: &Path) -> CString {
-    CString::new(p.as_os_str().as_bytes()).unwrap_or_default()
-}
-
-fn check(r: libc::c_int, what: &str, p: &Path) -> Result<libc::c_int, String> {
-    if r < 0 {
-        return Err(format!(
-            "{what} {}: {}",
-            p.display(),
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(r)
-}
-
-fn create_close(p: &CString, path: &Path) -> Result<(), String> {
-    // SAFETY: a valid C path; the descriptor is closed right away.
-    let fd = unsafe {
-        libc::open(
-            p.as_ptr(),
-            libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_CLOEXEC,
-            0o644,
-        )
-    };
-    check(fd, "create", path)?;
-    // SAFETY: our descriptor.
-    unsafe { libc::close(fd) };
-    Ok(())
-}
 
 /// The measured loops, on a directory of some file system. Returns ns per op for stat,
 /// open+close, create+unlink, and creates/s for 1 and 2 threads.
@@ -192,48 +97,27 @@ fn floor_ns(base: &Path) -> Result<f64, String> {
 }
 
 pub fn bench_mount(files: u64) -> Result<(), String> {
-    let mut made = Cleanup::default();
-    let base = crate::tempdir_in_shm()?;
-    made.0.push(Made::Dir(base.clone()));
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    bench_env::catch_interrupts();
+    let scratch = bench_env::Scratch::new()?;
+    let base = scratch.0.clone();
     println!(
-        "idxfs bench mount: {files} files; load average {}",
-        load.split(' ').take(3).collect::<Vec<_>>().join(" ")
+        "idxfs bench mount: {files} files; load average {:.2}",
+        bench_env::load_average()
     );
-    // ext4 on a loop device over a file in /dev/shm.
-    let img = base.join("ext4.img");
-    std::fs::File::create(&img)
-        .and_then(|f| f.set_len(2 << 30))
-        .map_err(|e| format!("{}: {e}", img.display()))?;
-    made.0.push(Made::File(img.clone()));
-    let dev = run(Command::new("losetup").arg("-f").arg("--show").arg(&img))?;
-    made.0.push(Made::Loop(dev.clone()));
-    run(Command::new("mkfs.ext4").args(["-q", "-F", &dev]))?;
-    let ext4_mp = base.join("ext4");
-    std::fs::create_dir(&ext4_mp).map_err(|e| e.to_string())?;
-    run(Command::new("mount").arg(&dev).arg(&ext4_mp))?;
-    made.0.push(Made::Mount(ext4_mp.clone()));
-    // idxfs: this binary's own mount command, in the background.
-    let idx_img = base.join("idxfs.img");
-    let idx_mp = base.join("idxfs");
-    std::fs::create_dir(&idx_mp).map_err(|e| e.to_string())?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    run(Command::new(&exe)
-        .args(["mount", "--background", "--create", "--size", "2G"])
-        .arg(&idx_img)
-        .arg(&idx_mp))?;
-    made.0.push(Made::File(idx_img.clone()));
-    made.0.push(Made::Mount(idx_mp.clone()));
-    if !wait_mounted(&idx_mp) {
-        return Err("idxfs mount did not come up".into());
-    }
+    // ext4 on a loop device over a file in /dev/shm; idxfs through this binary's mount.
+    let inodes = files * 4 + 65_536;
+    let ext4 = Target::make(&base, FsKind::Ext4, 2 << 30, inodes)?;
+    let idx = Target::make(&base, FsKind::Idxfs, 2 << 30, inodes)?;
+    let (ext4_mp, idx_mp) = (ext4.mp.clone(), idx.mp.clone());
     let floor = floor_ns(&base)?;
     let cpu0 = crate::bench::cpu_seconds();
     let e = measure(&ext4_mp, files)?;
     let cpu_e = crate::bench::cpu_seconds() - cpu0;
     let cpu0 = crate::bench::cpu_seconds();
+    let daemon = idx.daemon_pid().map(bench_env::process_cpu).unwrap_or(0.0);
     let i = measure(&idx_mp, files)?;
     let cpu_i = crate::bench::cpu_seconds() - cpu0;
+    let cpu_d = idx.daemon_pid().map(bench_env::process_cpu).unwrap_or(0.0) - daemon;
     println!(
         "{:<26} {:>12} {:>12} {:>10}  (ratio > 1: idxfs faster)",
         "operation", "idxfs", "ext4", "ratio"
@@ -258,8 +142,8 @@ pub fn bench_mount(files: u64) -> Result<(), String> {
          round trips (LOOKUP, CREATE), unlink one"
     );
     println!(
-        "benchmark process CPU seconds: idxfs {cpu_i:.2}, ext4 {cpu_e:.2} (daemon CPU not included)"
+        "CPU seconds: benchmark process on idxfs {cpu_i:.2} + idxfs daemon {cpu_d:.2}; on ext4 {cpu_e:.2}"
     );
-    drop(made);
+    drop((idx, ext4, scratch));
     Ok(())
 }

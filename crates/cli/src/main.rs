@@ -2,6 +2,8 @@
 //! non-zero. Also answers as `mkfs.idxfs` and `fsck.idxfs` (mkfs(8), fsck(8)) and in the form
 //! mount.fuse3 runs: `idxfs SOURCE MOUNTPOINT [-o OPTIONS]`.
 mod bench;
+mod bench_env;
+mod bench_hugedir;
 mod bench_mount;
 mod mount;
 

@@ -134,6 +134,9 @@ pub struct IdxFuse {
     /// Ask for the kernel's writeback cache.
     writeback: bool,
     requests: Arc<Requests>,
+    /// How many entries the last full readdirplus reply held: the kernel's buffer size is not
+    /// passed to us, and reading far more names than fit would be wasted work.
+    plus_fit: std::sync::atomic::AtomicUsize,
 }
 
 impl IdxFuse {
@@ -143,6 +146,7 @@ impl IdxFuse {
             ttl: cfg.ttl,
             writeback: cfg.writeback,
             requests,
+            plus_fit: std::sync::atomic::AtomicUsize::new(64),
         }
     }
 
@@ -292,7 +296,6 @@ impl Filesystem for IdxFuse {
             InitFlags::FUSE_NO_OPENDIR_SUPPORT,
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_DO_READDIRPLUS,
-            InitFlags::FUSE_READDIRPLUS_AUTO,
             InitFlags::FUSE_CACHE_SYMLINKS,
             InitFlags::FUSE_MAX_PAGES,
             InitFlags::FUSE_BIG_WRITES,
@@ -584,11 +587,15 @@ impl Filesystem for IdxFuse {
         mut reply: ReplyDirectoryPlus,
     ) {
         self.requests.count(Op::Readdirplus);
-        // The kernel's buffer is a few pages; an entry takes at least 152 bytes, so this many
-        // names fill it (the rest of a batch is read again by the next call).
-        const LIMIT: usize = 64;
-        let mut handed_out = Vec::with_capacity(LIMIT);
-        let r = self.fs.readdir_plus(ino.0, offset, LIMIT, |e, a| {
+        // The kernel's buffer (up to 32 KiB here: ~200 entries) is not passed to us. Read a
+        // little more than the last full reply held; `add` says when the buffer is full, and the
+        // names read past it cost only a leaf scan.
+        use std::sync::atomic::Ordering::Relaxed;
+        let limit = self.plus_fit.load(Relaxed) + 32;
+        let mut full_at = None;
+        let mut handed_out = Vec::with_capacity(limit);
+        let mut added = 0;
+        let r = self.fs.readdir_plus(ino.0, offset, limit, |e, a| {
             let name = OsStr::from_bytes(&e.name);
             let full = reply.add(
                 INodeNo(e.ino),
@@ -602,8 +609,19 @@ impl Filesystem for IdxFuse {
             if !full && e.name != b"." && e.name != b".." {
                 handed_out.push(e.ino);
             }
+            if full {
+                full_at = Some(added);
+            } else {
+                added += 1;
+            }
             !full
         });
+        if let Some(n) = full_at {
+            self.plus_fit.store(n.clamp(16, 4096), Relaxed);
+        } else if added >= limit {
+            // Filled our limit without filling the buffer: the buffer is larger.
+            self.plus_fit.store((limit * 2).min(4096), Relaxed);
+        }
         match r {
             Ok(()) => {
                 self.fs.pin_many(&handed_out);

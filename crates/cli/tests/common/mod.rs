@@ -73,6 +73,8 @@ pub struct Mounted {
     pub image: PathBuf,
     pub mp: PathBuf,
     child: Option<Child>,
+    /// Mount with IDXFS_COUNTERS=1: the daemon prints request counts when it exits.
+    pub counters: bool,
 }
 
 impl Mounted {
@@ -89,6 +91,7 @@ impl Mounted {
             image,
             mp,
             child: None,
+            counters: false,
         };
         m.mount(opts);
         m
@@ -102,7 +105,11 @@ impl Mounted {
         } else {
             format!("allow_other,{opts}")
         };
-        let mut child = Command::new(bin())
+        let mut cmd = Command::new(bin());
+        if self.counters {
+            cmd.env("IDXFS_COUNTERS", "1");
+        }
+        let mut child = cmd
             .arg("mount")
             .arg(&self.image)
             .arg(&self.mp)
