@@ -17,22 +17,6 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 20_000)]
         files: u64,
     },
-    /// Seed 002: create, readdir, readdir+stat, tar, cp -a and rm -rf of one directory of N
-    /// files, fresh and aged, on idxfs (mounted) and ext4, btrfs, XFS on memory-backed loop
-    /// devices, caches cold before each step. Needs root.
-    HugeDir {
-        #[arg(long, default_value_t = 1_000_000)]
-        files: u64,
-        /// Comma-separated: idxfs, ext4, btrfs, xfs, tmpfs.
-        #[arg(long, default_value = "idxfs,ext4,btrfs,xfs")]
-        fs: String,
-        /// Comma-separated: fresh, aged.
-        #[arg(long, default_value = "fresh,aged")]
-        variants: String,
-        /// Also write the raw numbers as JSON (huge-dir.json) and the table (huge-dir.txt) here.
-        #[arg(long)]
-        out: Option<PathBuf>,
-    },
     /// What the second directory index costs: N creates in one directory through the library
     /// with both indexes, against a build of the same creates with the name-hash index only,
     /// alternating rounds in this run (median of each).
@@ -180,45 +164,6 @@ fn bench_dir_index(files: u64, rounds: u32, only: Option<String>) -> Result<(), 
 
 pub fn run(cmd: BenchCmd) -> Result<(), String> {
     match cmd {
-        BenchCmd::HugeDir {
-            files,
-            fs,
-            variants,
-            out,
-        } => {
-            let opts = crate::bench_hugedir::Options {
-                files,
-                fs: crate::bench_env::FsKind::parse_list(&fs)?,
-                fresh: variants.split(',').any(|v| v == "fresh"),
-                aged: variants.split(',').any(|v| v == "aged"),
-            };
-            let samples = crate::bench_hugedir::run(&opts)?;
-            let table = crate::bench_hugedir::table(&samples, files);
-            print!("{table}");
-            if let Some(dir) = out {
-                std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-                let rows: Vec<serde_json::Value> = samples
-                    .iter()
-                    .map(|s| {
-                        serde_json::json!({
-                            "variant": s.variant, "step": s.step, "fs": s.fs.name(),
-                            "seconds": s.seconds, "cpu_seconds": s.cpu_seconds,
-                            "load_average": s.load, "increasing_inodes": s.increasing,
-                        })
-                    })
-                    .collect();
-                let doc = serde_json::json!({
-                    "workload": "huge-dir", "files": files, "samples": rows,
-                    "machine": crate::bench_env::machine(),
-                });
-                let j = dir.join("huge-dir.json");
-                std::fs::write(&j, serde_json::to_string_pretty(&doc).unwrap_or_default())
-                    .map_err(|e| format!("{}: {e}", j.display()))?;
-                let t = dir.join("huge-dir.txt");
-                std::fs::write(&t, &table).map_err(|e| format!("{}: {e}", t.display()))?;
-            }
-            Ok(())
-        }
         BenchCmd::DirIndex {
             files,
             rounds,

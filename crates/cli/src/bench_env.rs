@@ -191,24 +191,27 @@ pub fn ensure_tools(tools: &[(&str, &str)]) -> Result<(), String> {
         })
         .map(|(_, pkg)| *pkg)
         .collect();
-    if missing.is_empty() {
+    apt_install(&missing)
+}
+
+/// `apt-get install -y` (after `apt-get update` if the first try fails).
+pub fn apt_install(pkgs: &[&str]) -> Result<(), String> {
+    if pkgs.is_empty() {
         return Ok(());
     }
-    eprintln!("installing {}...", missing.join(" "));
-    let ok = Command::new("apt-get")
-        .args(["install", "-y", "-q"])
-        .args(&missing)
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        let _ = Command::new("apt-get").args(["update", "-q"]).status();
-        run(Command::new("apt-get")
-            .args(["install", "-y", "-q"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    eprintln!("installing {}...", pkgs.join(" "));
+    let install = || {
+        let mut c = Command::new("apt-get");
+        c.args(["install", "-y", "-q"])
+            .args(pkgs)
+            .env("DEBIAN_FRONTEND", "noninteractive");
+        c
+    };
+    if install().output().is_ok_and(|o| o.status.success()) {
+        return Ok(());
     }
-    Ok(())
+    let _ = Command::new("apt-get").args(["update", "-q"]).output();
+    run(&mut install()).map(|_| ())
 }
 
 /// One mounted file system under test, with everything made for it; dropping it unmounts,
@@ -349,8 +352,23 @@ impl Drop for Target {
 pub struct Scratch(pub PathBuf);
 
 impl Scratch {
+    /// `/dev/shm/idxb<pid>-<n>`: short, because fs_mark refuses directory paths of 40 bytes
+    /// or more, and the mount points and fs_mark's directories live below it.
     pub fn new() -> Result<Scratch, String> {
-        crate::tempdir_in_shm().map(Scratch)
+        use std::sync::atomic::AtomicU32;
+        static N: AtomicU32 = AtomicU32::new(0);
+        let base = if Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        let p = base.join(format!(
+            "idxb{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+        Ok(Scratch(p))
     }
 }
 

@@ -5,6 +5,7 @@ mod bench;
 mod bench_env;
 mod bench_hugedir;
 mod bench_mount;
+mod bench_suite;
 mod mount;
 
 /// The engine allocates many small values per operation; mimalloc's size classes avoid glibc's
@@ -83,10 +84,28 @@ enum Cmd {
         #[arg(long, default_value_t = 100_000)]
         files: u64,
     },
-    /// Benchmarks (not tests): print rates beside a baseline measured in the same run.
+    /// Benchmarks (not tests), side by side with ext4, btrfs and XFS in the same run:
+    /// `idxfs bench [WORKLOAD ...]` runs the seeds' workloads (fs_mark, dir-fsync, huge-dir,
+    /// nocow-write, micro; all by default); the subcommands below are single measurements.
+    /// Needs root. See docs/benchmarks.md.
+    #[command(args_conflicts_with_subcommands = true)]
     Bench {
         #[command(subcommand)]
-        what: bench::BenchCmd,
+        what: Option<bench::BenchCmd>,
+        /// Workloads to run (default: all).
+        workloads: Vec<String>,
+        /// test (seconds), small (under 10 minutes), full (the seeds' sizes, hours).
+        #[arg(long, default_value = "small")]
+        scale: String,
+        /// File systems, comma-separated: idxfs, ext4, btrfs, xfs, tmpfs.
+        #[arg(long, default_value = "idxfs,ext4,btrfs,xfs")]
+        fs: String,
+        /// Where the tables (*.txt), raw numbers (bench.json) and plots (*.png) go.
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+        /// Number of files for huge-dir (default by scale: 2000, 100000, 1000000).
+        #[arg(long)]
+        files: Option<u64>,
     },
 }
 
@@ -432,7 +451,34 @@ fn main() -> ExitCode {
             r
         }),
         Cmd::Demo { image, files } => demo(image, files).map(|_| ExitCode::SUCCESS),
-        Cmd::Bench { what } => bench::run(what).map(|_| ExitCode::SUCCESS),
+        Cmd::Bench {
+            what: Some(what), ..
+        } => bench::run(what).map(|_| ExitCode::SUCCESS),
+        Cmd::Bench {
+            what: None,
+            workloads,
+            scale,
+            fs,
+            out,
+            files,
+        } => (|| {
+            let suite = bench_suite::Suite {
+                workloads: if workloads.is_empty() {
+                    bench_suite::WORKLOADS
+                        .iter()
+                        .map(|w| w.to_string())
+                        .collect()
+                } else {
+                    workloads
+                },
+                scale: bench_suite::Scale::parse(&scale)?,
+                fs: bench_env::FsKind::parse_list(&fs)?,
+                out,
+                files,
+            };
+            bench_suite::run(&suite)
+        })()
+        .map(|_| ExitCode::SUCCESS),
     };
     match r {
         Ok(c) => c,

@@ -32,6 +32,8 @@ counters! {
     commit_dirty_inodes: "inode items written back at commit",
     inode_cache_hits: "inode lookups served from the inode cache",
     inode_cache_misses: "inode lookups that read the fs tree",
+    inode_scan_reads: "inode items readdirplus read by ordered scan (not one lookup each)",
+    inode_scan_fallbacks: "readdirplus inodes looked up one by one (sparse in the scanned range)",
     blocks_allocated: "blocks allocated",
     blocks_freed_now: "blocks freed and reusable at once (allocated in the same transaction)",
     blocks_pinned: "blocks freed but held until the commit that frees them is durable",
@@ -42,6 +44,10 @@ impl Counters {
     #[inline]
     pub fn inc(c: &AtomicU64) {
         c.fetch_add(1, Ordering::Relaxed);
+    }
+    #[inline]
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
     }
 }
 

@@ -8,8 +8,9 @@
 //! come in inode-number order.
 use super::dir::dir_ino_offset;
 use super::{Attr, DirEntryOut, Fs, Inner, Ino};
+use crate::counters::Counters;
 use crate::error::Result;
-use idxfs_format::items::decode_dir_entries;
+use idxfs_format::items::{decode_dir_entries, decode_inode, InodeItem};
 use idxfs_format::{ItemType, Key};
 
 const DT_DIR: u8 = 4;
@@ -42,9 +43,10 @@ impl Fs {
             batch.push(e.clone());
             batch.len() < limit.max(1)
         })?;
-        for e in &batch {
-            let it = g.inode(e.ino)?;
-            if !f(e, &Attr::from_item(e.ino, &it)) {
+        let inos: Vec<Ino> = batch.iter().map(|e| e.ino).collect();
+        let items = g.inodes_in_order(&inos)?;
+        for (e, it) in batch.iter().zip(&items) {
+            if !f(e, &Attr::from_item(e.ino, it)) {
                 break;
             }
         }
@@ -63,6 +65,53 @@ impl Fs {
 }
 
 impl Inner {
+    /// The inode items of `inos` (ascending, as readdir returns them): cached inodes (maybe
+    /// changed since the last commit) as they are, the rest with one ordered scan of the tree
+    /// over their key range, so a directory pass reads inode leaves once each, in order. Where
+    /// the wanted inodes are sparse in that range (other files' items between them), the scan
+    /// gives up after a budget and the rest are looked up one by one.
+    fn inodes_in_order(&mut self, inos: &[Ino]) -> Result<Vec<InodeItem>> {
+        debug_assert!(inos.windows(2).all(|w| w[0] <= w[1]), "ascending");
+        let mut out: Vec<Option<InodeItem>> =
+            inos.iter().map(|i| self.inodes.get(*i).copied()).collect();
+        let missing: Vec<usize> = (0..inos.len()).filter(|i| out[*i].is_none()).collect();
+        if let (Some(&a), Some(&b)) = (missing.first(), missing.last()) {
+            let budget = 16 * missing.len() + 256;
+            let (mut visited, mut j) = (0usize, 0usize);
+            let tree = self.fs_tree;
+            tree.scan(
+                &mut self.store,
+                Key::new(inos[a], ItemType::Inode, 0),
+                Key::new(inos[b], ItemType::Inode, 1),
+                |k, v| {
+                    visited += 1;
+                    if k.item_type() == Some(ItemType::Inode) {
+                        while j < missing.len() && inos[missing[j]] < k.objectid {
+                            j += 1;
+                        }
+                        while j < missing.len() && inos[missing[j]] == k.objectid {
+                            out[missing[j]] = Some(decode_inode(v, k.objectid)?);
+                            j += 1;
+                        }
+                    }
+                    Ok(j < missing.len() && visited < budget)
+                },
+            )?;
+            let found = missing.iter().filter(|i| out[**i].is_some()).count() as u64;
+            Counters::add(&self.store.counters.inode_scan_reads, found);
+        }
+        out.into_iter()
+            .zip(inos)
+            .map(|(it, ino)| match it {
+                Some(it) => Ok(it),
+                None => {
+                    Counters::inc(&self.store.counters.inode_scan_fallbacks);
+                    self.inode(*ino)
+                }
+            })
+            .collect()
+    }
+
     fn readdir_in(
         &mut self,
         dir: Ino,
