@@ -49,6 +49,9 @@ pub enum BenchCmd {
         /// Skip the tmpfs baseline (for profiling idxfs alone).
         #[arg(long)]
         no_baseline: bool,
+        /// Keep the image afterwards (with --image), e.g. to mount a huge directory.
+        #[arg(long, requires = "image")]
+        keep: bool,
     },
 }
 
@@ -177,6 +180,7 @@ pub fn run(cmd: BenchCmd) -> Result<(), String> {
             no_baseline,
             cache_mib,
             dirty_nodes,
+            keep,
         } => {
             let bytes = (files * 600).max(256 << 20) + (256 << 20);
             let dev: Arc<dyn BlockDevice> = match &image {
@@ -286,7 +290,7 @@ pub fn run(cmd: BenchCmd) -> Result<(), String> {
                     }
                 );
             }
-            if let Some(p) = image {
+            if let Some(p) = image.filter(|_| !keep) {
                 let _ = std::fs::remove_file(p);
             }
             Ok(())
