@@ -169,7 +169,9 @@ pub fn run(opts: &Options) -> Result<Vec<Sample>, String> {
     let files = opts.files;
     // Sparse images: room for the directory, its copy and the file systems' own overhead.
     let bytes = (8u64 << 30) + files * 8192;
-    let inodes = files * 2 + 65_536;
+    // Each variant leaves its copy behind (only the original is removed by the rm -rf step):
+    // fresh, its copy, aged, its copy.
+    let inodes = files * 4 + 65_536;
     let variants: Vec<&str> = [("fresh", opts.fresh), ("aged", opts.aged)]
         .iter()
         .filter(|v| v.1)
