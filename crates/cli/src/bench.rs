@@ -55,16 +55,9 @@ pub enum BenchCmd {
     },
 }
 
+/// CPU seconds of this process (user + system).
 pub(crate) fn cpu_seconds() -> f64 {
-    // getrusage(RUSAGE_SELF): CPU time moves far less than wall time on a shared machine.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: getrusage writes into the struct we own; RUSAGE_SELF is always valid.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    if rc != 0 {
-        return 0.0;
-    }
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
+    crate::bench_env::self_cpu()
 }
 
 fn tmpfs_creates(n: u64) -> Result<f64, String> {

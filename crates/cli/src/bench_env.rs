@@ -116,6 +116,11 @@ fn rusage(who: libc::c_int) -> f64 {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
+/// CPU seconds of this process: CPU time moves far less than wall time on a shared machine.
+pub fn self_cpu() -> f64 {
+    rusage(libc::RUSAGE_SELF)
+}
+
 /// CPU seconds of this process and of its children that have been waited for.
 pub fn self_and_children_cpu() -> f64 {
     rusage(libc::RUSAGE_SELF) + rusage(libc::RUSAGE_CHILDREN)

@@ -214,6 +214,32 @@ pub fn run(opts: &Options) -> Result<Vec<Sample>, String> {
     Ok(out)
 }
 
+fn row_of<'a>(samples: &'a [Sample], variant: &str, step: &str) -> Vec<&'a Sample> {
+    samples
+        .iter()
+        .filter(|s| s.variant == variant && s.step == step)
+        .collect()
+}
+
+/// A row's label and one cell per file system (`-` where it did not run).
+fn cells(
+    o: &mut String,
+    variant: &str,
+    step: &str,
+    row: &[&Sample],
+    fss: &[FsKind],
+    value: impl Fn(&Sample) -> f64,
+) {
+    use std::fmt::Write;
+    let _ = write!(o, "{variant:<6} {step:<18}");
+    for f in fss {
+        let _ = match row.iter().find(|s| s.fs == *f) {
+            Some(s) => write!(o, " {:>9.2}", value(s)),
+            None => write!(o, " {:>9}", "-"),
+        };
+    }
+}
+
 /// The table: one row per (variant, step), a column per file system, then the best kernel
 /// file system and the ratio best-kernel / idxfs (> 1: idxfs is faster).
 pub fn table(samples: &[Sample], files: u64) -> String {
@@ -236,24 +262,11 @@ pub fn table(samples: &[Sample], files: u64) -> String {
     let _ = writeln!(o, " {:>12} {:>8}", "best kernel", "ratio");
     for variant in ["fresh", "aged"] {
         for st in STEPS {
-            let row: Vec<&Sample> = samples
-                .iter()
-                .filter(|s| s.variant == variant && s.step == st)
-                .collect();
+            let row = row_of(samples, variant, st);
             if row.is_empty() {
                 continue;
             }
-            let _ = write!(o, "{variant:<6} {st:<18}");
-            for f in &fss {
-                match row.iter().find(|s| s.fs == *f) {
-                    Some(s) => {
-                        let _ = write!(o, " {:>9.2}", s.seconds);
-                    }
-                    None => {
-                        let _ = write!(o, " {:>9}", "-");
-                    }
-                }
-            }
+            cells(&mut o, variant, st, &row, &fss, |s| s.seconds);
             let best = row
                 .iter()
                 .filter(|s| s.fs.is_kernel_disk_fs())
@@ -280,24 +293,11 @@ pub fn table(samples: &[Sample], files: u64) -> String {
     );
     for variant in ["fresh", "aged"] {
         for st in STEPS {
-            let row: Vec<&Sample> = samples
-                .iter()
-                .filter(|s| s.variant == variant && s.step == st)
-                .collect();
+            let row = row_of(samples, variant, st);
             if row.is_empty() {
                 continue;
             }
-            let _ = write!(o, "{variant:<6} {st:<18}");
-            for f in &fss {
-                match row.iter().find(|s| s.fs == *f) {
-                    Some(s) => {
-                        let _ = write!(o, " {:>9.2}", s.cpu_seconds);
-                    }
-                    None => {
-                        let _ = write!(o, " {:>9}", "-");
-                    }
-                }
-            }
+            cells(&mut o, variant, st, &row, &fss, |s| s.cpu_seconds);
             let _ = writeln!(o);
         }
     }
