@@ -427,3 +427,74 @@ pub fn machine() -> serde_json::Value {
         "idxfs_version": env!("CARGO_PKG_VERSION"),
     })
 }
+
+/// A progress bar on stderr for a loop of known length. On a terminal it redraws one line in
+/// place (at most five times a second); into a log it writes a plain line every 30 seconds, so
+/// a long run shows it is alive without flooding the log.
+pub struct Progress {
+    label: String,
+    total: u64,
+    start: Instant,
+    last: Instant,
+    tty: bool,
+    drawn: bool,
+}
+
+impl Progress {
+    pub fn new(label: impl Into<String>, total: u64) -> Progress {
+        let now = Instant::now();
+        Progress {
+            label: label.into(),
+            total: total.max(1),
+            start: now,
+            last: now,
+            // SAFETY: isatty only inspects the descriptor.
+            tty: unsafe { libc::isatty(2) } == 1,
+            drawn: false,
+        }
+    }
+
+    /// `done` of `total` units are finished.
+    pub fn set(&mut self, done: u64) {
+        let every = if self.tty {
+            Duration::from_millis(200)
+        } else {
+            Duration::from_secs(30)
+        };
+        if self.last.elapsed() < every {
+            return;
+        }
+        self.last = Instant::now();
+        let frac = (done as f64 / self.total as f64).min(1.0);
+        let secs = self.start.elapsed().as_secs_f64();
+        let eta = if frac > 0.0 {
+            format!("{:.0} s left", secs * (1.0 - frac) / frac)
+        } else {
+            "?".into()
+        };
+        let width = 30;
+        let full = (frac * width as f64) as usize;
+        let bar = format!("{}{}", "#".repeat(full), ".".repeat(width - full));
+        let line = format!(
+            "{} [{bar}] {done}/{} {:.0}%, {eta}",
+            self.label,
+            self.total,
+            frac * 100.0
+        );
+        if self.tty {
+            eprint!("\r{line}\x1b[K");
+            self.drawn = true;
+        } else {
+            eprintln!("{line}");
+        }
+    }
+}
+
+impl Drop for Progress {
+    /// Clears the bar, so the result line that follows starts on a clean line.
+    fn drop(&mut self) {
+        if self.drawn {
+            eprint!("\r\x1b[K");
+        }
+    }
+}

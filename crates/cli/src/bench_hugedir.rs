@@ -48,8 +48,9 @@ fn name(i: u64) -> String {
 
 /// Creates `files` entries in `dir` (fresh), or reaches `files` entries by 80% creates and 20%
 /// deletes of a random entry (aged).
-fn fill(dir: &Path, files: u64, aged: bool) -> Result<(), String> {
+fn fill(dir: &Path, files: u64, aged: bool, label: &str) -> Result<(), String> {
     std::fs::create_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut bar = bench_env::Progress::new(label, files);
     let mut present: Vec<u64> = Vec::new();
     let mut next = 0u64;
     let mut rng = 0x2545_f491_4f6c_dd1du64;
@@ -62,6 +63,7 @@ fn fill(dir: &Path, files: u64, aged: bool) -> Result<(), String> {
     while (present.len() as u64) < files {
         if next.is_multiple_of(4096) {
             bench_env::interrupted()?;
+            bar.set(present.len() as u64);
         }
         if aged && !present.is_empty() && step() % 100 < 20 {
             let i = (step() % present.len() as u64) as usize;
@@ -84,7 +86,8 @@ fn fill(dir: &Path, files: u64, aged: bool) -> Result<(), String> {
 }
 
 /// readdir of the whole directory: (entries, fraction of consecutive increasing inodes).
-fn readdir(dir: &Path, stat: bool) -> Result<(u64, f64), String> {
+fn readdir(dir: &Path, stat: bool, files: u64, label: &str) -> Result<(u64, f64), String> {
+    let mut bar = bench_env::Progress::new(label, files);
     let rd = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let (mut n, mut up, mut last) = (0u64, 0u64, None);
     for e in rd {
@@ -101,13 +104,21 @@ fn readdir(dir: &Path, stat: bool) -> Result<(u64, f64), String> {
         n += 1;
         if n.is_multiple_of(4096) {
             bench_env::interrupted()?;
+            bar.set(n);
         }
     }
     Ok((n, up as f64 / (n.max(2) - 1) as f64))
 }
 
 /// Runs one step on a target with cold caches: (seconds, CPU-seconds, increasing fraction).
-fn step(t: &mut Target, variant: &str, step: &str, files: u64) -> Result<Sample, String> {
+/// `label` prefixes the progress bar of the steps this process runs itself.
+fn step(
+    t: &mut Target,
+    variant: &str,
+    step: &str,
+    files: u64,
+    label: &str,
+) -> Result<Sample, String> {
     t.cold()?;
     let dir = t.mp.join(variant);
     let copy = t.mp.join(format!("{variant}.copy"));
@@ -118,9 +129,9 @@ fn step(t: &mut Target, variant: &str, step: &str, files: u64) -> Result<Sample,
     let start = Instant::now();
     let mut increasing = None;
     match step {
-        "create" => fill(&dir, files, variant == "aged")?,
+        "create" => fill(&dir, files, variant == "aged", label)?,
         "readdir" | "readdir+stat" => {
-            let (n, up) = readdir(&dir, step == "readdir+stat")?;
+            let (n, up) = readdir(&dir, step == "readdir+stat", files, label)?;
             if n != files {
                 return Err(format!(
                     "{}: readdir saw {n} entries, not {files}",
@@ -186,13 +197,11 @@ pub fn run(opts: &Options) -> Result<Vec<Sample>, String> {
         let mut t = Target::make(&scratch.0, kind, bytes, inodes)?;
         for &v in &variants {
             for s in STEPS {
+                let label = format!("[{done:>3}/{total}] {:<6} {v:<5} {s:<18}", kind.name());
                 if tty {
-                    eprint!(
-                        "\r[{done:>3}/{total}] {:<6} {v:<5} {s:<18} ...",
-                        kind.name()
-                    );
+                    eprint!("\r{label} ...");
                 }
-                let r = step(&mut t, v, s, files)?;
+                let r = step(&mut t, v, s, files, &label)?;
                 eprintln!(
                     "{}[{:>3}/{total}] {:<6} {v:<5} {s:<18} {:>9.2} s {:>9.2} CPU-s{}",
                     if tty { "\r" } else { "" },

@@ -308,6 +308,7 @@ fn dir_fsync(s: &Suite, base: &Path) -> Result<Report, String> {
         let dfd = std::fs::File::open(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let c0 = cpu_of(&t);
         let mut ms = Vec::new();
+        let mut bar = bench_env::Progress::new(format!("dir-fsync {:<6}", kind.name()), n);
         let start = Instant::now();
         for i in 1..=n {
             let p = dir.join(format!("file_{i}"));
@@ -317,13 +318,15 @@ fn dir_fsync(s: &Suite, base: &Path) -> Result<Report, String> {
                 dfd.sync_all()
                     .map_err(|e| format!("fsync {}: {e}", dir.display()))?;
                 ms.push(f0.elapsed().as_secs_f64() * 1e3);
-                if i % (period * 100) == 0 {
+                if i % (period * 10) == 0 {
                     bench_env::interrupted()?;
+                    bar.set(i);
                 }
             }
         }
         let wall = start.elapsed().as_secs_f64();
         let cpu = cpu_of(&t) - c0;
+        drop(bar);
         let tenth = (ms.len() / 10).max(1);
         let first = ms[..tenth].iter().sum::<f64>() / tenth as f64;
         let last = ms[ms.len() - tenth..].iter().sum::<f64>() / tenth as f64;
