@@ -282,19 +282,42 @@ impl Target {
     fn start_daemon(&mut self) -> Result<(), String> {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let img = self.image.clone().ok_or("idxfs without an image")?;
+        // The daemon's messages go to a log beside the image (one "mounted on" line per
+        // remount would bury the progress lines); its tail is shown when something fails.
+        let log = img.with_extension("log");
+        let err = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(|e| format!("{}: {e}", log.display()))?;
         let child = Command::new(exe)
             .arg("mount")
             .arg(&img)
             .arg(&self.mp)
             .stdin(std::process::Stdio::null())
+            .stderr(err)
             .spawn()
             .map_err(|e| format!("idxfs mount: {e}"))?;
         self.daemon = Some(child);
         if !wait_mounted(&self.mp) {
-            return Err(format!("idxfs did not mount on {}", self.mp.display()));
+            return Err(format!(
+                "idxfs did not mount on {}: {}",
+                self.mp.display(),
+                self.daemon_log_tail()
+            ));
         }
         self.mounted = true;
         Ok(())
+    }
+
+    /// The last lines the idxfs daemon wrote, for an error message.
+    fn daemon_log_tail(&self) -> String {
+        let Some(img) = &self.image else {
+            return String::new();
+        };
+        let text = std::fs::read_to_string(img.with_extension("log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(5)..].join(" / ")
     }
 
     /// The idxfs daemon's pid (its CPU time is part of idxfs's cost).
@@ -318,7 +341,10 @@ impl Target {
             // The daemon commits and exits after the unmount; give a big image time.
             let t = Instant::now();
             while t.elapsed() < Duration::from_secs(120) {
-                if let Ok(Some(_)) = c.try_wait() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    if !st.success() {
+                        eprintln!("idxfs daemon {st}: {}", self.daemon_log_tail());
+                    }
                     return;
                 }
                 std::thread::sleep(Duration::from_millis(20));
@@ -348,6 +374,7 @@ impl Drop for Target {
         }
         if let Some(img) = self.image.take() {
             let _ = std::fs::remove_file(&img);
+            let _ = std::fs::remove_file(img.with_extension("log"));
         }
         let _ = std::fs::remove_dir(&self.mp);
     }

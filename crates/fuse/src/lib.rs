@@ -14,9 +14,11 @@
 //! - no-open / no-opendir: open, release, opendir and releasedir cost no round trip (the engine
 //!   keeps no per-open state);
 //! - readdirplus: names and attributes in one pass, in inode order (`Fs::readdir_plus`);
-//! - parallel directory operations, several threads each on its own cloned /dev/fuse fd.
+//! - parallel directory operations, several threads each on its own cloned /dev/fuse fd,
+//!   pinned one per CPU when they cover every CPU (`pin.rs`).
 pub mod null;
 mod options;
+mod pin;
 mod serve;
 
 pub use options::{MountConfig, OptionError};
@@ -137,6 +139,8 @@ pub struct IdxFuse {
     /// How many entries the last full readdirplus reply held: the kernel's buffer size is not
     /// passed to us, and reading far more names than fit would be wasted work.
     plus_fit: std::sync::atomic::AtomicUsize,
+    /// CPUs the workers are pinned to, one each (empty: not pinned); see `pin.rs`.
+    pin_cpus: Vec<usize>,
 }
 
 impl IdxFuse {
@@ -147,7 +151,18 @@ impl IdxFuse {
             writeback: cfg.writeback,
             requests,
             plus_fit: std::sync::atomic::AtomicUsize::new(64),
+            pin_cpus: if cfg.pins_threads() {
+                pin::allowed_cpus()
+            } else {
+                Vec::new()
+            },
         }
+    }
+
+    /// Where every request starts: counts it, and pins a worker on its first request.
+    fn begin(&self, op: Op) {
+        pin::pin_this_worker(&self.pin_cpus);
+        self.requests.count(op);
     }
 
     /// Replies with an entry the kernel now holds: one lookup count, one engine pin.
@@ -310,7 +325,7 @@ impl Filesystem for IdxFuse {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.requests.count(Op::Lookup);
+        self.begin(Op::Lookup);
         match self.fs.lookup(parent.0, bytes(name)) {
             Err(Error::NotFound) => reply.entry(&self.ttl, &negative_entry(), Generation(0)),
             r => self.entry(r, reply),
@@ -318,14 +333,14 @@ impl Filesystem for IdxFuse {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.requests.count(Op::Forget);
+        self.begin(Op::Forget);
         // An error here (a failed device) already turned the file system read-only; the
         // orphan stays listed and is freed at the next mount.
         let _ = self.fs.unpin(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.requests.count(Op::Getattr);
+        self.begin(Op::Getattr);
         match self.fs.getattr(ino.0) {
             Ok(a) => reply.attr(&self.ttl, &file_attr(&a)),
             Err(e) => reply.error(errno(&e)),
@@ -350,7 +365,7 @@ impl Filesystem for IdxFuse {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        self.requests.count(Op::Setattr);
+        self.begin(Op::Setattr);
         let set = SetAttr {
             mode: mode.map(|m| m & 0o7777),
             uid,
@@ -367,7 +382,7 @@ impl Filesystem for IdxFuse {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.requests.count(Op::Readlink);
+        self.begin(Op::Readlink);
         match self.fs.readlink(ino.0) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(errno(&e)),
@@ -384,7 +399,7 @@ impl Filesystem for IdxFuse {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        self.requests.count(Op::Mknod);
+        self.begin(Op::Mknod);
         let r = self
             .fs
             .mknod(parent.0, bytes(name), mode, owner(req), rdev as u64);
@@ -400,7 +415,7 @@ impl Filesystem for IdxFuse {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        self.requests.count(Op::Mkdir);
+        self.begin(Op::Mkdir);
         let r = self
             .fs
             .mkdir(parent.0, bytes(name), mode & 0o7777, owner(req));
@@ -408,12 +423,12 @@ impl Filesystem for IdxFuse {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.requests.count(Op::Unlink);
+        self.begin(Op::Unlink);
         done(reply, self.fs.unlink(parent.0, bytes(name)))
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.requests.count(Op::Rmdir);
+        self.begin(Op::Rmdir);
         done(reply, self.fs.rmdir(parent.0, bytes(name)))
     }
 
@@ -425,7 +440,7 @@ impl Filesystem for IdxFuse {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        self.requests.count(Op::Symlink);
+        self.begin(Op::Symlink);
         let r = self.fs.symlink(
             parent.0,
             bytes(link_name),
@@ -445,7 +460,7 @@ impl Filesystem for IdxFuse {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        self.requests.count(Op::Rename);
+        self.begin(Op::Rename);
         done(
             reply,
             self.fs.rename(
@@ -466,13 +481,13 @@ impl Filesystem for IdxFuse {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        self.requests.count(Op::Link);
+        self.begin(Op::Link);
         let r = self.fs.link(ino.0, newparent.0, bytes(newname));
         self.entry(r, reply)
     }
 
     fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.requests.count(Op::Open);
+        self.begin(Op::Open);
         // With FUSE_NO_OPEN_SUPPORT, ENOSYS tells the kernel to stop sending open (and
         // release): the engine keeps no per-open state.
         reply.error(Errno::ENOSYS);
@@ -489,7 +504,7 @@ impl Filesystem for IdxFuse {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
-        self.requests.count(Op::Read);
+        self.begin(Op::Read);
         match self.fs.read(ino.0, offset, size as usize) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(errno(&e)),
@@ -508,7 +523,7 @@ impl Filesystem for IdxFuse {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
-        self.requests.count(Op::Write);
+        self.begin(Op::Write);
         // With the writeback cache the kernel keeps mtime and ctime and sends them by setattr;
         // a write request can come after that setattr and must not override them.
         let r = if self.writeback {
@@ -530,7 +545,7 @@ impl Filesystem for IdxFuse {
         _lock_owner: fuser::LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.requests.count(Op::Flush);
+        self.begin(Op::Flush);
         // Data is in the engine once write returned and durability is fsync's job, so there is
         // nothing to do: ENOSYS tells the kernel to stop sending flush on every close (it
         // still writes back cached pages first and reports their errors to close).
@@ -545,12 +560,12 @@ impl Filesystem for IdxFuse {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.requests.count(Op::Fsync);
+        self.begin(Op::Fsync);
         done(reply, self.fs.fsync(ino.0))
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.requests.count(Op::Opendir);
+        self.begin(Op::Opendir);
         // FUSE_NO_OPENDIR_SUPPORT: as for open.
         reply.error(Errno::ENOSYS);
     }
@@ -563,7 +578,7 @@ impl Filesystem for IdxFuse {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        self.requests.count(Op::Readdir);
+        self.begin(Op::Readdir);
         let r = self.fs.readdir(ino.0, offset, |e| {
             !reply.add(
                 INodeNo(e.ino),
@@ -586,7 +601,7 @@ impl Filesystem for IdxFuse {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        self.requests.count(Op::Readdirplus);
+        self.begin(Op::Readdirplus);
         // The kernel's buffer (up to 32 KiB here: ~200 entries) is not passed to us. Read a
         // little more than the last full reply held; `add` says when the buffer is full, and the
         // names read past it cost only a leaf scan.
@@ -639,12 +654,12 @@ impl Filesystem for IdxFuse {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.requests.count(Op::Fsyncdir);
+        self.begin(Op::Fsyncdir);
         done(reply, self.fs.fsync(ino.0))
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        self.requests.count(Op::Statfs);
+        self.begin(Op::Statfs);
         match self.fs.statfs() {
             Ok(s) => reply.statfs(
                 s.blocks,
@@ -670,7 +685,7 @@ impl Filesystem for IdxFuse {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        self.requests.count(Op::Setxattr);
+        self.begin(Op::Setxattr);
         if xattr_unsupported(bytes(name)) {
             return reply.error(Errno::EOPNOTSUPP);
         }
@@ -681,7 +696,7 @@ impl Filesystem for IdxFuse {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        self.requests.count(Op::Getxattr);
+        self.begin(Op::Getxattr);
         if xattr_unsupported(bytes(name)) {
             return reply.error(Errno::ENODATA);
         }
@@ -692,7 +707,7 @@ impl Filesystem for IdxFuse {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.requests.count(Op::Listxattr);
+        self.begin(Op::Listxattr);
         match self.fs.listxattr(ino.0) {
             Ok(names) => {
                 let mut buf = Vec::new();
@@ -707,7 +722,7 @@ impl Filesystem for IdxFuse {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.requests.count(Op::Removexattr);
+        self.begin(Op::Removexattr);
         if xattr_unsupported(bytes(name)) {
             return reply.error(Errno::EOPNOTSUPP);
         }
@@ -715,7 +730,7 @@ impl Filesystem for IdxFuse {
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        self.requests.count(Op::Access);
+        self.begin(Op::Access);
         // Sent only without default_permissions (which idxfs always sets); answered anyway.
         match self.fs.getattr(ino.0) {
             Ok(a) => {
@@ -739,7 +754,7 @@ impl Filesystem for IdxFuse {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        self.requests.count(Op::Create);
+        self.begin(Op::Create);
         match self.fs.mknod(parent.0, bytes(name), mode, owner(req), 0) {
             Ok(a) => {
                 self.fs.pin(a.ino);
@@ -765,7 +780,7 @@ impl Filesystem for IdxFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        self.requests.count(Op::Fallocate);
+        self.begin(Op::Fallocate);
         done(
             reply,
             self.fs
@@ -783,7 +798,7 @@ impl Filesystem for IdxFuse {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        self.requests.count(Op::Lseek);
+        self.begin(Op::Lseek);
         let what = match whence {
             libc::SEEK_DATA => Seek::Data,
             libc::SEEK_HOLE => Seek::Hole,

@@ -21,6 +21,8 @@ pub struct MountConfig {
     pub writeback: bool,
     /// FUSE worker threads (each with its own cloned /dev/fuse fd).
     pub threads: usize,
+    /// Pin worker i to the i-th allowed CPU (`pin.rs`); None: when the workers cover every CPU.
+    pub pin: Option<bool>,
     /// Kernel mount flags passed through (nodev, nosuid, noexec, sync, dirsync, ...).
     pub flags: Vec<MountOption>,
 }
@@ -35,6 +37,7 @@ impl Default for MountConfig {
             ttl: Duration::from_secs(3600),
             writeback: false,
             threads: 2,
+            pin: None,
             flags: Vec::new(),
         }
     }
@@ -90,6 +93,8 @@ impl MountConfig {
                         .filter(|n| (1..=64).contains(n))
                         .ok_or_else(|| OptionError(format!("bad threads {v:?}: 1 to 64")))?;
                 }
+                "pin" => self.pin = Some(true),
+                "nopin" => self.pin = Some(false),
                 "dev" => self.flags.push(MountOption::Dev),
                 "nodev" => self.flags.push(MountOption::NoDev),
                 "suid" => self.flags.push(MountOption::Suid),
@@ -107,6 +112,13 @@ impl MountConfig {
             }
         }
         Ok(())
+    }
+
+    /// Whether workers are pinned one per CPU: as asked, else when there are at least as many
+    /// workers as allowed CPUs.
+    pub fn pins_threads(&self) -> bool {
+        self.pin
+            .unwrap_or_else(|| self.threads >= crate::pin::allowed_cpus().len().max(1))
     }
 
     /// mount(2) flags: nodev and nosuid unless `dev` / `suid` (as fuser and libfuse do).
@@ -221,6 +233,16 @@ mod tests {
         let k = c.kernel_flags();
         assert_eq!(k & libc::MS_NODEV, libc::MS_NODEV);
         assert_eq!(k & libc::MS_STRICTATIME, libc::MS_STRICTATIME);
+        c.apply("threads=64").expect("valid");
+        assert_eq!(
+            c.pins_threads(),
+            64 >= crate::pin::allowed_cpus().len(),
+            "pinned when the workers cover the CPUs"
+        );
+        c.apply("nopin").expect("valid");
+        assert!(!c.pins_threads());
+        c.apply("threads=1,pin").expect("valid");
+        assert!(c.pins_threads());
         c.apply("dev,suid,noexec").expect("valid");
         let k = c.kernel_flags();
         assert_eq!(k & (libc::MS_NODEV | libc::MS_NOSUID), 0);
