@@ -219,6 +219,16 @@ pub fn apt_install(pkgs: &[&str]) -> Result<(), String> {
     run(&mut install()).map(|_| ())
 }
 
+/// This very binary, for the idxfs children (mkfs, mount). When the file was replaced while
+/// this ran (a rebuild during an hour-long run), `current_exe()` is a path ending in
+/// " (deleted)"; `/proc/self/exe` still names the running image, so that is used instead.
+fn self_exe() -> PathBuf {
+    match std::env::current_exe() {
+        Ok(p) if p.exists() => p,
+        _ => PathBuf::from("/proc/self/exe"),
+    }
+}
+
 /// One mounted file system under test, with everything made for it; dropping it unmounts,
 /// stops the idxfs daemon, detaches the loop device and deletes the image.
 pub struct Target {
@@ -259,8 +269,7 @@ impl Target {
             .map_err(|e| format!("{}: {e}", img.display()))?;
         t.image = Some(img.clone());
         if kind == FsKind::Idxfs {
-            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-            run(Command::new(exe).arg("mkfs").arg(&img))?;
+            run(Command::new(self_exe()).arg("mkfs").arg(&img))?;
             t.start_daemon()?;
             return Ok(t);
         }
@@ -280,7 +289,7 @@ impl Target {
     }
 
     fn start_daemon(&mut self) -> Result<(), String> {
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let exe = self_exe();
         let img = self.image.clone().ok_or("idxfs without an image")?;
         // The daemon's messages go to a log beside the image (one "mounted on" line per
         // remount would bury the progress lines); its tail is shown when something fails.

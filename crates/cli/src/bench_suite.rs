@@ -132,7 +132,9 @@ fn fs_mark(s: &Suite, base: &Path) -> Result<Report, String> {
         )?;
         let load = bench_env::load_average();
         let mut cmd = Command::new("fs_mark");
-        cmd.args(["-S", "0", "-L", &loops.to_string(), "-s", "0"])
+        // fs_mark writes its log (fs_log.txt) into the working directory: keep it in scratch.
+        cmd.current_dir(base)
+            .args(["-S", "0", "-L", &loops.to_string(), "-s", "0"])
             .args(["-n", &n.to_string(), "-t", &threads.to_string(), "-k"]);
         for i in 1..=threads {
             cmd.arg("-d").arg(t.mp.join(format!("d{i}")));

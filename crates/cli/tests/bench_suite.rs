@@ -1,6 +1,6 @@
 //! The benchmark harness itself (not performance): `idxfs bench --scale test --fs tmpfs` runs
 //! the smallest scale of every workload against tmpfs only, writes its tables, JSON and plots,
-//! and leaves nothing mounted or on /dev/shm.
+//! and leaves nothing mounted, on /dev/shm, or in its working directory.
 mod common;
 use common::*;
 use std::collections::HashSet;
@@ -31,16 +31,32 @@ fn every_workload_runs_against_tmpfs_and_cleans_up() {
     let out = tempfile::tempdir().expect("tempdir");
     let before = shm_entries();
     let mounted_before = bench_mounts();
-    let (code, stdout, stderr) = idxfs(&[
-        "bench",
-        "--scale",
-        "test",
-        "--fs",
-        "tmpfs",
-        "--out",
-        out.path().to_str().expect("utf8"),
-    ]);
-    assert_eq!(code, 0, "idxfs bench failed:\n{stdout}\n{stderr}");
+    // Run from an empty directory: nothing may land in the caller's working directory
+    // either (fs_mark writes its fs_log.txt there unless told otherwise).
+    let cwd = tempfile::tempdir().expect("tempdir");
+    let run = std::process::Command::new(bin())
+        .current_dir(cwd.path())
+        .args(["bench", "--scale", "test", "--fs", "tmpfs", "--out"])
+        .arg(out.path())
+        .output()
+        .expect("run idxfs");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr),
+    );
+    assert!(
+        run.status.success(),
+        "idxfs bench failed:\n{stdout}\n{stderr}"
+    );
+    let litter: Vec<_> = std::fs::read_dir(cwd.path())
+        .expect("read cwd")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(
+        litter.is_empty(),
+        "left in the working directory: {litter:?}"
+    );
     let json: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(out.path().join("bench.json")).expect("bench.json"),
     )

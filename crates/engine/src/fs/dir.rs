@@ -145,9 +145,12 @@ impl Inner {
     /// the first free slot from `h`'s low bits. One descent unless another name of `child` in
     /// `dir` holds that slot (hard links whose hashes agree in 16 bits: rare).
     ///
-    /// Not yet good enough: this append still pays a full copy-on-write descent, so the second
-    /// index adds 20-26% to a library create (`idxfs bench dir-index`), above the 10% goal. The
-    /// planned fix is a cached path to the directory's last inode-order leaf.
+    /// Not yet good enough: the second index adds 20-29% to a library create (`idxfs bench
+    /// dir-index`), above the 10% goal. Profiled (perf, 300,000 creates), this function is 11%
+    /// of a create's CPU, most of it the copy-on-write descent; the rest of the gap is the
+    /// index's own leaves (fresh memory for the node cache, more bytes per commit). A cached
+    /// path to the directory's last inode-order leaf would save the descent, about half of
+    /// the 11%; the leaves are the price of the index itself.
     fn add_ino_record(&mut self, dir: u64, child: u64, h: u64, rec: Vec<u8>) -> Result<()> {
         let first = Key::new(dir, ItemType::DirIno, dir_ino_offset(child, h));
         let mut rec = Some(rec);
