@@ -72,24 +72,35 @@ fn tmpfs_creates(n: u64) -> Result<f64, String> {
     Ok(n as f64 / secs)
 }
 
+/// A fresh file system on `dev` with one empty directory `d`, and the `files` names the
+/// create benchmarks put in it (made before the clock starts).
+fn fs_with_one_dir(
+    dev: Arc<dyn BlockDevice>,
+    opts: OpenOptions,
+    files: u64,
+) -> Result<(Fs, idxfs_engine::fs::Attr, Vec<Vec<u8>>), String> {
+    Fs::mkfs(dev.clone(), &MkfsOptions::default()).map_err(|e| e.to_string())?;
+    let fs = Fs::open(dev, opts).map_err(|e| e.to_string())?;
+    let dir = fs
+        .mkdir(idxfs_format::ROOT_INO, b"d", 0o755, Owner::default())
+        .map_err(|e| e.to_string())?;
+    let names = (0..files)
+        .map(|i| format!("file_{i}").into_bytes())
+        .collect();
+    Ok((fs, dir, names))
+}
+
 /// One run of `files` creates in a fresh directory on a memory device: (files/s including the
 /// final commit, CPU-seconds per million files).
 fn library_creates(files: u64, hash_index_only: bool) -> Result<(f64, f64), String> {
     let bytes = (files * 600).max(256 << 20) + (256 << 20);
     let dev = Arc::new(MemDevice::new_prefaulted(bytes));
-    Fs::mkfs(dev.clone(), &MkfsOptions::default()).map_err(|e| e.to_string())?;
     let opts = OpenOptions {
         bench_hash_index_only: hash_index_only,
         ..OpenOptions::default()
     };
-    let fs = Fs::open(dev, opts).map_err(|e| e.to_string())?;
+    let (fs, dir, names) = fs_with_one_dir(dev, opts, files)?;
     let owner = Owner::default();
-    let dir = fs
-        .mkdir(idxfs_format::ROOT_INO, b"d", 0o755, owner)
-        .map_err(|e| e.to_string())?;
-    let names: Vec<Vec<u8>> = (0..files)
-        .map(|i| format!("file_{i}").into_bytes())
-        .collect();
     let cpu0 = cpu_seconds();
     let t = Instant::now();
     for name in &names {
@@ -182,20 +193,13 @@ pub fn run(cmd: BenchCmd) -> Result<(), String> {
                 ),
                 None => Arc::new(MemDevice::new_prefaulted(bytes)),
             };
-            Fs::mkfs(dev.clone(), &MkfsOptions::default()).map_err(|e| e.to_string())?;
             let opts = OpenOptions {
                 cache_bytes: cache_mib << 20,
                 dirty_nodes_limit: dirty_nodes,
                 ..OpenOptions::default()
             };
-            let fs = Fs::open(dev.clone(), opts).map_err(|e| e.to_string())?;
+            let (fs, dir, names) = fs_with_one_dir(dev.clone(), opts, files)?;
             let owner = Owner::default();
-            let dir = fs
-                .mkdir(idxfs_format::ROOT_INO, b"d", 0o755, owner)
-                .map_err(|e| e.to_string())?;
-            let names: Vec<Vec<u8>> = (0..files)
-                .map(|i| format!("file_{i}").into_bytes())
-                .collect();
             eprintln!("creating {files} files through the library API...");
             let cpu0 = cpu_seconds();
             let t = Instant::now();
