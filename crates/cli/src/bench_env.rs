@@ -428,6 +428,30 @@ impl Drop for Scratch {
     }
 }
 
+/// How an idxfs mount started now talks to the kernel.
+pub fn fuse_transport() -> &'static str {
+    if idxfs_fuse::uring::kernel_enabled() {
+        "io_uring"
+    } else {
+        "/dev/fuse"
+    }
+}
+
+/// Lets idxfs mounts use FUSE over io_uring (as `scripts/setup` does), and says which transport
+/// they will use.
+pub fn ensure_fuse_uring() {
+    if !idxfs_fuse::uring::kernel_enabled() && idxfs_fuse::uring::kernel_enable() {
+        eprintln!(
+            "bench: turned on FUSE over io_uring ({}=Y)",
+            idxfs_fuse::uring::PARAM
+        );
+    }
+    eprintln!(
+        "bench: idxfs mounts talk to the kernel through {}",
+        fuse_transport()
+    );
+}
+
 /// What a reader needs to compare a result: kernel, CPU, cores, memory, load.
 pub fn machine() -> serde_json::Value {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -461,6 +485,7 @@ pub fn machine() -> serde_json::Value {
         "memory_gib": mem_kib as f64 / (1u64 << 20) as f64,
         "load_average": load_average(),
         "idxfs_version": env!("CARGO_PKG_VERSION"),
+        "fuse_transport": fuse_transport(),
     })
 }
 

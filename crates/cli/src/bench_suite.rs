@@ -589,6 +589,9 @@ pub fn run(s: &Suite) -> Result<(), String> {
     if s.fs.iter().any(|k| k.is_kernel_disk_fs()) {
         bench_env::ensure_tools(&[("mkfs.btrfs", "btrfs-progs"), ("mkfs.xfs", "xfsprogs")])?;
     }
+    if s.fs.contains(&bench_env::FsKind::Idxfs) {
+        bench_env::ensure_fuse_uring();
+    }
     bench_env::catch_interrupts();
     std::fs::create_dir_all(&s.out).map_err(|e| format!("{}: {e}", s.out.display()))?;
     let scratch = bench_env::Scratch::new()?;

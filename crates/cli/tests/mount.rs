@@ -20,8 +20,36 @@ fn cpath(p: &Path) -> CString {
 }
 
 #[test]
-fn posix_operations_through_the_mount() {
-    let m = Mounted::new("256M", "");
+fn posix_operations_over_io_uring() {
+    enable_fuse_uring();
+    let err = posix_operations("uring");
+    let served = ring_requests(&err);
+    assert!(served > 100, "requests went through the rings: {err}");
+    assert!(err.contains(" 0 malformed"), "{err}");
+}
+
+#[test]
+fn posix_operations_over_dev_fuse() {
+    let err = posix_operations("nouring");
+    assert_eq!(ring_requests(&err), 0, "{err}");
+}
+
+/// How many requests the daemon's counters (IDXFS_COUNTERS) say came through io_uring.
+fn ring_requests(daemon_stderr: &str) -> u64 {
+    daemon_stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("fuse over io_uring: "))
+        .and_then(|l| l.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no io_uring counters in {daemon_stderr}"))
+}
+
+/// Every kind of request, mounted with `opts`; returns the daemon's stderr (with counters).
+fn posix_operations(opts: &str) -> String {
+    let mut m = Mounted::new("256M", "");
+    m.unmount();
+    m.counters = true;
+    m.mount(opts);
     let line = mounts_line(&m.mp).expect("in /proc/mounts");
     let image = m.image.to_string_lossy().into_owned();
     assert!(
@@ -139,7 +167,9 @@ fn posix_operations_through_the_mount() {
     assert_eq!(unsafe { libc::statvfs(cpath(&m.mp).as_ptr(), &mut sv) }, 0);
     assert_eq!((sv.f_bsize, sv.f_namemax), (4096, 255));
     assert!(sv.f_bfree > 0 && sv.f_blocks >= sv.f_bfree);
-    drop(m);
+    let err = m.unmount();
+    m.assert_fsck_clean();
+    err
 }
 
 #[test]

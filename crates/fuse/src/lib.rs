@@ -20,6 +20,7 @@ pub mod null;
 mod options;
 mod pin;
 mod serve;
+pub mod uring;
 
 pub use options::{MountConfig, OptionError};
 pub use serve::{block_shutdown_signals, serve, unmount, ServeError};
@@ -141,10 +142,18 @@ pub struct IdxFuse {
     plus_fit: std::sync::atomic::AtomicUsize,
     /// CPUs the workers are pinned to, one each (empty: not pinned); see `pin.rs`.
     pin_cpus: Vec<usize>,
+    /// Some: ask the kernel for FUSE over io_uring at init, and set the flag when it agrees.
+    uring: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl IdxFuse {
-    pub fn new(fs: Arc<Fs>, cfg: &MountConfig, requests: Arc<Requests>) -> IdxFuse {
+    /// `uring`: see the field.
+    pub fn new(
+        fs: Arc<Fs>,
+        cfg: &MountConfig,
+        requests: Arc<Requests>,
+        uring: Option<Arc<std::sync::atomic::AtomicBool>>,
+    ) -> IdxFuse {
         IdxFuse {
             fs,
             ttl: cfg.ttl,
@@ -156,6 +165,7 @@ impl IdxFuse {
             } else {
                 Vec::new()
             },
+            uring,
         }
     }
 
@@ -318,6 +328,13 @@ impl Filesystem for IdxFuse {
         ] {
             // A kernel without a feature gets the request without it.
             let _ = config.add_capabilities(flag);
+        }
+        if let Some(granted) = &self.uring {
+            // Offered only when the kernel has fuse.enable_uring=Y.
+            let ok = config
+                .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
+                .is_ok();
+            granted.store(ok, std::sync::atomic::Ordering::Relaxed);
         }
         let _ = config.set_max_write(MAX_WRITE);
         let _ = config.set_time_granularity(Duration::from_nanos(1));

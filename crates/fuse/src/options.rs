@@ -23,6 +23,9 @@ pub struct MountConfig {
     pub threads: usize,
     /// Pin worker i to the i-th allowed CPU (`pin.rs`); None: when the workers cover every CPU.
     pub pin: Option<bool>,
+    /// FUSE over io_uring (`uring.rs`): None: when the kernel allows it (`fuse.enable_uring`);
+    /// `-o uring` insists (the mount fails without it), `-o nouring` stays on /dev/fuse.
+    pub uring: Option<bool>,
     /// Kernel mount flags passed through (nodev, nosuid, noexec, sync, dirsync, ...).
     pub flags: Vec<MountOption>,
 }
@@ -38,6 +41,7 @@ impl Default for MountConfig {
             writeback: false,
             threads: 2,
             pin: None,
+            uring: None,
             flags: Vec::new(),
         }
     }
@@ -95,6 +99,8 @@ impl MountConfig {
                 }
                 "pin" => self.pin = Some(true),
                 "nopin" => self.pin = Some(false),
+                "uring" => self.uring = Some(true),
+                "nouring" => self.uring = Some(false),
                 "dev" => self.flags.push(MountOption::Dev),
                 "nodev" => self.flags.push(MountOption::NoDev),
                 "suid" => self.flags.push(MountOption::Suid),
@@ -243,6 +249,11 @@ mod tests {
         assert!(!c.pins_threads());
         c.apply("threads=1,pin").expect("valid");
         assert!(c.pins_threads());
+        assert_eq!(c.uring, None, "io_uring when the kernel allows it");
+        c.apply("uring").expect("valid");
+        assert_eq!(c.uring, Some(true));
+        c.apply("nouring").expect("valid");
+        assert_eq!(c.uring, Some(false));
         c.apply("dev,suid,noexec").expect("valid");
         let k = c.kernel_flags();
         assert_eq!(k & (libc::MS_NODEV | libc::MS_NOSUID), 0);

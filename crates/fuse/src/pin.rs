@@ -45,14 +45,19 @@ pub fn pin_this_worker(cpus: &[usize]) {
     else {
         return;
     };
-    let cpu = cpus[n % cpus.len()];
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; cpu is below CPU_SETSIZE (it came
-    // from sched_getaffinity).
+    pin_current_to(cpus[n % cpus.len()]);
+}
+
+/// Pins the calling thread to `cpu`. Failure (a cpuset changed under us) leaves it unpinned,
+/// which is correct, only slower.
+pub fn pin_current_to(cpu: usize) {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return;
+    }
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; cpu is below CPU_SETSIZE.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
-        // Failure (a cpuset changed under us) leaves the worker unpinned, which is correct,
-        // only slower.
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
 }

@@ -4,7 +4,7 @@ use idxfs_engine::Fs;
 use std::ffi::CString;
 use std::fmt;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -159,7 +159,24 @@ pub fn serve(
 ) -> Result<(), ServeError> {
     let fs = Arc::new(fs);
     let requests = Arc::new(crate::Requests::default());
-    let fuse = IdxFuse::new(fs.clone(), cfg, requests.clone());
+    let want_uring = match cfg.uring {
+        Some(false) => false,
+        None => crate::uring::kernel_enabled(),
+        Some(true) if crate::uring::kernel_enabled() => true,
+        Some(true) => {
+            return Err(ServeError::Mount(io::Error::other(format!(
+                "-o uring: FUSE over io_uring is off in this kernel (write Y to {})",
+                crate::uring::PARAM
+            ))))
+        }
+    };
+    let granted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let fuse = IdxFuse::new(
+        fs.clone(),
+        cfg,
+        requests.clone(),
+        want_uring.then(|| granted.clone()),
+    );
     let config = cfg.fuser_config(source);
     // SAFETY: geteuid has no preconditions.
     let session = if unsafe { libc::geteuid() } == 0 {
@@ -180,12 +197,42 @@ pub fn serve(
         let _ = unmount(mountpoint);
         return Err(ServeError::Session(e));
     }
+    let uring_stats = Arc::new(crate::uring::Stats::default());
+    let ring_fd = if granted.load(std::sync::atomic::Ordering::Relaxed) {
+        match session.as_fd().try_clone_to_owned() {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                let _ = unmount(mountpoint);
+                return Err(ServeError::Session(e));
+            }
+        }
+    } else if want_uring {
+        eprintln!("idxfs: the kernel did not offer FUSE over io_uring; serving /dev/fuse");
+        None
+    } else {
+        None
+    };
     on_mounted();
-    let ran = session.run();
+    let ran = match ring_fd {
+        Some(fd) => {
+            let stats = uring_stats.clone();
+            session.run_with(move |d| crate::uring::start(fd, d, stats))
+        }
+        None => session.run(),
+    };
     if std::env::var_os("IDXFS_COUNTERS").is_some() {
         for (op, n) in requests.snapshot() {
             eprintln!("fuse requests {op}: {n}");
         }
+        eprintln!(
+            "fuse over io_uring: {} requests, {} malformed",
+            uring_stats
+                .requests
+                .load(std::sync::atomic::Ordering::Relaxed),
+            uring_stats
+                .malformed
+                .load(std::sync::atomic::Ordering::Relaxed)
+        );
         eprintln!("{}", fs.counters());
     }
     // The session dropped its handle when it ended, so this is normally the last one.

@@ -53,7 +53,7 @@ impl Channel {
     pub(crate) fn sender(&self) -> ChannelSender {
         // Since write/writev syscalls are threadsafe, we can simply create
         // a sender by using the same file and use it in other threads.
-        ChannelSender(self.0.clone())
+        ChannelSender::Dev(self.0.clone())
     }
 
     /// Clone the FUSE device fd using FUSE_DEV_IOC_CLONE ioctl.
@@ -79,12 +79,30 @@ impl Channel {
     }
 }
 
-#[derive(Clone, Debug)]
-pub(crate) struct ChannelSender(Arc<DevFuse>);
+/// Where replies go: the device they were read from, or (idxfs patch) a sink supplied by the
+/// caller of `Dispatcher::dispatch` (a FUSE-over-io_uring ring entry).
+#[derive(Clone)]
+pub(crate) enum ChannelSender {
+    Dev(Arc<DevFuse>),
+    Sink(Arc<dyn crate::ReplySink>),
+}
+
+impl std::fmt::Debug for ChannelSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChannelSender::Dev(d) => f.debug_tuple("Dev").field(d).finish(),
+            ChannelSender::Sink(_) => f.write_str("Sink"),
+        }
+    }
+}
 
 impl ChannelSender {
     pub(crate) fn send(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<()> {
-        let rc = nix::sys::uio::writev(&self.0, bufs)?;
+        let dev = match self {
+            ChannelSender::Dev(dev) => dev,
+            ChannelSender::Sink(sink) => return sink.send(bufs),
+        };
+        let rc = nix::sys::uio::writev(dev, bufs)?;
         // writev is atomic, so do not need to check how many bytes are written.
         // libfuse does not do it either
         // https://github.com/libfuse/libfuse/blob/6278995cca991978abd25ebb2c20ebd3fc9e8a13/lib/fuse_lowlevel.c#L267
@@ -93,10 +111,18 @@ impl ChannelSender {
     }
 
     pub(crate) fn open_backing(&self, fd: BorrowedFd<'_>) -> std::io::Result<BackingId> {
-        BackingId::create(&self.0, fd)
+        match self {
+            ChannelSender::Dev(dev) => BackingId::create(dev, fd),
+            ChannelSender::Sink(_) => Err(io::Error::from_raw_os_error(libc::ENOSYS)),
+        }
     }
 
     pub(crate) unsafe fn wrap_backing(&self, id: u32) -> BackingId {
-        unsafe { BackingId::wrap_raw(&self.0, id) }
+        match self {
+            ChannelSender::Dev(dev) => unsafe { BackingId::wrap_raw(dev, id) },
+            // Passthrough needs the device; a sink-dispatching server does not open backing
+            // files (`open_backing` above refuses).
+            ChannelSender::Sink(_) => panic!("wrap_backing without a device"),
+        }
     }
 }

@@ -77,6 +77,8 @@ pub use crate::request_param::Request;
 pub use crate::session::BackgroundSession;
 use crate::session::MAX_WRITE_SIZE;
 pub use crate::session::Session;
+pub use crate::session::Dispatcher;
+pub use crate::session::ReplySink;
 pub use crate::session::SessionACL;
 pub use crate::session::SessionUnmounter;
 

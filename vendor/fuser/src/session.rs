@@ -244,6 +244,19 @@ impl<FS: Filesystem> Session<FS> {
     /// # Errors
     /// Returns any final error when the session comes to an end.
     pub fn run(self) -> io::Result<()> {
+        self.run_with(|_| Ok(Vec::new()))
+    }
+
+    /// idxfs patch: runs the session like [`Session::run`], and first hands `side` a
+    /// [`Dispatcher`] for requests that arrive some other way than a read of /dev/fuse (FUSE
+    /// over io_uring). The threads `side` returns are joined after the session's own, before
+    /// the file system is destroyed; they must end when the connection does.
+    /// # Errors
+    /// As for `run`, and an error `side` returns (the session is not run then).
+    pub fn run_with(
+        self,
+        side: impl FnOnce(Dispatcher<FS>) -> io::Result<Vec<JoinHandle<io::Result<()>>>>,
+    ) -> io::Result<()> {
         let Session {
             filesystem,
             ch,
@@ -288,6 +301,18 @@ impl<FS: Filesystem> Session<FS> {
         }
         channels.push(ch);
 
+        let side_ch = match channels.last() {
+            Some(ch) => ch.clone(),
+            None => return Err(io::Error::other("no channel")),
+        };
+        let side_threads = side(Dispatcher(SessionEventLoop {
+            thread_name: "fuser-side".to_string(),
+            filesystem: filesystem.clone(),
+            ch: side_ch,
+            allowed,
+            session_owner,
+        }))?;
+
         let mut threads = Vec::with_capacity(n_threads);
 
         for (i, ch) in channels.into_iter().enumerate() {
@@ -307,7 +332,7 @@ impl<FS: Filesystem> Session<FS> {
         }
 
         let mut reply: io::Result<()> = Ok(());
-        for thread in threads {
+        for thread in threads.into_iter().chain(side_threads) {
             let res = match thread.join() {
                 Ok(res) => res,
                 Err(_) => {
@@ -506,6 +531,56 @@ impl SessionUnmounter {
     pub fn unmount(&mut self) -> io::Result<()> {
         if let Some(mount) = std::mem::take(&mut *self.mount.lock()) {
             mount.umount()?;
+        }
+        Ok(())
+    }
+}
+
+/// idxfs patch: where a reply goes when the request did not come from a read of /dev/fuse.
+pub trait ReplySink: Send + Sync {
+    /// Takes one whole reply (a `fuse_out_header` and what follows it), like one writev(2) of
+    /// /dev/fuse.
+    /// # Errors
+    /// When the reply cannot be delivered.
+    fn send(&self, data: &[io::IoSlice<'_>]) -> io::Result<()>;
+}
+
+/// idxfs patch: dispatches requests read elsewhere (FUSE over io_uring) to the session's file
+/// system, exactly as the session's own threads dispatch what they read; see
+/// [`Session::run_with`].
+pub struct Dispatcher<FS: Filesystem>(SessionEventLoop<FS>);
+
+impl<FS: Filesystem> std::fmt::Debug for Dispatcher<FS> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Dispatcher")
+    }
+}
+
+impl<FS: Filesystem> Clone for Dispatcher<FS> {
+    fn clone(&self) -> Self {
+        Dispatcher(SessionEventLoop {
+            thread_name: self.0.thread_name.clone(),
+            filesystem: self.0.filesystem.clone(),
+            ch: self.0.ch.clone(),
+            allowed: self.0.allowed,
+            session_owner: self.0.session_owner,
+        })
+    }
+}
+
+impl<FS: Filesystem> Dispatcher<FS> {
+    /// Parses one request (`fuse_in_header` and its arguments, contiguous, 8-byte aligned)
+    /// and runs it; the reply goes to `sink`, normally before this returns.
+    /// # Errors
+    /// `InvalidData` when the bytes are not a request (nothing is sent to `sink` then).
+    pub fn dispatch(&self, data: &[u8], sink: Arc<dyn ReplySink>) -> io::Result<()> {
+        let Some(req) = RequestWithSender::new(ChannelSender::Sink(sink), data) else {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "invalid request"));
+        };
+        if let Ok(Operation::Destroy(_)) = req.request.operation() {
+            req.reply::<ReplyEmpty>().ok();
+        } else {
+            req.dispatch(&self.0);
         }
         Ok(())
     }

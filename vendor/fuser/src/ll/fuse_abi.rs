@@ -1,3 +1,6 @@
+// idxfs: as a path dependency these ABI mirrors (unused by fuser itself) would warn; from
+// crates.io they were capped.
+#![allow(dead_code)]
 //! FUSE kernel interface.
 //!
 //! Types and definitions used for communication between the kernel driver and the userspace

@@ -1,0 +1,424 @@
+//! FUSE over io_uring: a queue per CPU, served by a worker pinned to that CPU.
+//!
+//! Over /dev/fuse every request is a handoff between two CPUs: the kernel wakes whichever
+//! worker has waited longest, wherever it runs, and its reply wakes the caller back on the
+//! caller's CPU. On this VM (idle CPUs halt; waking one costs an exit to the hypervisor) that
+//! handoff is most of a metadata request's cost: 50,000 creates took 1.8 s with the caller and
+//! a single worker forced onto one CPU and 8.9 s with them on different CPUs. With io_uring
+//! (Linux 6.14+, `fuse.enable_uring=Y`) the kernel puts a request on the queue of the CPU the
+//! caller runs on, so the worker serving that queue, pinned there, takes it without crossing
+//! CPUs.
+//!
+//! The protocol (include/uapi/linux/fuse.h, fs/fuse/dev_uring.c): the server registers ring
+//! entries, each a 288-byte header area and a payload buffer, with `IORING_OP_URING_CMD`
+//! (128-byte SQEs) on the /dev/fuse fd, at least one per possible CPU before the kernel
+//! switches over. A completion means a request sits in the entry: `fuse_in_header` at
+//! header[0..40], the operation's fixed argument at header[128..], the rest (names, write
+//! data) in the payload. The reply goes back the same way (`fuse_out_header` at header[0..16],
+//! the rest in the payload) with `COMMIT_AND_FETCH`, which also waits for the next request.
+//! FORGET and INTERRUPT still come through /dev/fuse, so fuser's own workers keep running.
+//!
+//! Requests are parsed and dispatched by fuser (`Dispatcher`, the patch in vendor/fuser): the
+//! header and the fixed argument are copied in front of the payload so the request is one
+//! contiguous, aligned buffer, exactly as a read of /dev/fuse returns it.
+use crate::IdxFuse;
+use fuser::{Dispatcher, ReplySink};
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// The kernel's switch (root may write Y to it; a mount asks for io_uring only when it is Y).
+pub const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Whether this kernel lets FUSE servers use io_uring now.
+pub fn kernel_enabled() -> bool {
+    std::fs::read_to_string(PARAM).is_ok_and(|s| s.trim() == "Y")
+}
+
+/// Turns the kernel's switch on (root only) when this kernel has it; true if it is on after.
+/// It only lets servers ask for io_uring: FUSE servers that do not ask are unaffected.
+pub fn kernel_enable() -> bool {
+    kernel_enabled() || (std::fs::write(PARAM, "Y").is_ok() && kernel_enabled())
+}
+
+const CMD_REGISTER: u32 = 1;
+const CMD_COMMIT_AND_FETCH: u32 = 2;
+/// `struct fuse_uring_req_header`: in_out[128], op_in[128], `fuse_uring_ent_in_out` (32).
+const HEADER_BYTES: usize = 288;
+const OP_IN_AT: usize = 128;
+const OP_IN_MAX: usize = 128;
+const ENT_IN_OUT_AT: usize = 256;
+const IN_HEADER: usize = 40;
+const OUT_HEADER: usize = 16;
+/// Room in front of the payload for the in-header and the largest fixed argument.
+const PREFIX: usize = IN_HEADER + OP_IN_MAX;
+/// The kernel wants at least max(8 KiB, max_write, max_pages pages): 1 MiB here; twice that
+/// leaves room should the kernel round differently. Pages never touched are never backed.
+const PAYLOAD: usize = 2 * crate::MAX_WRITE as usize;
+/// Ring entries per queue: one in the worker's hands while the next request is filled in.
+const DEPTH: usize = 2;
+
+const _: () = assert!(std::mem::size_of::<squeue::Entry128>() == 128);
+const _: () = assert!(PREFIX.is_multiple_of(8) && IN_HEADER.is_multiple_of(8));
+
+/// What the ring workers did, for `IDXFS_COUNTERS`.
+#[derive(Default, Debug)]
+pub struct Stats {
+    /// Requests taken from a ring.
+    pub requests: AtomicU64,
+    /// Requests that could not be parsed or got no reply (answered EIO).
+    pub malformed: AtomicU64,
+}
+
+/// Possible CPUs (`/sys/devices/system/cpu/possible`, e.g. "0-1" or "0-3,6"): the kernel
+/// makes one queue for each, and switches to the ring only when all have an entry.
+fn possible_cpus() -> io::Result<Vec<usize>> {
+    let s = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
+    parse_cpu_list(s.trim())
+        .ok_or_else(|| io::Error::other(format!("cannot parse possible CPUs {s:?}")))
+}
+
+fn parse_cpu_list(s: &str) -> Option<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for part in s.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.parse::<usize>().ok()?..=b.parse::<usize>().ok()?),
+            None => cpus.push(part.parse().ok()?),
+        }
+    }
+    Some(cpus)
+}
+
+/// Starts one worker per possible CPU, each with its own ring, registering `DEPTH` entries
+/// for its queue on `dev` (a duplicate of the session's /dev/fuse fd). The workers end when
+/// the kernel tears the queues down (unmount), with `ENOTCONN` on every entry.
+pub(crate) fn start(
+    dev: OwnedFd,
+    dispatcher: Dispatcher<IdxFuse>,
+    stats: Arc<Stats>,
+) -> io::Result<Vec<JoinHandle<io::Result<()>>>> {
+    let dev = Arc::new(dev);
+    let allowed = crate::pin::allowed_cpus();
+    let mut threads = Vec::new();
+    for cpu in possible_cpus()? {
+        let qid = u16::try_from(cpu).map_err(|_| io::Error::other("CPU number over 65535"))?;
+        let (dev, dispatcher, stats) = (dev.clone(), dispatcher.clone(), stats.clone());
+        let pin = allowed.contains(&cpu).then_some(cpu);
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("idxfs-uring-{cpu}"))
+                .spawn(move || Queue::serve(qid, pin, &dev, &dispatcher, &stats))?,
+        );
+    }
+    Ok(threads)
+}
+
+/// One ring entry's buffers; the kernel writes them while the entry waits for a request.
+struct Entry {
+    /// `HEADER_BYTES`, as u64 so it is aligned.
+    headers: Box<[u64]>,
+    /// `PREFIX` bytes, then the payload.
+    buf: Box<[u64]>,
+    /// {headers, payload}, read by the kernel at registration.
+    iov: Box<[libc::iovec; 2]>,
+}
+
+impl Entry {
+    fn new() -> Entry {
+        let mut headers = vec![0u64; HEADER_BYTES / 8].into_boxed_slice();
+        let mut buf = vec![0u64; (PREFIX + PAYLOAD) / 8].into_boxed_slice();
+        let iov = Box::new([
+            libc::iovec {
+                iov_base: headers.as_mut_ptr().cast(),
+                iov_len: HEADER_BYTES,
+            },
+            libc::iovec {
+                // SAFETY: PREFIX is within the buffer (it holds PREFIX + PAYLOAD bytes).
+                iov_base: unsafe { buf.as_mut_ptr().cast::<u8>().add(PREFIX) }.cast(),
+                iov_len: PAYLOAD,
+            },
+        ]);
+        Entry { headers, buf, iov }
+    }
+
+    fn header_bytes(&mut self) -> &mut [u8] {
+        bytes_of(&mut self.headers)
+    }
+}
+
+fn bytes_of(words: &mut [u64]) -> &mut [u8] {
+    // SAFETY: any u64 slice is a valid u8 slice eight times as long, same lifetime.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), words.len() * 8) }
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_ne_bytes(a)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_ne_bytes(a)
+}
+
+/// Takes the reply fuser sends for the request being dispatched.
+#[derive(Default)]
+struct Capture(Mutex<Option<Vec<u8>>>);
+
+impl ReplySink for Capture {
+    fn send(&self, data: &[io::IoSlice<'_>]) -> io::Result<()> {
+        let mut v = Vec::with_capacity(data.iter().map(|d| d.len()).sum());
+        for d in data {
+            v.extend_from_slice(d);
+        }
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+        Ok(())
+    }
+}
+
+/// The `fuse_uring_cmd_req` SQE for entry `slot`: register it (with its iovecs) or commit its
+/// reply and fetch the next request.
+fn command(
+    dev: i32,
+    op: u32,
+    slot: usize,
+    commit_id: u64,
+    qid: u16,
+    e: &Entry,
+) -> squeue::Entry128 {
+    let mut cmd = [0u8; 80];
+    cmd[8..16].copy_from_slice(&commit_id.to_ne_bytes());
+    cmd[16..18].copy_from_slice(&qid.to_ne_bytes());
+    let mut b = opcode::UringCmd80::new(types::Fd(dev), op).cmd(cmd);
+    if op == CMD_REGISTER {
+        b = b.addr(Some(e.iov.as_ptr() as u64));
+    }
+    let sqe = b.build().user_data(slot as u64);
+    if op != CMD_REGISTER {
+        return sqe;
+    }
+    // Registration also needs sqe->len = 2 (the number of iovecs), which io-uring's builder
+    // does not set. SAFETY: Entry128 is repr(C), 128 bytes of plain integers (asserted above);
+    // bytes 24..28 are io_uring_sqe.len.
+    let mut raw: [u8; 128] = unsafe { std::mem::transmute(sqe) };
+    raw[24..28].copy_from_slice(&2u32.to_ne_bytes());
+    // SAFETY: as above; every bit pattern is a valid SQE to this type.
+    unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
+}
+
+struct Queue<'a> {
+    qid: u16,
+    dev: i32,
+    dispatcher: &'a Dispatcher<IdxFuse>,
+    stats: &'a Stats,
+    capture: Arc<Capture>,
+    /// Where a request goes when its header and argument do not land 8-byte aligned.
+    scratch: Vec<u64>,
+}
+
+impl Queue<'_> {
+    fn serve(
+        qid: u16,
+        pin: Option<usize>,
+        dev: &OwnedFd,
+        dispatcher: &Dispatcher<IdxFuse>,
+        stats: &Stats,
+    ) -> io::Result<()> {
+        if let Some(cpu) = pin {
+            crate::pin::pin_current_to(cpu);
+        }
+        let mut q = Queue {
+            qid,
+            dev: dev.as_raw_fd(),
+            dispatcher,
+            stats,
+            capture: Arc::new(Capture::default()),
+            scratch: Vec::new(),
+        };
+        // The entries outlive the ring (declared first, dropped last): closing the ring
+        // cancels what the kernel still holds before the buffers go.
+        let mut entries: Vec<Entry> = (0..DEPTH).map(|_| Entry::new()).collect();
+        let mut ring: IoUring<squeue::Entry128, cqueue::Entry> = IoUring::builder()
+            .setup_single_issuer()
+            .setup_defer_taskrun()
+            .build((DEPTH * 2) as u32)?;
+        let r = q.run(&mut ring, &mut entries);
+        drop(ring);
+        drop(entries);
+        r
+    }
+
+    fn run(
+        &mut self,
+        ring: &mut IoUring<squeue::Entry128, cqueue::Entry>,
+        entries: &mut [Entry],
+    ) -> io::Result<()> {
+        let mut pending: Vec<squeue::Entry128> = entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| command(self.dev, CMD_REGISTER, i, 0, self.qid, e))
+            .collect();
+        let mut live = entries.len();
+        let mut done = Vec::with_capacity(entries.len());
+        while live > 0 {
+            for sqe in pending.drain(..) {
+                // SAFETY: the buffers the SQE points at (an entry's iovecs) live in `entries`,
+                // which outlives the ring.
+                if unsafe { ring.submission().push(&sqe) }.is_err() {
+                    return Err(io::Error::other("io_uring submission queue full"));
+                }
+            }
+            match ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) => return Err(e),
+            }
+            done.clear();
+            done.extend(
+                ring.completion()
+                    .map(|c| (c.user_data() as usize, c.result())),
+            );
+            for &(slot, res) in &done {
+                let Some(e) = entries.get_mut(slot) else {
+                    return Err(io::Error::other("io_uring completion for an unknown entry"));
+                };
+                if res < 0 {
+                    match -res {
+                        // fc->initialized not yet set: try again shortly.
+                        libc::EAGAIN => {
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                            pending.push(command(self.dev, CMD_REGISTER, slot, 0, self.qid, e));
+                        }
+                        // The connection ended (unmount) or the ring is being torn down.
+                        libc::ENOTCONN | libc::ECANCELED | libc::ECONNABORTED | libc::ENODEV => {
+                            live -= 1
+                        }
+                        err => {
+                            // The kernel refused the ring (it then serves everything through
+                            // /dev/fuse): say so once per entry and stop using it.
+                            eprintln!(
+                                "idxfs: FUSE over io_uring queue {}: {}; requests go through /dev/fuse",
+                                self.qid,
+                                io::Error::from_raw_os_error(err)
+                            );
+                            live -= 1;
+                        }
+                    }
+                    continue;
+                }
+                let commit_id = self.handle(e);
+                pending.push(command(
+                    self.dev,
+                    CMD_COMMIT_AND_FETCH,
+                    slot,
+                    commit_id,
+                    self.qid,
+                    e,
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the request in `e` and leaves its reply there; returns the commit id.
+    fn handle(&mut self, e: &mut Entry) -> u64 {
+        self.stats.requests.fetch_add(1, Relaxed);
+        let h = e.header_bytes();
+        let in_len = u32_at(h, 0) as usize;
+        let unique = u64_at(h, 8);
+        let commit_id = u64_at(h, ENT_IN_OUT_AT + 8);
+        let payload = u32_at(h, ENT_IN_OUT_AT + 16) as usize;
+        let mut head = [0u8; PREFIX];
+        let op_len = in_len
+            .checked_sub(IN_HEADER + payload)
+            .filter(|&n| n <= OP_IN_MAX && payload <= PAYLOAD);
+        let reply = match op_len {
+            None => None,
+            Some(op_len) => {
+                let start = PREFIX - IN_HEADER - op_len;
+                head[start..start + IN_HEADER].copy_from_slice(&h[..IN_HEADER]);
+                head[start + IN_HEADER..].copy_from_slice(&h[OP_IN_AT..OP_IN_AT + op_len]);
+                let buf = bytes_of(&mut e.buf);
+                buf[start..PREFIX].copy_from_slice(&head[start..]);
+                let request: &[u8] = if start.is_multiple_of(8) {
+                    &buf[start..PREFIX + payload]
+                } else {
+                    let n = PREFIX + payload - start;
+                    self.scratch.clear();
+                    self.scratch.resize(n.div_ceil(8), 0);
+                    let s = bytes_of(&mut self.scratch);
+                    s[..n].copy_from_slice(&buf[start..PREFIX + payload]);
+                    &s[..n]
+                };
+                let sink: Arc<dyn ReplySink> = self.capture.clone();
+                match self.dispatcher.dispatch(request, sink) {
+                    Ok(()) => self
+                        .capture
+                        .0
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .take(),
+                    Err(_) => None,
+                }
+            }
+        };
+        let reply = match reply {
+            Some(r) if r.len() >= OUT_HEADER && r.len() - OUT_HEADER <= PAYLOAD => r,
+            _ => {
+                // A request we could not parse, or no reply: answer EIO so the caller does not
+                // wait forever and the entry goes back to the kernel.
+                self.stats.malformed.fetch_add(1, Relaxed);
+                let mut r = Vec::with_capacity(OUT_HEADER);
+                r.extend_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
+                r.extend_from_slice(&(-libc::EIO).to_ne_bytes());
+                r.extend_from_slice(&unique.to_ne_bytes());
+                r
+            }
+        };
+        let body = reply.len() - OUT_HEADER;
+        let h = e.header_bytes();
+        h[..OUT_HEADER].copy_from_slice(&reply[..OUT_HEADER]);
+        h[ENT_IN_OUT_AT + 16..ENT_IN_OUT_AT + 20].copy_from_slice(&(body as u32).to_ne_bytes());
+        bytes_of(&mut e.buf)[PREFIX..PREFIX + body].copy_from_slice(&reply[OUT_HEADER..]);
+        commit_id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_cpu_lists() {
+        assert_eq!(parse_cpu_list("0-1"), Some(vec![0, 1]));
+        assert_eq!(parse_cpu_list("0"), Some(vec![0]));
+        assert_eq!(parse_cpu_list("0-2,5,7-8"), Some(vec![0, 1, 2, 5, 7, 8]));
+        assert_eq!(parse_cpu_list("x"), None);
+        assert_eq!(parse_cpu_list("1-"), None);
+    }
+
+    #[test]
+    fn register_sqe_carries_two_iovecs() {
+        let e = Entry::new();
+        let sqe = command(7, CMD_REGISTER, 1, 0, 3, &e);
+        // SAFETY: as in `command`.
+        let raw: [u8; 128] = unsafe { std::mem::transmute(sqe) };
+        assert_eq!(u32_at(&raw, 24), 2, "len");
+        assert_eq!(u64_at(&raw, 16), e.iov.as_ptr() as u64, "addr");
+        assert_eq!(u32_at(&raw, 4), 7, "fd");
+        assert_eq!(u64_at(&raw, 32), 1, "user_data");
+        // The command starts at byte 48: flags, commit_id, qid.
+        assert_eq!(u64_at(&raw, 48 + 8), 0);
+        assert_eq!(u16::from_ne_bytes([raw[48 + 16], raw[48 + 17]]), 3);
+        let c = command(7, CMD_COMMIT_AND_FETCH, 0, 99, 1, &e);
+        // SAFETY: as above.
+        let raw: [u8; 128] = unsafe { std::mem::transmute(c) };
+        assert_eq!(u64_at(&raw, 48 + 8), 99, "commit id");
+        assert_eq!(u32_at(&raw, 24), 0, "no iovecs on commit");
+    }
+}
