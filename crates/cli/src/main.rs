@@ -54,7 +54,8 @@ enum Cmd {
         mountpoint: PathBuf,
         /// Mount options: ro, rw, noatime, relatime, strictatime, allow_other,
         /// default_permissions (always on), fsname=NAME, nodev, nosuid, noexec, ttl=SECONDS,
-        /// threads=N, pin/nopin (workers pinned one per CPU), writeback.
+        /// uring/nouring (FUSE over io_uring; default: when the kernel allows it),
+        /// threads=N, pin/nopin (/dev/fuse workers pinned one per CPU), writeback.
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
         /// Create and format the image first if it does not exist.

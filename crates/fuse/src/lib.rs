@@ -14,8 +14,10 @@
 //! - no-open / no-opendir: open, release, opendir and releasedir cost no round trip (the engine
 //!   keeps no per-open state);
 //! - readdirplus: names and attributes in one pass, in inode order (`Fs::readdir_plus`);
-//! - parallel directory operations, several threads each on its own cloned /dev/fuse fd,
-//!   pinned one per CPU when they cover every CPU (`pin.rs`).
+//! - FUSE over io_uring when the kernel allows it: a ring per CPU and a worker pinned to that
+//!   CPU, so a request is served where its caller runs (`uring.rs`);
+//! - otherwise parallel directory operations, several threads each on its own cloned /dev/fuse
+//!   fd, pinned one per CPU when they cover every CPU (`pin.rs`).
 pub mod null;
 mod options;
 mod pin;
@@ -26,10 +28,10 @@ pub use options::{MountConfig, OptionError};
 pub use serve::{block_shutdown_signals, serve, unmount, ServeError};
 
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, Generation, INodeNo, InitFlags,
+    KernelConfig, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use idxfs_engine::fs::{Attr, Owner, Seek, SetAttr, SetTime, Time};
 use idxfs_engine::{Error, Fs};
@@ -763,28 +765,20 @@ impl Filesystem for IdxFuse {
 
     fn create(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
         _umask: u32,
         _flags: i32,
         reply: ReplyCreate,
     ) {
         self.begin(Op::Create);
-        match self.fs.mknod(parent.0, bytes(name), mode, owner(req), 0) {
-            Ok(a) => {
-                self.fs.pin(a.ino);
-                reply.created(
-                    &self.ttl,
-                    &file_attr(&a),
-                    Generation(a.generation),
-                    FileHandle(0),
-                    FopenFlags::empty(),
-                )
-            }
-            Err(e) => reply.error(errno(&e)),
-        }
+        // ENOSYS: the kernel remembers it and creates with MKNOD, then opens without a request
+        // (no-open). A file made by CREATE gets a RELEASE at its close until the first OPEN
+        // is refused, so a workload that only creates (fs_mark, untar) paid four round trips
+        // per file (LOOKUP, CREATE, GETATTR of the directory, RELEASE) where MKNOD pays three.
+        reply.error(Errno::ENOSYS);
     }
 
     fn fallocate(

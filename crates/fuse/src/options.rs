@@ -19,8 +19,9 @@ pub struct MountConfig {
     /// requests (the kernel then keeps mtime/ctime and sends them by setattr on close). Off by
     /// default: for small files it adds requests (see the crate docs).
     pub writeback: bool,
-    /// FUSE worker threads (each with its own cloned /dev/fuse fd).
-    pub threads: usize,
+    /// FUSE worker threads reading /dev/fuse (each with its own cloned fd). None: 2, or 1
+    /// beside io_uring, where only FORGET and INTERRUPT come that way.
+    pub threads: Option<usize>,
     /// Pin worker i to the i-th allowed CPU (`pin.rs`); None: when the workers cover every CPU.
     pub pin: Option<bool>,
     /// FUSE over io_uring (`uring.rs`): None: when the kernel allows it (`fuse.enable_uring`);
@@ -39,7 +40,7 @@ impl Default for MountConfig {
             fsname: None,
             ttl: Duration::from_secs(3600),
             writeback: false,
-            threads: 2,
+            threads: None,
             pin: None,
             uring: None,
             flags: Vec::new(),
@@ -91,11 +92,12 @@ impl MountConfig {
                 }
                 "threads" => {
                     let v = need(value)?;
-                    self.threads = v
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=64).contains(n))
-                        .ok_or_else(|| OptionError(format!("bad threads {v:?}: 1 to 64")))?;
+                    self.threads = Some(
+                        v.parse()
+                            .ok()
+                            .filter(|n| (1..=64).contains(n))
+                            .ok_or_else(|| OptionError(format!("bad threads {v:?}: 1 to 64")))?,
+                    );
                 }
                 "pin" => self.pin = Some(true),
                 "nopin" => self.pin = Some(false),
@@ -124,7 +126,25 @@ impl MountConfig {
     /// workers as allowed CPUs.
     pub fn pins_threads(&self) -> bool {
         self.pin
-            .unwrap_or_else(|| self.threads >= crate::pin::allowed_cpus().len().max(1))
+            .unwrap_or_else(|| self.threads() >= crate::pin::allowed_cpus().len().max(1))
+    }
+
+    /// /dev/fuse worker threads: as asked, else 2.
+    pub fn threads(&self) -> usize {
+        self.threads.unwrap_or(2)
+    }
+
+    /// The configuration beside io_uring: unless asked otherwise, one unpinned /dev/fuse worker
+    /// for FORGET and INTERRUPT. Measured here, `rm -rf` of 20,000 files ran 15-40% slower
+    /// with two pinned /dev/fuse workers next to the rings: each FORGET woke a worker on a
+    /// CPU the caller and the ring worker were using.
+    pub fn beside_uring(&self) -> MountConfig {
+        let mut c = self.clone();
+        if c.threads.is_none() {
+            c.threads = Some(1);
+            c.pin.get_or_insert(false);
+        }
+        c
     }
 
     /// mount(2) flags: nodev and nosuid unless `dev` / `suid` (as fuser and libfuse do).
@@ -209,7 +229,7 @@ impl MountConfig {
         } else {
             SessionACL::Owner
         };
-        c.n_threads = Some(self.threads);
+        c.n_threads = Some(self.threads());
         c.clone_fd = true;
         c
     }
@@ -231,7 +251,8 @@ mod tests {
         assert!(!c.read_only);
         assert_eq!(c.atime, Atime::Strict);
         assert_eq!(c.ttl, Duration::from_millis(500));
-        assert_eq!(c.threads, 4);
+        assert_eq!(c.threads(), 4);
+        assert_eq!(c.beside_uring().threads(), 4, "as asked");
         let f = c.fuser_config("/x.img");
         assert!(f.mount_options.contains(&MountOption::NoDev));
         assert!(f.mount_options.contains(&MountOption::FSName("img".into())));
@@ -250,6 +271,9 @@ mod tests {
         c.apply("threads=1,pin").expect("valid");
         assert!(c.pins_threads());
         assert_eq!(c.uring, None, "io_uring when the kernel allows it");
+        let d = MountConfig::default();
+        assert_eq!((d.threads(), d.beside_uring().threads()), (2, 1));
+        assert!(!d.beside_uring().pins_threads());
         c.apply("uring").expect("valid");
         assert_eq!(c.uring, Some(true));
         c.apply("nouring").expect("valid");

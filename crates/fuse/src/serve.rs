@@ -170,6 +170,13 @@ pub fn serve(
             ))))
         }
     };
+    let resolved;
+    let cfg = if want_uring {
+        resolved = cfg.beside_uring();
+        &resolved
+    } else {
+        cfg
+    };
     let granted = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let fuse = IdxFuse::new(
         fs.clone(),
