@@ -223,7 +223,7 @@ pub fn serve(
     let ran = match ring_fd {
         Some(fd) => {
             let stats = uring_stats.clone();
-            session.run_with(move |d| crate::uring::start(fd, d, stats))
+            session.run_with(move |d| Ok(crate::uring::start(fd, d, stats)))
         }
         None => session.run(),
     };
