@@ -294,6 +294,7 @@ impl Queue<'_> {
             .collect();
         let mut live = entries.len();
         let mut done = Vec::with_capacity(entries.len());
+        let mut complained = false;
         while live > 0 {
             for sqe in pending.drain(..) {
                 // SAFETY: the buffers the SQE points at (an entry's iovecs) live in `entries`,
@@ -309,7 +310,10 @@ impl Queue<'_> {
                     // Giving up would leave this CPU's queue with registered entries and
                     // nobody serving them: its callers would wait until unmount. The errors
                     // possible here (ENOMEM, EAGAIN) pass, so wait and submit again.
-                    eprintln!("idxfs: io_uring queue {}: {e}; retrying", self.qid);
+                    if !complained {
+                        eprintln!("idxfs: io_uring queue {}: {e}; retrying", self.qid);
+                        complained = true;
+                    }
                     std::thread::sleep(std::time::Duration::from_millis(10));
                     continue;
                 }
