@@ -163,10 +163,6 @@ impl Entry {
         ]);
         Entry { headers, buf, iov }
     }
-
-    fn header_bytes(&mut self) -> &mut [u8] {
-        bytes_of(&mut self.headers)
-    }
 }
 
 fn bytes_of(words: &mut [u64]) -> &mut [u8] {
@@ -368,12 +364,12 @@ impl Queue<'_> {
     /// Runs the request in `e` and leaves its reply there; returns the commit id.
     fn handle(&mut self, e: &mut Entry) -> u64 {
         self.stats.requests.fetch_add(1, Relaxed);
-        let h = e.header_bytes();
+        // Disjoint fields: the header area is read while the request is built in `buf`.
+        let h = bytes_of(&mut e.headers);
         let in_len = u32_at(h, 0) as usize;
         let unique = u64_at(h, 8);
         let commit_id = u64_at(h, ENT_IN_OUT_AT + 8);
         let payload = u32_at(h, ENT_IN_OUT_AT + 16) as usize;
-        let mut head = [0u8; PREFIX];
         let op_len = in_len
             .checked_sub(IN_HEADER + payload)
             .filter(|&n| n <= OP_IN_MAX && payload <= PAYLOAD);
@@ -381,10 +377,9 @@ impl Queue<'_> {
             None => None,
             Some(op_len) => {
                 let start = PREFIX - IN_HEADER - op_len;
-                head[start..start + IN_HEADER].copy_from_slice(&h[..IN_HEADER]);
-                head[start + IN_HEADER..].copy_from_slice(&h[OP_IN_AT..OP_IN_AT + op_len]);
                 let buf = bytes_of(&mut e.buf);
-                buf[start..PREFIX].copy_from_slice(&head[start..]);
+                buf[start..start + IN_HEADER].copy_from_slice(&h[..IN_HEADER]);
+                buf[start + IN_HEADER..PREFIX].copy_from_slice(&h[OP_IN_AT..OP_IN_AT + op_len]);
                 let request: &[u8] = if start.is_multiple_of(8) {
                     &buf[start..PREFIX + payload]
                 } else {
@@ -421,7 +416,7 @@ impl Queue<'_> {
             }
         };
         let body = reply.len() - OUT_HEADER;
-        let h = e.header_bytes();
+        let h = bytes_of(&mut e.headers);
         h[..OUT_HEADER].copy_from_slice(&reply[..OUT_HEADER]);
         h[ENT_IN_OUT_AT + 16..ENT_IN_OUT_AT + 20].copy_from_slice(&(body as u32).to_ne_bytes());
         bytes_of(&mut e.buf)[PREFIX..PREFIX + body].copy_from_slice(&reply[OUT_HEADER..]);

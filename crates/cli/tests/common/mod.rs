@@ -61,11 +61,11 @@ pub fn wait_for(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
 /// Turns on FUSE over io_uring in the kernel (`fuse.enable_uring`, as `scripts/setup` does),
 /// so a mount with `-o uring` can use it. Tests run as root here.
 pub fn enable_fuse_uring() {
-    let p = "/sys/module/fuse/parameters/enable_uring";
-    if std::fs::read_to_string(p).is_ok_and(|s| s.trim() == "Y") {
-        return;
-    }
-    std::fs::write(p, "Y").unwrap_or_else(|e| panic!("enable {p} (needs root): {e}"));
+    assert!(
+        idxfs_fuse::uring::kernel_enable(),
+        "turn on {} (needs root)",
+        idxfs_fuse::uring::PARAM
+    );
 }
 
 /// Lazy unmount: works on a busy mount and on one whose daemon is dead.
