@@ -110,6 +110,17 @@ fn library_creates(files: u64, hash_index_only: bool) -> Result<(f64, f64), Stri
     fs.sync().map_err(|e| e.to_string())?;
     let secs = t.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu0;
+    let c = fs.counters();
+    let hits = c.leaf_hint_hits.load(std::sync::atomic::Ordering::Relaxed);
+    let misses = c
+        .leaf_hint_misses
+        .load(std::sync::atomic::Ordering::Relaxed);
+    if hits + misses > 0 {
+        eprintln!(
+            "  inode-order inserts straight to the hinted leaf: {hits} of {}",
+            hits + misses
+        );
+    }
     fs.close().map_err(|e| e.to_string())?;
     Ok((files as f64 / secs, cpu * 1e6 / files as f64))
 }

@@ -22,6 +22,8 @@ counters! {
     node_writes: "nodes written at commit",
     leaf_splits_half: "leaf splits that moved half the items",
     leaf_splits_append: "leaf splits that started an empty right leaf (append at the end)",
+    leaf_hint_hits: "inserts that went straight to the leaf their hint remembered (no descent)",
+    leaf_hint_misses: "hinted inserts that descended (the hint was stale, or the leaf full)",
     internal_splits: "internal node splits",
     leaf_merges: "leaves merged into a neighbour after deletes",
     internal_merges: "internal nodes merged into a neighbour",

@@ -7,6 +7,6 @@ pub mod tree;
 
 pub use node::{Node, Ptr};
 pub use store::Store;
-pub use tree::{Change, Cursor, Tree};
+pub use tree::{Change, Cursor, LeafHint, Tree};
 #[cfg(test)]
 mod tests;

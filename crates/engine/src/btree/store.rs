@@ -25,6 +25,9 @@ pub struct Store {
     pub counters: Arc<Counters>,
     /// Bumped on every tree change: cursors re-seek when it moved.
     pub mod_seq: u64,
+    /// Bumped whenever a node's key range can change (splits, merges, low-key fixups, root
+    /// changes): a [`super::tree::LeafHint`] is trusted only while it stands still.
+    pub shape_seq: u64,
     /// Nodes changed in the running transaction (exact: kept by alloc_node, cow and frees).
     pub dirty_nodes: usize,
     scratch: Vec<u8>,
@@ -55,6 +58,7 @@ impl Store {
             alloc,
             counters,
             mod_seq: 0,
+            shape_seq: 0,
             dirty_nodes: 0,
             scratch: vec![0; node_size as usize],
         }

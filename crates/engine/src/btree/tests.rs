@@ -188,3 +188,85 @@ fn alternating_insert_delete_does_not_thrash() {
         after - before
     );
 }
+
+/// `insert_near` against the model: ascending streams (one hint each, like directories'
+/// inode-order indexes during creates) interleaved with random inserts, deletes, value growth,
+/// commits and cache drops, which move, split, merge and re-key the hinted leaves under the
+/// hints. A hinted insert into the wrong leaf would break key order, which the scans catch.
+#[test]
+fn hinted_inserts_match_model() {
+    let (mut rng, seed) = Rng::from_env("btree hinted_inserts_match_model");
+    let mut s = store(4096, 1 << 16);
+    let mut t = Tree::create(&mut s, 1).expect("create");
+    let mut model = BTreeMap::new();
+    let mut hints = [LeafHint::default(); 3];
+    let mut next = [0u64; 3];
+    for i in 0..60_000u64 {
+        match rng.below(10) {
+            0..=5 => {
+                // Stream h: object 10 + h, mostly ascending offsets, sometimes a step back.
+                let h = rng.below(3) as usize;
+                next[h] += 1 + rng.below(3);
+                let off = if rng.chance(10) {
+                    rng.below(next[h] + 1)
+                } else {
+                    next[h]
+                };
+                let k = Key::new(10 + h as u64, ItemType::DirIno, off);
+                let n = rng.below(80) as usize;
+                let v = rng.bytes(n);
+                let back = t
+                    .insert_near(&mut s, k, v.clone(), &mut hints[h])
+                    .expect("insert_near");
+                match model.entry(k) {
+                    std::collections::btree_map::Entry::Vacant(e) => {
+                        assert!(back.is_none(), "seed {seed} op {i}: {k} not inserted");
+                        e.insert(v);
+                    }
+                    std::collections::btree_map::Entry::Occupied(_) => {
+                        assert_eq!(back, Some(v), "seed {seed} op {i}: {k} existed");
+                    }
+                }
+            }
+            6 => {
+                let k = Key::new(rng.below(15), ItemType::DirIno, rng.below(4000));
+                let n = rng.below(300) as usize;
+                let v = rng.bytes(n);
+                t.put(&mut s, k, v.clone()).expect("put");
+                model.insert(k, v);
+            }
+            7 | 8 => {
+                let k = Key::new(rng.below(15), ItemType::DirIno, rng.below(4000));
+                let k = model.range(k..).next().map(|(k, _)| *k).unwrap_or(k);
+                let got = t.delete(&mut s, &k).expect("delete");
+                assert_eq!(got, model.remove(&k), "seed {seed} op {i}: delete {k}");
+            }
+            _ => {
+                let k = Key::new(10 + rng.below(3), ItemType::DirIno, rng.below(4000));
+                assert_eq!(
+                    t.get(&mut s, &k).expect("get"),
+                    model.get(&k).cloned(),
+                    "seed {seed} op {i}: get {k}"
+                );
+            }
+        }
+        if i % 4000 == 3999 {
+            check_all(&t, &mut s, &model, seed);
+            commit(&mut s, rng.chance(50));
+        }
+    }
+    check_all(&t, &mut s, &model, seed);
+    let hits = s
+        .counters
+        .leaf_hint_hits
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let misses = s
+        .counters
+        .leaf_hint_misses
+        .load(std::sync::atomic::Ordering::Relaxed);
+    // The fast path must actually run, and the slow one too (stale hints after splits).
+    assert!(
+        hits > misses && misses > 100,
+        "seed {seed}: {hits} hinted inserts, {misses} descents"
+    );
+}

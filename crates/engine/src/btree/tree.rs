@@ -33,6 +33,22 @@ pub struct Tree {
 
 type Path = Vec<(u64, usize)>;
 
+/// Where the last insert made through this hint landed: a leaf of the running transaction and
+/// the smallest key that belongs to a leaf right of it. An insert through the hint goes straight
+/// to that leaf, with no descent, when the hint is still true (same generation, no split, merge
+/// or low-key change anywhere since: `Store::shape_seq`), the key falls after the leaf's first
+/// key and before the bound, and the item fits without a split. Keys that ascend, such as a
+/// directory's inode-order index during creates, take that path until the leaf fills.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LeafHint {
+    leaf: u64,
+    bound: Option<Key>,
+    shape_seq: u64,
+    /// 0: never set (no transaction has generation 0).
+    generation: u64,
+    owner: u64,
+}
+
 /// What an `update` closure asks for.
 pub enum Change {
     Keep,
@@ -105,6 +121,11 @@ impl Tree {
 
     /// Descends to the leaf for `key`, copying every node on the way (COW).
     fn cow_path(&mut self, store: &mut Store, key: &Key) -> Result<Path> {
+        Ok(self.cow_path_bounded(store, key)?.0)
+    }
+
+    /// `cow_path`, and the smallest key that belongs right of the leaf (None: rightmost).
+    fn cow_path_bounded(&mut self, store: &mut Store, key: &Key) -> Result<(Path, Option<Key>)> {
         let gen = store.generation;
         let root = store.load_cow(
             self.root.block,
@@ -117,14 +138,18 @@ impl Tree {
             generation: gen,
         };
         let mut path = Vec::with_capacity(self.level as usize + 1);
+        let mut bound = None;
         let mut block = root;
         loop {
             let n = store.node(block);
             if n.is_leaf() {
                 path.push((block, 0));
-                return Ok(path);
+                return Ok((path, bound));
             }
             let i = n.child_index(key);
+            if let Some(k) = n.keys.get(i + 1) {
+                bound = Some(*k);
+            }
             let p = n.ptrs()[i];
             let level = n.level - 1;
             let c = store.load_cow(p.block, p.generation, self.owner, Some(level))?;
@@ -209,6 +234,92 @@ impl Tree {
             self.split(store, path, d, pos)?;
         }
         Ok(())
+    }
+
+    /// Inserts `key` unless it exists, in which case `val` comes back. Through `hint`, an insert
+    /// next to the previous one costs one cache lookup instead of a descent (see [`LeafHint`]).
+    pub fn insert_near(
+        &mut self,
+        store: &mut Store,
+        key: Key,
+        val: Vec<u8>,
+        hint: &mut LeafHint,
+    ) -> Result<Option<Vec<u8>>> {
+        let add = ITEM_HEADER_SIZE + val.len();
+        assert!(
+            val.len() <= idxfs_format::node::max_item_size(store.node_size),
+            "item of {} bytes",
+            val.len()
+        );
+        match self.hinted_pos(store, &key, add, hint) {
+            Some(Ok(_)) => return Ok(Some(val)),
+            Some(Err(pos)) => {
+                let n = store.node_mut(hint.leaf);
+                n.used += add;
+                n.keys.insert(pos, key);
+                n.leaf_vals_mut().insert(pos, val);
+                store.mod_seq += 1;
+                Counters::inc(&store.counters.leaf_hint_hits);
+                return Ok(None);
+            }
+            None => Counters::inc(&store.counters.leaf_hint_misses),
+        }
+        let (path, bound) = self.cow_path_bounded(store, &key)?;
+        let leaf = path[path.len() - 1].0;
+        // Taken before the insert: if it splits the leaf or changes its first key, the hint
+        // is stale at once and the next insert descends.
+        *hint = LeafHint {
+            leaf,
+            bound,
+            shape_seq: store.shape_seq,
+            generation: store.generation,
+            owner: self.owner,
+        };
+        let pos = match store.node(leaf).keys.binary_search(&key) {
+            Ok(_) => return Ok(Some(val)),
+            Err(p) => p,
+        };
+        self.insert_at(store, &path, pos, key, val)?;
+        Ok(None)
+    }
+
+    /// Where `key` goes in the hint's leaf (`Ok`: it is there already), if the hint still
+    /// holds for it, the key sorts after the leaf's first key (so no low key changes) and
+    /// `add` more bytes fit (so no split). None: descend.
+    fn hinted_pos(
+        &self,
+        store: &mut Store,
+        key: &Key,
+        add: usize,
+        hint: &LeafHint,
+    ) -> Option<std::result::Result<usize, usize>> {
+        if hint.generation != store.generation
+            || hint.shape_seq != store.shape_seq
+            || hint.owner != self.owner
+            || hint.bound.is_some_and(|b| *key >= b)
+        {
+            return None;
+        }
+        let (gen, cap) = (store.generation, Self::leaf_cap(store));
+        let n = store.cache.get(hint.leaf)?;
+        // While shape_seq stands still the hinted block is the same dirty leaf of this tree
+        // (blocks change owner only by merges and frees, which bump it); checked anyway.
+        debug_assert!(n.is_leaf() && n.generation == gen && n.owner == self.owner);
+        if !n.is_leaf() || n.generation != gen || n.owner != self.owner {
+            return None;
+        }
+        if *key <= *n.keys.first()? {
+            return None;
+        }
+        let at = match n.keys.last() {
+            Some(last) if last < key => Err(n.keys.len()),
+            _ => n.keys.binary_search(key),
+        };
+        match at {
+            Ok(i) => Some(Ok(i)),
+            Err(_) if n.used + add > cap => None,
+            Err(p) => Some(Err(p)),
+        }
     }
 
     /// Inserts a new item. The key must not exist (callers look first; a duplicate is a bug in
@@ -312,6 +423,7 @@ impl Tree {
 
     /// Restores the low-key invariant above path[d] after node d's first key became `key`.
     fn fixup_low_keys(&mut self, store: &mut Store, path: &Path, d: usize, key: Key) {
+        store.shape_seq += 1;
         for j in (0..d).rev() {
             let (b, i) = path[j];
             store.node_mut(b).keys[i] = key;
@@ -323,6 +435,7 @@ impl Tree {
 
     /// Splits the over-full node path[d]; `pos` is where the entry that overflowed it went.
     fn split(&mut self, store: &mut Store, path: &Path, d: usize, pos: usize) -> Result<()> {
+        store.shape_seq += 1;
         let gen = store.generation;
         let block = path[d].0;
         let counters = store.counters.clone();
@@ -344,7 +457,14 @@ impl Tree {
             && (node.keys[pos + 1].objectid, node.keys[pos + 1].ty)
                 != (node.keys[pos].objectid, node.keys[pos].ty)
             && (node.keys[pos - 1].objectid, node.keys[pos - 1].ty)
-                == (node.keys[pos].objectid, node.keys[pos].ty);
+                == (node.keys[pos].objectid, node.keys[pos].ty)
+            // The left part keeps the new item: it must fit (a large new item followed by
+            // small ones need not, and then the byte midpoint is the only safe split).
+            && node.leaf_vals()[pos + 1..]
+                .iter()
+                .map(|v| ITEM_HEADER_SIZE + v.len())
+                .sum::<usize>()
+                >= node.used - cap;
         let at = if pos == n - 1 {
             n - 1
         } else if ends_run {
@@ -443,6 +563,7 @@ impl Tree {
             if !n.is_leaf() && n.len() == 1 {
                 let child = n.ptrs()[0];
                 let level = n.level - 1;
+                store.shape_seq += 1;
                 store.load(child.block, child.generation, self.owner, Some(level))?;
                 store.free_node(block)?;
                 self.root = child;
@@ -456,6 +577,7 @@ impl Tree {
         let (len, used, is_leaf) = (node.len(), node.used, node.is_leaf());
         let cap = Self::cap(store.node_size, is_leaf);
         if len == 0 {
+            store.shape_seq += 1;
             store.free_node(block)?;
             return self.remove_ptr(store, path, d - 1, pi);
         }
@@ -477,6 +599,7 @@ impl Tree {
         if used + store.node(sp.block).used > cap / 4 * 3 {
             return Ok(());
         }
+        store.shape_seq += 1;
         let sb = store.cow(sp.block)?;
         store.node_mut(pb).ptrs_mut()[sib_i] = Ptr {
             block: sb,
@@ -511,6 +634,7 @@ impl Tree {
 
     /// Removes pointer `i` from path[d]'s node and rebalances upward.
     fn remove_ptr(&mut self, store: &mut Store, path: &Path, d: usize, i: usize) -> Result<()> {
+        store.shape_seq += 1;
         let b = path[d].0;
         let n = store.node_mut(b);
         n.keys.remove(i);

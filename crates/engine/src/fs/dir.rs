@@ -142,23 +142,19 @@ impl Inner {
     }
 
     /// Files `rec` (the entry `child` under a name with hash `h`) in the inode-order index, at
-    /// the first free slot from `h`'s low bits. One descent unless another name of `child` in
-    /// `dir` holds that slot (hard links whose hashes agree in 16 bits: rare).
-    ///
-    /// Not yet good enough: the second index adds 20-29% to a library create (`idxfs bench
-    /// dir-index`), above the 10% goal. Profiled (perf, 300,000 creates), this function is 11%
-    /// of a create's CPU, most of it the copy-on-write descent; the rest of the gap is the
-    /// index's own leaves (fresh memory for the node cache, more bytes per commit). A cached
-    /// path to the directory's last inode-order leaf would save the descent, about half of
-    /// the 11%; the leaves are the price of the index itself.
+    /// the first free slot from `h`'s low bits. Through `dir_ino_hint` no descent at all when
+    /// the entry goes next to the previous one, as it does for every create but the first of
+    /// each leaf (new inodes get ascending numbers); a full search of `child`'s slots only when
+    /// another name of `child` in `dir` holds the first choice (hard links whose hashes agree
+    /// in 16 bits: rare).
     fn add_ino_record(&mut self, dir: u64, child: u64, h: u64, rec: Vec<u8>) -> Result<()> {
         let first = Key::new(dir, ItemType::DirIno, dir_ino_offset(child, h));
-        let mut rec = Some(rec);
-        self.fs_tree.upsert(&mut self.store, first, |v| match v {
-            Some(_) => None,
-            None => rec.take(),
-        })?;
-        let Some(rec) = rec else { return Ok(()) };
+        let Some(rec) =
+            self.fs_tree
+                .insert_near(&mut self.store, first, rec, &mut self.dir_ino_hint)?
+        else {
+            return Ok(());
+        };
         let mut taken = std::collections::HashSet::new();
         let (from, to) = child_range(dir, child);
         let tree = self.fs_tree;

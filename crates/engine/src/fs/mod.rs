@@ -130,6 +130,9 @@ pub(crate) struct Inner {
     pub atime: Atime,
     /// `OpenOptions::bench_hash_index_only`.
     pub hash_index_only: bool,
+    /// The leaf the last inode-order directory entry went into: creates number inodes in
+    /// ascending order, so the next entry usually goes right after it (`dir::add_ino_record`).
+    pub dir_ino_hint: crate::btree::LeafHint,
 }
 
 struct Shared {
@@ -284,6 +287,7 @@ impl Fs {
             pins: Default::default(),
             atime: Atime::NoAtime,
             hash_index_only: false,
+            dir_ino_hint: Default::default(),
         };
         inner.commit()?;
         // Write the second copy too, so a fresh image has both slots valid.
@@ -332,6 +336,7 @@ impl Fs {
             pins: Default::default(),
             atime: opts.atime,
             hash_index_only: opts.bench_hash_index_only,
+            dir_ino_hint: Default::default(),
             sb,
         };
         let space_tree = inner.space_tree;
