@@ -232,12 +232,15 @@ pub fn serve(
             eprintln!("fuse requests {op}: {n}");
         }
         eprintln!(
-            "fuse over io_uring: {} requests, {} malformed",
+            "fuse over io_uring: {} requests, {} malformed, {} entries registered again",
             uring_stats
                 .requests
                 .load(std::sync::atomic::Ordering::Relaxed),
             uring_stats
                 .malformed
+                .load(std::sync::atomic::Ordering::Relaxed),
+            uring_stats
+                .reregistered
                 .load(std::sync::atomic::Ordering::Relaxed)
         );
         eprintln!("{}", fs.counters());

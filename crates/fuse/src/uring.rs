@@ -74,6 +74,33 @@ pub struct Stats {
     pub requests: AtomicU64,
     /// Requests that could not be parsed or got no reply (answered EIO).
     pub malformed: AtomicU64,
+    /// Entries registered again after the kernel refused their commit outside a teardown.
+    pub reregistered: AtomicU64,
+}
+
+/// What a worker does with an entry whose command failed with `errno`.
+#[derive(Debug, PartialEq, Eq)]
+enum OnError {
+    /// The connection is going away (unmount, abort): the entry is done.
+    Done,
+    /// Registration came before the kernel finished FUSE_INIT: register again shortly.
+    RegisterLater,
+    /// A commit refused for another reason: the kernel no longer holds the entry, and a queue
+    /// that lost all its entries would leave its CPU's callers waiting until unmount, so hand
+    /// the buffers back with a new registration.
+    Reregister,
+    /// A registration refused: this kernel will not use the entry; requests it would have
+    /// carried go through the other entries, or /dev/fuse.
+    GiveUp,
+}
+
+fn on_error(was_register: bool, errno: i32) -> OnError {
+    match errno {
+        libc::ENOTCONN | libc::ECANCELED | libc::ECONNABORTED | libc::ENODEV => OnError::Done,
+        libc::EAGAIN if was_register => OnError::RegisterLater,
+        _ if was_register => OnError::GiveUp,
+        _ => OnError::Reregister,
+    }
 }
 
 /// Possible CPUs (`/sys/devices/system/cpu/possible`, e.g. "0-1" or "0-3,6"): the kernel
@@ -289,6 +316,8 @@ impl Queue<'_> {
             .map(|(i, e)| command(self.dev, CMD_REGISTER, i, 0, self.qid, e))
             .collect();
         let mut live = entries.len();
+        // Per entry: whether its command in flight is a registration (else a commit).
+        let mut registering = vec![true; entries.len()];
         let mut done = Vec::with_capacity(entries.len());
         let mut complained = false;
         while live > 0 {
@@ -320,33 +349,39 @@ impl Queue<'_> {
                     .map(|c| (c.user_data() as usize, c.result())),
             );
             for &(slot, res) in &done {
-                let Some(e) = entries.get_mut(slot) else {
+                let (Some(e), Some(was_register)) =
+                    (entries.get_mut(slot), registering.get_mut(slot))
+                else {
                     return Err(io::Error::other("io_uring completion for an unknown entry"));
                 };
                 if res < 0 {
-                    match -res {
-                        // fc->initialized not yet set: try again shortly.
-                        libc::EAGAIN => {
+                    let err = io::Error::from_raw_os_error(-res);
+                    match on_error(*was_register, -res) {
+                        OnError::Done => live -= 1,
+                        OnError::RegisterLater => {
                             std::thread::sleep(std::time::Duration::from_millis(1));
                             pending.push(command(self.dev, CMD_REGISTER, slot, 0, self.qid, e));
                         }
-                        // The connection ended (unmount) or the ring is being torn down.
-                        libc::ENOTCONN | libc::ECANCELED | libc::ECONNABORTED | libc::ENODEV => {
-                            live -= 1
-                        }
-                        err => {
-                            // The kernel refused the ring (it then serves everything through
-                            // /dev/fuse): say so once per entry and stop using it.
+                        OnError::Reregister => {
                             eprintln!(
-                                "idxfs: FUSE over io_uring queue {}: {}; requests go through /dev/fuse",
-                                self.qid,
-                                io::Error::from_raw_os_error(err)
+                                "idxfs: FUSE over io_uring queue {}: commit refused ({err}); registering the entry again",
+                                self.qid
+                            );
+                            self.stats.reregistered.fetch_add(1, Relaxed);
+                            *was_register = true;
+                            pending.push(command(self.dev, CMD_REGISTER, slot, 0, self.qid, e));
+                        }
+                        OnError::GiveUp => {
+                            eprintln!(
+                                "idxfs: FUSE over io_uring queue {}: {err}; requests go through /dev/fuse",
+                                self.qid
                             );
                             live -= 1;
                         }
                     }
                     continue;
                 }
+                *was_register = false;
                 let commit_id = self.handle(e);
                 pending.push(command(
                     self.dev,
@@ -427,6 +462,26 @@ impl Queue<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn entry_errors() {
+        // Teardown ends an entry whatever it was doing.
+        for e in [
+            libc::ENOTCONN,
+            libc::ECANCELED,
+            libc::ECONNABORTED,
+            libc::ENODEV,
+        ] {
+            assert_eq!(on_error(true, e), OnError::Done);
+            assert_eq!(on_error(false, e), OnError::Done);
+        }
+        assert_eq!(on_error(true, libc::EAGAIN), OnError::RegisterLater);
+        assert_eq!(on_error(true, libc::EINVAL), OnError::GiveUp);
+        // A refused commit must not cost the queue its entry.
+        assert_eq!(on_error(false, libc::ENOENT), OnError::Reregister);
+        assert_eq!(on_error(false, libc::EIO), OnError::Reregister);
+        assert_eq!(on_error(false, libc::EAGAIN), OnError::Reregister);
+    }
 
     #[test]
     fn parses_cpu_lists() {

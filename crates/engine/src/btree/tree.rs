@@ -8,8 +8,13 @@
 //!
 //! Split policy (seed 002): when an insert lands at the right end of a full node, the node
 //! stays full and a new right sibling starts with just the new entry, so ascending inserts
-//! (inode numbers, directory indexes) fill nodes instead of leaving them half empty. Anywhere
-//! else the node splits at its byte midpoint.
+//! (inode numbers, directory indexes) fill nodes instead of leaving them half empty. An insert
+//! that ends a run of one object's items of one type, with other items after it (a directory's
+//! inode-order entries, then the next inode), splits right after itself when that left part
+//! fits. Anywhere else the node splits at its byte midpoint.
+//!
+//! Leaf hints: an insert made through a [`LeafHint`] right after one that went to the same leaf
+//! skips the descent, checked by a counter of shape changes (`Store::shape_seq`), not trust.
 //!
 //! Merge policy: after a delete, a node below 1/4 full merges with a neighbour only if the
 //! result is at most 3/4 full. A merged node needs a quarter of a node of inserts before it can
