@@ -147,6 +147,14 @@ impl Inner {
     /// each leaf (new inodes get ascending numbers); a full search of `child`'s slots only when
     /// another name of `child` in `dir` holds the first choice (hard links whose hashes agree
     /// in 16 bits: rare).
+    ///
+    /// Not yet good enough: at 1,000,000 creates the second index still adds 14-17% to a
+    /// library create (`idxfs bench dir-index`, median of 5; as much as rounds of the same
+    /// build vary), against the 10% goal. What is left is the index's own leaves: about 80
+    /// more bytes of node cache per entry (a key, a value vector and its allocation), fresh
+    /// memory the kernel zeroes on first touch, and more bytes to encode at commit. Values
+    /// kept in one buffer per leaf instead of one allocation each would cut that, for every
+    /// item type.
     fn add_ino_record(&mut self, dir: u64, child: u64, h: u64, rec: Vec<u8>) -> Result<()> {
         let first = Key::new(dir, ItemType::DirIno, dir_ino_offset(child, h));
         let Some(rec) =
