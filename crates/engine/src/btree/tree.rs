@@ -469,7 +469,7 @@ impl Tree {
                 .iter()
                 .map(|v| ITEM_HEADER_SIZE + v.len())
                 .sum::<usize>()
-                >= node.used - cap;
+                >= node.used.saturating_sub(cap);
         let at = if pos == n - 1 {
             n - 1
         } else if ends_run {
