@@ -44,6 +44,11 @@ fn reopen_opts(hash: NameHash) -> OpenOptions {
 /// A whole listing resumed from the last cookie every `page` entries. Checks that cookies
 /// strictly increase; leaves out "." and "..".
 fn list_paged(fs: &Fs, dir: u64, page: usize) -> Vec<DirEntryOut> {
+    list_paged_with(fs, dir, page, || {})
+}
+
+/// `list_paged`, calling `between` after every page (to change the directory mid-listing).
+fn list_paged_with(fs: &Fs, dir: u64, page: usize, mut between: impl FnMut()) -> Vec<DirEntryOut> {
     let mut out = Vec::new();
     let mut cookie = 0;
     loop {
@@ -66,6 +71,7 @@ fn list_paged(fs: &Fs, dir: u64, page: usize) -> Vec<DirEntryOut> {
                 out.push(e);
             }
         }
+        between();
     }
 }
 
@@ -339,28 +345,7 @@ fn readdir_resumed_while_the_directory_changes_model() {
         let mut appeared: HashSet<(Vec<u8>, u64)> =
             churn.present.iter().map(|(n, i)| (n.clone(), *i)).collect();
         let page = 1 + rng.below(64) as usize;
-        let mut cookie = 0;
-        let mut es = Vec::new();
-        loop {
-            let mut batch = Vec::new();
-            fs.readdir(d.ino, cookie, |e| {
-                if batch.len() == page {
-                    return false;
-                }
-                batch.push(e.clone());
-                true
-            })
-            .expect("readdir");
-            if batch.is_empty() {
-                break;
-            }
-            for e in batch {
-                assert!(e.cookie > cookie);
-                cookie = e.cookie;
-                if e.name != b"." && e.name != b".." {
-                    es.push(e);
-                }
-            }
+        let es = list_paged_with(&fs, d.ino, page, || {
             for _ in 0..rng.below(12) {
                 if let Some(p) = churn.step(&fs, &mut rng) {
                     appeared.insert(p);
@@ -369,7 +354,7 @@ fn readdir_resumed_while_the_directory_changes_model() {
             if rng.chance(3) {
                 fs.sync().expect("commit mid-listing");
             }
-        }
+        });
         check_listing(&es, &stable, &appeared);
         // Quiet now: a listing is exactly the model.
         let mut want = stable.clone();
