@@ -219,7 +219,7 @@ fn dump_tree(
             let q = (node.used * 4 / cap.max(1)).min(3);
             st.leaf_fill_buckets[q] += 1;
             let mut bytes: BTreeMap<&'static str, usize> = BTreeMap::new();
-            for (k, v) in node.keys.iter().zip(node.leaf_vals()) {
+            for (k, v) in node.keys.iter().zip(node.leaf_vals().iter()) {
                 let t = k.item_type().map_or("UNKNOWN", |t| t.name());
                 *st.items_by_type.entry(t).or_default() += 1;
                 *bytes.entry(t).or_default() += v.len();

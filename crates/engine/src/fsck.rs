@@ -187,7 +187,7 @@ impl Checker<'_> {
                 }
             }
             if node.is_leaf() {
-                for (k, v) in node.keys.iter().zip(node.leaf_vals()) {
+                for (k, v) in node.keys.iter().zip(node.leaf_vals().iter()) {
                     self.report.items += 1;
                     if owner == TREE_FS {
                         self.fs_item(k, v);

@@ -1,6 +1,7 @@
 //! The copy-on-write B+tree: in-memory nodes, the node cache, the store that owns device,
 //! cache and allocator, and the tree operations.
 pub mod cache;
+pub mod leaf_vals;
 pub mod node;
 pub mod store;
 pub mod tree;

@@ -1,5 +1,7 @@
 //! The in-memory form of a B+tree node: keys in one vector (binary search touches only keys),
-//! values or child pointers in another. Decoded once when read, encoded once at commit.
+//! values packed in one buffer ([`LeafVals`]) or child pointers in another. Decoded once when
+//! read, encoded once at commit.
+use super::leaf_vals::LeafVals;
 use idxfs_format::node::{self, Checked, Expect, Identity, ITEM_HEADER_SIZE, KEY_PTR_SIZE};
 use idxfs_format::{Corrupt, Key};
 
@@ -12,7 +14,7 @@ pub struct Ptr {
 
 #[derive(Debug, Clone)]
 pub enum Body {
-    Leaf(Vec<Vec<u8>>),
+    Leaf(LeafVals),
     Internal(Vec<Ptr>),
 }
 
@@ -36,7 +38,7 @@ impl Node {
             owner,
             generation,
             keys: Vec::new(),
-            body: Body::Leaf(Vec::new()),
+            body: Body::Leaf(LeafVals::new()),
             used: 0,
         }
     }
@@ -64,14 +66,15 @@ impl Node {
         self.keys.is_empty()
     }
 
-    pub fn leaf_vals(&self) -> &[Vec<u8>] {
+    pub fn leaf_vals(&self) -> &LeafVals {
+        static NONE: LeafVals = LeafVals::new();
         match &self.body {
             Body::Leaf(v) => v,
-            Body::Internal(_) => &[],
+            Body::Internal(_) => &NONE,
         }
     }
 
-    pub fn leaf_vals_mut(&mut self) -> &mut Vec<Vec<u8>> {
+    pub fn leaf_vals_mut(&mut self) -> &mut LeafVals {
         match &mut self.body {
             Body::Leaf(v) => v,
             Body::Internal(_) => panic!("leaf_vals_mut on an internal node (level {})", self.level),
@@ -105,14 +108,14 @@ impl Node {
         let level = c.level();
         let mut keys = Vec::with_capacity(n);
         let (body, used) = if level == 0 {
-            let mut vals = Vec::with_capacity(n);
-            let mut used = 0;
+            let bytes = (0..n).map(|i| c.item(i).1.len()).sum();
+            let mut vals = LeafVals::with_capacity(n, bytes);
             for i in 0..n {
                 let (k, v) = c.item(i);
                 keys.push(k);
-                used += ITEM_HEADER_SIZE + v.len();
-                vals.push(v.to_vec());
+                vals.push(v);
             }
+            let used = n * ITEM_HEADER_SIZE + bytes;
             (Body::Leaf(vals), used)
         } else {
             let mut ptrs = Vec::with_capacity(n);
@@ -142,11 +145,7 @@ impl Node {
             fsid,
         };
         match &self.body {
-            Body::Leaf(vals) => node::encode_leaf(
-                out,
-                &id,
-                self.keys.iter().zip(vals.iter().map(|v| v.as_slice())),
-            ),
+            Body::Leaf(vals) => node::encode_leaf(out, &id, self.keys.iter().zip(vals.iter())),
             Body::Internal(ptrs) => node::encode_internal(
                 out,
                 &id,
@@ -168,10 +167,9 @@ impl Node {
         match &self.body {
             Body::Leaf(v) => {
                 assert_eq!(v.len(), self.keys.len(), "leaf value count");
-                debug_assert_eq!(
-                    self.used,
-                    v.iter().map(|x| x.len() + ITEM_HEADER_SIZE).sum::<usize>()
-                );
+                assert_eq!(self.used, v.live_bytes() + v.len() * ITEM_HEADER_SIZE);
+                #[cfg(debug_assertions)]
+                v.assert_invariants();
             }
             Body::Internal(p) => {
                 assert_eq!(p.len(), self.keys.len(), "internal pointer count");

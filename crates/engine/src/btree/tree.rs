@@ -113,7 +113,10 @@ impl Tree {
     ) -> Result<Option<R>> {
         let leaf = self.find_leaf(store, key)?;
         let n = store.node(leaf);
-        Ok(n.keys.binary_search(key).ok().map(|i| f(&n.leaf_vals()[i])))
+        Ok(n.keys
+            .binary_search(key)
+            .ok()
+            .map(|i| f(n.leaf_vals().get(i))))
     }
 
     pub fn get(&self, store: &mut Store, key: &Key) -> Result<Option<Vec<u8>>> {
@@ -183,16 +186,18 @@ impl Tree {
         let n = store.node_mut(leaf);
         match n.keys.binary_search(&key) {
             Ok(pos) => {
-                let v = &mut n.leaf_vals_mut()[pos];
+                // Values are packed in the leaf: `f` changes a copy, written back after.
+                let mut v = n.leaf_vals().get(pos).to_vec();
                 let before = v.len();
-                let r = f(Some(v));
+                let r = f(Some(&mut v));
                 debug_assert!(r.is_none(), "upsert returned a value for an existing key");
-                let after = n.leaf_vals()[pos].len();
+                let after = v.len();
                 assert!(
                     after <= idxfs_format::node::max_item_size(store.node_size),
                     "item grew to {after} bytes"
                 );
                 let n = store.node_mut(leaf);
+                n.leaf_vals_mut().set(pos, &v);
                 n.used = n.used + after - before;
                 let over = n.used > Self::leaf_cap(store);
                 store.mod_seq += 1;
@@ -229,7 +234,7 @@ impl Tree {
         let n = store.node_mut(path[d].0);
         n.used += ITEM_HEADER_SIZE + val.len();
         n.keys.insert(pos, key);
-        n.leaf_vals_mut().insert(pos, val);
+        n.leaf_vals_mut().insert(pos, &val);
         let over = n.used > Self::leaf_cap(store);
         store.mod_seq += 1;
         if pos == 0 {
@@ -262,7 +267,7 @@ impl Tree {
                 let n = store.node_mut(hint.leaf);
                 n.used += add;
                 n.keys.insert(pos, key);
-                n.leaf_vals_mut().insert(pos, val);
+                n.leaf_vals_mut().insert(pos, &val);
                 store.mod_seq += 1;
                 Counters::inc(&store.counters.leaf_hint_hits);
                 return Ok(None);
@@ -363,10 +368,11 @@ impl Tree {
         let Ok(pos) = n.keys.binary_search(key) else {
             return Ok(false);
         };
-        let vals = n.leaf_vals_mut();
-        let before = vals[pos].len();
-        let change = f(&mut vals[pos]);
-        let after = vals[pos].len();
+        // Values are packed in the leaf: `f` changes a copy, written back if kept.
+        let mut v = n.leaf_vals().get(pos).to_vec();
+        let before = v.len();
+        let change = f(&mut v);
+        let after = v.len();
         store.mod_seq += 1;
         match change {
             Change::Delete => {
@@ -378,6 +384,7 @@ impl Tree {
                     "item grew to {after} bytes"
                 );
                 let n = store.node_mut(leaf);
+                n.leaf_vals_mut().set(pos, &v);
                 n.used = n.used + after - before;
                 if n.used > Self::leaf_cap(store) {
                     self.split(store, &path, d, pos)?;
@@ -465,8 +472,9 @@ impl Tree {
                 == (node.keys[pos].objectid, node.keys[pos].ty)
             // The left part keeps the new item: it must fit (a large new item followed by
             // small ones need not, and then the byte midpoint is the only safe split).
-            && node.leaf_vals()[pos + 1..]
+            && node.leaf_vals()
                 .iter()
+                .skip(pos + 1)
                 .map(|v| ITEM_HEADER_SIZE + v.len())
                 .sum::<usize>()
                 >= node.used.saturating_sub(cap);
@@ -480,7 +488,7 @@ impl Tree {
             let mut at = n - 1;
             for i in 0..n {
                 acc += match &node.body {
-                    super::node::Body::Leaf(v) => ITEM_HEADER_SIZE + v[i].len(),
+                    super::node::Body::Leaf(v) => ITEM_HEADER_SIZE + v.get(i).len(),
                     super::node::Body::Internal(_) => KEY_PTR_SIZE,
                 };
                 if acc >= half {
@@ -499,7 +507,7 @@ impl Tree {
         match (&mut node.body, &mut right.body) {
             (super::node::Body::Leaf(l), super::node::Body::Leaf(r)) => {
                 *r = l.split_off(at);
-                right.used = r.iter().map(|v| v.len() + ITEM_HEADER_SIZE).sum();
+                right.used = r.live_bytes() + r.len() * ITEM_HEADER_SIZE;
                 if at == n - 1 || ends_run {
                     Counters::inc(&counters.leaf_splits_append);
                 } else {
@@ -620,7 +628,7 @@ impl Tree {
             let left = store.node_mut(lb);
             left.keys.extend(right.keys);
             match (&mut left.body, right.body) {
-                (super::node::Body::Leaf(l), super::node::Body::Leaf(r)) => l.extend(r),
+                (super::node::Body::Leaf(l), super::node::Body::Leaf(r)) => l.append(&r),
                 (super::node::Body::Internal(l), super::node::Body::Internal(r)) => l.extend(r),
                 _ => unreachable!("merging nodes of different kinds"),
             }
@@ -701,7 +709,7 @@ impl Tree {
             {
                 let n = store.node(block);
                 let vals = n.leaf_vals();
-                for (k, v) in n.keys.iter().zip(vals).skip(start) {
+                for (k, v) in n.keys.iter().zip(vals.iter()).skip(start) {
                     if *k >= to {
                         return Ok(());
                     }
@@ -760,7 +768,7 @@ impl Tree {
             return Ok(None);
         }
         let k = n.keys[i - 1];
-        Ok((k >= floor).then(|| (k, n.leaf_vals()[i - 1].clone())))
+        Ok((k >= floor).then(|| (k, n.leaf_vals().get(i - 1).to_vec())))
     }
 
     /// Visits every node (pre-order) with its level, reading each once: fsck and dump.
