@@ -133,6 +133,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn bench_dir_index(files: u64, rounds: u32, only: Option<String>) -> Result<(), String> {
     let only = only.map(|o| o == "hash");
     let (mut both, mut one) = (Vec::new(), Vec::new());
+    // Per round, the two sides' CPU per create side by side in time: the machine's speed moves
+    // by tens of percent between minutes, and a ratio of neighbours cancels most of that.
+    let mut paired = Vec::new();
     for r in 0..rounds.max(1) {
         // Alternate which goes first, so drift in the machine's speed hits both alike.
         let order = if r % 2 == 0 {
@@ -154,6 +157,9 @@ fn bench_dir_index(files: u64, rounds: u32, only: Option<String>) -> Result<(), 
                 x.1
             );
             if hash_only { &mut one } else { &mut both }.push(x);
+        }
+        if let (Some(o), Some(b), None) = (one.last(), both.last(), only) {
+            paired.push(b.1 / o.1);
         }
     }
     let rate = |v: &[(f64, f64)]| median(v.iter().map(|x| x.0).collect());
@@ -177,6 +183,17 @@ fn bench_dir_index(files: u64, rounds: u32, only: Option<String>) -> Result<(), 
         (rate(&one) / rate(&both) - 1.0) * 100.0,
         (cpu(&both) / cpu(&one) - 1.0) * 100.0
     );
+    if !paired.is_empty() {
+        let lo = paired.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = paired.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        println!(
+            "round by round (each round's two runs back to back): median {:+.1}% in CPU per \
+             create, rounds from {:+.1}% to {:+.1}%",
+            (median(paired) - 1.0) * 100.0,
+            (lo - 1.0) * 100.0,
+            (hi - 1.0) * 100.0
+        );
+    }
     Ok(())
 }
 

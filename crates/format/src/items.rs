@@ -2,6 +2,7 @@
 //! because of hash collisions or hard links) are a sequence of length-prefixed records, each
 //! decoded with bounds checks.
 use crate::{ensure, Corrupt, NAME_MAX};
+use std::fmt;
 use zerocopy::little_endian::{I64, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
@@ -147,7 +148,10 @@ pub fn encode_dir_entry(out: &mut Vec<u8>, e: &DirEntry) {
 }
 
 /// Decodes every record of a DirHash/DirIno item. `what` names the item for error messages.
-pub fn decode_dir_entries(mut data: &[u8], what: &str) -> Result<Vec<DirEntry>, Corrupt> {
+pub fn decode_dir_entries(
+    mut data: &[u8],
+    what: impl fmt::Display,
+) -> Result<Vec<DirEntry>, Corrupt> {
     let mut out = Vec::with_capacity(1);
     ensure!(
         !data.is_empty(),
@@ -200,7 +204,7 @@ pub fn encode_names(names: &[Vec<u8>]) -> Vec<u8> {
     out
 }
 
-pub fn decode_names(mut data: &[u8], what: &str) -> Result<Vec<Vec<u8>>, Corrupt> {
+pub fn decode_names(mut data: &[u8], what: impl fmt::Display) -> Result<Vec<Vec<u8>>, Corrupt> {
     let mut out = Vec::new();
     ensure!(
         !data.is_empty(),
@@ -246,7 +250,7 @@ pub fn encode_xattrs(xs: &[XattrEntry]) -> Vec<u8> {
     out
 }
 
-pub fn decode_xattrs(mut data: &[u8], what: &str) -> Result<Vec<XattrEntry>, Corrupt> {
+pub fn decode_xattrs(mut data: &[u8], what: impl fmt::Display) -> Result<Vec<XattrEntry>, Corrupt> {
     let mut out = Vec::new();
     ensure!(
         !data.is_empty(),
@@ -307,11 +311,11 @@ pub struct ExtentItem {
 pub const EXTENT_ITEM_SIZE: usize = 32;
 const _: () = assert!(size_of::<ExtentItem>() == EXTENT_ITEM_SIZE);
 
-pub fn decode_extent<'a>(
-    data: &'a [u8],
-    what: &str,
+pub fn decode_extent(
+    data: &[u8],
+    what: impl fmt::Display,
     total_blocks: u64,
-) -> Result<(ExtentItem, &'a [u8]), Corrupt> {
+) -> Result<(ExtentItem, &[u8]), Corrupt> {
     let (e, rest) = ExtentItem::read_from_prefix(data).map_err(|_| {
         Corrupt::new(
             format!("{what} extent size"),

@@ -63,7 +63,7 @@ impl Inner {
             &mut self.store,
             from,
             Key::new(ino, ItemType::Extent, end),
-            |k, v| match decode_extent(v, &format!("extent {k}"), total) {
+            |k, v| match decode_extent(v, format_args!("extent {k}"), total) {
                 Ok((item, rest)) => {
                     let e = Ext {
                         offset: k.offset,

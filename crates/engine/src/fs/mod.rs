@@ -126,7 +126,7 @@ pub(crate) struct Inner {
     /// The running transaction has changes.
     pub changed: bool,
     /// Pin counts of inodes a front end still holds (see `orphan`).
-    pub pins: std::collections::HashMap<Ino, u64>,
+    pub pins: crate::btree::cache::FastMap<Ino, u64>,
     pub atime: Atime,
     /// `OpenOptions::bench_hash_index_only`.
     pub hash_index_only: bool,

@@ -151,7 +151,7 @@ impl Inner {
             Key::new(dir, ItemType::DirIno, start),
             Key::new(dir, ItemType::DirIno, u64::MAX),
             |k, v| {
-                let es = match decode_dir_entries(v, &format!("dir item {k}")) {
+                let es = match decode_dir_entries(v, format_args!("dir item {k}")) {
                     Ok(es) => es,
                     Err(e) => {
                         err = Some(e);

@@ -24,7 +24,7 @@ impl Fs {
         let key = Key::new(ino, ItemType::Xattr, (g.hash)(name));
         let tree = g.fs_tree;
         let v = tree.get(&mut g.store, &key)?.ok_or(Error::NoData)?;
-        let xs = decode_xattrs(&v, &format!("xattr {key}"))?;
+        let xs = decode_xattrs(&v, format_args!("xattr {key}"))?;
         xs.into_iter()
             .find(|x| x.name == name)
             .map(|x| x.value)
@@ -42,7 +42,7 @@ impl Fs {
             Key::new(ino, ItemType::Xattr, 0),
             Key::new(ino, ItemType::Xattr, u64::MAX),
             |k, v| {
-                match decode_xattrs(v, &format!("xattr {k}")) {
+                match decode_xattrs(v, format_args!("xattr {k}")) {
                     Ok(xs) => out.extend(xs.into_iter().map(|x| x.name)),
                     Err(e) => err = Some(e),
                 }
@@ -66,7 +66,7 @@ impl Fs {
             let key = Key::new(ino, ItemType::Xattr, (g.hash)(name));
             let tree = g.fs_tree;
             let mut xs = match tree.get(&mut g.store, &key)? {
-                Some(v) => decode_xattrs(&v, &format!("xattr {key}"))?,
+                Some(v) => decode_xattrs(&v, format_args!("xattr {key}"))?,
                 None => Vec::new(),
             };
             let pos = xs.iter().position(|x| x.name == name);
@@ -100,7 +100,7 @@ impl Fs {
             let key = Key::new(ino, ItemType::Xattr, (g.hash)(name));
             let tree = g.fs_tree;
             let v = tree.get(&mut g.store, &key)?.ok_or(Error::NoData)?;
-            let mut xs = decode_xattrs(&v, &format!("xattr {key}"))?;
+            let mut xs = decode_xattrs(&v, format_args!("xattr {key}"))?;
             let i = xs
                 .iter()
                 .position(|x| x.name == name)
