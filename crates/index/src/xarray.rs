@@ -723,15 +723,29 @@ impl<T: Value> XArray<T> {
                     continue 'restart;
                 }
                 let o = bits.trailing_zeros();
+                let unit = 1u128 << s;
                 if o != off {
-                    let unit = 1u128 << s;
                     index = (index / (unit * 64)) * (unit * 64) + o as u128 * unit;
                 }
+                // `present` was read before the slot: a writer may have emptied the slot in
+                // between. Then the entry or subtree is gone and the search goes on after it,
+                // as if the bit had been clear.
                 if s == 0 {
                     let raw = n.slots[o as usize].load(Acquire);
-                    return Some((index as u64, T::from_raw(raw.wrapping_sub(1))));
+                    match raw.checked_sub(1) {
+                        Some(v) => return Some((index as u64, T::from_raw(v))),
+                        None => {
+                            index += 1;
+                            continue 'restart;
+                        }
+                    }
                 }
-                node = n.child(o as usize);
+                let child = n.child(o as usize);
+                if child.is_null() {
+                    index = (index / unit + 1) * unit;
+                    continue 'restart;
+                }
+                node = child;
             }
         }
     }
