@@ -32,6 +32,40 @@ fn unlinked_while_pinned_lives_until_unpin() {
     fs.close().expect("close");
 }
 
+/// The kernel's batched forgets: one call drops pins of many inodes; only the ones whose last
+/// pin goes and that were unlinked are freed, the rest stay as they were.
+#[test]
+fn unpin_many_frees_only_last_pins_of_orphans() {
+    let (dev, fs) = mem_fs(64 << 20);
+    let base = fs.statfs().expect("statfs").blocks_free;
+    let a = fs.create(ROOT, b"a", 0o644, ME).expect("create a");
+    let b = fs.create(ROOT, b"b", 0o644, ME).expect("create b");
+    let c = fs.create(ROOT, b"c", 0o644, ME).expect("create c");
+    for f in [a.ino, b.ino, c.ino] {
+        fs.write(f, 0, &vec![3u8; 50_000]).expect("write");
+        fs.pin(f);
+    }
+    fs.pin(b.ino);
+    fs.unlink(ROOT, b"a").expect("unlink a");
+    fs.unlink(ROOT, b"b").expect("unlink b");
+    // a: last pin, orphan -> freed; b: one of two pins -> kept; c: last pin, still linked
+    // -> kept; an inode never pinned -> ignored.
+    fs.unpin_many(&[(a.ino, 1), (b.ino, 1), (c.ino, 1), (999_999, 4)])
+        .expect("unpin_many");
+    assert!(matches!(fs.getattr(a.ino), Err(Error::NotFound)));
+    assert_eq!(fs.getattr(b.ino).expect("b").nlink, 0);
+    assert_eq!(fs.getattr(c.ino).expect("c").nlink, 1);
+    assert_eq!(fs.orphans().expect("orphans"), vec![b.ino]);
+    fs.unpin_many(&[(b.ino, 1)]).expect("unpin b");
+    assert!(matches!(fs.getattr(b.ino), Err(Error::NotFound)));
+    assert!(fs.orphans().expect("orphans").is_empty());
+    fs.unlink(ROOT, b"c").expect("unlink c");
+    fs.sync().expect("sync");
+    assert_clean(dev.as_ref());
+    assert_eq!(fs.statfs().expect("statfs").blocks_free, base);
+    fs.close().expect("close");
+}
+
 #[test]
 fn removed_directory_pinned_and_orphans_reclaimed_after_crash() {
     let (dev, fs) = mem_fs(64 << 20);

@@ -28,10 +28,10 @@ pub use options::{MountConfig, OptionError};
 pub use serve::{block_shutdown_signals, serve, unmount, ServeError};
 
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, Generation, INodeNo, InitFlags,
-    KernelConfig, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, ForgetOne, Generation, INodeNo,
+    InitFlags, KernelConfig, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use idxfs_engine::fs::{Attr, Owner, Seek, SetAttr, SetTime, Time};
 use idxfs_engine::{Error, Fs};
@@ -77,9 +77,10 @@ enum Op {
     Create,
     Fallocate,
     Lseek,
+    BatchForget,
 }
 
-const OP_NAMES: [&str; 30] = [
+const OP_NAMES: [&str; 31] = [
     "lookup",
     "forget",
     "getattr",
@@ -110,10 +111,11 @@ const OP_NAMES: [&str; 30] = [
     "create",
     "fallocate",
     "lseek",
+    "batch_forget",
 ];
 
 #[derive(Default)]
-pub struct Requests([std::sync::atomic::AtomicU64; 30]);
+pub struct Requests([std::sync::atomic::AtomicU64; 31]);
 
 impl Requests {
     fn count(&self, op: Op) {
@@ -356,6 +358,17 @@ impl Filesystem for IdxFuse {
         // An error here (a failed device) already turned the file system read-only; the
         // orphan stays listed and is freed at the next mount.
         let _ = self.fs.unpin(ino.0, nlookup);
+    }
+
+    /// The kernel sends the forgets queued meanwhile as one request: one engine lock for all.
+    /// (Holding the /dev/fuse thread back a millisecond after each, so that more queue up,
+    /// was tried: it made `rm -rf` of 200,000 files 20-35% slower on this VM, whose round
+    /// trips get slower when a CPU goes idle between them.)
+    fn batch_forget(&self, _req: &Request, nodes: &[ForgetOne]) {
+        self.begin(Op::BatchForget);
+        let list: Vec<(u64, u64)> = nodes.iter().map(|n| (n.nodeid().0, n.nlookup())).collect();
+        // As in `forget`: an error left the file system read-only, orphans stay listed.
+        let _ = self.fs.unpin_many(&list);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {

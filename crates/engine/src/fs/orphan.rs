@@ -80,21 +80,36 @@ impl Fs {
     /// Drops `n` pins of `ino`; the last one frees it if it was unlinked meanwhile. Unpinning an
     /// inode that is not pinned does nothing (a front end may forget after a restart).
     pub fn unpin(&self, ino: Ino, n: u64) -> Result<()> {
-        {
+        self.unpin_many(&[(ino, n)])
+    }
+
+    /// `unpin` for each `(ino, n)`, under one lock (the kernel's batched forgets).
+    pub fn unpin_many(&self, list: &[(Ino, u64)]) -> Result<()> {
+        let free = {
             let mut g = self.lock();
-            let Some(count) = g.pins.get_mut(&ino) else {
-                return Ok(());
-            };
-            *count = count.saturating_sub(n);
-            if *count > 0 {
+            let mut last = Vec::new();
+            for &(ino, n) in list {
+                let Some(count) = g.pins.get_mut(&ino) else {
+                    continue;
+                };
+                *count = count.saturating_sub(n);
+                if *count == 0 {
+                    g.pins.remove(&ino);
+                    last.push(ino);
+                }
+            }
+            if last.is_empty() || g.writable().is_err() {
                 return Ok(());
             }
-            g.pins.remove(&ino);
-            if g.writable().is_err() || !g.is_free_orphan(ino)? {
-                return Ok(());
+            let mut free = Vec::new();
+            for ino in last {
+                if g.is_free_orphan(ino)? {
+                    free.push(ino);
+                }
             }
-        }
-        self.free_orphans(&[ino])
+            free
+        };
+        self.free_orphans(&free)
     }
 
     /// Frees every orphan nobody pins: at mount (after a crash, none is pinned) and at close.
