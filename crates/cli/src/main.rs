@@ -55,7 +55,8 @@ enum Cmd {
         /// Mount options: ro, rw, noatime, relatime, strictatime, allow_other,
         /// default_permissions (always on), fsname=NAME, nodev, nosuid, noexec, ttl=SECONDS,
         /// uring/nouring (FUSE over io_uring; default: when the kernel allows it),
-        /// threads=N, pin/nopin (/dev/fuse workers pinned one per CPU), writeback.
+        /// handoff/nohandoff (ring replies sent at SCHED_IDLE so callers wake on the same CPU;
+        /// default on), threads=N, pin/nopin (/dev/fuse workers pinned one per CPU), writeback.
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
         /// Create and format the image first if it does not exist.

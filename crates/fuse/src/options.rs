@@ -27,6 +27,9 @@ pub struct MountConfig {
     /// FUSE over io_uring (`uring.rs`): None: when the kernel allows it (`fuse.enable_uring`);
     /// `-o uring` insists (the mount fails without it), `-o nouring` stays on /dev/fuse.
     pub uring: Option<bool>,
+    /// Ring workers send replies at SCHED_IDLE so callers wake on the worker's CPU
+    /// (`handoff.rs`); `-o nohandoff` turns it off.
+    pub handoff: bool,
     /// Kernel mount flags passed through (nodev, nosuid, noexec, sync, dirsync, ...).
     pub flags: Vec<MountOption>,
 }
@@ -43,6 +46,7 @@ impl Default for MountConfig {
             threads: None,
             pin: None,
             uring: None,
+            handoff: true,
             flags: Vec::new(),
         }
     }
@@ -103,6 +107,8 @@ impl MountConfig {
                 "nopin" => self.pin = Some(false),
                 "uring" => self.uring = Some(true),
                 "nouring" => self.uring = Some(false),
+                "handoff" => self.handoff = true,
+                "nohandoff" => self.handoff = false,
                 "dev" => self.flags.push(MountOption::Dev),
                 "nodev" => self.flags.push(MountOption::NoDev),
                 "suid" => self.flags.push(MountOption::Suid),

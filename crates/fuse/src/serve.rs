@@ -223,7 +223,8 @@ pub fn serve(
     let ran = match ring_fd {
         Some(fd) => {
             let stats = uring_stats.clone();
-            session.run_with(move |d| Ok(crate::uring::start(fd, d, stats)))
+            let handoff = cfg.handoff;
+            session.run_with(move |d| Ok(crate::uring::start(fd, d, stats, handoff)))
         }
         None => session.run(),
     };
@@ -232,7 +233,7 @@ pub fn serve(
             eprintln!("fuse requests {op}: {n}");
         }
         eprintln!(
-            "fuse over io_uring: {} requests, {} malformed, {} entries registered again",
+            "fuse over io_uring: {} requests, {} malformed, {} entries registered again, {} workers without handoff",
             uring_stats
                 .requests
                 .load(std::sync::atomic::Ordering::Relaxed),
@@ -241,6 +242,9 @@ pub fn serve(
                 .load(std::sync::atomic::Ordering::Relaxed),
             uring_stats
                 .reregistered
+                .load(std::sync::atomic::Ordering::Relaxed),
+            uring_stats
+                .no_handoff
                 .load(std::sync::atomic::Ordering::Relaxed)
         );
         eprintln!("{}", fs.counters());

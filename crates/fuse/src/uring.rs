@@ -24,6 +24,7 @@
 //! Requests are parsed and dispatched by fuser (`Dispatcher`, the patch in vendor/fuser): the
 //! header and the fixed argument are copied in front of the payload so the request is one
 //! contiguous, aligned buffer, exactly as a read of /dev/fuse returns it.
+use crate::handoff::Handoff;
 use crate::IdxFuse;
 use fuser::{Dispatcher, ReplySink};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
@@ -76,6 +77,8 @@ pub struct Stats {
     pub malformed: AtomicU64,
     /// Entries registered again after the kernel refused their commit outside a teardown.
     pub reregistered: AtomicU64,
+    /// Workers that were to hand the CPU off with their replies and could not (`handoff.rs`).
+    pub no_handoff: AtomicU64,
 }
 
 /// What a worker does with an entry whose command failed with `errno`.
@@ -131,6 +134,7 @@ pub(crate) fn start(
     dev: OwnedFd,
     dispatcher: Dispatcher<IdxFuse>,
     stats: Arc<Stats>,
+    handoff: bool,
 ) -> Vec<JoinHandle<io::Result<()>>> {
     let dev = Arc::new(dev);
     let allowed = crate::pin::allowed_cpus();
@@ -151,7 +155,7 @@ pub(crate) fn start(
         let pin = allowed.contains(&cpu).then_some(cpu);
         let spawned = std::thread::Builder::new()
             .name(format!("idxfs-uring-{cpu}"))
-            .spawn(move || Queue::serve(qid, pin, &dev, &dispatcher, &stats));
+            .spawn(move || Queue::serve(qid, pin, handoff, &dev, &dispatcher, &stats));
         match spawned {
             Ok(t) => threads.push(t),
             Err(e) => {
@@ -262,12 +266,14 @@ struct Queue<'a> {
     capture: Arc<Capture>,
     /// Where a request goes when its header and argument do not land 8-byte aligned.
     scratch: Vec<u64>,
+    handoff: Handoff,
 }
 
 impl Queue<'_> {
     fn serve(
         qid: u16,
         pin: Option<usize>,
+        handoff: bool,
         dev: &OwnedFd,
         dispatcher: &Dispatcher<IdxFuse>,
         stats: &Stats,
@@ -282,7 +288,11 @@ impl Queue<'_> {
             stats,
             capture: Arc::new(Capture::default()),
             scratch: Vec::new(),
+            handoff: Handoff::new(handoff),
         };
+        if handoff && !q.handoff.is_on() {
+            stats.no_handoff.fetch_add(1, Relaxed);
+        }
         // The entries outlive the ring (declared first, dropped last): closing the ring
         // cancels what the kernel still holds before the buffers go.
         let mut entries: Vec<Entry> = (0..DEPTH).map(|_| Entry::new()).collect();
@@ -321,6 +331,7 @@ impl Queue<'_> {
         let mut done = Vec::with_capacity(entries.len());
         let mut complained = false;
         while live > 0 {
+            let replying = !pending.is_empty();
             for sqe in pending.drain(..) {
                 // SAFETY: the buffers the SQE points at (an entry's iovecs) live in `entries`,
                 // which outlives the ring.
@@ -328,7 +339,16 @@ impl Queue<'_> {
                     return Err(io::Error::other("io_uring submission queue full"));
                 }
             }
-            match ring.submit_and_wait(1) {
+            // Replies go out at SCHED_IDLE so that their callers wake on this CPU (`handoff.rs`);
+            // the wait for the next request is at the thread's normal policy.
+            let r = if replying && self.handoff.is_on() {
+                self.handoff
+                    .send(|| ring.submit())
+                    .and_then(|_| ring.submit_and_wait(1))
+            } else {
+                ring.submit_and_wait(1)
+            };
+            match r {
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                 Err(e) => {
