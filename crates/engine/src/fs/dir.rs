@@ -148,13 +148,11 @@ impl Inner {
     /// another name of `child` in `dir` holds the first choice (hard links whose hashes agree
     /// in 16 bits: rare).
     ///
-    /// Not yet good enough: at 1,000,000 creates the second index still adds 14-17% to a
-    /// library create (`idxfs bench dir-index`, median of 5; as much as rounds of the same
-    /// build vary), against the 10% goal. What is left is the index's own leaves: about 80
-    /// more bytes of node cache per entry (a key, a value vector and its allocation), fresh
-    /// memory the kernel zeroes on first touch, and more bytes to encode at commit. Values
-    /// kept in one buffer per leaf instead of one allocation each would cut that, for every
-    /// item type.
+    /// What it costs: with values packed per leaf (`btree::leaf_vals`), `idxfs bench dir-index`
+    /// at 1,000,000 creates gave +8.6% and +5.3% in two runs, and round-by-round medians of
+    /// +4.0% and +13.0% in two more, whose single rounds ranged from -26% to +57%. On this
+    /// machine that is inside the noise, so the 10% goal is met in some runs and not shown to
+    /// be met in general. Before the packing the same bench gave +14% to +17%.
     fn add_ino_record(&mut self, dir: u64, child: u64, h: u64, rec: Vec<u8>) -> Result<()> {
         let first = Key::new(dir, ItemType::DirIno, dir_ino_offset(child, h));
         let Some(rec) =
