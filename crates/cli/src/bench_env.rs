@@ -299,8 +299,13 @@ impl Target {
             .append(true)
             .open(&log)
             .map_err(|e| format!("{}: {e}", log.display()))?;
-        let child = Command::new(exe)
-            .arg("mount")
+        let mut cmd = Command::new(exe);
+        cmd.arg("mount");
+        // Mount options for A/B runs of one build, e.g. IDXFS_BENCH_MOUNT_OPTS=nohandoff.
+        if let Some(o) = std::env::var_os("IDXFS_BENCH_MOUNT_OPTS").filter(|o| !o.is_empty()) {
+            cmd.arg("-o").arg(o);
+        }
+        let child = cmd
             .arg(&img)
             .arg(&self.mp)
             .stdin(std::process::Stdio::null())

@@ -15,10 +15,58 @@
 //! work when a request comes nor serves at idle priority. The kernel's own `wake_up_sync` hint
 //! ("the waker is about to sleep") is the same idea, which FUSE does not use for replies.
 //!
+//! It only pays when the caller would otherwise move: one caller and nothing else for the
+//! other CPU to do. With two callers (fs_mark with two threads ran 20-30% slower with an
+//! unconditional handoff), or with the /dev/fuse thread busy with forgets (`rm -rf` of 200,000
+//! files, 20-25% slower), the caller was not going to move and the two policy changes per
+//! reply only cost. Whether another CPU was idle at the moment of a reply proved a poor sign:
+//! two callers keep their workers busy only part of the time. What a worker can see cheaply
+//! is the stream of requests, so [`Recent`] hands off only while the last [`QUIET`] requests
+//! all came from one caller (the request header's pid) and no forget came meanwhile.
+//!
 //! Coming back from SCHED_IDLE needs the right to raise priority (CAP_SYS_NICE, or an
 //! RLIMIT_NICE that allows nice 0), so a probe thread tries the round trip once per process
 //! first; without that right the workers never drop.
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
+
+/// How many requests must pass with one caller and no forget before replies hand off again.
+pub const QUIET: u64 = 64;
+
+/// What the request stream looked like lately, shared by a mount's ring workers and its
+/// /dev/fuse thread.
+#[derive(Default)]
+pub struct Recent {
+    /// Requests taken from the rings.
+    seq: AtomicU64,
+    last_pid: AtomicU32,
+    /// The last `seq` of the previous caller.
+    pid_changed: AtomicU64,
+    /// `seq` at the last forget.
+    forgot: AtomicU64,
+}
+
+impl Recent {
+    /// A ring request from process (thread) `pid`.
+    pub fn request(&self, pid: u32) {
+        let seq = self.seq.fetch_add(1, Relaxed) + 1;
+        if self.last_pid.swap(pid, Relaxed) != pid {
+            self.pid_changed.store(seq - 1, Relaxed);
+        }
+    }
+
+    /// A forget came (through /dev/fuse).
+    pub fn forget(&self) {
+        self.forgot.store(self.seq.load(Relaxed), Relaxed);
+    }
+
+    /// Whether the last `QUIET` requests came from one caller, with no forget among them.
+    pub fn one_caller(&self) -> bool {
+        let seq = self.seq.load(Relaxed);
+        let since = |at: &AtomicU64| seq.saturating_sub(at.load(Relaxed));
+        seq >= QUIET && since(&self.pid_changed) >= QUIET && since(&self.forgot) >= QUIET
+    }
+}
 
 /// Whether a thread of this process can go to SCHED_IDLE and back (tried once, on a thread of
 /// its own, so a failure strands nobody that matters).
@@ -108,5 +156,31 @@ mod tests {
         let mut off = Handoff::new(false);
         assert!(!off.is_on());
         assert_eq!(off.send(current_policy), before);
+    }
+
+    #[test]
+    fn recent_sees_one_caller_without_forgets() {
+        let r = Recent::default();
+        assert!(!r.one_caller(), "no requests yet");
+        for _ in 0..QUIET {
+            r.request(7);
+        }
+        assert!(r.one_caller(), "{QUIET} requests of one caller");
+        r.request(8);
+        assert!(!r.one_caller(), "a second caller");
+        for _ in 0..QUIET - 1 {
+            r.request(8);
+        }
+        assert!(r.one_caller(), "quiet again");
+        r.forget();
+        assert!(!r.one_caller(), "a forget");
+        for i in 0..QUIET * 2 {
+            r.request(if i % 2 == 0 { 1 } else { 2 });
+        }
+        assert!(!r.one_caller(), "two callers taking turns");
+        for _ in 0..QUIET {
+            r.request(2);
+        }
+        assert!(r.one_caller());
     }
 }

@@ -178,11 +178,13 @@ pub fn serve(
         cfg
     };
     let granted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let recent = Arc::new(crate::handoff::Recent::default());
     let fuse = IdxFuse::new(
         fs.clone(),
         cfg,
         requests.clone(),
         want_uring.then(|| granted.clone()),
+        recent.clone(),
     );
     let config = cfg.fuser_config(source);
     // SAFETY: geteuid has no preconditions.
@@ -224,7 +226,7 @@ pub fn serve(
         Some(fd) => {
             let stats = uring_stats.clone();
             let handoff = cfg.handoff;
-            session.run_with(move |d| Ok(crate::uring::start(fd, d, stats, handoff)))
+            session.run_with(move |d| Ok(crate::uring::start(fd, d, stats, handoff, recent)))
         }
         None => session.run(),
     };

@@ -24,7 +24,7 @@
 //! Requests are parsed and dispatched by fuser (`Dispatcher`, the patch in vendor/fuser): the
 //! header and the fixed argument are copied in front of the payload so the request is one
 //! contiguous, aligned buffer, exactly as a read of /dev/fuse returns it.
-use crate::handoff::Handoff;
+use crate::handoff::{Handoff, Recent};
 use crate::IdxFuse;
 use fuser::{Dispatcher, ReplySink};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
@@ -135,6 +135,7 @@ pub(crate) fn start(
     dispatcher: Dispatcher<IdxFuse>,
     stats: Arc<Stats>,
     handoff: bool,
+    recent: Arc<Recent>,
 ) -> Vec<JoinHandle<io::Result<()>>> {
     let dev = Arc::new(dev);
     let allowed = crate::pin::allowed_cpus();
@@ -152,10 +153,11 @@ pub(crate) fn start(
             break;
         };
         let (dev, dispatcher, stats) = (dev.clone(), dispatcher.clone(), stats.clone());
+        let recent = recent.clone();
         let pin = allowed.contains(&cpu).then_some(cpu);
         let spawned = std::thread::Builder::new()
             .name(format!("idxfs-uring-{cpu}"))
-            .spawn(move || Queue::serve(qid, pin, handoff, &dev, &dispatcher, &stats));
+            .spawn(move || Queue::serve(qid, pin, handoff, &recent, &dev, &dispatcher, &stats));
         match spawned {
             Ok(t) => threads.push(t),
             Err(e) => {
@@ -267,6 +269,7 @@ struct Queue<'a> {
     /// Where a request goes when its header and argument do not land 8-byte aligned.
     scratch: Vec<u64>,
     handoff: Handoff,
+    recent: &'a Recent,
 }
 
 impl Queue<'_> {
@@ -274,6 +277,7 @@ impl Queue<'_> {
         qid: u16,
         pin: Option<usize>,
         handoff: bool,
+        recent: &Recent,
         dev: &OwnedFd,
         dispatcher: &Dispatcher<IdxFuse>,
         stats: &Stats,
@@ -289,6 +293,7 @@ impl Queue<'_> {
             capture: Arc::new(Capture::default()),
             scratch: Vec::new(),
             handoff: Handoff::new(handoff),
+            recent,
         };
         if handoff && !q.handoff.is_on() {
             stats.no_handoff.fetch_add(1, Relaxed);
@@ -331,7 +336,7 @@ impl Queue<'_> {
         let mut done = Vec::with_capacity(entries.len());
         let mut complained = false;
         while live > 0 {
-            let replying = !pending.is_empty();
+            let hand_off = !pending.is_empty() && self.handoff.is_on() && self.recent.one_caller();
             for sqe in pending.drain(..) {
                 // SAFETY: the buffers the SQE points at (an entry's iovecs) live in `entries`,
                 // which outlives the ring.
@@ -339,9 +344,10 @@ impl Queue<'_> {
                     return Err(io::Error::other("io_uring submission queue full"));
                 }
             }
-            // Replies go out at SCHED_IDLE so that their callers wake on this CPU (`handoff.rs`);
-            // the wait for the next request is at the thread's normal policy.
-            let r = if replying && self.handoff.is_on() {
+            // Replies go out at SCHED_IDLE so that their caller wakes on this CPU, while one
+            // caller keeps the file system busy (`handoff.rs`); the wait for the next request
+            // is at the thread's normal policy.
+            let r = if hand_off {
                 self.handoff
                     .send(|| ring.submit())
                     .and_then(|_| ring.submit_and_wait(1))
@@ -423,6 +429,8 @@ impl Queue<'_> {
         let h = bytes_of(&mut e.headers);
         let in_len = u32_at(h, 0) as usize;
         let unique = u64_at(h, 8);
+        // fuse_in_header: len, opcode, unique, nodeid, uid, gid, then the caller's pid.
+        self.recent.request(u32_at(h, 32));
         let commit_id = u64_at(h, ENT_IN_OUT_AT + 8);
         let payload = u32_at(h, ENT_IN_OUT_AT + 16) as usize;
         let op_len = in_len
