@@ -12,8 +12,8 @@
 //! one at once. So a worker drops to SCHED_IDLE just for the system call that sends its reply:
 //! the caller wakes on the worker's CPU and runs there immediately, and the worker takes its
 //! normal policy back before it waits for the next request, so it neither waits behind other
-//! work when a request comes nor serves at idle priority. The kernel's own `wake_up_sync` hint
-//! ("the waker is about to sleep") is the same idea, which FUSE does not use for replies.
+//! work when a request comes nor serves at idle priority. The kernel's sync wake-up hint ("the
+//! waker is about to sleep") is the same idea, out of a FUSE server's reach.
 //!
 //! It only pays when the caller would otherwise move: one caller and nothing else for the
 //! other CPU to do. With two callers (fs_mark with two threads ran 20-30% slower with an
@@ -22,7 +22,8 @@
 //! reply only cost. Whether another CPU was idle at the moment of a reply proved a poor sign:
 //! two callers keep their workers busy only part of the time. What a worker can see cheaply
 //! is the stream of requests, so [`Recent`] hands off only while the last [`QUIET`] requests
-//! all came from one caller (the request header's pid) and no forget came meanwhile.
+//! all came from one caller (the request header's pid: the calling thread) and no forget
+//! came meanwhile.
 //!
 //! Coming back from SCHED_IDLE needs the right to raise priority (CAP_SYS_NICE, or an
 //! RLIMIT_NICE that allows nice 0), so a probe thread tries the round trip once per process

@@ -15,8 +15,9 @@
 //!   keeps no per-open state);
 //! - readdirplus: names and attributes in one pass, in inode order (`Fs::readdir_plus`);
 //! - FUSE over io_uring when the kernel allows it: a ring per CPU and a worker pinned to that
-//!   CPU, so a request is served where its caller runs (`uring.rs`), and replies sent at
-//!   SCHED_IDLE so the caller wakes on that CPU too instead of an idle one (`handoff.rs`);
+//!   CPU, so a request is served where its caller runs (`uring.rs`); while one caller keeps
+//!   the file system busy, replies go out at SCHED_IDLE so the caller wakes on that CPU too
+//!   instead of an idle one (`handoff.rs`);
 //! - otherwise parallel directory operations, several threads each on its own cloned /dev/fuse
 //!   fd, pinned one per CPU when they cover every CPU (`pin.rs`).
 pub mod handoff;
