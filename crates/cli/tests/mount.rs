@@ -165,6 +165,28 @@ fn posix_operations(opts: &str) -> String {
         assert_eq!(libc::removexattr(cp.as_ptr(), k.as_ptr()), 0);
         let n = libc::getxattr(cp.as_ptr(), k.as_ptr(), buf.as_mut_ptr().cast(), buf.len());
         assert_eq!((n, *libc::__errno_location()), (-1, libc::ENODATA));
+        // POSIX ACLs are not supported, for reading as for writing (not "no ACL here").
+        let acl = c"system.posix_acl_access";
+        let n = libc::getxattr(
+            cp.as_ptr(),
+            acl.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        );
+        assert_eq!((n, *libc::__errno_location()), (-1, libc::EOPNOTSUPP));
+        // A valid ACL (version 2; user::rw-, group::r--, other::r--), as `cp -a` sends it.
+        let mode_acl: [u8; 28] = [
+            2, 0, 0, 0, 1, 0, 6, 0, 255, 255, 255, 255, 4, 0, 4, 0, 255, 255, 255, 255, 32, 0, 4,
+            0, 255, 255, 255, 255,
+        ];
+        let r = libc::setxattr(
+            cp.as_ptr(),
+            acl.as_ptr(),
+            mode_acl.as_ptr().cast(),
+            mode_acl.len(),
+            0,
+        );
+        assert_eq!((r, *libc::__errno_location()), (-1, libc::EOPNOTSUPP));
     }
     // statfs.
     // SAFETY: a valid path and a zeroed statvfs to fill.

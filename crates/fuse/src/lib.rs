@@ -313,7 +313,10 @@ fn set_time(t: TimeOrNow) -> SetTime {
 }
 
 /// xattr names this file system does not store: POSIX ACLs and other `system.` names would be
-/// kept but never enforced, so they are refused as a file system without ACLs refuses them.
+/// kept but never enforced, so they are refused as a file system without ACLs refuses them:
+/// EOPNOTSUPP for get as well as set (btrfs mounted `noacl` answers the same). "Not supported"
+/// is also what lets tools stop asking: GNU `ls -l` asks once per device instead of once per
+/// file, and `cp -a` then sets the mode with chmod instead of trying an ACL first.
 fn xattr_unsupported(name: &[u8]) -> bool {
     name.starts_with(b"system.")
 }
@@ -740,7 +743,7 @@ impl Filesystem for IdxFuse {
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         self.begin(Op::Getxattr);
         if xattr_unsupported(bytes(name)) {
-            return reply.error(Errno::ENODATA);
+            return reply.error(Errno::EOPNOTSUPP);
         }
         match self.fs.getxattr(ino.0, bytes(name)) {
             Ok(v) => sized(reply, size, &v),
