@@ -151,8 +151,6 @@ pub struct IdxFuse {
     pin_cpus: Vec<usize>,
     /// Some: ask the kernel for FUSE over io_uring at init, and set the flag when it agrees.
     uring: Option<Arc<std::sync::atomic::AtomicBool>>,
-    /// The request stream as the ring workers see it; forgets are noted here (`handoff.rs`).
-    recent: Arc<handoff::Recent>,
 }
 
 impl IdxFuse {
@@ -162,7 +160,6 @@ impl IdxFuse {
         cfg: &MountConfig,
         requests: Arc<Requests>,
         uring: Option<Arc<std::sync::atomic::AtomicBool>>,
-        recent: Arc<handoff::Recent>,
     ) -> IdxFuse {
         IdxFuse {
             fs,
@@ -176,7 +173,6 @@ impl IdxFuse {
                 Vec::new()
             },
             uring,
-            recent,
         }
     }
 
@@ -365,7 +361,6 @@ impl Filesystem for IdxFuse {
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
         self.begin(Op::Forget);
-        self.recent.forget();
         // An error here (a failed device) already turned the file system read-only; the
         // orphan stays listed and is freed at the next mount.
         let _ = self.fs.unpin(ino.0, nlookup);
@@ -377,8 +372,6 @@ impl Filesystem for IdxFuse {
     /// trips get slower when a CPU goes idle between them.)
     fn batch_forget(&self, _req: &Request, nodes: &[ForgetOne]) {
         self.begin(Op::BatchForget);
-        // While forgets come, the other CPU has work: replies do not hand off (`handoff.rs`).
-        self.recent.forget();
         let list: Vec<(u64, u64)> = nodes.iter().map(|n| (n.nodeid().0, n.nlookup())).collect();
         // As in `forget`: an error left the file system read-only, orphans stay listed.
         let _ = self.fs.unpin_many(&list);

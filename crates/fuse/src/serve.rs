@@ -184,7 +184,6 @@ pub fn serve(
         cfg,
         requests.clone(),
         want_uring.then(|| granted.clone()),
-        recent.clone(),
     );
     let config = cfg.fuser_config(source);
     // SAFETY: geteuid has no preconditions.
@@ -234,20 +233,14 @@ pub fn serve(
         for (op, n) in requests.snapshot() {
             eprintln!("fuse requests {op}: {n}");
         }
+        let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
         eprintln!(
-            "fuse over io_uring: {} requests, {} malformed, {} entries registered again, {} workers without handoff",
-            uring_stats
-                .requests
-                .load(std::sync::atomic::Ordering::Relaxed),
-            uring_stats
-                .malformed
-                .load(std::sync::atomic::Ordering::Relaxed),
-            uring_stats
-                .reregistered
-                .load(std::sync::atomic::Ordering::Relaxed),
-            uring_stats
-                .no_handoff
-                .load(std::sync::atomic::Ordering::Relaxed)
+            "fuse over io_uring: {} requests, {} malformed, {} entries registered again, {} workers without handoff, {} requests served at SCHED_IDLE after a handoff",
+            n(&uring_stats.requests),
+            n(&uring_stats.malformed),
+            n(&uring_stats.reregistered),
+            n(&uring_stats.no_handoff),
+            n(&uring_stats.served_idle),
         );
         eprintln!("{}", fs.counters());
     }
