@@ -16,11 +16,13 @@
 //! A policy change costs about 1.5 us here (`sched_setscheduler` to SCHED_IDLE and back, 3 us
 //! for the pair), so the worker does not change back after every reply. When it runs again,
 //! the caller it handed off to has usually sent its next request and is waiting on it: the
-//! worker serves that one still at SCHED_IDLE ([`Recent::may_serve_idle`]), and takes its own
-//! policy back only before it waits for a request that is not there yet, so a request never
-//! waits behind other work at idle priority, or before a request of another caller or one
-//! that waits for the device. One process creating 50,000 files went from 18,000-20,000 to
-//! 25,000-28,000 creates/s with that, against two policy changes per reply.
+//! worker serves that one still at SCHED_IDLE ([`Recent::may_serve_idle`]). It takes its own
+//! policy back before it sleeps waiting for a request, so that a request that wakes it is
+//! picked up at normal priority, and before it serves a request of another caller or an
+//! fsync. While it runs at SCHED_IDLE any normal task on its CPU goes first; with a CPU hog
+//! on each CPU beside one caller, no request waited long enough to show (docs/benchmarks.md).
+//! One process creating 50,000 files went from 18,000-20,000 to 24,000-28,000 creates/s with
+//! that, against two policy changes per reply.
 //!
 //! It only pays when the caller would otherwise move: one caller and nothing else for the
 //! other CPU to do. With two callers (fs_mark with two threads ran 20-30% slower with an

@@ -8,7 +8,8 @@
 //! (Linux 6.14+, `fuse.enable_uring=Y`) the kernel puts a request on the queue of the CPU the
 //! caller runs on, so the worker serving that queue, pinned there, takes it without crossing
 //! CPUs. The caller itself still moves: woken while the worker holds its CPU, it is placed on
-//! the idle one. So the gain measured is 1.2-1.7x, not 5x: 20,000 creates 14.2K -> 16K/s,
+//! the idle one (what `handoff.rs` answers). So the gain measured without the handoff is
+//! 1.2-1.7x, not 5x: 20,000 creates 14.2K -> 16K/s,
 //! `rm -rf` of 20,000 files 1.2 -> 0.8-1.1 s, `cp -a` of 20,000 files 3.4-4.0 -> 2.1-2.5 s,
 //! `idxfs bench` fs_mark 22,900 -> 39,700 files/s (docs/benchmarks.md).
 //!
