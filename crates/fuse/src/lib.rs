@@ -311,8 +311,8 @@ fn set_time(t: TimeOrNow) -> SetTime {
 /// xattr names this file system does not store: POSIX ACLs and other `system.` names would be
 /// kept but never enforced, so they are refused as a file system without ACLs refuses them:
 /// EOPNOTSUPP for get as well as set (btrfs mounted `noacl` answers the same). "Not supported"
-/// is also what lets tools stop asking: GNU `ls -l` asks once per device instead of once per
-/// file, and `cp -a` then sets the mode with chmod instead of trying an ACL first.
+/// is also what lets GNU `ls -l` stop asking: once per device instead of once per file
+/// (`cp -a` still asks, and tries to set one, for every file).
 fn xattr_unsupported(name: &[u8]) -> bool {
     name.starts_with(b"system.")
 }
