@@ -33,10 +33,10 @@
 //! caller (the request header's pid: the calling thread).
 //!
 //! An earlier rule also held the handoff back while forgets came through /dev/fuse: with two
-//! policy changes per reply, `rm -rf` of 200,000 files ran 20-25% slower with it. Served as
-//! above, it costs `rm -rf` 3-6% (7.0 -> 7.2-7.4 s), and it makes a create loop with 20%
-//! deletes at random, whose unlinks bring forgets all along, 1.2x faster (50,000 files:
-//! 4.0-4.4 -> 3.4-3.5 s), so forgets no longer matter.
+//! policy changes per reply, handing off during `rm -rf` of 200,000 files made it 20-25%
+//! slower. Served as above, handing off there costs `rm -rf` 3-6% (7.0 -> 7.2-7.4 s), and it
+//! makes a create loop with 20% deletes at random, whose unlinks bring forgets all along, 1.2x
+//! faster (50,000 files: 4.0-4.4 -> 3.4-3.5 s), so forgets no longer matter.
 //!
 //! Coming back from SCHED_IDLE needs the right to raise priority (CAP_SYS_NICE, or an
 //! RLIMIT_NICE that allows nice 0), so a probe thread tries the round trip once per process
