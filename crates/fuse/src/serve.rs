@@ -184,6 +184,7 @@ pub fn serve(
         cfg,
         requests.clone(),
         want_uring.then(|| granted.clone()),
+        want_uring.then(|| recent.clone()),
     );
     let config = cfg.fuser_config(source);
     // SAFETY: geteuid has no preconditions.

@@ -301,7 +301,9 @@ impl Queue<'_> {
             handoff: Handoff::new(handoff),
             recent,
         };
-        if handoff && !q.handoff.is_on() {
+        if q.handoff.is_on() {
+            recent.worker_hands_off();
+        } else if handoff {
             stats.no_handoff.fetch_add(1, Relaxed);
         }
         // The entries outlive the ring (declared first, dropped last): closing the ring
