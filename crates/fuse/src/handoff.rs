@@ -63,12 +63,14 @@ pub const QUIET: u64 = 64;
 /// (`fuse_dev_queue_forget` -> `__wake_up`). While the thread waits here instead of on
 /// /dev/fuse, the kernel's wake-up finds no one and costs nothing, and the forgets queued
 /// meanwhile come as one batch (about 40 per batch in that run). `rm -rf` of 100,000 files
-/// went from 3.62-3.73 s to 3.29-3.53 s (4 rounds each, alternated; 5 ms gave the same).
+/// went from 3.54-3.73 s to 3.00-3.24 s (3 runs each, alternated; a 5 ms wait did no better),
+/// and of 1,000,000 from 39.6 to 34.2 s (docs/benchmarks.md).
 ///
 /// Only while replies hand off: without the handoff a caller's round trips cross CPUs, the
 /// forget thread's wake-ups kept the other CPU from halting, and the same wait made that
-/// `rm -rf` 60% slower (3.7-4.3 s -> 5.9-6.5 s). With the ring in use the thread carries
-/// nothing else but interrupts, which wait at most this long.
+/// `rm -rf` 60% slower (3.7-4.3 s -> 5.9-6.5 s). Once the kernel serves requests through the
+/// rings, the thread carries nothing but forgets and interrupts, which wait at most this long;
+/// before that (no ring request seen yet) it never waits.
 pub const FORGET_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// What the request stream looked like lately, shared by a mount's ring workers.
