@@ -40,6 +40,7 @@ counters! {
     blocks_freed_now: "blocks freed and reusable at once (allocated in the same transaction)",
     blocks_pinned: "blocks freed but held until the commit that frees them is durable",
     enospc: "operations refused for lack of space",
+    pin_alloc_failures: "pins not taken because the pin index could not allocate",
 }
 
 impl Counters {

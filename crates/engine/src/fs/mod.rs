@@ -15,6 +15,7 @@ mod dir;
 mod file;
 mod layout;
 mod orphan;
+mod pins;
 mod readdir;
 mod remove;
 mod rename;
@@ -126,7 +127,7 @@ pub(crate) struct Inner {
     /// The running transaction has changes.
     pub changed: bool,
     /// Pin counts of inodes a front end still holds (see `orphan`).
-    pub pins: crate::btree::cache::FastMap<Ino, u64>,
+    pub pins: pins::Pins,
     pub atime: Atime,
     /// `OpenOptions::bench_hash_index_only`.
     pub hash_index_only: bool,

@@ -10,6 +10,7 @@
 //! read-write open frees them all (`reclaim_orphans`); a clean close does the same, since
 //! nothing can hold an inode of a closed file system.
 use super::{Fs, Inner, Ino, Reserve};
+use crate::counters::Counters;
 use crate::error::Result;
 use idxfs_format::{ItemType, Key, ORPHAN_OBJECTID};
 
@@ -21,7 +22,7 @@ impl Inner {
     /// The last name of `ino` is gone (its nlink is already 0): free it now, or keep it as an
     /// orphan while it is pinned.
     pub(crate) fn unlinked(&mut self, ino: Ino) -> Result<()> {
-        if self.pins.contains_key(&ino) {
+        if self.pins.contains(ino) {
             self.fs_tree
                 .insert(&mut self.store, orphan_key(ino), Vec::new())?;
             Ok(())
@@ -55,7 +56,7 @@ impl Inner {
 
     /// True when `ino` is an orphan nobody pins any more.
     fn is_free_orphan(&mut self, ino: Ino) -> Result<bool> {
-        if self.pins.contains_key(&ino) {
+        if self.pins.contains(ino) {
             return Ok(false);
         }
         let tree = self.fs_tree;
@@ -66,14 +67,16 @@ impl Inner {
 impl Fs {
     /// Holds `ino` alive past its last unlink until a matching `unpin`.
     pub fn pin(&self, ino: Ino) {
-        *self.lock().pins.entry(ino).or_insert(0) += 1;
+        self.pin_many(&[ino])
     }
 
     /// `pin` for each of `inos`, under one lock.
     pub fn pin_many(&self, inos: &[Ino]) {
         let mut g = self.lock();
         for &ino in inos {
-            *g.pins.entry(ino).or_insert(0) += 1;
+            if !g.pins.add(ino) {
+                Counters::inc(&g.store.counters.pin_alloc_failures);
+            }
         }
     }
 
@@ -89,12 +92,7 @@ impl Fs {
             let mut g = self.lock();
             let mut last = Vec::new();
             for &(ino, n) in list {
-                let Some(count) = g.pins.get_mut(&ino) else {
-                    continue;
-                };
-                *count = count.saturating_sub(n);
-                if *count == 0 {
-                    g.pins.remove(&ino);
+                if g.pins.drop_pins(ino, n) == Some(true) {
                     last.push(ino);
                 }
             }
