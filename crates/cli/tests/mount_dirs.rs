@@ -1,6 +1,6 @@
 //! Large directories through the mount (seed 002): readdir in inode order, telldir/seekdir,
-//! listings while another thread changes the directory, and readdir+stat served without a
-//! lookup per entry.
+//! listings while another thread changes the directory, readdir+stat served without a lookup
+//! per entry, and batches read ahead that a change voids.
 mod common;
 use common::*;
 use std::collections::{HashMap, HashSet};
@@ -202,6 +202,78 @@ fn readdir_plus_stat_needs_no_lookup_per_entry() {
     assert!(
         plus < n as u64 / 50,
         "{plus} readdirplus requests for {n} entries: each should carry many"
+    );
+    let (ahead, _) = read_ahead_counts(&err);
+    assert!(
+        ahead + 2 >= plus,
+        "{ahead} of {plus} replies read ahead: all but the first and the empty last should be\n{err}"
+    );
+    m.assert_fsck_clean();
+}
+
+/// (replies from a batch read ahead, batches read ahead and voided) from the counters.
+fn read_ahead_counts(counters: &str) -> (u64, u64) {
+    let line = counters
+        .lines()
+        .find_map(|l| l.strip_prefix("readdirplus read ahead: "))
+        .unwrap_or_else(|| panic!("no read-ahead counters in:\n{counters}"));
+    let nums: Vec<u64> = line
+        .split(' ')
+        .filter_map(|w| w.trim_matches(',').parse().ok())
+        .collect();
+    assert_eq!(nums.len(), 2, "{line}");
+    (nums[0], nums[1])
+}
+
+#[test]
+fn a_batch_read_ahead_before_a_change_is_not_served() {
+    let mut m = Mounted::new("256M", "");
+    let d = m.path("d");
+    let model = make_files(&d, "f", 400);
+    m.unmount();
+    m.counters = true;
+    m.mount("");
+    let c = CString::new(d.as_os_str().as_bytes()).expect("path");
+    // SAFETY: a valid path; closed below.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY) };
+    assert!(fd >= 0, "open dir");
+    // A small buffer, so the listing takes many requests.
+    let mut buf = vec![0u8; 4096];
+    let mut getdents = || {
+        // SAFETY: the buffer outlives the call and its length is passed.
+        unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len()) }
+    };
+    assert!(getdents() > 0, "first batch");
+    // The next batch is read ahead meanwhile, with every file at 0644; then all change.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    for name in model.keys() {
+        let p = d.join(std::ffi::OsStr::from_bytes(name));
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .expect("chmod");
+    }
+    loop {
+        let n = getdents();
+        assert!(n >= 0, "getdents: {}", std::io::Error::last_os_error());
+        if n == 0 {
+            break;
+        }
+    }
+    // SAFETY: our descriptor.
+    unsafe { libc::close(fd) };
+    // The kernel takes the attributes each readdirplus reply carries: a batch read before the
+    // chmods would have put 0644 back.
+    for name in model.keys() {
+        let p = d.join(std::ffi::OsStr::from_bytes(name));
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::symlink_metadata(&p).expect("lstat").permissions(),
+        );
+        assert_eq!(mode & 0o7777, 0o600, "{}: stale attributes", p.display());
+    }
+    let err = m.unmount();
+    let (_, void) = read_ahead_counts(&err);
+    assert!(
+        void >= 1,
+        "the batch read ahead before the chmods was not voided\n{err}"
     );
     m.assert_fsck_clean();
 }

@@ -13,7 +13,8 @@
 //!   and 8 without, and with it a full device reports ENOSPC only at fsync or close;
 //! - no-open / no-opendir: open, release, opendir and releasedir cost no round trip (the engine
 //!   keeps no per-open state);
-//! - readdirplus: names and attributes in one pass, in inode order (`Fs::readdir_plus`);
+//! - readdirplus: names and attributes in one pass, in inode order (`Fs::readdir_plus_batch`),
+//!   the next batch read ahead while the kernel takes in the last (`readahead.rs`);
 //! - FUSE over io_uring when the kernel allows it: a ring per CPU and a worker pinned to that
 //!   CPU, so a request is served where its caller runs (`uring.rs`); while one caller keeps
 //!   the file system busy, replies go out at SCHED_IDLE so the caller wakes on that CPU too
@@ -24,6 +25,7 @@ pub mod handoff;
 pub mod null;
 mod options;
 mod pin;
+mod readahead;
 mod serve;
 pub mod uring;
 
@@ -118,18 +120,24 @@ const OP_NAMES: [&str; 31] = [
 ];
 
 #[derive(Default)]
-pub struct Requests([std::sync::atomic::AtomicU64; 31]);
+pub struct Requests {
+    ops: [std::sync::atomic::AtomicU64; 31],
+    /// readdirplus replies made of a batch read ahead (`readahead.rs`).
+    pub plus_read_ahead: std::sync::atomic::AtomicU64,
+    /// Batches read ahead and then not used because something changed meanwhile.
+    pub plus_ahead_stale: std::sync::atomic::AtomicU64,
+}
 
 impl Requests {
     fn count(&self, op: Op) {
-        self.0[op as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.ops[op as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// (request kind, count) for every kind seen.
     pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
         OP_NAMES
             .iter()
-            .zip(&self.0)
+            .zip(&self.ops)
             .map(|(n, c)| (*n, c.load(std::sync::atomic::Ordering::Relaxed)))
             .filter(|(_, c)| *c > 0)
             .collect()
@@ -154,6 +162,8 @@ pub struct IdxFuse {
     /// The ring workers' view of the request stream: whether forgets may wait
     /// ([`handoff::FORGET_PAUSE`]).
     recent: Option<Arc<handoff::Recent>>,
+    /// The next readdirplus batch of a listing, read while the kernel takes in the last.
+    readahead: readahead::ReadAhead,
 }
 
 impl IdxFuse {
@@ -166,6 +176,7 @@ impl IdxFuse {
         recent: Option<Arc<handoff::Recent>>,
     ) -> IdxFuse {
         IdxFuse {
+            readahead: readahead::ReadAhead::new(fs.clone()),
             fs,
             ttl: cfg.ttl,
             writeback: cfg.writeback,
@@ -659,43 +670,84 @@ impl Filesystem for IdxFuse {
         // names read past it cost only a leaf scan.
         use std::sync::atomic::Ordering::Relaxed;
         let limit = self.plus_fit.load(Relaxed) + 32;
-        let mut full_at = None;
-        let mut handed_out = Vec::with_capacity(limit);
+        // The kernel takes a lookup count for every entry but "." and "..".
+        let counted = |e: &idxfs_engine::fs::DirEntryOut| e.name != b"." && e.name != b"..";
+        // A batch read ahead from here, if nothing changed since: all its inodes are pinned
+        // then, and the pins of those that do not fit are dropped below.
+        let ahead = self.readahead.take(ino.0, offset);
+        let had_ahead = ahead.is_some();
+        let ahead = ahead.filter(|b| {
+            let inos: Vec<u64> = b
+                .entries
+                .iter()
+                .filter(|(e, _)| counted(e))
+                .map(|(e, _)| e.ino)
+                .collect();
+            self.fs.pin_if_unchanged(b.seq, &inos)
+        });
+        let pinned = ahead.is_some();
+        if pinned {
+            self.requests.plus_read_ahead.fetch_add(1, Relaxed);
+        } else if had_ahead {
+            self.requests.plus_ahead_stale.fetch_add(1, Relaxed);
+        }
+        let batch = match ahead {
+            Some(b) => b,
+            None => match self.fs.readdir_plus_batch(ino.0, offset, limit) {
+                Ok(b) => b,
+                Err(e) => return reply.error(errno(&e)),
+            },
+        };
+        let mut full = false;
         let mut added = 0;
-        let r = self.fs.readdir_plus(ino.0, offset, limit, |e, a| {
-            let name = OsStr::from_bytes(&e.name);
-            let full = reply.add(
+        for (e, a) in &batch.entries {
+            full = reply.add(
                 INodeNo(e.ino),
                 e.cookie,
-                name,
+                OsStr::from_bytes(&e.name),
                 &self.ttl,
                 &file_attr(a),
                 Generation(a.generation),
             );
-            // The kernel takes a lookup count for every entry but "." and "..".
-            if !full && e.name != b"." && e.name != b".." {
-                handed_out.push(e.ino);
-            }
             if full {
-                full_at = Some(added);
-            } else {
-                added += 1;
+                break;
             }
-            !full
-        });
-        if let Some(n) = full_at {
-            self.plus_fit.store(n.clamp(16, 4096), Relaxed);
+            added += 1;
+        }
+        let (sent, rest) = batch.entries.split_at(added);
+        if pinned {
+            let extra: Vec<(u64, u64)> = rest
+                .iter()
+                .filter(|(e, _)| counted(e))
+                .map(|(e, _)| (e.ino, 1))
+                .collect();
+            if !extra.is_empty() {
+                // An error here left the file system read-only (as in `forget`).
+                let _ = self.fs.unpin_many(&extra);
+            }
+        } else {
+            let inos: Vec<u64> = sent
+                .iter()
+                .filter(|(e, _)| counted(e))
+                .map(|(e, _)| e.ino)
+                .collect();
+            self.fs.pin_many(&inos);
+        }
+        if full {
+            self.plus_fit.store(added.clamp(16, 4096), Relaxed);
         } else if added >= limit {
             // Filled our limit without filling the buffer: the buffer is larger.
             self.plus_fit.store((limit * 2).min(4096), Relaxed);
         }
-        match r {
-            Ok(()) => {
-                self.fs.pin_many(&handed_out);
-                reply.ok()
+        // More may follow when the buffer or the batch ran out before the directory did: read
+        // the next batch while the kernel takes in this one.
+        if full || batch.entries.len() >= limit {
+            if let Some((e, _)) = sent.last() {
+                self.readahead
+                    .start(ino.0, e.cookie, self.plus_fit.load(Relaxed) + 32);
             }
-            Err(e) => reply.error(errno(&e)),
         }
+        reply.ok()
     }
 
     fn fsyncdir(

@@ -236,6 +236,11 @@ pub fn serve(
         }
         let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
         eprintln!(
+            "readdirplus read ahead: {} replies from a batch read ahead, {} batches void (a change came)",
+            n(&requests.plus_read_ahead),
+            n(&requests.plus_ahead_stale),
+        );
+        eprintln!(
             "fuse over io_uring: {} requests, {} malformed, {} entries registered again, {} workers without handoff, {} requests served at SCHED_IDLE after a handoff",
             n(&uring_stats.requests),
             n(&uring_stats.malformed),

@@ -23,6 +23,7 @@ mod setattr;
 pub mod types;
 mod xattr;
 
+pub use readdir::PlusBatch;
 pub use types::*;
 
 use crate::btree::{Store, Tree};

@@ -54,6 +54,14 @@ impl Inner {
         Ok(out)
     }
 
+    pub(crate) fn pin_all(&mut self, inos: &[Ino]) {
+        for &ino in inos {
+            if !self.pins.add(ino) {
+                Counters::inc(&self.store.counters.pin_alloc_failures);
+            }
+        }
+    }
+
     /// True when `ino` is an orphan nobody pins any more.
     fn is_free_orphan(&mut self, ino: Ino) -> Result<bool> {
         if self.pins.contains(ino) {
@@ -72,12 +80,7 @@ impl Fs {
 
     /// `pin` for each of `inos`, under one lock.
     pub fn pin_many(&self, inos: &[Ino]) {
-        let mut g = self.lock();
-        for &ino in inos {
-            if !g.pins.add(ino) {
-                Counters::inc(&g.store.counters.pin_alloc_failures);
-            }
-        }
+        self.lock().pin_all(inos)
     }
 
     /// Drops `n` pins of `ino`; the last one frees it if it was unlinked meanwhile. Unpinning an

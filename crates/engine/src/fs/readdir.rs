@@ -37,6 +37,18 @@ impl Fs {
         limit: usize,
         mut f: impl FnMut(&DirEntryOut, &Attr) -> bool,
     ) -> Result<()> {
+        for (e, a) in &self.readdir_plus_batch(dir, cookie, limit)?.entries {
+            if !f(e, a) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Up to `limit` entries from `cookie` on with their attributes, as `readdir_plus` reads
+    /// them, and the change sequence they were read at: while it stands, reading them again
+    /// would give the same batch, so a front end may read ahead ([`Fs::pin_if_unchanged`]).
+    pub fn readdir_plus_batch(&self, dir: Ino, cookie: u64, limit: usize) -> Result<PlusBatch> {
         let mut g = self.lock();
         let mut batch = Vec::with_capacity(limit.min(4096));
         g.readdir_in(dir, cookie, |e| {
@@ -45,14 +57,42 @@ impl Fs {
         })?;
         let inos: Vec<Ino> = batch.iter().map(|e| e.ino).collect();
         let items = g.inodes_in_order(&inos)?;
-        for (e, it) in batch.iter().zip(&items) {
-            if !f(e, &Attr::from_item(e.ino, it)) {
-                break;
-            }
-        }
-        Ok(())
+        let entries = batch
+            .into_iter()
+            .zip(&items)
+            .map(|(e, it)| {
+                let a = Attr::from_item(e.ino, it);
+                (e, a)
+            })
+            .collect();
+        Ok(PlusBatch {
+            seq: g.store.mod_seq,
+            entries,
+        })
     }
 
+    /// Pins each of `inos` if nothing changed since `seq` (a [`PlusBatch`]'s), under one lock:
+    /// a batch read ahead is then exactly what a fresh read would give, and its inodes are held
+    /// before any change can come. False (nothing pinned) when something changed.
+    pub fn pin_if_unchanged(&self, seq: u64, inos: &[Ino]) -> bool {
+        let mut g = self.lock();
+        if g.store.mod_seq != seq {
+            return false;
+        }
+        g.pin_all(inos);
+        true
+    }
+}
+
+/// A readdirplus batch and the change sequence (`Store::mod_seq`, which every change to the
+/// tree or to a cached inode moves and a commit leaves as it was) it was read at.
+#[derive(Debug, Clone)]
+pub struct PlusBatch {
+    pub seq: u64,
+    pub entries: Vec<(DirEntryOut, Attr)>,
+}
+
+impl Fs {
     /// All entries except "." and "..": convenient for tests and tools.
     pub fn list(&self, dir: Ino) -> Result<Vec<DirEntryOut>> {
         let mut out = Vec::new();
