@@ -735,13 +735,13 @@ impl Filesystem for IdxFuse {
         }
         if full {
             self.plus_fit.store(added.clamp(16, 4096), Relaxed);
-        } else if added >= limit {
-            // Filled our limit without filling the buffer: the buffer is larger.
-            self.plus_fit.store((limit * 2).min(4096), Relaxed);
+        } else if batch.more {
+            // Sent the whole batch without filling the buffer: the buffer is larger.
+            self.plus_fit.store((added * 2).clamp(16, 4096), Relaxed);
         }
         // More may follow when the buffer or the batch ran out before the directory did: read
         // the next batch while the kernel takes in this one.
-        if full || batch.entries.len() >= limit {
+        if full || batch.more {
             if let Some((e, _)) = sent.last() {
                 self.readahead
                     .start(ino.0, e.cookie, self.plus_fit.load(Relaxed) + 32);

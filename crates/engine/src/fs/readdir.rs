@@ -55,6 +55,7 @@ impl Fs {
             batch.push(e.clone());
             batch.len() < limit.max(1)
         })?;
+        let more = batch.len() >= limit.max(1);
         let inos: Vec<Ino> = batch.iter().map(|e| e.ino).collect();
         let items = g.inodes_in_order(&inos)?;
         let entries = batch
@@ -68,6 +69,7 @@ impl Fs {
         Ok(PlusBatch {
             seq: g.store.mod_seq,
             entries,
+            more,
         })
     }
 
@@ -90,6 +92,8 @@ impl Fs {
 pub struct PlusBatch {
     pub seq: u64,
     pub entries: Vec<(DirEntryOut, Attr)>,
+    /// The batch stopped at its limit, not at the end of the directory: entries may follow.
+    pub more: bool,
 }
 
 impl Fs {
