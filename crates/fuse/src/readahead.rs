@@ -71,14 +71,21 @@ impl ReadAhead {
         let thread = std::thread::Builder::new()
             .name("idxfs-readahead".into())
             .spawn(move || {
-                for job in rx {
-                    let r = fs.readdir_plus_batch(job.dir, job.cookie, job.limit);
-                    let mut slots = s.slots();
-                    if let Some(slot) = slots.iter_mut().find(|x| {
+                let waiting = |slots: &[Slot], job: &Job| {
+                    slots.iter().position(|x| {
                         x.dir == job.dir
                             && x.cookie == job.cookie
                             && matches!(x.state, State::Reading)
-                    }) {
+                    })
+                };
+                for job in rx {
+                    // A slot evicted or replaced while its job queued is not going to be asked for.
+                    if waiting(&s.slots(), &job).is_none() {
+                        continue;
+                    }
+                    let r = fs.readdir_plus_batch(job.dir, job.cookie, job.limit);
+                    let mut slots = s.slots();
+                    if let Some(slot) = waiting(&slots, &job).and_then(|i| slots.get_mut(i)) {
                         slot.state = match r {
                             Ok(b) => State::Ready(b),
                             Err(_) => State::Failed,
