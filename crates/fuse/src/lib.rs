@@ -670,21 +670,11 @@ impl Filesystem for IdxFuse {
         // names read past it cost only a leaf scan.
         use std::sync::atomic::Ordering::Relaxed;
         let limit = self.plus_fit.load(Relaxed) + 32;
-        // The kernel takes a lookup count for every entry but "." and "..".
-        let counted = |e: &idxfs_engine::fs::DirEntryOut| e.name != b"." && e.name != b"..";
         // A batch read ahead from here, if nothing changed since: all its inodes are pinned
         // then, and the pins of those that do not fit are dropped below.
         let ahead = self.readahead.take(ino.0, offset);
         let had_ahead = ahead.is_some();
-        let ahead = ahead.filter(|b| {
-            let inos: Vec<u64> = b
-                .entries
-                .iter()
-                .filter(|(e, _)| counted(e))
-                .map(|(e, _)| e.ino)
-                .collect();
-            self.fs.pin_if_unchanged(b.seq, &inos)
-        });
+        let ahead = ahead.filter(|b| self.fs.pin_if_unchanged(b.seq, &kernel_held(&b.entries)));
         let pinned = ahead.is_some();
         if pinned {
             self.requests.plus_read_ahead.fetch_add(1, Relaxed);
@@ -716,22 +706,13 @@ impl Filesystem for IdxFuse {
         }
         let (sent, rest) = batch.entries.split_at(added);
         if pinned {
-            let extra: Vec<(u64, u64)> = rest
-                .iter()
-                .filter(|(e, _)| counted(e))
-                .map(|(e, _)| (e.ino, 1))
-                .collect();
+            let extra: Vec<(u64, u64)> = kernel_held(rest).into_iter().map(|i| (i, 1)).collect();
             if !extra.is_empty() {
                 // An error here left the file system read-only (as in `forget`).
                 let _ = self.fs.unpin_many(&extra);
             }
         } else {
-            let inos: Vec<u64> = sent
-                .iter()
-                .filter(|(e, _)| counted(e))
-                .map(|(e, _)| e.ino)
-                .collect();
-            self.fs.pin_many(&inos);
+            self.fs.pin_many(&kernel_held(sent));
         }
         if full {
             self.plus_fit.store(added.clamp(16, 4096), Relaxed);
@@ -909,6 +890,16 @@ impl Filesystem for IdxFuse {
             Err(e) => reply.error(errno(&e)),
         }
     }
+}
+
+/// The inodes the kernel takes a lookup count for when `entries` go out in a readdirplus
+/// reply: every entry's but "." and "..".
+fn kernel_held(entries: &[(idxfs_engine::fs::DirEntryOut, Attr)]) -> Vec<u64> {
+    entries
+        .iter()
+        .filter(|(e, _)| e.name != b"." && e.name != b"..")
+        .map(|(e, _)| e.ino)
+        .collect()
 }
 
 /// Replies to a request that returns nothing but success or an errno.
