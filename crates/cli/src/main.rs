@@ -53,7 +53,8 @@ enum Cmd {
         image: PathBuf,
         mountpoint: PathBuf,
         /// Mount options: ro, rw, noatime, relatime, strictatime, allow_other,
-        /// default_permissions (always on), fsname=NAME, nodev, nosuid, noexec, ttl=SECONDS,
+        /// default_permissions (the kernel checks modes; always so with allow_other or a
+        /// non-root mounter), fsname=NAME, nodev, nosuid, noexec, ttl=SECONDS,
         /// uring/nouring (FUSE over io_uring; default: when the kernel allows it),
         /// handoff/nohandoff (ring replies sent at SCHED_IDLE so callers wake on the same CPU;
         /// default on), threads=N, pin/nopin (/dev/fuse workers pinned one per CPU), writeback.

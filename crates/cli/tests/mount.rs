@@ -433,3 +433,87 @@ fn signals_unmount_and_commit() {
     assert_eq!(fs::read(m.path("f")).expect("read"), b"before the signal");
     m.unmount();
 }
+
+/// Creates and unlinks 200 files in a new directory; returns the daemon's GETATTR count.
+fn getattrs_for_creates_and_unlinks(m: &mut Mounted, opts: &str) -> u64 {
+    m.counters = true;
+    m.mount(opts);
+    let d = m.path(&format!("d-{}", opts.replace(',', "-")));
+    fs::create_dir(&d).expect("mkdir");
+    for i in 0..200 {
+        fs::File::create(d.join(format!("f{i}"))).expect("create");
+    }
+    for i in 0..200 {
+        fs::remove_file(d.join(format!("f{i}"))).expect("unlink");
+    }
+    let err = m.unmount();
+    Mounted::requests(&err, "getattr")
+}
+
+/// A root mount without allow_other admits only root's processes, so idxfs does not ask the
+/// kernel to check modes (`MountConfig::kernel_checks_permissions`): root's semantics hold as
+/// on ext4, other users are turned away, and a change in a directory is not followed by a
+/// GETATTR of it, which `-o default_permissions` brings back.
+#[test]
+fn a_root_only_mount_keeps_root_semantics_without_kernel_mode_checks() {
+    let mut m = Mounted::root_only("256M", "");
+    let line = mounts_line(&m.mp).expect("in /proc/mounts");
+    assert!(!line.contains("default_permissions"), "{line}");
+    assert!(!line.contains("allow_other"), "{line}");
+    // Root reads and writes whatever the mode; executes only a file with an x bit.
+    let f = m.path("script");
+    fs::write(&f, b"#!/bin/sh\nexit 7\n").expect("write");
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o000)).expect("chmod 000");
+    assert_eq!(
+        fs::read(&f).expect("root reads mode 000"),
+        b"#!/bin/sh\nexit 7\n"
+    );
+    fs::OpenOptions::new()
+        .append(true)
+        .open(&f)
+        .expect("root writes mode 000");
+    let access = |mask| {
+        // SAFETY: a valid C string; access(2) only reads it.
+        let r = unsafe { libc::access(cpath(&f).as_ptr(), mask) };
+        if r == 0 {
+            0
+        } else {
+            std::io::Error::last_os_error().raw_os_error().unwrap_or(-1)
+        }
+    };
+    assert_eq!(access(libc::R_OK | libc::W_OK), 0);
+    assert_eq!(access(libc::X_OK), libc::EACCES, "no x bit");
+    assert_eq!(
+        errno_of(std::process::Command::new(&f).status()),
+        libc::EACCES
+    );
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o100)).expect("chmod 100");
+    assert_eq!(access(libc::X_OK), 0);
+    let st = std::process::Command::new(&f).status().expect("exec");
+    assert_eq!(st.code(), Some(7));
+    // Another user is refused by the kernel before idxfs sees a request.
+    use std::os::unix::process::CommandExt;
+    let out = std::process::Command::new("stat")
+        .arg(&f)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("run stat as nobody");
+    assert!(!out.status.success(), "nobody reached a root-only mount");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    m.unmount();
+    // Without kernel checks, a change leaves the directory's attributes to their TTL; with
+    // them, the next path walk through the directory fetches them again, once per change.
+    let without = getattrs_for_creates_and_unlinks(&mut m, "");
+    let with = getattrs_for_creates_and_unlinks(&mut m, "default_permissions");
+    assert!(without < 50, "{without} GETATTRs for 400 changes");
+    assert!(
+        with >= 400,
+        "{with} GETATTRs for 400 changes with default_permissions"
+    );
+    m.assert_fsck_clean();
+}

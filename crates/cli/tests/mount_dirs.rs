@@ -187,12 +187,7 @@ fn readdir_plus_stat_needs_no_lookup_per_entry() {
     }
     assert_eq!(n, model.len());
     let err = m.unmount();
-    let count = |op: &str| -> u64 {
-        err.lines()
-            .find_map(|l| l.strip_prefix(&format!("fuse requests {op}: ")))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    };
+    let count = |op: &str| Mounted::requests(&err, op);
     let (lookups, plus) = (count("lookup"), count("readdirplus"));
     assert!(plus > 0, "listed with readdirplus:\n{err}");
     assert!(

@@ -816,7 +816,8 @@ impl Filesystem for IdxFuse {
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         self.begin(Op::Access);
-        // Sent only without default_permissions (which idxfs always sets); answered anyway.
+        // Sent for access(2) and chdir when the kernel does not check permissions itself (a
+        // root mount without allow_other, `MountConfig::kernel_checks_permissions`).
         match self.fs.getattr(ino.0) {
             Ok(a) => {
                 if may_access(&a, req.uid(), req.gid(), mask.bits() as u32) {

@@ -11,6 +11,9 @@ pub struct MountConfig {
     pub read_only: bool,
     pub atime: Atime,
     pub allow_other: bool,
+    /// `-o default_permissions`: the kernel checks permissions even on a mount only root can
+    /// use (see `kernel_checks_permissions`).
+    pub default_permissions: bool,
     /// Source shown in /proc/mounts (default: the image path).
     pub fsname: Option<String>,
     /// Entry and attribute cache lifetime in the kernel.
@@ -40,6 +43,7 @@ impl Default for MountConfig {
             read_only: false,
             atime: Atime::Relatime,
             allow_other: false,
+            default_permissions: false,
             fsname: None,
             ttl: Duration::from_secs(3600),
             writeback: false,
@@ -82,8 +86,7 @@ impl MountConfig {
                 "allow_other" => self.allow_other = true,
                 "writeback" => self.writeback = true,
                 "nowriteback" => self.writeback = false,
-                // Always on: the kernel checks permissions from the attributes idxfs returns.
-                "default_permissions" => {}
+                "default_permissions" => self.default_permissions = true,
                 "fsname" => self.fsname = Some(need(value)?.to_string()),
                 "ttl" => {
                     let v = need(value)?;
@@ -126,6 +129,26 @@ impl MountConfig {
             }
         }
         Ok(())
+    }
+
+    /// Whether the mount asks the kernel to check permissions (`default_permissions`) from the
+    /// attributes idxfs returns, for a mount served by a process with effective uid `euid`.
+    ///
+    /// Yes when anyone but root can reach the file system: with `allow_other`, or when the
+    /// mounter is not root (the kernel then admits only the mounter's uid, whose own mode bits
+    /// still apply). idxfs does not check permissions itself: with no-open, opening a file
+    /// sends no request, so the kernel is the only place a check can happen.
+    ///
+    /// No on a root mount without `allow_other`: the kernel admits only processes whose real,
+    /// effective and saved uids and gids are all 0 (`fuse_allow_current_process`), and for
+    /// them mode bits decide nothing except execution, which the kernel checks even without
+    /// `default_permissions` (a regular file needs an x bit; idxfs answers `access(X_OK)` the
+    /// same way). What it saves: `default_permissions` makes the kernel fetch a directory's
+    /// attributes again after every change in it, a GETATTR round trip per create, unlink or
+    /// rename. The cost: a uid-0 process that dropped CAP_DAC_OVERRIDE or CAP_FOWNER is not
+    /// held to the mode bits, as it would be on ext4; `-o default_permissions` restores that.
+    pub fn kernel_checks_permissions(&self, euid: u32) -> bool {
+        self.default_permissions || self.allow_other || euid != 0
     }
 
     /// Whether workers are pinned one per CPU: as asked, else when there are at least as many
@@ -199,7 +222,6 @@ impl MountConfig {
         let mut mount_options = vec![
             MountOption::FSName(self.fsname.clone().unwrap_or_else(|| source.to_string())),
             MountOption::Subtype("idxfs".into()),
-            MountOption::DefaultPermissions,
             if self.read_only {
                 MountOption::RO
             } else {
@@ -208,6 +230,9 @@ impl MountConfig {
         ];
         if self.atime == Atime::NoAtime {
             mount_options.push(MountOption::NoAtime);
+        }
+        if self.kernel_checks_permissions(euid()) {
+            mount_options.push(MountOption::DefaultPermissions);
         }
         // Later flags override earlier conflicting ones, as mount(8) reads them.
         for f in &self.flags {
@@ -239,6 +264,12 @@ impl MountConfig {
         c.clone_fd = true;
         c
     }
+}
+
+/// The effective uid of this process.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
 }
 
 #[cfg(test)]
@@ -288,6 +319,27 @@ mod tests {
         let k = c.kernel_flags();
         assert_eq!(k & (libc::MS_NODEV | libc::MS_NOSUID), 0);
         assert_eq!(k & libc::MS_NOEXEC, libc::MS_NOEXEC);
+    }
+
+    #[test]
+    fn the_kernel_checks_permissions_unless_only_root_can_reach_the_mount() {
+        let d = MountConfig::default();
+        assert!(
+            !d.kernel_checks_permissions(0),
+            "root mount, root callers only"
+        );
+        assert!(
+            d.kernel_checks_permissions(1000),
+            "a user's mount: its own mode bits apply"
+        );
+        let mut c = MountConfig::default();
+        c.apply("allow_other").expect("valid");
+        assert!(c.kernel_checks_permissions(0), "other users reach it");
+        let mut c = MountConfig::default();
+        c.apply("default_permissions").expect("valid");
+        assert!(c.kernel_checks_permissions(0), "asked for");
+        let asked = c.fuser_config("/x.img").mount_options;
+        assert!(asked.contains(&MountOption::DefaultPermissions));
     }
 
     #[test]

@@ -116,9 +116,12 @@ fn mount_fuse(source: &str, mp: &Path, cfg: &MountConfig) -> io::Result<OwnedFd>
     // SAFETY: getuid/getgid have no preconditions.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let mut data = format!(
-        "fd={},rootmode={rootmode:o},user_id={uid},group_id={gid},default_permissions",
+        "fd={},rootmode={rootmode:o},user_id={uid},group_id={gid}",
         fd.as_raw_fd()
     );
+    if cfg.kernel_checks_permissions(crate::options::euid()) {
+        data.push_str(",default_permissions");
+    }
     if cfg.allow_other {
         data.push_str(",allow_other");
     }
@@ -187,8 +190,7 @@ pub fn serve(
         want_uring.then(|| recent.clone()),
     );
     let config = cfg.fuser_config(source);
-    // SAFETY: geteuid has no preconditions.
-    let session = if unsafe { libc::geteuid() } == 0 {
+    let session = if crate::options::euid() == 0 {
         // As root, mount(2) directly with the type "fuse.idxfs" (fuser would say "fuse"), so
         // /proc/mounts, findmnt -t and umount -t know the file system.
         let fd = mount_fuse(source, mountpoint, cfg).map_err(ServeError::Mount)?;

@@ -85,11 +85,22 @@ pub struct Mounted {
     child: Option<Child>,
     /// Mount with IDXFS_COUNTERS=1: the daemon prints request counts when it exits.
     pub counters: bool,
+    /// Mount with `-o allow_other` (other users reach it; the kernel checks permissions).
+    pub allow_other: bool,
 }
 
 impl Mounted {
     /// A new image of `size` (e.g. "256M") mounted with `-o allow_other` plus `opts`.
     pub fn new(size: &str, opts: &str) -> Mounted {
+        Mounted::with(size, opts, true)
+    }
+
+    /// A new image of `size` mounted without `allow_other`: only root's processes reach it.
+    pub fn root_only(size: &str, opts: &str) -> Mounted {
+        Mounted::with(size, opts, false)
+    }
+
+    fn with(size: &str, opts: &str, allow_other: bool) -> Mounted {
         let dir = shm_tempdir();
         let image = dir.path().join("fs.img");
         let mp = dir.path().join("mnt");
@@ -102,6 +113,7 @@ impl Mounted {
             mp,
             child: None,
             counters: false,
+            allow_other,
         };
         m.mount(opts);
         m
@@ -110,10 +122,10 @@ impl Mounted {
     /// Mounts the image again (after `unmount`).
     pub fn mount(&mut self, opts: &str) {
         assert!(self.child.is_none(), "already mounted");
-        let o = if opts.is_empty() {
-            "allow_other".to_string()
-        } else {
-            format!("allow_other,{opts}")
+        let o = match (self.allow_other, opts.is_empty()) {
+            (true, true) => "allow_other".to_string(),
+            (true, false) => format!("allow_other,{opts}"),
+            (false, _) => opts.to_string(),
         };
         let mut cmd = Command::new(bin());
         if self.counters {
@@ -178,6 +190,15 @@ impl Mounted {
         let _ = child.wait();
         force_unmount(&self.mp);
         assert!(wait_for(10, || !is_mounted(&self.mp)), "dead mount stays");
+    }
+
+    /// How many requests of kind `op` the daemon's counters (stderr at exit) report.
+    pub fn requests(stderr: &str, op: &str) -> u64 {
+        stderr
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("fuse requests {op}: ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
     }
 
     /// The daemon's process id.
