@@ -205,6 +205,51 @@ fn readdir_plus_stat_needs_no_lookup_per_entry() {
     m.assert_fsck_clean();
 }
 
+/// GNU `ls -l` asks for every file's SELinux label and POSIX ACL, and stops asking on a device
+/// that answers "not supported". idxfs keeps neither, so one request each, not one per file.
+#[test]
+fn ls_l_asks_the_daemon_nothing_per_file() {
+    let mut m = Mounted::new("256M", "");
+    let d = m.path("d");
+    let model = make_files(&d, "f", 1000);
+    m.unmount();
+    m.counters = true;
+    m.mount("");
+    let out = std::process::Command::new("ls")
+        .arg("-l")
+        .arg(&d)
+        .output()
+        .expect("run ls -l");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = String::from_utf8_lossy(&out.stdout).lines().count();
+    assert_eq!(
+        listed,
+        model.len() + 1,
+        "a total line and one line per file"
+    );
+    let name = CString::new("security.selinux").expect("name");
+    let file = CString::new(d.join("f00000").as_os_str().as_bytes()).expect("path");
+    // SAFETY: valid C strings and a 1-byte value that outlive the call.
+    let r = unsafe { libc::setxattr(file.as_ptr(), name.as_ptr(), b"x".as_ptr().cast(), 1, 0) };
+    assert_eq!(r, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EOPNOTSUPP),
+        "a label is refused as it is asked for"
+    );
+    let err = m.unmount();
+    let asked = Mounted::requests(&err, "getxattr") + Mounted::requests(&err, "lookup");
+    assert!(
+        asked < 10,
+        "{asked} GETXATTR and LOOKUP requests for ls -l of {listed} lines\n{err}"
+    );
+    m.assert_fsck_clean();
+}
+
 /// (replies from a batch read ahead, batches read ahead and voided) from the counters.
 fn read_ahead_counts(counters: &str) -> (u64, u64) {
     let line = counters
