@@ -491,14 +491,26 @@ fn a_root_only_mount_keeps_root_semantics_without_kernel_mode_checks() {
     assert_eq!(access(libc::X_OK), 0);
     let st = std::process::Command::new(&f).status().expect("exec");
     assert_eq!(st.code(), Some(7));
-    // Another user is refused by the kernel before idxfs sees a request.
+    // Another user is refused by the kernel before idxfs sees a request. The way there is
+    // opened to everyone, and stat of the mount point's parent succeeds, so the refusal is
+    // the mount's own.
     use std::os::unix::process::CommandExt;
-    let out = std::process::Command::new("stat")
-        .arg(&f)
-        .uid(65534)
-        .gid(65534)
-        .output()
-        .expect("run stat as nobody");
+    fs::set_permissions(m.dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod 755");
+    let stat_as_nobody = |p: &Path| {
+        std::process::Command::new("stat")
+            .arg(p)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .expect("run stat as nobody")
+    };
+    let parent = stat_as_nobody(m.dir.path());
+    assert!(
+        parent.status.success(),
+        "{}",
+        String::from_utf8_lossy(&parent.stderr)
+    );
+    let out = stat_as_nobody(&f);
     assert!(!out.status.success(), "nobody reached a root-only mount");
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("Permission denied"),

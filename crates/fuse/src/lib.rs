@@ -20,7 +20,19 @@
 //!   the file system busy, replies go out at SCHED_IDLE so the caller wakes on that CPU too
 //!   instead of an idle one (`handoff.rs`);
 //! - otherwise parallel directory operations, several threads each on its own cloned /dev/fuse
-//!   fd, pinned one per CPU when they cover every CPU (`pin.rs`).
+//!   fd, pinned one per CPU when they cover every CPU (`pin.rs`);
+//! - permissions checked by the kernel (`default_permissions`) wherever anyone but root can
+//!   reach the mount; on a root mount without `allow_other` not asked for, which spares a
+//!   GETATTR of the directory after every change in it
+//!   (`MountConfig::kernel_checks_permissions`);
+//! - "not supported" for the xattrs idxfs does not keep (POSIX ACLs, SELinux labels), which
+//!   tools such as `ls -l` ask for once per device instead of once per file
+//!   (`xattr_unsupported`).
+//!
+//! What the kernel asks that no reply can spare: a LOOKUP before every create (the name is new,
+//! so no dentry caches it), and a GETXATTR of `security.capability` before every write(2) to a
+//! file (FUSE mounts never get `SB_NOSEC`, so the kernel cannot remember that a file has no
+//! capabilities to drop).
 pub mod handoff;
 pub mod null;
 mod options;
