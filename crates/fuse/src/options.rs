@@ -132,7 +132,7 @@ impl MountConfig {
     }
 
     /// Whether the mount asks the kernel to check permissions (`default_permissions`) from the
-    /// attributes idxfs returns, for a mount served by a process with effective uid `euid`.
+    /// attributes idxfs returns, for a mount whose `user_id` is `uid` (`real_uid`).
     ///
     /// Yes when anyone but root can reach the file system: with `allow_other`, or when the
     /// mounter is not root (the kernel then admits only the mounter's uid, whose own mode bits
@@ -147,8 +147,8 @@ impl MountConfig {
     /// attributes again after every change in it, a GETATTR round trip per create, unlink or
     /// rename. The cost: a uid-0 process that dropped CAP_DAC_OVERRIDE or CAP_FOWNER is not
     /// held to the mode bits, as it would be on ext4; `-o default_permissions` restores that.
-    pub fn kernel_checks_permissions(&self, euid: u32) -> bool {
-        self.default_permissions || self.allow_other || euid != 0
+    pub fn kernel_checks_permissions(&self, uid: u32) -> bool {
+        self.default_permissions || self.allow_other || uid != 0
     }
 
     /// Whether workers are pinned one per CPU: as asked, else when there are at least as many
@@ -231,7 +231,7 @@ impl MountConfig {
         if self.atime == Atime::NoAtime {
             mount_options.push(MountOption::NoAtime);
         }
-        if self.kernel_checks_permissions(euid()) {
+        if self.kernel_checks_permissions(real_uid()) {
             mount_options.push(MountOption::DefaultPermissions);
         }
         // Later flags override earlier conflicting ones, as mount(8) reads them.
@@ -266,10 +266,11 @@ impl MountConfig {
     }
 }
 
-/// The effective uid of this process.
-pub fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
+/// The real uid of this process: the `user_id` of the mount (mount(2) here, or fusermount3),
+/// whose processes the kernel admits without `allow_other`.
+fn real_uid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
 }
 
 #[cfg(test)]

@@ -119,7 +119,7 @@ fn mount_fuse(source: &str, mp: &Path, cfg: &MountConfig) -> io::Result<OwnedFd>
         "fd={},rootmode={rootmode:o},user_id={uid},group_id={gid}",
         fd.as_raw_fd()
     );
-    if cfg.kernel_checks_permissions(crate::options::euid()) {
+    if cfg.kernel_checks_permissions(uid) {
         data.push_str(",default_permissions");
     }
     if cfg.allow_other {
@@ -190,7 +190,8 @@ pub fn serve(
         want_uring.then(|| recent.clone()),
     );
     let config = cfg.fuser_config(source);
-    let session = if crate::options::euid() == 0 {
+    // SAFETY: geteuid has no preconditions.
+    let session = if unsafe { libc::geteuid() } == 0 {
         // As root, mount(2) directly with the type "fuse.idxfs" (fuser would say "fuse"), so
         // /proc/mounts, findmnt -t and umount -t know the file system.
         let fd = mount_fuse(source, mountpoint, cfg).map_err(ServeError::Mount)?;
