@@ -23,6 +23,18 @@ fn make_files(dir: &Path, prefix: &str, n: usize) -> HashMap<Vec<u8>, u64> {
         .collect()
 }
 
+/// A mount with `n` files in directory "d", mounted again with counters on, so that what is
+/// counted starts with cold caches: (mount, the directory, name -> inode number).
+fn files_then_counted_mount(n: usize) -> (Mounted, std::path::PathBuf, HashMap<Vec<u8>, u64>) {
+    let mut m = Mounted::new("256M", "");
+    let d = m.path("d");
+    let model = make_files(&d, "f", n);
+    m.unmount();
+    m.counters = true;
+    m.mount("");
+    (m, d, model)
+}
+
 /// (name, d_ino, telldir position before the entry) through libc's opendir/readdir.
 fn libc_listing(dir: &Path) -> Vec<(Vec<u8>, u64, libc::c_long)> {
     let c = CString::new(dir.as_os_str().as_bytes()).expect("path");
@@ -168,12 +180,7 @@ fn listings_while_another_thread_changes_the_directory() {
 
 #[test]
 fn readdir_plus_stat_needs_no_lookup_per_entry() {
-    let mut m = Mounted::new("256M", "");
-    let d = m.path("d");
-    let model = make_files(&d, "f", 2000);
-    m.unmount();
-    m.counters = true;
-    m.mount("");
+    let (mut m, d, model) = files_then_counted_mount(2000);
     // What `ls -l`, `find -ls`, `tar` and `cp -a` do first: list, then lstat every entry.
     let mut n = 0;
     for e in std::fs::read_dir(&d).expect("read_dir") {
@@ -209,12 +216,7 @@ fn readdir_plus_stat_needs_no_lookup_per_entry() {
 /// that answers "not supported". idxfs keeps neither, so one request each, not one per file.
 #[test]
 fn ls_l_asks_the_daemon_nothing_per_file() {
-    let mut m = Mounted::new("256M", "");
-    let d = m.path("d");
-    let model = make_files(&d, "f", 1000);
-    m.unmount();
-    m.counters = true;
-    m.mount("");
+    let (mut m, d, model) = files_then_counted_mount(1000);
     let out = std::process::Command::new("ls")
         .arg("-l")
         .arg(&d)
