@@ -165,7 +165,8 @@ fn posix_operations(opts: &str) -> String {
         assert_eq!(libc::removexattr(cp.as_ptr(), k.as_ptr()), 0);
         let n = libc::getxattr(cp.as_ptr(), k.as_ptr(), buf.as_mut_ptr().cast(), buf.len());
         assert_eq!((n, *libc::__errno_location()), (-1, libc::ENODATA));
-        // POSIX ACLs are not supported, for reading as for writing (not "no ACL here").
+        // POSIX ACLs are not supported for reading (not "no ACL here"); setting one that
+        // repeats the mode is a chmod (`access_acls_that_repeat_the_mode_are_a_chmod`).
         let acl = c"system.posix_acl_access";
         let n = libc::getxattr(
             cp.as_ptr(),
@@ -174,19 +175,6 @@ fn posix_operations(opts: &str) -> String {
             buf.len(),
         );
         assert_eq!((n, *libc::__errno_location()), (-1, libc::EOPNOTSUPP));
-        // A valid ACL (version 2; user::rw-, group::r--, other::r--), as `cp -a` sends it.
-        let mode_acl: [u8; 28] = [
-            2, 0, 0, 0, 1, 0, 6, 0, 255, 255, 255, 255, 4, 0, 4, 0, 255, 255, 255, 255, 32, 0, 4,
-            0, 255, 255, 255, 255,
-        ];
-        let r = libc::setxattr(
-            cp.as_ptr(),
-            acl.as_ptr(),
-            mode_acl.as_ptr().cast(),
-            mode_acl.len(),
-            0,
-        );
-        assert_eq!((r, *libc::__errno_location()), (-1, libc::EOPNOTSUPP));
     }
     // statfs.
     // SAFETY: a valid path and a zeroed statvfs to fill.
@@ -526,6 +514,177 @@ fn a_root_only_mount_keeps_root_semantics_without_kernel_mode_checks() {
     assert!(
         with >= 400,
         "{with} GETATTRs for 400 changes with default_permissions"
+    );
+    m.assert_fsck_clean();
+}
+
+/// An access ACL as the kernel passes it: version 2, then (tag, permissions, id) entries.
+fn acl_value(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
+}
+
+/// setxattr(2) of `system.posix_acl_access`: 0 or the errno.
+fn set_acl(p: &Path, value: &[u8]) -> i32 {
+    let (cp, name) = (cpath(p), c"system.posix_acl_access");
+    // SAFETY: valid C strings and a buffer with its length.
+    let r = unsafe {
+        libc::setxattr(
+            cp.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if r == 0 {
+        0
+    } else {
+        last_errno()
+    }
+}
+
+/// Runs `f` in a child process that became nobody: what `f` returns (0 or an errno), or 255
+/// when the child could not become nobody.
+fn as_nobody(f: impl FnOnce() -> i32) -> i32 {
+    // SAFETY: the child only makes system calls and leaves by _exit.
+    unsafe {
+        let pid = libc::fork();
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            let became = libc::setgid(65534) == 0 && libc::setuid(65534) == 0;
+            libc::_exit(if became { f() } else { 255 });
+        }
+        let mut status = 0;
+        assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+        libc::WEXITSTATUS(status)
+    }
+}
+
+/// The errno of the last failed call.
+fn last_errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(-1)
+}
+
+/// idxfs keeps no ACLs, but one that says no more than the mode (owner, group, other) is the
+/// mode: setting it is a chmod, seen at once by permission checks, stat and exec although the
+/// kernel caches attributes for an hour. So `cp -a` copies permissions without its chmod
+/// fallback.
+#[test]
+fn access_acls_that_repeat_the_mode_are_a_chmod() {
+    // The kernel is told by a notification, which goes by /dev/fuse in both transports.
+    enable_fuse_uring();
+    acls_as_mode("uring");
+    acls_as_mode("nouring");
+}
+
+fn acls_as_mode(opts: &str) {
+    const ANY: u32 = u32::MAX;
+    let (user_obj, user, group_obj, mask, other) = (1u16, 2u16, 4u16, 0x10u16, 0x20u16);
+    let mut m = Mounted::new("64M", opts);
+    // The way to the files is open to everyone, so a refusal below is the file's own.
+    fs::set_permissions(m.dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod 755");
+    fs::set_permissions(&m.mp, fs::Permissions::from_mode(0o755)).expect("chmod 755");
+    let f = m.path("script");
+    fs::write(&f, b"#!/bin/sh\nexit 7\n").expect("write");
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o644)).expect("chmod 644");
+    let (cp, name) = (cpath(&f), c"system.posix_acl_access");
+    // SAFETY (both): a valid C string; the descriptor is closed at once.
+    let nobody_reads = || {
+        as_nobody(|| unsafe {
+            let fd = libc::open(cp.as_ptr(), libc::O_RDONLY);
+            if fd < 0 {
+                last_errno()
+            } else {
+                libc::close(fd);
+                0
+            }
+        })
+    };
+    assert_eq!(nobody_reads(), 0, "0644: the kernel caches a readable mode");
+    // Taking the read bit away is seen by the kernel's next check (the daemon does not check
+    // reads: the kernel does, with the mode it cached).
+    let rw_0_0 = acl_value(&[(user_obj, 6, ANY), (group_obj, 0, ANY), (other, 0, ANY)]);
+    assert_eq!(set_acl(&f, &rw_0_0), 0);
+    assert_eq!(nobody_reads(), libc::EACCES, "0600 after the ACL");
+    let mode = |p: &Path| fs::metadata(p).expect("stat").mode() & 0o7777;
+    assert_eq!(mode(&f), 0o600);
+    let rwx_rx_rx = acl_value(&[(user_obj, 7, ANY), (group_obj, 5, ANY), (other, 5, ANY)]);
+    assert_eq!(set_acl(&f, &rwx_rx_rx), 0);
+    let st = std::process::Command::new(&f).status().expect("exec");
+    assert_eq!(st.code(), Some(7), "exec right after the ACL gave an x bit");
+    assert_eq!(mode(&f), 0o755);
+    // With a mask, the group bits are the mask's.
+    let masked = acl_value(&[
+        (user_obj, 6, ANY),
+        (group_obj, 7, ANY),
+        (mask, 4, ANY),
+        (other, 0, ANY),
+    ]);
+    assert_eq!(set_acl(&f, &masked), 0);
+    assert_eq!(mode(&f), 0o640);
+    // An ACL naming another user is not kept, and changes nothing.
+    let named = acl_value(&[
+        (user_obj, 7, ANY),
+        (user, 4, 65534),
+        (group_obj, 5, ANY),
+        (mask, 5, ANY),
+        (other, 5, ANY),
+    ]);
+    assert_eq!(set_acl(&f, &named), libc::EOPNOTSUPP);
+    assert_eq!(mode(&f), 0o640);
+    // Removing the ACL leaves the mode, as on a file system whose file has only the mode.
+    // SAFETY: valid C strings.
+    assert_eq!(unsafe { libc::removexattr(cp.as_ptr(), name.as_ptr()) }, 0);
+    assert_eq!(mode(&f), 0o640);
+    // Another user may not set it.
+    let refused = as_nobody(|| set_acl(&f, &rwx_rx_rx));
+    assert_eq!(refused, libc::EPERM, "nobody setting root's ACL");
+    assert_eq!(mode(&f), 0o640);
+    m.unmount();
+    // `cp -a` of files and a set-group-ID directory: the modes arrive, cp reports nothing,
+    // and each file costs one SETATTR (its times), not a second for a chmod.
+    m.mount(opts);
+    let src = m.path("src");
+    fs::create_dir(&src).expect("mkdir");
+    for i in 0..40 {
+        let p = src.join(format!("f{i}"));
+        fs::write(&p, b"#!/bin/sh\nexit 3\n").expect("write");
+        let mode = if i % 2 == 0 { 0o750 } else { 0o604 };
+        fs::set_permissions(&p, fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+    fs::set_permissions(&src, fs::Permissions::from_mode(0o2751)).expect("chmod dir");
+    m.unmount();
+    m.counters = true;
+    m.mount(opts);
+    let dst = m.path("dst");
+    let out = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&src)
+        .arg(&dst)
+        .output()
+        .expect("run cp -a");
+    assert!(out.status.success() && out.stderr.is_empty(), "{out:?}");
+    assert_eq!(mode(&dst), 0o2751);
+    for i in 0..40 {
+        let p = dst.join(format!("f{i}"));
+        assert_eq!(mode(&p), if i % 2 == 0 { 0o750 } else { 0o604 }, "{p:?}");
+    }
+    let st = std::process::Command::new(dst.join("f0"))
+        .status()
+        .expect("exec");
+    assert_eq!(st.code(), Some(3));
+    let err = m.unmount();
+    assert_eq!(ring_requests(&err) > 0, opts == "uring", "{opts}: {err}");
+    let setattrs = Mounted::requests(&err, "setattr");
+    assert!(
+        setattrs < 50,
+        "{setattrs} SETATTR for cp -a of 40 files\n{err}"
     );
     m.assert_fsck_clean();
 }

@@ -27,12 +27,14 @@
 //!   (`MountConfig::kernel_checks_permissions`);
 //! - "not supported" for the xattrs idxfs does not keep (POSIX ACLs, SELinux labels), which
 //!   tools such as `ls -l` ask for once per device instead of once per file
-//!   (`xattr_unsupported`).
+//!   (`xattr_unsupported`); but an access ACL that repeats the mode is taken as a chmod, so
+//!   `cp -a` needs no chmod after it (`acl.rs`; the kernel is told its cached mode is stale).
 //!
 //! What the kernel asks that no reply can spare: a LOOKUP before every create (the name is new,
 //! so no dentry caches it), and a GETXATTR of `security.capability` before every write(2) to a
 //! file (FUSE mounts never get `SB_NOSEC`, so the kernel cannot remember that a file has no
 //! capabilities to drop).
+mod acl;
 pub mod handoff;
 pub mod null;
 mod options;
@@ -46,7 +48,7 @@ pub use serve::{block_shutdown_signals, serve, unmount, ServeError};
 
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, ForgetOne, Generation, INodeNo,
-    InitFlags, KernelConfig, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    InitFlags, KernelConfig, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
@@ -55,7 +57,7 @@ use idxfs_engine::{Error, Fs};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Largest write request the kernel sends.
@@ -176,6 +178,9 @@ pub struct IdxFuse {
     recent: Option<Arc<handoff::Recent>>,
     /// The next readdirplus batch of a listing, read while the kernel takes in the last.
     readahead: readahead::ReadAhead,
+    /// Tells the kernel what it caches has gone stale, where no reply can: set by `serve` once
+    /// the session exists.
+    notifier: Arc<OnceLock<Notifier>>,
 }
 
 impl IdxFuse {
@@ -201,6 +206,57 @@ impl IdxFuse {
             },
             uring,
             recent,
+            notifier: Arc::default(),
+        }
+    }
+
+    /// Where `serve` puts the session's notifier, before the session takes `self`.
+    pub(crate) fn notifier_slot(&self) -> Arc<OnceLock<Notifier>> {
+        self.notifier.clone()
+    }
+
+    /// `system.posix_acl_access`: an ACL the mode says in full is a chmod of the permission
+    /// bits (`acl.rs`); one naming other users or groups is not kept.
+    fn set_access_acl(&self, req: &Request, ino: INodeNo, value: &[u8], reply: ReplyEmpty) {
+        let bits = match acl::access(value) {
+            acl::Access::Mode(bits) => bits,
+            acl::Access::Extended => return reply.error(Errno::EOPNOTSUPP),
+            acl::Access::Malformed => return reply.error(Errno::EINVAL),
+        };
+        // The kernel keeps the mode it has (for an hour by default) after a SETXATTR, so the
+        // change is made only when it can be told; without a notifier the caller's chmod
+        // fallback does the work.
+        let Some(notifier) = self.notifier.get() else {
+            return reply.error(Errno::EOPNOTSUPP);
+        };
+        let a = match self.fs.getattr(ino.0) {
+            Ok(a) => a,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        let file = acl::Ids {
+            uid: a.uid,
+            gid: a.gid,
+        };
+        let caller = acl::Ids {
+            uid: req.uid(),
+            gid: req.gid(),
+        };
+        let Some(mode) = acl::chmod(a.mode, file, bits, caller) else {
+            return reply.error(Errno::EPERM);
+        };
+        let set = SetAttr {
+            mode: Some(mode),
+            ..SetAttr::default()
+        };
+        if let Err(e) = self.fs.setattr(ino.0, &set) {
+            return reply.error(errno(&e));
+        }
+        // Before the reply, so the caller's next stat or exec sees the new mode. ENOENT (the
+        // kernel dropped the inode) is no error; any other failure means the connection is
+        // going away.
+        match notifier.inval_inode(ino, -1, 0) {
+            Ok(()) => reply.ok(),
+            Err(_) => reply.error(Errno::EIO),
         }
     }
 
@@ -355,7 +411,8 @@ fn set_time(t: TimeOrNow) -> SetTime {
 /// "Not supported" is also what lets GNU `ls -l` stop asking: it reads both for every file
 /// until a device says so, and then never again on that device. Answering ENODATA instead cost
 /// a GETXATTR round trip per file listed (1,000 for `ls -l` of 1,000 files; now 2). `cp -a`
-/// still asks for, and tries to set, an ACL on every file.
+/// still asks for every file's ACL; setting or removing an access ACL is handled before this
+/// is asked (`acl.rs`).
 fn xattr_unsupported(name: &[u8]) -> bool {
     name.starts_with(b"system.") || name == b"security.selinux"
 }
@@ -781,7 +838,7 @@ impl Filesystem for IdxFuse {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -790,6 +847,9 @@ impl Filesystem for IdxFuse {
         reply: ReplyEmpty,
     ) {
         self.begin(Op::Setxattr);
+        if bytes(name) == acl::ACCESS {
+            return self.set_access_acl(req, ino, value, reply);
+        }
         if xattr_unsupported(bytes(name)) {
             return reply.error(Errno::EOPNOTSUPP);
         }
@@ -825,8 +885,17 @@ impl Filesystem for IdxFuse {
         }
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         self.begin(Op::Removexattr);
+        if bytes(name) == acl::ACCESS || bytes(name) == acl::DEFAULT {
+            // Nothing beyond the mode is kept, so nothing is removed (`acl.rs`); the owner or
+            // root only, as for setting one.
+            return match self.fs.getattr(ino.0) {
+                Ok(a) if req.uid() == 0 || req.uid() == a.uid => reply.ok(),
+                Ok(_) => reply.error(Errno::EPERM),
+                Err(e) => reply.error(errno(&e)),
+            };
+        }
         if xattr_unsupported(bytes(name)) {
             return reply.error(Errno::EOPNOTSUPP);
         }

@@ -189,6 +189,7 @@ pub fn serve(
         want_uring.then(|| granted.clone()),
         want_uring.then(|| recent.clone()),
     );
+    let notifier = fuse.notifier_slot();
     let config = cfg.fuser_config(source);
     // SAFETY: geteuid has no preconditions.
     let session = if unsafe { libc::geteuid() } == 0 {
@@ -205,6 +206,8 @@ pub fn serve(
     } else {
         fuser::Session::new(fuse, mountpoint, &config).map_err(ServeError::Mount)?
     };
+    // The slot is new and set only here.
+    let _ = notifier.set(session.notifier());
     if let Err(e) = spawn_signal_thread(mountpoint.to_path_buf()) {
         let _ = unmount(mountpoint);
         return Err(ServeError::Session(e));
