@@ -86,7 +86,7 @@ pub fn access(value: &[u8]) -> Access {
     Access::Mode(u << 6 | mask.unwrap_or(g) << 3 | o)
 }
 
-/// Who asks, and the file's mode and owners: what `stat` gives of each.
+/// A user and a group: the caller's, or the file's owners.
 pub struct Ids {
     pub uid: u32,
     pub gid: u32,
