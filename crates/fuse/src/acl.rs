@@ -14,6 +14,8 @@
 //! the copy, and only when that fails by chmod. Accepting the ACL spares the chmod, one round
 //! trip of the eight `cp -a` pays per file.
 
+use idxfs_engine::fs::Owner;
+
 /// The xattr that carries a file's access ACL.
 pub const ACCESS: &[u8] = b"system.posix_acl_access";
 
@@ -86,20 +88,20 @@ pub fn access(value: &[u8]) -> Access {
     Access::Mode(u << 6 | mask.unwrap_or(g) << 3 | o)
 }
 
-/// A user and a group: the caller's, or the file's owners.
-pub struct Ids {
-    pub uid: u32,
-    pub gid: u32,
+/// Whether `caller` may set or remove the ACL of a file owned by `file`: its owner or root, as
+/// for chmod.
+pub fn may_change(file: Owner, caller: Owner) -> bool {
+    caller.uid == 0 || caller.uid == file.uid
 }
 
-/// The permission and special bits (07777) after setting an ACL equivalent to `bits` on a file of `mode` owned by `file`,
-/// asked by `caller`; `None`: the caller may not (only the owner or root may, as for chmod).
-/// As chmod, the set-group-ID bit stays only for root or a member of the file's group. Only
-/// the caller's primary group is known over FUSE, so a member through a supplementary group
-/// loses the bit: the safe way to be wrong.
-pub fn chmod(mode: u32, file: Ids, bits: u32, caller: Ids) -> Option<u32> {
+/// The permission and special bits (07777) after setting an ACL equivalent to `bits` on a
+/// file of `mode` owned by `file`, asked by `caller`; `None`: the caller may not
+/// ([`may_change`]). As chmod, the set-group-ID bit stays only for root or a member of the
+/// file's group. Only the caller's primary group is known over FUSE, so a member through a
+/// supplementary group loses the bit: the safe way to be wrong.
+pub fn chmod(mode: u32, file: Owner, bits: u32, caller: Owner) -> Option<u32> {
     debug_assert!(bits <= 0o777, "{bits:o}");
-    if caller.uid != 0 && caller.uid != file.uid {
+    if !may_change(file, caller) {
         return None;
     }
     let mut new = mode & 0o7000 | bits;
@@ -159,18 +161,18 @@ mod tests {
 
     #[test]
     fn setting_one_is_a_chmod_of_the_permission_bits() {
-        let (root, owner) = (Ids { uid: 0, gid: 0 }, Ids { uid: 7, gid: 8 });
-        let file = || Ids { uid: 7, gid: 8 };
+        let (root, owner) = (Owner { uid: 0, gid: 0 }, Owner { uid: 7, gid: 8 });
+        let file = || Owner { uid: 7, gid: 8 };
         // The special bits stay; the permission bits are the ACL's.
         assert_eq!(chmod(0o106_755, file(), 0o640, owner), Some(0o6640));
         assert_eq!(chmod(0o42_700, file(), 0o750, root), Some(0o2750));
         // Not the owner: refused.
         assert_eq!(
-            chmod(0o100_644, file(), 0o600, Ids { uid: 9, gid: 8 }),
+            chmod(0o100_644, file(), 0o600, Owner { uid: 9, gid: 8 }),
             None
         );
         // The owner outside the file's group loses set-group-ID, not set-user-ID.
-        let outside = Ids { uid: 7, gid: 1 };
+        let outside = Owner { uid: 7, gid: 1 };
         assert_eq!(chmod(0o106_755, file(), 0o755, outside), Some(0o4755));
     }
 

@@ -233,15 +233,7 @@ impl IdxFuse {
             Ok(a) => a,
             Err(e) => return reply.error(errno(&e)),
         };
-        let file = acl::Ids {
-            uid: a.uid,
-            gid: a.gid,
-        };
-        let caller = acl::Ids {
-            uid: req.uid(),
-            gid: req.gid(),
-        };
-        let Some(mode) = acl::chmod(a.mode, file, bits, caller) else {
+        let Some(mode) = acl::chmod(a.mode, file_owner(&a), bits, owner(req)) else {
             return reply.error(Errno::EPERM);
         };
         let set = SetAttr {
@@ -294,6 +286,13 @@ fn owner(req: &Request) -> Owner {
     Owner {
         uid: req.uid(),
         gid: req.gid(),
+    }
+}
+
+fn file_owner(a: &Attr) -> Owner {
+    Owner {
+        uid: a.uid,
+        gid: a.gid,
     }
 }
 
@@ -891,7 +890,7 @@ impl Filesystem for IdxFuse {
             // Nothing beyond the mode is kept, so nothing is removed (`acl.rs`); the owner or
             // root only, as for setting one.
             return match self.fs.getattr(ino.0) {
-                Ok(a) if req.uid() == 0 || req.uid() == a.uid => reply.ok(),
+                Ok(a) if acl::may_change(file_owner(&a), owner(req)) => reply.ok(),
                 Ok(_) => reply.error(Errno::EPERM),
                 Err(e) => reply.error(errno(&e)),
             };
