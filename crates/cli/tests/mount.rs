@@ -37,6 +37,9 @@ fn posix_operations_over_io_uring() {
 fn posix_operations_over_dev_fuse() {
     let err = posix_operations("nouring");
     assert_eq!(ring_requests(&err), 0, "{err}");
+    // The counters also time the handlers: a lookup takes some time in idxfs.
+    let lookup = Mounted::handler_us(&err, "lookup");
+    assert!(lookup.is_some_and(|us| us > 0.0), "{err}");
 }
 
 /// How many requests the daemon's counters (IDXFS_COUNTERS) say came through io_uring.

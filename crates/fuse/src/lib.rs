@@ -136,24 +136,61 @@ const OP_NAMES: [&str; 31] = [
 #[derive(Default)]
 pub struct Requests {
     ops: [std::sync::atomic::AtomicU64; 31],
+    /// Nanoseconds spent in each kind's handler (engine work and building the reply), when
+    /// `timed`. A caller waiting on one request at a time waits for this and for the transport,
+    /// so wall time minus this is what the FUSE round trips cost.
+    nanos: [std::sync::atomic::AtomicU64; 31],
+    timed: bool,
     /// readdirplus replies made of a batch read ahead (`readahead.rs`).
     pub plus_read_ahead: std::sync::atomic::AtomicU64,
     /// Batches read ahead and then not used because something changed meanwhile.
     pub plus_ahead_stale: std::sync::atomic::AtomicU64,
 }
 
+/// One request in its handler: adds the time to its kind's total when dropped.
+struct InHandler<'a> {
+    requests: &'a Requests,
+    op: Op,
+    since: Option<std::time::Instant>,
+}
+
+impl Drop for InHandler<'_> {
+    fn drop(&mut self) {
+        if let Some(t) = self.since {
+            let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.requests.nanos[self.op as usize]
+                .fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
 impl Requests {
-    fn count(&self, op: Op) {
-        self.ops[op as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    /// Counts requests and also times their handlers (two clock reads per request).
+    pub fn timed() -> Requests {
+        Requests {
+            timed: true,
+            ..Requests::default()
+        }
     }
 
-    /// (request kind, count) for every kind seen.
-    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+    fn count(&self, op: Op) -> InHandler<'_> {
+        self.ops[op as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        InHandler {
+            requests: self,
+            op,
+            since: self.timed.then(std::time::Instant::now),
+        }
+    }
+
+    /// (request kind, count, seconds in its handler) for every kind seen; seconds are 0
+    /// unless the requests were [`Requests::timed`].
+    pub fn snapshot(&self) -> Vec<(&'static str, u64, f64)> {
+        use std::sync::atomic::Ordering::Relaxed;
         OP_NAMES
             .iter()
-            .zip(&self.ops)
-            .map(|(n, c)| (*n, c.load(std::sync::atomic::Ordering::Relaxed)))
-            .filter(|(_, c)| *c > 0)
+            .zip(self.ops.iter().zip(&self.nanos))
+            .map(|(n, (c, t))| (*n, c.load(Relaxed), t.load(Relaxed) as f64 / 1e9))
+            .filter(|(_, c, _)| *c > 0)
             .collect()
     }
 }
@@ -260,10 +297,12 @@ impl IdxFuse {
         }
     }
 
-    /// Where every request starts: counts it, and pins a worker on its first request.
-    fn begin(&self, op: Op) {
+    /// Where every request starts: counts it, and pins a worker on its first request. Hold
+    /// the result until the handler returns: it times the handler when counters are on.
+    #[must_use]
+    fn begin(&self, op: Op) -> InHandler<'_> {
         pin::pin_this_worker(&self.pin_cpus);
-        self.requests.count(op);
+        self.requests.count(op)
     }
 
     /// Replies with an entry the kernel now holds: one lookup count, one engine pin.
@@ -451,7 +490,7 @@ impl Filesystem for IdxFuse {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.begin(Op::Lookup);
+        let _in = self.begin(Op::Lookup);
         match self.fs.lookup(parent.0, bytes(name)) {
             Err(Error::NotFound) => reply.entry(&self.ttl, &negative_entry(), Generation(0)),
             r => self.entry(r, reply),
@@ -459,10 +498,11 @@ impl Filesystem for IdxFuse {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.begin(Op::Forget);
+        let _in = self.begin(Op::Forget);
         // An error here (a failed device) already turned the file system read-only; the
         // orphan stays listed and is freed at the next mount.
         let _ = self.fs.unpin(ino.0, nlookup);
+        drop(_in);
         self.after_forget();
     }
 
@@ -470,15 +510,16 @@ impl Filesystem for IdxFuse {
     /// More queue up while the /dev/fuse thread waits after one (`after_forget`), which pays
     /// only while replies hand off (`handoff::FORGET_PAUSE`).
     fn batch_forget(&self, _req: &Request, nodes: &[ForgetOne]) {
-        self.begin(Op::BatchForget);
+        let _in = self.begin(Op::BatchForget);
         let list: Vec<(u64, u64)> = nodes.iter().map(|n| (n.nodeid().0, n.nlookup())).collect();
         // As in `forget`: an error left the file system read-only, orphans stay listed.
         let _ = self.fs.unpin_many(&list);
+        drop(_in);
         self.after_forget();
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.begin(Op::Getattr);
+        let _in = self.begin(Op::Getattr);
         match self.fs.getattr(ino.0) {
             Ok(a) => reply.attr(&self.ttl, &file_attr(&a)),
             Err(e) => reply.error(errno(&e)),
@@ -503,7 +544,7 @@ impl Filesystem for IdxFuse {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        self.begin(Op::Setattr);
+        let _in = self.begin(Op::Setattr);
         let set = SetAttr {
             mode: mode.map(|m| m & 0o7777),
             uid,
@@ -520,7 +561,7 @@ impl Filesystem for IdxFuse {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.begin(Op::Readlink);
+        let _in = self.begin(Op::Readlink);
         match self.fs.readlink(ino.0) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(errno(&e)),
@@ -537,7 +578,7 @@ impl Filesystem for IdxFuse {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        self.begin(Op::Mknod);
+        let _in = self.begin(Op::Mknod);
         let r = self
             .fs
             .mknod(parent.0, bytes(name), mode, owner(req), rdev as u64);
@@ -553,7 +594,7 @@ impl Filesystem for IdxFuse {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        self.begin(Op::Mkdir);
+        let _in = self.begin(Op::Mkdir);
         let r = self
             .fs
             .mkdir(parent.0, bytes(name), mode & 0o7777, owner(req));
@@ -561,12 +602,12 @@ impl Filesystem for IdxFuse {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.begin(Op::Unlink);
+        let _in = self.begin(Op::Unlink);
         done(reply, self.fs.unlink(parent.0, bytes(name)))
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.begin(Op::Rmdir);
+        let _in = self.begin(Op::Rmdir);
         done(reply, self.fs.rmdir(parent.0, bytes(name)))
     }
 
@@ -578,7 +619,7 @@ impl Filesystem for IdxFuse {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        self.begin(Op::Symlink);
+        let _in = self.begin(Op::Symlink);
         let r = self.fs.symlink(
             parent.0,
             bytes(link_name),
@@ -598,7 +639,7 @@ impl Filesystem for IdxFuse {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        self.begin(Op::Rename);
+        let _in = self.begin(Op::Rename);
         done(
             reply,
             self.fs.rename(
@@ -619,13 +660,13 @@ impl Filesystem for IdxFuse {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        self.begin(Op::Link);
+        let _in = self.begin(Op::Link);
         let r = self.fs.link(ino.0, newparent.0, bytes(newname));
         self.entry(r, reply)
     }
 
     fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.begin(Op::Open);
+        let _in = self.begin(Op::Open);
         // With FUSE_NO_OPEN_SUPPORT, ENOSYS tells the kernel to stop sending open (and
         // release): the engine keeps no per-open state.
         reply.error(Errno::ENOSYS);
@@ -642,7 +683,7 @@ impl Filesystem for IdxFuse {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
-        self.begin(Op::Read);
+        let _in = self.begin(Op::Read);
         match self.fs.read(ino.0, offset, size as usize) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(errno(&e)),
@@ -661,7 +702,7 @@ impl Filesystem for IdxFuse {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
-        self.begin(Op::Write);
+        let _in = self.begin(Op::Write);
         // With the writeback cache the kernel keeps mtime and ctime and sends them by setattr;
         // a write request can come after that setattr and must not override them.
         let r = if self.writeback {
@@ -683,7 +724,7 @@ impl Filesystem for IdxFuse {
         _lock_owner: fuser::LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.begin(Op::Flush);
+        let _in = self.begin(Op::Flush);
         // Data is in the engine once write returned and durability is fsync's job, so there is
         // nothing to do: ENOSYS tells the kernel to stop sending flush on every close (it
         // still writes back cached pages first and reports their errors to close).
@@ -698,12 +739,12 @@ impl Filesystem for IdxFuse {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.begin(Op::Fsync);
+        let _in = self.begin(Op::Fsync);
         done(reply, self.fs.fsync(ino.0))
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.begin(Op::Opendir);
+        let _in = self.begin(Op::Opendir);
         // FUSE_NO_OPENDIR_SUPPORT: as for open.
         reply.error(Errno::ENOSYS);
     }
@@ -716,7 +757,7 @@ impl Filesystem for IdxFuse {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        self.begin(Op::Readdir);
+        let _in = self.begin(Op::Readdir);
         let r = self.fs.readdir(ino.0, offset, |e| {
             !reply.add(
                 INodeNo(e.ino),
@@ -739,7 +780,7 @@ impl Filesystem for IdxFuse {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        self.begin(Op::Readdirplus);
+        let _in = self.begin(Op::Readdirplus);
         // The kernel's buffer (up to 32 KiB here: ~200 entries) is not passed to us. Read a
         // little more than the last full reply held; `add` says when the buffer is full, and the
         // names read past it cost only a leaf scan.
@@ -814,12 +855,12 @@ impl Filesystem for IdxFuse {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.begin(Op::Fsyncdir);
+        let _in = self.begin(Op::Fsyncdir);
         done(reply, self.fs.fsync(ino.0))
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        self.begin(Op::Statfs);
+        let _in = self.begin(Op::Statfs);
         match self.fs.statfs() {
             Ok(s) => reply.statfs(
                 s.blocks,
@@ -845,7 +886,7 @@ impl Filesystem for IdxFuse {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        self.begin(Op::Setxattr);
+        let _in = self.begin(Op::Setxattr);
         if bytes(name) == acl::ACCESS {
             return self.set_access_acl(req, ino, value, reply);
         }
@@ -859,7 +900,7 @@ impl Filesystem for IdxFuse {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        self.begin(Op::Getxattr);
+        let _in = self.begin(Op::Getxattr);
         if xattr_unsupported(bytes(name)) {
             return reply.error(Errno::EOPNOTSUPP);
         }
@@ -870,7 +911,7 @@ impl Filesystem for IdxFuse {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.begin(Op::Listxattr);
+        let _in = self.begin(Op::Listxattr);
         match self.fs.listxattr(ino.0) {
             Ok(names) => {
                 let mut buf = Vec::new();
@@ -885,7 +926,7 @@ impl Filesystem for IdxFuse {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.begin(Op::Removexattr);
+        let _in = self.begin(Op::Removexattr);
         if bytes(name) == acl::ACCESS || bytes(name) == acl::DEFAULT {
             // Nothing beyond the mode is kept, so nothing is removed (`acl.rs`); the owner or
             // root only, as for setting one.
@@ -902,7 +943,7 @@ impl Filesystem for IdxFuse {
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        self.begin(Op::Access);
+        let _in = self.begin(Op::Access);
         // Sent for access(2) and chdir when the kernel does not check permissions itself (a
         // root mount without allow_other, `MountConfig::kernel_checks_permissions`).
         match self.fs.getattr(ino.0) {
@@ -927,7 +968,7 @@ impl Filesystem for IdxFuse {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        self.begin(Op::Create);
+        let _in = self.begin(Op::Create);
         // ENOSYS: the kernel remembers it and creates with MKNOD, then opens without a request
         // (no-open). A file made by CREATE gets a RELEASE at its close until the first OPEN
         // is refused, so a workload that only creates (fs_mark, untar) paid four round trips
@@ -945,7 +986,7 @@ impl Filesystem for IdxFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        self.begin(Op::Fallocate);
+        let _in = self.begin(Op::Fallocate);
         done(
             reply,
             self.fs
@@ -963,7 +1004,7 @@ impl Filesystem for IdxFuse {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        self.begin(Op::Lseek);
+        let _in = self.begin(Op::Lseek);
         let what = match whence {
             libc::SEEK_DATA => Seek::Data,
             libc::SEEK_HOLE => Seek::Hole,

@@ -161,7 +161,11 @@ pub fn serve(
     on_mounted: impl FnOnce(),
 ) -> Result<(), ServeError> {
     let fs = Arc::new(fs);
-    let requests = Arc::new(crate::Requests::default());
+    let requests = Arc::new(if std::env::var_os("IDXFS_COUNTERS").is_some() {
+        crate::Requests::timed()
+    } else {
+        crate::Requests::default()
+    });
     let want_uring = match cfg.uring {
         Some(false) => false,
         None => crate::uring::kernel_enabled(),
@@ -237,8 +241,11 @@ pub fn serve(
         None => session.run(),
     };
     if std::env::var_os("IDXFS_COUNTERS").is_some() {
-        for (op, n) in requests.snapshot() {
-            eprintln!("fuse requests {op}: {n}");
+        for (op, n, secs) in requests.snapshot() {
+            eprintln!(
+                "fuse requests {op}: {n} ({secs:.3} s in idxfs, {:.2} us each)",
+                secs * 1e6 / n as f64
+            );
         }
         let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
         eprintln!(

@@ -197,8 +197,18 @@ impl Mounted {
         stderr
             .lines()
             .find_map(|l| l.strip_prefix(&format!("fuse requests {op}: ")))
-            .and_then(|v| v.trim().parse().ok())
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
             .unwrap_or(0)
+    }
+
+    /// Mean microseconds a request of kind `op` spent in idxfs's handler, as the counters
+    /// report it ("N (S s in idxfs, U us each)"); None when the line or the figure is missing.
+    pub fn handler_us(stderr: &str, op: &str) -> Option<f64> {
+        let line = stderr
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("fuse requests {op}: ")))?;
+        let each = line.strip_suffix(" us each)")?;
+        each.rsplit(' ').next()?.parse().ok()
     }
 
     /// The daemon's process id.
