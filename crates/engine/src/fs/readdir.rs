@@ -109,16 +109,18 @@ impl Fs {
 }
 
 impl Inner {
-    /// The inode items of `inos` (ascending, as readdir returns them): cached inodes (maybe
-    /// changed since the last commit) as they are, the rest with one ordered scan of the tree
-    /// over their key range, so a directory pass reads inode leaves once each, in order. Where
-    /// the wanted inodes are sparse in that range (other files' items between them), the scan
-    /// gives up after a budget and the rest are looked up one by one.
+    /// The inode items of `inos` (in readdir's order: ascending, after "." and ".."): cached
+    /// inodes (maybe changed since the last commit) as they are, the rest with one ordered scan
+    /// of the tree over their key range, so a directory pass reads inode leaves once each, in
+    /// order. Where the wanted inodes are sparse in that range (other files' items between
+    /// them), the scan gives up after a budget and the rest are looked up one by one.
     fn inodes_in_order(&mut self, inos: &[Ino]) -> Result<Vec<InodeItem>> {
-        debug_assert!(inos.windows(2).all(|w| w[0] <= w[1]), "ascending");
         let mut out: Vec<Option<InodeItem>> =
             inos.iter().map(|i| self.inodes.get(*i).copied()).collect();
-        let missing: Vec<usize> = (0..inos.len()).filter(|i| out[*i].is_none()).collect();
+        let mut missing: Vec<usize> = (0..inos.len()).filter(|i| out[*i].is_none()).collect();
+        // The scan wants them ascending: "." and ".." may sort after the first children.
+        // Already sorted but for those, so this costs one pass.
+        missing.sort_by_key(|&i| inos[i]);
         if let (Some(&a), Some(&b)) = (missing.first(), missing.last()) {
             let budget = 16 * missing.len() + 256;
             let (mut visited, mut j) = (0usize, 0usize);
