@@ -134,6 +134,17 @@ impl Tree {
 
     /// `cow_path`, and the smallest key that belongs right of the leaf (None: rightmost).
     fn cow_path_bounded(&mut self, store: &mut Store, key: &Key) -> Result<(Path, Option<Key>)> {
+        self.cow_descend(store, |n, _| n.child_index(key))
+    }
+
+    /// Descends from the root to a leaf, copying every node on the way (COW), taking child
+    /// `pick(node, depth)` of each internal node; returns the path and the smallest key that
+    /// belongs right of the leaf (None: rightmost).
+    fn cow_descend(
+        &mut self,
+        store: &mut Store,
+        mut pick: impl FnMut(&Node, usize) -> usize,
+    ) -> Result<(Path, Option<Key>)> {
         let gen = store.generation;
         let root = store.load_cow(
             self.root.block,
@@ -154,7 +165,7 @@ impl Tree {
                 path.push((block, 0));
                 return Ok((path, bound));
             }
-            let i = n.child_index(key);
+            let i = pick(n, path.len());
             if let Some(k) = n.keys.get(i + 1) {
                 bound = Some(*k);
             }
@@ -169,6 +180,26 @@ impl Tree {
             }
             path.push((block, i));
             block = c;
+        }
+    }
+
+    /// Descends without changing anything: the child taken at each internal node, and where
+    /// `key` sits in the leaf (None: absent).
+    fn find_in_leaf(&self, store: &mut Store, key: &Key) -> Result<(Vec<usize>, Option<usize>)> {
+        let (mut block, mut gen, mut level) = (self.root.block, self.root.generation, self.level);
+        let mut picks = Vec::with_capacity(self.level as usize);
+        loop {
+            store.load(block, gen, self.owner, Some(level))?;
+            let n = store.node(block);
+            if n.is_leaf() {
+                return Ok((picks, n.keys.binary_search(key).ok()));
+            }
+            let i = n.child_index(key);
+            picks.push(i);
+            let p = n.ptrs()[i];
+            block = p.block;
+            gen = p.generation;
+            level -= 1;
         }
     }
 
@@ -358,16 +389,17 @@ impl Tree {
         key: &Key,
         f: impl FnOnce(&mut Vec<u8>) -> Change,
     ) -> Result<bool> {
-        if !self.contains(store, key)? {
+        // One search per node: a read-only descent finds the key (a miss copies nothing), then
+        // the COW descent retraces the same children without searching again.
+        let (picks, Some(pos)) = self.find_in_leaf(store, key)? else {
             return Ok(false);
-        }
-        let path = self.cow_path(store, key)?;
+        };
+        let (path, _) = self.cow_descend(store, |_, depth| picks[depth])?;
         let d = path.len() - 1;
         let leaf = path[d].0;
         let n = store.node_mut(leaf);
-        let Ok(pos) = n.keys.binary_search(key) else {
-            return Ok(false);
-        };
+        // COW moves nodes, it does not change them: the key is where the first descent saw it.
+        debug_assert_eq!(n.keys.binary_search(key), Ok(pos));
         // Values are packed in the leaf: `f` changes a copy, written back if kept.
         let mut v = n.leaf_vals().get(pos).to_vec();
         let before = v.len();

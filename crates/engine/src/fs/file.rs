@@ -365,6 +365,16 @@ impl Inner {
         Ok(self.extents(ino, 0, u64::MAX)?.len() as u64)
     }
 
+    /// How many extent items `ino` (item `it`) may have, never fewer than it has: what a
+    /// reservation needs. A file with no blocks allocated has at most its inline extent, so it
+    /// needs no search.
+    pub fn extent_items_bound(&mut self, ino: Ino, it: &InodeItem) -> Result<u64> {
+        if it.alloc_bytes.get() == 0 {
+            return Ok(1);
+        }
+        self.extent_count(ino)
+    }
+
     /// Frees all data of an inode being deleted.
     pub fn free_all_data(&mut self, ino: Ino) -> Result<()> {
         self.punch(ino, 0, u64::MAX).map(|_| ())

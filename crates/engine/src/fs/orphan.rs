@@ -133,7 +133,8 @@ impl Fs {
                 if !g.is_free_orphan(ino)? {
                     return Ok(());
                 }
-                let extents = g.extent_count(ino)?;
+                let it = g.inode(ino)?;
+                let extents = g.extent_items_bound(ino, &it)?;
                 g.reserve(extents, Reserve::Shrink)?;
                 g.free_orphan(ino)
             })?;
