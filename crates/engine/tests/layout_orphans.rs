@@ -32,6 +32,43 @@ fn unlinked_while_pinned_lives_until_unpin() {
     fs.close().expect("close");
 }
 
+/// An orphan's item is written by the commit: one freed before it leaves nothing behind, one
+/// still held at the commit is in the image (and reclaimed after a crash), and freeing it later
+/// removes the item.
+#[test]
+fn orphans_freed_before_or_after_the_commit() {
+    let (dev, fs) = mem_fs(64 << 20);
+    let a = fs.create(ROOT, b"a", 0o644, ME).expect("create a");
+    let b = fs.create(ROOT, b"b", 0o644, ME).expect("create b");
+    fs.write(b.ino, 0, &vec![5u8; 50_000]).expect("write b");
+    fs.sync().expect("sync");
+    fs.pin(a.ino);
+    fs.pin(b.ino);
+    fs.unlink(ROOT, b"a").expect("unlink a");
+    fs.unlink(ROOT, b"b").expect("unlink b");
+    assert_eq!(fs.orphans().expect("orphans"), vec![a.ino, b.ino]);
+    fs.unpin(a.ino, 1).expect("unpin a");
+    assert!(matches!(fs.getattr(a.ino), Err(Error::NotFound)));
+    assert_eq!(fs.orphans().expect("orphans"), vec![b.ino]);
+    fs.sync().expect("sync");
+    assert_clean(dev.as_ref());
+    // A crash now: the image lists b, and the next mount frees it.
+    let crashed = std::sync::Arc::new(idxfs_blockdev::MemDevice::from_bytes(dev.snapshot()));
+    let after = Fs::open(crashed.clone(), opts()).expect("open after crash");
+    assert!(after.orphans().expect("orphans").is_empty());
+    assert!(matches!(after.getattr(b.ino), Err(Error::NotFound)));
+    assert!(matches!(after.getattr(a.ino), Err(Error::NotFound)));
+    after.close().expect("close");
+    assert_clean(crashed.as_ref());
+    // No crash: b is freed after the commit that listed it.
+    assert_eq!(fs.read(b.ino, 0, 3).expect("read orphan"), vec![5u8; 3]);
+    fs.unpin(b.ino, 1).expect("unpin b");
+    assert!(fs.orphans().expect("orphans").is_empty());
+    fs.sync().expect("sync");
+    assert_clean(dev.as_ref());
+    fs.close().expect("close");
+}
+
 /// The kernel's batched forgets: one call drops pins of many inodes; only the ones whose last
 /// pin goes and that were unlinked are freed, the rest stay as they were.
 #[test]

@@ -129,6 +129,8 @@ pub(crate) struct Inner {
     pub changed: bool,
     /// Pin counts of inodes a front end still holds (see `orphan`).
     pub pins: pins::Pins,
+    /// Orphans of the running transaction whose ORPHAN item the commit writes (see `orphan`).
+    pub new_orphans: std::collections::BTreeSet<Ino>,
     pub atime: Atime,
     /// `OpenOptions::bench_hash_index_only`.
     pub hash_index_only: bool,
@@ -287,6 +289,7 @@ impl Fs {
             dirty_nodes_limit: usize::MAX,
             changed: true,
             pins: Default::default(),
+            new_orphans: Default::default(),
             atime: Atime::NoAtime,
             hash_index_only: false,
             dir_ino_hint: Default::default(),
@@ -336,6 +339,7 @@ impl Fs {
             dirty_nodes_limit: opts.dirty_nodes_limit.clamp(64, (cache_nodes / 2).max(64)),
             changed: false,
             pins: Default::default(),
+            new_orphans: Default::default(),
             atime: opts.atime,
             hash_index_only: opts.bench_hash_index_only,
             dir_ino_hint: Default::default(),
@@ -744,6 +748,7 @@ impl Inner {
     }
 
     fn commit_inner(&mut self) -> Result<()> {
+        self.write_new_orphans()?;
         let dirty = self.inodes.take_dirty();
         self.store
             .counters

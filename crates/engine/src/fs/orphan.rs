@@ -6,6 +6,11 @@
 //! inode item stays (nlink 0) and an ORPHAN item `(ORPHAN_OBJECTID, Orphan, ino)` records it in
 //! the same transaction. The last unpin frees the inode and drops the orphan item.
 //!
+//! The ORPHAN item is written by the commit, not by the unlink: until then the unlink itself is
+//! not durable either, and an orphan freed before the commit (`rm` of a file the kernel forgets
+//! a moment later: nearly every one) never costs an item. Between the unlink and the commit the
+//! orphan is listed in `Inner::new_orphans`.
+//!
 //! Pins live in memory only. After a crash the image still lists its orphans, and the next
 //! read-write open frees them all (`reclaim_orphans`); a clean close does the same, since
 //! nothing can hold an inode of a closed file system.
@@ -23,8 +28,8 @@ impl Inner {
     /// orphan while it is pinned.
     pub(crate) fn unlinked(&mut self, ino: Ino) -> Result<()> {
         if self.pins.contains(ino) {
-            self.fs_tree
-                .insert(&mut self.store, orphan_key(ino), Vec::new())?;
+            let new = self.new_orphans.insert(ino);
+            debug_assert!(new, "inode {ino} orphaned twice");
             Ok(())
         } else {
             self.delete_inode(ino)
@@ -34,11 +39,36 @@ impl Inner {
     /// Frees an orphan: its data, its items, and the orphan item.
     fn free_orphan(&mut self, ino: Ino) -> Result<()> {
         self.delete_inode(ino)?;
-        self.fs_tree.delete(&mut self.store, &orphan_key(ino))?;
+        if !self.new_orphans.remove(&ino) {
+            self.fs_tree.delete(&mut self.store, &orphan_key(ino))?;
+        }
         Ok(())
     }
 
-    /// Orphans the image lists, in inode order.
+    /// Writes the ORPHAN items of this transaction's orphans still held (at commit).
+    pub(crate) fn write_new_orphans(&mut self) -> Result<()> {
+        let mut hint = crate::btree::LeafHint::default();
+        while let Some(ino) = self.new_orphans.pop_first() {
+            let had = self.fs_tree.insert_near(
+                &mut self.store,
+                orphan_key(ino),
+                Vec::new(),
+                &mut hint,
+            )?;
+            if had.is_some() {
+                // An inode orphans once (nlink 0 cannot be linked again), so the image had the
+                // item before the unlink: it lied about an inode that had links.
+                return Err(crate::error::Error::Corrupt(idxfs_format::Corrupt::new(
+                    format!("orphan item of inode {ino}"),
+                    "present before its last unlink",
+                    "absent",
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Orphans: those the image lists and those of the running transaction, in inode order.
     fn orphan_list(&mut self) -> Result<Vec<Ino>> {
         let tree = self.fs_tree;
         let mut out = Vec::new();
@@ -51,6 +81,8 @@ impl Inner {
                 Ok(true)
             },
         )?;
+        out.extend(self.new_orphans.iter().copied());
+        out.sort_unstable();
         Ok(out)
     }
 
@@ -66,6 +98,9 @@ impl Inner {
     fn is_free_orphan(&mut self, ino: Ino) -> Result<bool> {
         if self.pins.contains(ino) {
             return Ok(false);
+        }
+        if self.new_orphans.contains(&ino) {
+            return Ok(true);
         }
         let tree = self.fs_tree;
         Ok(tree.get(&mut self.store, &orphan_key(ino))?.is_some())
