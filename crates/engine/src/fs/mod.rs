@@ -728,7 +728,7 @@ impl Inner {
                 "file system stopped after an error: {why}"
             ))));
         }
-        if !self.changed && self.inodes.dirty_count() == 0 {
+        if !self.changed && self.inodes.dirty_count() == 0 && self.new_orphans.is_empty() {
             return Ok(());
         }
         // A commit is not a change by an operation: keep `mod_seq` as the operation saw it, so
