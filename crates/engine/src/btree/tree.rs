@@ -90,6 +90,12 @@ impl Tree {
 
     /// Descends without changing anything; returns the leaf block for `key`.
     fn find_leaf(&self, store: &mut Store, key: &Key) -> Result<u64> {
+        self.descend(store, key, |_| {})
+    }
+
+    /// Descends without changing anything, telling `on_pick` the child taken at each internal
+    /// node from the root down; returns the leaf block for `key`.
+    fn descend(&self, store: &mut Store, key: &Key, mut on_pick: impl FnMut(usize)) -> Result<u64> {
         let (mut block, mut gen, mut level) = (self.root.block, self.root.generation, self.level);
         loop {
             store.load(block, gen, self.owner, Some(level))?;
@@ -97,7 +103,9 @@ impl Tree {
             if n.is_leaf() {
                 return Ok(block);
             }
-            let p = n.ptrs()[n.child_index(key)];
+            let i = n.child_index(key);
+            on_pick(i);
+            let p = n.ptrs()[i];
             block = p.block;
             gen = p.generation;
             level -= 1;
@@ -186,21 +194,10 @@ impl Tree {
     /// Descends without changing anything: the child taken at each internal node, and where
     /// `key` sits in the leaf (None: absent).
     fn find_in_leaf(&self, store: &mut Store, key: &Key) -> Result<(Vec<usize>, Option<usize>)> {
-        let (mut block, mut gen, mut level) = (self.root.block, self.root.generation, self.level);
         let mut picks = Vec::with_capacity(self.level as usize);
-        loop {
-            store.load(block, gen, self.owner, Some(level))?;
-            let n = store.node(block);
-            if n.is_leaf() {
-                return Ok((picks, n.keys.binary_search(key).ok()));
-            }
-            let i = n.child_index(key);
-            picks.push(i);
-            let p = n.ptrs()[i];
-            block = p.block;
-            gen = p.generation;
-            level -= 1;
-        }
+        let leaf = self.descend(store, key, |i| picks.push(i))?;
+        let pos = store.node(leaf).keys.binary_search(key).ok();
+        Ok((picks, pos))
     }
 
     /// One descent for insert-or-change: `f` gets the current value (None if absent) and may
