@@ -57,7 +57,9 @@ enum Cmd {
         /// non-root mounter), fsname=NAME, nodev, nosuid, noexec, ttl=SECONDS,
         /// uring/nouring (FUSE over io_uring; default: when the kernel allows it),
         /// handoff/nohandoff (ring replies sent at SCHED_IDLE so callers wake on the same CPU;
-        /// default on), threads=N, pin/nopin (/dev/fuse workers pinned one per CPU), writeback.
+        /// default on), threads=N, pin/nopin (/dev/fuse workers pinned one per CPU), writeback,
+        /// readdirplus=always|auto (auto: names-only listings skip attributes, but tar, cp and
+        /// rm then look up every entry; default always).
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
         /// Create and format the image first if it does not exist.

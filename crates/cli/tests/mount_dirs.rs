@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 use std::collections::{HashMap, HashSet};
-use std::ffi::{CStr, CString};
+use std::ffi::{CStr, CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::DirEntryExt;
 use std::path::Path;
@@ -26,12 +26,20 @@ fn make_files(dir: &Path, prefix: &str, n: usize) -> HashMap<Vec<u8>, u64> {
 /// A mount with `n` files in directory "d", mounted again with counters on, so that what is
 /// counted starts with cold caches: (mount, the directory, name -> inode number).
 fn files_then_counted_mount(n: usize) -> (Mounted, std::path::PathBuf, HashMap<Vec<u8>, u64>) {
+    files_then_counted_mount_with(n, "")
+}
+
+/// `files_then_counted_mount`, remounted with the options `opts`.
+fn files_then_counted_mount_with(
+    n: usize,
+    opts: &str,
+) -> (Mounted, std::path::PathBuf, HashMap<Vec<u8>, u64>) {
     let mut m = Mounted::new("256M", "");
     let d = m.path("d");
     let model = make_files(&d, "f", n);
     m.unmount();
     m.counters = true;
-    m.mount("");
+    m.mount(opts);
     (m, d, model)
 }
 
@@ -197,6 +205,7 @@ fn readdir_plus_stat_needs_no_lookup_per_entry() {
     let count = |op: &str| Mounted::requests(&err, op);
     let (lookups, plus) = (count("lookup"), count("readdirplus"));
     assert!(plus > 0, "listed with readdirplus:\n{err}");
+    assert_eq!(count("readdir"), 0, "never plain readdir by default\n{err}");
     assert!(
         lookups < 10,
         "{lookups} lookups for {n} lstat calls: attributes should come with the names\n{err}"
@@ -209,6 +218,41 @@ fn readdir_plus_stat_needs_no_lookup_per_entry() {
     // one that takes too long is read again, so only "some" is asserted (no test on timing).
     let (ahead, _) = read_ahead_counts(&err);
     assert!(ahead > 0, "no reply of {plus} was read ahead\n{err}");
+    m.assert_fsck_clean();
+}
+
+/// `-o readdirplus=auto`: a listing of names alone goes by plain READDIR after its first
+/// request, and the names, inode numbers and attributes are still right.
+#[test]
+fn readdirplus_auto_lists_names_with_plain_readdir() {
+    let (mut m, d, model) = files_then_counted_mount_with(2000, "readdirplus=auto");
+    let listed = libc_listing(&d);
+    let names: HashMap<Vec<u8>, u64> = listed
+        .iter()
+        .filter(|(name, _, _)| name != b"." && name != b"..")
+        .map(|(name, ino, _)| (name.clone(), *ino))
+        .collect();
+    assert_eq!(names.len(), listed.len() - 2, "no name listed twice");
+    assert_eq!(names, model);
+    for (name, ino) in &model {
+        let st = std::fs::symlink_metadata(d.join(OsStr::from_bytes(name))).expect("lstat");
+        assert_eq!(std::os::unix::fs::MetadataExt::ino(&st), *ino);
+        assert_eq!(std::os::unix::fs::MetadataExt::size(&st), 0);
+    }
+    let err = m.unmount();
+    let count = |op: &str| Mounted::requests(&err, op);
+    assert!(
+        count("readdir") > 0,
+        "plain readdir after the first request\n{err}"
+    );
+    assert!(
+        count("readdirplus") <= 2,
+        "a listing nothing looked up stays plain\n{err}"
+    );
+    assert!(
+        count("lookup") > model.len() as u64 / 2,
+        "the names listed plain are looked up one by one\n{err}"
+    );
     m.assert_fsck_clean();
 }
 

@@ -14,7 +14,9 @@
 //! - no-open / no-opendir: open, release, opendir and releasedir cost no round trip (the engine
 //!   keeps no per-open state);
 //! - readdirplus: names and attributes in one pass, in inode order (`Fs::readdir_plus_batch`),
-//!   the next batch read ahead while the kernel takes in the last (`readahead.rs`);
+//!   the next batch read ahead while the kernel takes in the last (`readahead.rs`); for every
+//!   listing unless `-o readdirplus=auto`, since GNU tar, cp and rm read a whole directory
+//!   before they stat (`MountConfig::readdirplus_auto`);
 //! - FUSE over io_uring when the kernel allows it: a ring per CPU and a worker pinned to that
 //!   CPU, so a request is served where its caller runs (`uring.rs`); while one caller keeps
 //!   the file system busy, replies go out at SCHED_IDLE so the caller wakes on that CPU too
@@ -202,6 +204,9 @@ pub struct IdxFuse {
     ttl: Duration,
     /// Ask for the kernel's writeback cache.
     writeback: bool,
+    /// Let the kernel choose plain READDIR where no entry it lists is looked up
+    /// (`MountConfig::readdirplus_auto`).
+    readdirplus_auto: bool,
     requests: Arc<Requests>,
     /// How many entries the last full readdirplus reply held: the kernel's buffer size is not
     /// passed to us, and reading far more names than fit would be wasted work.
@@ -234,6 +239,7 @@ impl IdxFuse {
             fs,
             ttl: cfg.ttl,
             writeback: cfg.writeback,
+            readdirplus_auto: cfg.readdirplus_auto,
             requests,
             plus_fit: std::sync::atomic::AtomicUsize::new(64),
             pin_cpus: if cfg.pins_threads() {
@@ -463,6 +469,9 @@ impl Filesystem for IdxFuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         if self.writeback {
             let _ = config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE);
+        }
+        if self.readdirplus_auto {
+            let _ = config.add_capabilities(InitFlags::FUSE_READDIRPLUS_AUTO);
         }
         for flag in [
             InitFlags::FUSE_NO_OPEN_SUPPORT,

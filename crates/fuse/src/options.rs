@@ -33,6 +33,14 @@ pub struct MountConfig {
     /// Ring workers send replies at SCHED_IDLE so callers wake on the worker's CPU
     /// (`handoff.rs`); `-o nohandoff` turns it off.
     pub handoff: bool,
+    /// `-o readdirplus=auto` (`FUSE_READDIRPLUS_AUTO`): after a listing's first request the
+    /// kernel asks with plain READDIR, and goes back to READDIRPLUS only once entries it
+    /// listed are being looked up. A listing of names alone (`ls -f`, `find -name`) then
+    /// costs the kernel no inode per entry, but a tool that reads the whole directory before
+    /// it stats (GNU tar, cp, rm, du) pays a LOOKUP round trip per entry. Measured here with
+    /// 200,000 files, cold: readdir 0.60-0.70 -> 0.07-0.10 s, tar 1.3 -> 3.6 s, cp -a +13%,
+    /// rm -rf +50%. So the default is `readdirplus=always`.
+    pub readdirplus_auto: bool,
     /// Kernel mount flags passed through (nodev, nosuid, noexec, sync, dirsync, ...).
     pub flags: Vec<MountOption>,
 }
@@ -51,6 +59,7 @@ impl Default for MountConfig {
             pin: None,
             uring: None,
             handoff: true,
+            readdirplus_auto: false,
             flags: Vec::new(),
         }
     }
@@ -112,6 +121,17 @@ impl MountConfig {
                 "nouring" => self.uring = Some(false),
                 "handoff" => self.handoff = true,
                 "nohandoff" => self.handoff = false,
+                "readdirplus" => {
+                    self.readdirplus_auto = match need(value)? {
+                        "always" => false,
+                        "auto" => true,
+                        v => {
+                            return Err(OptionError(format!(
+                                "bad readdirplus {v:?}: always or auto"
+                            )))
+                        }
+                    }
+                }
                 "dev" => self.flags.push(MountOption::Dev),
                 "nodev" => self.flags.push(MountOption::NoDev),
                 "suid" => self.flags.push(MountOption::Suid),
@@ -316,6 +336,11 @@ mod tests {
         assert_eq!(c.uring, Some(true));
         c.apply("nouring").expect("valid");
         assert_eq!(c.uring, Some(false));
+        assert!(!c.readdirplus_auto, "readdirplus always by default");
+        c.apply("readdirplus=auto").expect("valid");
+        assert!(c.readdirplus_auto);
+        c.apply("readdirplus=always").expect("valid");
+        assert!(!c.readdirplus_auto);
         c.apply("dev,suid,noexec").expect("valid");
         let k = c.kernel_flags();
         assert_eq!(k & (libc::MS_NODEV | libc::MS_NOSUID), 0);
@@ -350,5 +375,7 @@ mod tests {
         assert!(c.apply("threads=0").is_err());
         assert!(c.apply("ttl=-1").is_err());
         assert!(c.apply("fsname").is_err());
+        assert!(c.apply("readdirplus").is_err());
+        assert!(c.apply("readdirplus=never").is_err());
     }
 }
