@@ -2,7 +2,7 @@
 //! file-system operations, over a `BlockDevice`. No FUSE, no async runtime.
 //!
 //! Reading order: `btree` (node, store, tree) -> `space` -> `txn` (commit) -> `fs` (operations)
-//! -> `fsck` and `dump`.
+//! -> `log` (fsync) -> `fsck` and `dump`.
 pub mod btree;
 pub mod clock;
 pub mod counters;
@@ -11,6 +11,7 @@ pub mod error;
 pub mod fs;
 pub mod fsck;
 pub mod inode_cache;
+pub mod log;
 pub mod space;
 pub mod testutil;
 pub mod txn;

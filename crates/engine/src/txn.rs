@@ -175,6 +175,7 @@ pub fn write_dirty_nodes(store: &mut Store) -> Result<u64> {
         .node_writes
         .fetch_add(written, std::sync::atomic::Ordering::Relaxed);
     store.dev.flush()?;
+    store.data_unflushed = false;
     Ok(written)
 }
 

@@ -17,6 +17,7 @@ pub mod corrupt;
 pub mod hash;
 pub mod items;
 pub mod key;
+pub mod log;
 pub mod node;
 pub mod superblock;
 pub mod versions;
@@ -39,7 +40,8 @@ pub const FIRST_USABLE_BLOCK: u64 = SUPER_COPIES;
 /// Tree ids (the `owner` of a node).
 pub const TREE_FS: u64 = 1;
 pub const TREE_SPACE: u64 = 2;
-/// Reserved for the fsync log of a later version (seed 003); always 0 in v1 images.
+/// Reserved: an owner id for a log kept as a tree. The fsync log is a chain of blocks instead
+/// (`log.rs`), so no node has this owner.
 pub const TREE_LOG: u64 = 3;
 
 /// Inode number of the root directory (the same number FUSE uses for its root).

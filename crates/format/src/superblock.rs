@@ -38,7 +38,7 @@ pub struct Superblock {
     pub group_blocks: U64,
     pub fs_root: RootPtr,
     pub space_root: RootPtr,
-    /// Reserved for the fsync log (seed 003). Zero in v1.
+    /// The fsync log's first block (`log.rs`), with this commit's generation; block 0: none.
     pub log_root: RootPtr,
     pub next_ino: U64,
     pub used_blocks: U64,
@@ -162,12 +162,27 @@ impl Superblock {
         for (name, r) in [("fs root", &sb.fs_root), ("space root", &sb.space_root)] {
             check_root(r, &what(name), &sb)?;
         }
-        ensure!(
-            sb.log_root.block.get() == 0,
-            what("log root"),
-            sb.log_root.block.get(),
-            "0 (no log in v1)"
-        );
+        let log = sb.log_root.block.get();
+        if log != 0 {
+            ensure!(
+                sb.incompat.get() & crate::versions::INCOMPAT_LOG != 0,
+                what("log root"),
+                log,
+                "0 (the image has no log feature)"
+            );
+            ensure!(
+                log >= SUPER_COPIES && log < total,
+                what("log root block"),
+                log,
+                format!("in {SUPER_COPIES}..{total}")
+            );
+            ensure!(
+                sb.log_root.generation.get() == sb.generation.get(),
+                what("log root generation"),
+                sb.log_root.generation.get(),
+                sb.generation.get()
+            );
+        }
         Ok(sb)
     }
 

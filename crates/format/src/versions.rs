@@ -20,6 +20,10 @@ pub const CURRENT_VERSION: u32 = 1;
 
 /// Incompatible features: an image with a bit set that this code does not know must not be
 /// opened at all.
-pub const INCOMPAT_SUPPORTED: u64 = 0;
+pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_LOG;
+/// (2026-11-21) The superblock's `log_root` names an fsync log chain (seed 003, `log.rs`): a
+/// reader that does not replay it would miss what was fsynced after the commit. Set by every
+/// commit that names a log.
+pub const INCOMPAT_LOG: u64 = 1;
 /// Read-only-compatible features: unknown bits allow a read-only open.
 pub const COMPAT_RO_SUPPORTED: u64 = 0;

@@ -47,6 +47,8 @@ fn constants_sizes_and_item_types_match() {
             "BLOCK_GROUP_ITEM_SIZE",
             items::BLOCK_GROUP_ITEM_SIZE.to_string(),
         ),
+        ("LOG_HEADER_SIZE", log::LOG_HEADER_SIZE.to_string()),
+        ("LOG_RECORD_HEADER", log::LOG_RECORD_HEADER.to_string()),
     ];
     for t in ItemType::ALL {
         let name: &'static str = Box::leak(format!("{t:?}").into_boxed_str());

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::space::{Allocator, Kind};
 use idxfs_blockdev::BlockDevice;
 use idxfs_format::node::Expect;
-use idxfs_format::BLOCK_SIZE;
+use idxfs_format::{Key, BLOCK_SIZE};
 use std::sync::Arc;
 
 pub struct Store {
@@ -30,6 +30,12 @@ pub struct Store {
     pub shape_seq: u64,
     /// Nodes changed in the running transaction (exact: kept by alloc_node, cow and frees).
     pub dirty_nodes: usize,
+    /// Keys of fs-tree items changed since the last fsync batch or commit, repeats included:
+    /// what the next fsync logs (`crate::log`).
+    pub changed_keys: Vec<Key>,
+    /// File data was written since the last device flush: a log batch that may name it flushes
+    /// first, so the data is durable before anything points at it.
+    pub data_unflushed: bool,
     scratch: Vec<u8>,
 }
 
@@ -60,7 +66,17 @@ impl Store {
             mod_seq: 0,
             shape_seq: 0,
             dirty_nodes: 0,
+            changed_keys: Vec::new(),
+            data_unflushed: false,
             scratch: vec![0; node_size as usize],
+        }
+    }
+
+    /// Notes that the item `key` of tree `owner` changed (inserted, changed or deleted).
+    #[inline]
+    pub fn note_change(&mut self, owner: u64, key: Key) {
+        if owner == idxfs_format::TREE_FS {
+            self.changed_keys.push(key);
         }
     }
 

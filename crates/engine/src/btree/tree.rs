@@ -229,6 +229,7 @@ impl Tree {
                 n.used = n.used + after - before;
                 let over = n.used > Self::leaf_cap(store);
                 store.mod_seq += 1;
+                store.note_change(self.owner, key);
                 if over {
                     self.split(store, &path, d, pos)?;
                 } else if after < before {
@@ -265,6 +266,7 @@ impl Tree {
         n.leaf_vals_mut().insert(pos, &val);
         let over = n.used > Self::leaf_cap(store);
         store.mod_seq += 1;
+        store.note_change(self.owner, key);
         if pos == 0 {
             self.fixup_low_keys(store, path, d, key);
         }
@@ -297,6 +299,7 @@ impl Tree {
                 n.keys.insert(pos, key);
                 n.leaf_vals_mut().insert(pos, &val);
                 store.mod_seq += 1;
+                store.note_change(self.owner, key);
                 Counters::inc(&store.counters.leaf_hint_hits);
                 return Ok(None);
             }
@@ -403,6 +406,7 @@ impl Tree {
         let change = f(&mut v);
         let after = v.len();
         store.mod_seq += 1;
+        store.note_change(self.owner, *key);
         match change {
             Change::Delete => {
                 self.remove_at(store, &path, pos, before)?;

@@ -143,7 +143,9 @@ impl Inner {
             let cut_b = cut_b.min(e_end);
             let head = (cut_a - e.offset) / BS;
             let tail_start = (cut_b - e.offset) / BS;
-            let now = e.item.generation.get() == gen;
+            // Data of this transaction may be reused at once, unless an fsync batch may
+            // name it (`crate::log`).
+            let now = e.item.generation.get() == gen && !self.log.frees_must_wait();
             if tail_start > head {
                 self.store.alloc.free(eb + head, tail_start - head, now)?;
                 freed += tail_start - head;
@@ -254,6 +256,7 @@ impl Inner {
             }
             at += len;
         }
+        self.store.data_unflushed = true;
         let freed = if inline_now {
             self.punch(ino, 0, u64::MAX)?
         } else {

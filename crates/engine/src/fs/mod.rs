@@ -4,7 +4,8 @@
 //! - `Fs`: the handle a front end holds; every operation locks `Inner` once.
 //! - `Inner`: store, trees, inode cache and counters of one mounted image.
 //! - *running transaction*: every change since the last commit; it becomes durable at the next
-//!   commit (timer, `sync`, `fsync`, close, or when dirty state passes its bound).
+//!   commit (timer, `sync`, close, or when dirty state passes its bound), or earlier through
+//!   the fsync log (`fsync`, see `crate::log`).
 //!
 //! Each mutating operation checks everything it can first (names, types, emptiness, space),
 //! then changes the trees. An error after the first change means the in-memory state may be
@@ -137,6 +138,8 @@ pub(crate) struct Inner {
     /// The leaf the last inode-order directory entry went into: creates number inodes in
     /// ascending order, so the next entry usually goes right after it (`dir::add_ino_record`).
     pub dir_ino_hint: crate::btree::LeafHint,
+    /// The running transaction's fsync log chain (`crate::log`).
+    pub log: crate::log::Log,
 }
 
 struct Shared {
@@ -293,6 +296,7 @@ impl Fs {
             atime: Atime::NoAtime,
             hash_index_only: false,
             dir_ino_hint: Default::default(),
+            log: Default::default(),
         };
         inner.commit()?;
         // Write the second copy too, so a fresh image has both slots valid.
@@ -343,6 +347,7 @@ impl Fs {
             atime: opts.atime,
             hash_index_only: opts.bench_hash_index_only,
             dir_ino_hint: Default::default(),
+            log: Default::default(),
             sb,
         };
         let space_tree = inner.space_tree;
@@ -355,6 +360,11 @@ impl Fs {
                 format!("{used} (sum of block group bitmaps)"),
             )
             .into());
+        }
+        // What was fsynced after the last commit. A read-only open keeps the result in
+        // memory; a read-write one commits it, which also starts this mount's own log.
+        if crate::log::replay(&mut inner)? > 0 && !inner.read_only {
+            inner.commit()?;
         }
         // The root must exist and be a directory.
         let root = inner.inode(ROOT_INO)?;
@@ -443,11 +453,21 @@ impl Fs {
         g.commit()
     }
 
-    /// Makes `ino`'s data and metadata durable. Commits the running transaction (the fsync log
-    /// of seed 003, whose cost follows what changed, is a later issue).
+    /// Makes `ino`'s data and metadata durable, with everything else changed before it: one
+    /// batch of the fsync log, whose cost follows what changed since the last fsync (`log`),
+    /// or a commit when there is no log to append to.
     pub fn fsync(&self, ino: Ino) -> Result<()> {
         self.getattr(ino)?;
-        self.sync()
+        let mut g = self.lock();
+        if g.read_only {
+            return Ok(());
+        }
+        g.writable()?;
+        if g.log_sync()? {
+            return Ok(());
+        }
+        Counters::inc(&g.store.counters.log_fallback_commits);
+        g.commit()
     }
 
     /// Commits and stops the commit thread. Dropping an `Fs` does the same, ignoring errors.
@@ -742,13 +762,14 @@ impl Inner {
         );
         self.store.mod_seq = seq;
         if let Err(e) = &r {
+            self.log_abandon();
             self.fail(format!("commit failed: {e}"));
         }
         r
     }
 
-    fn commit_inner(&mut self) -> Result<()> {
-        self.write_new_orphans()?;
+    /// Cached inode changes into the fs tree (commit, and fsync's log batch).
+    pub(crate) fn write_back_inodes(&mut self) -> Result<()> {
         let dirty = self.inodes.take_dirty();
         self.store
             .counters
@@ -763,6 +784,13 @@ impl Inner {
             })?;
             assert!(found, "dirty inode {ino} has no inode item");
         }
+        Ok(())
+    }
+
+    fn commit_inner(&mut self) -> Result<()> {
+        self.write_new_orphans()?;
+        self.write_back_inodes()?;
+        self.log_release()?;
         txn::persist_space(&mut self.store, &mut self.space_tree)?;
         txn::write_dirty_nodes(&mut self.store)?;
         let gen = self.store.generation;
@@ -780,6 +808,11 @@ impl Inner {
         sb.next_ino = self.next_ino.into();
         sb.inode_count = self.inode_count.into();
         sb.used_blocks = self.store.alloc.used_blocks().into();
+        // After used_blocks: the committed bitmaps call the log's first block free.
+        sb.log_root = self.log_start(gen);
+        if sb.log_root.block.get() != 0 {
+            sb.incompat = (sb.incompat.get() | idxfs_format::versions::INCOMPAT_LOG).into();
+        }
         self.store
             .dev
             .write_at(&sb.encode(), (gen % SUPER_COPIES) * BLOCK_SIZE)?;

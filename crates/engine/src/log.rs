@@ -1,0 +1,432 @@
+//! The fsync log (seed 003): an fsync writes the items changed since the last fsync or
+//! commit, not the transaction's every changed node.
+//!
+//! A commit writes each tree node a transaction changed, so its cost grows with how spread
+//! the changes are: 100 creates in a directory of a million names touch about 100 leaves of
+//! the name-hash index. An fsync instead appends one batch to the log (format: `log.rs` of the
+//! format crate): the current value, or absence, of each fs-tree item whose key changed since
+//! the last batch (`Store::changed_keys`), and the inode counters. Its cost follows what
+//! changed, never the size of a directory. The next commit makes all of it part of the trees
+//! and starts an empty log.
+//!
+//! What keeps a batch true until that commit:
+//! - Data before names: file data is written to newly allocated blocks before the items that
+//!   point at it exist; a batch flushes first when data was written since the last flush.
+//! - No block a batch may name is reused before the commit: once a batch is written, freeing
+//!   data allocated in the same transaction pins it (`Log::written`), as freeing committed
+//!   data always does. Log blocks are freed only by the commit, pinned too.
+//! - A chain is appended to only by the mount whose commit named it: after open (with or
+//!   without a replay) fsync commits until this mount's first commit names a fresh chain. So
+//!   every block carrying a chain's generation was written into that chain by one writer.
+//!
+//! Replay at open ([`replay`]): follow the chain, keep whole batches, and apply each item's
+//! last state over the committed trees. Space follows from the items: blocks the logged
+//! extents name and the committed ones did not are marked used; blocks only the committed
+//! extents named are freed. Then a commit (on a read-write open) makes the result the new
+//! committed state.
+use crate::btree::Tree;
+use crate::counters::Counters;
+use crate::error::Result;
+use crate::fs::Inner;
+use crate::space::Kind;
+use idxfs_format::items::{decode_extent, EXTENT_INLINE};
+use idxfs_format::log::{
+    decode_log_block, decode_log_records, encode_log_block, encode_log_record, LogExpect,
+    LogRecord, LOG_BATCH_END, LOG_PAYLOAD,
+};
+use idxfs_format::superblock::RootPtr;
+use idxfs_format::{ensure, Corrupt, ItemType, Key, BLOCK_SIZE, MAX_INO, ROOT_INO, SUPER_COPIES};
+use std::collections::BTreeMap;
+
+/// Most distinct items one batch logs; past it an fsync commits instead, which writes each
+/// changed node once (cheaper than logging that many items one by one).
+const MAX_BATCH_ITEMS: usize = 1 << 16;
+
+/// The running transaction's log chain.
+#[derive(Debug, Default)]
+pub struct Log {
+    /// Where the next batch's first block goes (allocated, not written). None: no chain in
+    /// this transaction, so fsync commits.
+    next: Option<u64>,
+    /// The generation of the commit whose superblock names the chain.
+    generation: u64,
+    /// Chain position of `next`.
+    seq: u64,
+    /// Every block of the chain, `next` included: the commit frees them.
+    blocks: Vec<u64>,
+    /// A batch went out in this transaction (see the module notes on freeing data).
+    written: bool,
+}
+
+impl Log {
+    /// Whether data freed now may be reused before the commit: not once a batch may name it.
+    pub fn frees_must_wait(&self) -> bool {
+        self.written
+    }
+}
+
+impl Inner {
+    /// fsync through the log. Ok(true): every change of the running transaction is durable;
+    /// Ok(false): no log to append to (or the change is too large for one), so the caller
+    /// commits. An error fails the file system, as a failed commit does: the keys taken for
+    /// the batch are gone, so no later batch could be complete.
+    pub(crate) fn log_sync(&mut self) -> Result<bool> {
+        let Some(first) = self.log.next else {
+            return Ok(false);
+        };
+        let r = self.log_batch(first);
+        if let Err(e) = &r {
+            self.log.next = None;
+            self.fail(format!("fsync log write failed: {e}"));
+        }
+        r
+    }
+
+    fn log_batch(&mut self, first: u64) -> Result<bool> {
+        // What a commit would write first: orphan items and cached inode changes.
+        self.write_new_orphans()?;
+        self.write_back_inodes()?;
+        if self.store.changed_keys.is_empty() {
+            return Ok(true);
+        }
+        let mut keys = std::mem::take(&mut self.store.changed_keys);
+        keys.sort_unstable();
+        keys.dedup();
+        if keys.len() > MAX_BATCH_ITEMS {
+            return Ok(false);
+        }
+        let tree = self.fs_tree;
+        let mut payload = Vec::new();
+        for k in keys {
+            let r = match tree.get(&mut self.store, &k)? {
+                Some(v) => LogRecord::Put(k, v),
+                None => LogRecord::Delete(k),
+            };
+            encode_log_record(&r, &mut payload);
+        }
+        encode_log_record(
+            &LogRecord::Counters {
+                next_ino: self.next_ino,
+                inode_count: self.inode_count,
+            },
+            &mut payload,
+        );
+        let nblocks = payload.len().div_ceil(LOG_PAYLOAD);
+        // The batch's blocks are `first` and nblocks - 1 more; one more is the next batch's.
+        let mut chain = vec![first];
+        for _ in 0..nblocks {
+            match self.store.alloc.alloc(1, 1, Kind::Meta) {
+                Some((b, _)) => chain.push(b),
+                None => {
+                    for &b in &chain[1..] {
+                        self.store.alloc.free(b, 1, true)?;
+                    }
+                    return Ok(false);
+                }
+            }
+        }
+        if self.store.data_unflushed {
+            self.store.dev.flush()?;
+            self.store.data_unflushed = false;
+        }
+        let bs = BLOCK_SIZE as usize;
+        let mut buf = vec![0u8; nblocks * bs];
+        for (i, (chunk, out)) in payload
+            .chunks(LOG_PAYLOAD)
+            .zip(buf.chunks_mut(bs))
+            .enumerate()
+        {
+            let at = LogExpect {
+                fsid: self.store.fsid,
+                generation: self.log.generation,
+                seq: self.log.seq + i as u64,
+                block: chain[i],
+            };
+            encode_log_block(&at, chain[i + 1], i + 1 == nblocks, chunk, out);
+        }
+        // Contiguous blocks go out in one write.
+        let mut i = 0;
+        while i < nblocks {
+            let mut j = i + 1;
+            while j < nblocks && chain[j] == chain[j - 1] + 1 {
+                j += 1;
+            }
+            self.store
+                .dev
+                .write_at(&buf[i * bs..j * bs], chain[i] * BLOCK_SIZE)?;
+            i = j;
+        }
+        self.store.dev.flush()?;
+        self.log.seq += nblocks as u64;
+        self.log.next = Some(chain[nblocks]);
+        self.log.blocks.extend_from_slice(&chain[1..]);
+        self.log.written = true;
+        Counters::inc(&self.store.counters.log_batches);
+        Counters::add(&self.store.counters.log_blocks, nblocks as u64);
+        Ok(true)
+    }
+
+    /// Commit, before the space tree is written: the chain's blocks are free in the new
+    /// commit (pinned until it is durable, so a crash before then still finds the chain).
+    pub(crate) fn log_release(&mut self) -> Result<()> {
+        for b in std::mem::take(&mut self.log.blocks) {
+            self.store.alloc.free(b, 1, false)?;
+        }
+        self.log.next = None;
+        Ok(())
+    }
+
+    /// Commit, once the superblock's other fields are set: a block for the next
+    /// transaction's chain, named by the superblock of generation `gen`. Allocated after the
+    /// space tree was written, so the committed bitmaps call it free (nothing in the
+    /// committed state uses it). None when no block is free: fsync then commits.
+    pub(crate) fn log_start(&mut self, gen: u64) -> RootPtr {
+        self.store.changed_keys.clear();
+        self.log = Log::default();
+        let Some((b, _)) = self.store.alloc.alloc(1, 1, Kind::Meta) else {
+            return RootPtr::default();
+        };
+        self.log = Log {
+            next: Some(b),
+            generation: gen,
+            seq: 0,
+            blocks: vec![b],
+            written: false,
+        };
+        RootPtr {
+            block: b.into(),
+            generation: gen.into(),
+            level: 0.into(),
+            reserved: 0.into(),
+        }
+    }
+
+    /// A commit did not complete: keep no chain, so fsync commits (and fails) from now on.
+    pub(crate) fn log_abandon(&mut self) {
+        self.log.next = None;
+    }
+}
+
+/// Replays the log the superblock names, if any, over the just-opened trees. Returns how many
+/// batches were applied; the caller commits when there were any.
+pub(crate) fn replay(inner: &mut Inner) -> Result<u64> {
+    let head = inner.sb.log_root.block.get();
+    if head == 0 {
+        return Ok(0);
+    }
+    let total = inner.store.total_blocks;
+    let mut exp = LogExpect {
+        fsid: inner.store.fsid,
+        generation: inner.sb.generation.get(),
+        seq: 0,
+        block: head,
+    };
+    let (mut batches, mut stream, mut chain, mut whole) = (Vec::new(), Vec::new(), Vec::new(), 0);
+    let mut buf = vec![0u8; BLOCK_SIZE as usize];
+    loop {
+        inner.store.dev.read_at(&mut buf, exp.block * BLOCK_SIZE)?;
+        // A block that fails its checks ends the log: never written, or torn.
+        let Ok((h, payload)) = decode_log_block(&buf, &exp) else {
+            break;
+        };
+        chain.push(exp.block);
+        stream.extend_from_slice(payload);
+        if h.flags.get() & LOG_BATCH_END != 0 {
+            batches.push(std::mem::take(&mut stream));
+            whole = chain.len();
+        }
+        let next = h.next.get();
+        if !(SUPER_COPIES..total).contains(&next) || chain.len() as u64 >= total {
+            break;
+        }
+        exp.seq += 1;
+        exp.block = next;
+    }
+    chain.truncate(whole);
+    if batches.is_empty() {
+        // Nothing to replay. The head block stays reserved until this mount's first commit
+        // frees it, as it would have been in the mount that named it (so free space reads
+        // the same before and after that commit).
+        reserve(inner, &[(head, 1)])?;
+        inner.log = Log {
+            blocks: vec![head],
+            ..Log::default()
+        };
+        return Ok(0);
+    }
+    // Each record is an item's state at its fsync: the last one wins.
+    let mut items: BTreeMap<Key, Option<Vec<u8>>> = BTreeMap::new();
+    let mut counters = None;
+    let max_item = idxfs_format::node::max_item_size(inner.store.node_size);
+    for (i, b) in batches.iter().enumerate() {
+        for r in decode_log_records(b, &format!("log batch {i}"))? {
+            match r {
+                LogRecord::Put(k, v) => {
+                    check_key(&k)?;
+                    ensure!(
+                        v.len() <= max_item,
+                        format!("log item {k} size"),
+                        v.len(),
+                        format!("<= {max_item}")
+                    );
+                    items.insert(k, Some(v));
+                }
+                LogRecord::Delete(k) => {
+                    check_key(&k)?;
+                    items.insert(k, None);
+                }
+                LogRecord::Counters {
+                    next_ino,
+                    inode_count,
+                } => counters = Some((next_ino, inode_count)),
+            }
+        }
+    }
+    // Space: what the logged extents name beyond the committed ones is taken before any tree
+    // change can allocate it; what only the committed extents named is freed after.
+    let tree = inner.fs_tree;
+    let (mut old, mut new) = (Vec::new(), Vec::new());
+    for (k, v) in items
+        .iter()
+        .filter(|(k, _)| k.item_type() == Some(ItemType::Extent))
+    {
+        if let Some(o) = tree.get(&mut inner.store, k)? {
+            old.extend(extent_blocks(&o, k, total)?);
+        }
+        if let Some(v) = v {
+            new.extend(extent_blocks(v, k, total)?);
+        }
+    }
+    let taken: Vec<(u64, u64)> = subtract(&new, &old)
+        .into_iter()
+        .chain(chain.iter().map(|&b| (b, 1)))
+        .collect();
+    reserve(inner, &taken)?;
+    let mut fs_tree: Tree = inner.fs_tree;
+    for (k, v) in items {
+        match v {
+            Some(v) => fs_tree.put(&mut inner.store, k, v)?,
+            None => {
+                fs_tree.delete(&mut inner.store, &k)?;
+            }
+        }
+    }
+    inner.fs_tree = fs_tree;
+    for (s, n) in subtract(&old, &new) {
+        inner.store.alloc.free(s, n, false)?;
+    }
+    if let Some((next_ino, inode_count)) = counters {
+        ensure!(
+            next_ino > ROOT_INO && next_ino <= MAX_INO && next_ino >= inner.next_ino,
+            "fsync log next inode",
+            next_ino,
+            format!("in {}..={MAX_INO}", inner.next_ino)
+        );
+        inner.next_ino = next_ino;
+        inner.inode_count = inode_count;
+    }
+    // The chain's blocks stay used until the commit after the replay is durable.
+    inner.log = Log {
+        blocks: chain,
+        ..Log::default()
+    };
+    inner.changed = true;
+    inner.store.changed_keys.clear();
+    Counters::add(
+        &inner.store.counters.log_replayed_batches,
+        batches.len() as u64,
+    );
+    Ok(batches.len() as u64)
+}
+
+/// Marks blocks the log names used; each must be free in the committed bitmaps.
+fn reserve(inner: &mut Inner, ranges: &[(u64, u64)]) -> Result<()> {
+    for &(s, n) in ranges {
+        if let Some(b) = (s..s + n).find(|&b| inner.store.alloc.is_used(b)) {
+            return Err(Corrupt::new(
+                format!("block {b} named by the fsync log"),
+                "in use by the committed trees",
+                "free",
+            )
+            .into());
+        }
+        inner.store.alloc.mark_used(s, n);
+    }
+    Ok(())
+}
+
+/// Only fs-tree items are logged.
+fn check_key(k: &Key) -> Result<()> {
+    let ok = matches!(
+        k.item_type(),
+        Some(
+            ItemType::Inode
+                | ItemType::InodeRef
+                | ItemType::Xattr
+                | ItemType::Orphan
+                | ItemType::DirHash
+                | ItemType::DirIno
+                | ItemType::Extent
+        )
+    );
+    ensure!(
+        ok,
+        format!("fsync log key {k}"),
+        k.ty,
+        "an fs-tree item type"
+    );
+    Ok(())
+}
+
+/// The blocks an extent item owns (none for inline data).
+fn extent_blocks(v: &[u8], k: &Key, total: u64) -> Result<Option<(u64, u64)>> {
+    let (e, _) = decode_extent(v, k, total)?;
+    Ok((e.kind != EXTENT_INLINE).then(|| (e.disk_block.get(), e.blocks.get())))
+}
+
+/// The parts of the ranges `a` that no range of `b` covers. Ranges are (start, length); within
+/// each list they do not overlap (a block belongs to one extent).
+fn subtract(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut b: Vec<(u64, u64)> = b.to_vec();
+    b.sort_unstable();
+    let mut out = Vec::new();
+    for &(s, n) in a {
+        let mut at = s;
+        let end = s + n;
+        // First range of b that ends after `s`.
+        let mut i = b.partition_point(|&(bs, bn)| bs + bn <= s);
+        while at < end {
+            match b.get(i) {
+                Some(&(bs, bn)) if bs < end => {
+                    if bs > at {
+                        out.push((at, bs - at));
+                    }
+                    at = at.max(bs + bn);
+                    i += 1;
+                }
+                _ => {
+                    out.push((at, end - at));
+                    at = end;
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::subtract;
+
+    #[test]
+    fn subtract_ranges() {
+        assert_eq!(subtract(&[(10, 10)], &[]), vec![(10, 10)]);
+        assert_eq!(subtract(&[(10, 10)], &[(10, 10)]), vec![]);
+        assert_eq!(subtract(&[(10, 10)], &[(12, 3)]), vec![(10, 2), (15, 5)]);
+        assert_eq!(
+            subtract(&[(10, 10), (30, 5)], &[(5, 7), (18, 14)]),
+            vec![(12, 6), (32, 3)]
+        );
+        assert_eq!(subtract(&[(10, 3)], &[(0, 5), (20, 5)]), vec![(10, 3)]);
+    }
+}

@@ -1,0 +1,254 @@
+//! The fsync log (seed 003): what an fsync returned for survives any later crash, a crash
+//! never opens to a state no fsync or commit produced, data freed after an fsync is not reused
+//! before the commit, and an fsync's cost follows the change, not the directory.
+mod common;
+use common::digest::digest;
+use common::*;
+use idxfs_blockdev::{MemDevice, RecordingDevice, Tear};
+use idxfs_engine::testutil::Rng;
+use idxfs_engine::{Fs, MkfsOptions};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+fn recording_fs(bytes: u64) -> (Arc<RecordingDevice>, Fs) {
+    let base = Arc::new(MemDevice::new(bytes));
+    Fs::mkfs(
+        base.clone(),
+        &MkfsOptions {
+            node_size: 4096,
+            uuid: Some([5; 16]),
+            ..Default::default()
+        },
+    )
+    .expect("mkfs");
+    let rec = Arc::new(RecordingDevice::new(base.snapshot()));
+    let fs = Fs::open(rec.clone(), opts()).expect("open");
+    (rec, fs)
+}
+
+/// A mount appends to a log only after its own first commit (see `log.rs`).
+fn start_log(fs: &Fs) {
+    fs.mkdir(ROOT, b"first-commit", 0o755, ME).expect("mkdir");
+    fs.sync().expect("sync");
+}
+
+/// Random operations; after each round an fsync of some file (now and then a commit instead).
+/// Returns (device events when the fsync or commit returned, digest then), oldest first.
+fn workload(fs: &Fs, rng: &mut Rng, rounds: usize, rec: &RecordingDevice) -> Vec<(usize, String)> {
+    let mut states = vec![(rec.event_count(), digest(fs))];
+    let mut files: Vec<(u64, u64, Vec<u8>)> = Vec::new(); // (parent, ino, name)
+    let mut dirs = vec![ROOT];
+    let mut n = rng.below(1 << 40);
+    for round in 0..rounds {
+        for _ in 0..rng.below(8) + 1 {
+            n += 1;
+            let parent = dirs[rng.below(dirs.len() as u64) as usize];
+            match rng.below(9) {
+                0 => dirs.push(
+                    fs.mkdir(parent, format!("d{n}").as_bytes(), 0o755, ME)
+                        .expect("mkdir")
+                        .ino,
+                ),
+                1..=3 => {
+                    let name = format!("f{n}").into_bytes();
+                    let a = fs.create(parent, &name, 0o644, ME).expect("create");
+                    let len = [10usize, 3000, 9000, 40_000][rng.below(4) as usize];
+                    fs.write(a.ino, rng.below(5000), &rng.bytes(len))
+                        .expect("write");
+                    files.push((parent, a.ino, name));
+                }
+                4 if !files.is_empty() => {
+                    let (p, _, name) = files.swap_remove(rng.below(files.len() as u64) as usize);
+                    fs.unlink(p, &name).expect("unlink");
+                }
+                5 if !files.is_empty() => {
+                    let i = rng.below(files.len() as u64) as usize;
+                    let (p, _, name) = files[i].clone();
+                    let to = format!("r{n}").into_bytes();
+                    fs.rename(p, &name, parent, &to, 0).expect("rename");
+                    files[i] = (parent, files[i].1, to);
+                }
+                6 if !files.is_empty() => {
+                    let ino = files[rng.below(files.len() as u64) as usize].1;
+                    fs.truncate(ino, rng.below(20_000)).expect("truncate");
+                }
+                7 if !files.is_empty() => {
+                    let ino = files[rng.below(files.len() as u64) as usize].1;
+                    fs.setxattr(ino, b"user.k", &rng.bytes(40), 0)
+                        .expect("setxattr");
+                }
+                _ => {
+                    fs.symlink(parent, format!("s{n}").as_bytes(), b"target", ME)
+                        .expect("symlink");
+                }
+            }
+        }
+        if round % 5 == 4 {
+            fs.sync().expect("sync");
+        } else {
+            let ino = files.last().map_or(ROOT, |f| f.1);
+            fs.fsync(ino).expect("fsync");
+        }
+        states.push((rec.event_count(), digest(fs)));
+    }
+    states
+}
+
+#[test]
+fn every_crash_opens_to_an_fsynced_state_no_older_than_the_last_returned() {
+    let (mut rng, seed) = Rng::from_env("fsync log crash");
+    let (rec, fs) = recording_fs(16 << 20);
+    let states = workload(&fs, &mut rng, 16, &rec);
+    let batches = fs.counters().log_batches.load(Ordering::Relaxed);
+    drop(fs);
+    let events = rec.event_count();
+    eprintln!(
+        "seed {seed}: {events} device events, {} states, {batches} log batches",
+        states.len()
+    );
+    assert!(
+        batches >= 8,
+        "the workload must go through the log: {batches} batches"
+    );
+    let mut replayed = 0;
+    for prefix in 0..=events {
+        // The newest state whose fsync or commit had returned by this prefix.
+        let durable = states.iter().rposition(|s| s.0 <= prefix).unwrap_or(0);
+        for tear in [Tear::None, Tear::TornLast(1), Tear::Drop(rng.next_u64())] {
+            let img = rec.crash_image(prefix, tear);
+            let dev = Arc::new(MemDevice::from_bytes(img.bytes));
+            // The committed state alone is consistent, log or not.
+            assert_clean(dev.as_ref());
+            let fs = Fs::open(dev.clone(), opts()).unwrap_or_else(|e| {
+                panic!("seed {seed} prefix {prefix} {tear:?}: open failed: {e}")
+            });
+            replayed += fs.counters().log_replayed_batches.load(Ordering::Relaxed);
+            let got = digest(&fs);
+            let at = states.iter().rposition(|s| s.1 == got).unwrap_or_else(|| {
+                panic!("seed {seed} prefix {prefix} {tear:?}: opened a state no fsync or commit produced")
+            });
+            assert!(
+                at >= durable,
+                "seed {seed} prefix {prefix} {tear:?}: opened state {at}, but state {durable} was durable"
+            );
+            // The replay was committed; the image keeps working, log included.
+            assert_clean(dev.as_ref());
+            let f = fs
+                .create(ROOT, b"after-crash", 0o644, ME)
+                .expect("create after crash");
+            fs.write(f.ino, 0, b"more").expect("write after crash");
+            fs.fsync(f.ino).expect("fsync after crash");
+            drop(fs);
+            assert_clean(dev.as_ref());
+        }
+    }
+    assert!(
+        replayed > 0,
+        "no crash image needed the log: not a test of it"
+    );
+}
+
+#[test]
+fn data_freed_after_an_fsync_is_not_reused_before_the_commit() {
+    let (rec, fs) = recording_fs(16 << 20);
+    start_log(&fs);
+    let a = fs.create(ROOT, b"a", 0o644, ME).expect("create a");
+    let pa = vec![0xa5u8; 64 << 10];
+    fs.write(a.ino, 0, &pa).expect("write a");
+    fs.fsync(a.ino).expect("fsync a");
+    assert_eq!(fs.counters().log_batches.load(Ordering::Relaxed), 1);
+    // Freed after the batch that names them: reusing them now would overwrite what a crash
+    // brings back, so they wait for the commit like committed data does.
+    let pinned = |fs: &Fs| fs.with_store(|s, _, _| s.alloc.pinned_blocks());
+    let before = pinned(&fs);
+    fs.truncate(a.ino, 0).expect("truncate a");
+    assert_eq!(
+        pinned(&fs) - before,
+        16,
+        "a's 16 blocks wait for the commit"
+    );
+    let b = fs.create(ROOT, b"b", 0o644, ME).expect("create b");
+    fs.write(b.ino, 0, &vec![0x3cu8; 256 << 10])
+        .expect("write b");
+    std::mem::forget(fs); // a crash: no commit at close
+    let img = rec.crash_image(rec.event_count(), Tear::None);
+    let fs = Fs::open(Arc::new(MemDevice::from_bytes(img.bytes)), opts()).expect("open");
+    let a = fs.lookup(ROOT, b"a").expect("a survives");
+    assert_eq!(a.size, pa.len() as u64);
+    assert!(
+        fs.read(a.ino, 0, pa.len()).expect("read a") == pa,
+        "a's fsynced data was overwritten"
+    );
+    assert!(fs.lookup(ROOT, b"b").is_err(), "b was never fsynced");
+}
+
+#[test]
+fn data_freed_with_no_fsync_since_it_was_written_is_reusable_at_once() {
+    let (_rec, fs) = recording_fs(16 << 20);
+    start_log(&fs);
+    let a = fs.create(ROOT, b"a", 0o644, ME).expect("create a");
+    fs.write(a.ino, 0, &[1u8; 64 << 10]).expect("write a");
+    let pinned = |fs: &Fs| fs.with_store(|s, _, _| s.alloc.pinned_blocks());
+    let before = pinned(&fs);
+    fs.truncate(a.ino, 0).expect("truncate a");
+    assert_eq!(pinned(&fs), before, "no batch names a's blocks");
+}
+
+#[test]
+fn an_fsync_logs_what_changed_not_the_directory() {
+    // 100 creates then an fsync, in a directory of 1,000 entries and in one of 20,000: the
+    // batch is the same size, and no tree node is written.
+    let mut sizes = Vec::new();
+    for entries in [1_000u64, 20_000] {
+        let (_dev, fs) = mem_fs(256 << 20);
+        let d = fs.mkdir(ROOT, b"d", 0o755, ME).expect("mkdir");
+        for i in 0..entries {
+            fs.create(d.ino, format!("old{i:08}").as_bytes(), 0o644, ME)
+                .expect("create");
+        }
+        fs.sync().expect("sync");
+        let c = fs.counters();
+        let (blocks, nodes) = (
+            c.log_blocks.load(Ordering::Relaxed),
+            c.node_writes.load(Ordering::Relaxed),
+        );
+        for i in 0..100 {
+            fs.create(d.ino, format!("new{i:08}").as_bytes(), 0o644, ME)
+                .expect("create");
+        }
+        fs.fsync(d.ino).expect("fsync");
+        assert_eq!(
+            c.node_writes.load(Ordering::Relaxed),
+            nodes,
+            "fsync committed"
+        );
+        sizes.push(c.log_blocks.load(Ordering::Relaxed) - blocks);
+        fs.close().expect("close");
+    }
+    assert_eq!(sizes[0], sizes[1], "log blocks per fsync: {sizes:?}");
+    assert!(sizes[0] <= 16, "100 creates took {} log blocks", sizes[0]);
+}
+
+#[test]
+fn a_read_only_open_shows_the_fsynced_state_and_writes_nothing() {
+    let (rec, fs) = recording_fs(16 << 20);
+    start_log(&fs);
+    let f = fs.create(ROOT, b"kept", 0o644, ME).expect("create");
+    fs.write(f.ino, 0, b"fsynced").expect("write");
+    fs.fsync(f.ino).expect("fsync");
+    std::mem::forget(fs);
+    let img = rec.crash_image(rec.event_count(), Tear::None).bytes;
+    let dev = Arc::new(MemDevice::from_bytes(img.clone()));
+    let ro = idxfs_engine::OpenOptions {
+        read_only: true,
+        ..opts()
+    };
+    let fs = Fs::open(dev.clone(), ro).expect("open read-only");
+    let f = fs.lookup(ROOT, b"kept").expect("the fsynced file");
+    assert_eq!(fs.read(f.ino, 0, 7).expect("read"), b"fsynced");
+    drop(fs);
+    assert!(
+        dev.snapshot() == img,
+        "a read-only open wrote to the device"
+    );
+}
