@@ -23,7 +23,9 @@
 //! last state over the committed trees. Space follows from the items: blocks the logged
 //! extents name and the committed ones did not are marked used; blocks only the committed
 //! extents named are freed. Then a commit (on a read-write open) makes the result the new
-//! committed state.
+//! committed state. The replay's tree changes allocate nodes before the freed extents come
+//! back, so on a device too full for them the open fails with NoSpace, having written
+//! nothing: the image keeps its committed state and its log.
 use crate::btree::Tree;
 use crate::counters::Counters;
 use crate::error::Result;
@@ -86,6 +88,9 @@ impl Inner {
         // What a commit would write first: orphan items and cached inode changes.
         self.write_new_orphans()?;
         self.write_back_inodes()?;
+        if self.store.changed_keys_overflow {
+            return Ok(false);
+        }
         if self.store.changed_keys.is_empty() {
             return Ok(true);
         }
@@ -181,7 +186,7 @@ impl Inner {
     /// space tree was written, so the committed bitmaps call it free (nothing in the
     /// committed state uses it). None when no block is free: fsync then commits.
     pub(crate) fn log_start(&mut self, gen: u64) -> RootPtr {
-        self.store.changed_keys.clear();
+        self.store.clear_changed_keys();
         self.log = Log::default();
         let Some((b, _)) = self.store.alloc.alloc(1, 1, Kind::Meta) else {
             return RootPtr::default();
@@ -331,7 +336,7 @@ pub(crate) fn replay(inner: &mut Inner) -> Result<u64> {
         ..Log::default()
     };
     inner.changed = true;
-    inner.store.changed_keys.clear();
+    inner.store.clear_changed_keys();
     Counters::add(
         &inner.store.counters.log_replayed_batches,
         batches.len() as u64,

@@ -231,6 +231,31 @@ fn an_fsync_logs_what_changed_not_the_directory() {
 }
 
 #[test]
+fn a_change_too_large_to_log_commits_and_the_log_resumes_after() {
+    let (_dev, fs) = mem_fs(256 << 20);
+    start_log(&fs);
+    let c = fs.counters();
+    let d = fs.mkdir(ROOT, b"d", 0o755, ME).expect("mkdir");
+    // Four or five item changes per create: past the changed keys a transaction keeps.
+    for i in 0..70_000u32 {
+        fs.create(d.ino, format!("f{i:06}").as_bytes(), 0o644, ME)
+            .expect("create");
+    }
+    let commits = c.commits.load(Ordering::Relaxed);
+    fs.fsync(d.ino).expect("fsync");
+    assert_eq!(c.log_batches.load(Ordering::Relaxed), 0, "too large to log");
+    assert_eq!(c.log_fallback_commits.load(Ordering::Relaxed), 1);
+    assert_eq!(c.commits.load(Ordering::Relaxed), commits + 1);
+    fs.create(d.ino, b"small", 0o644, ME).expect("create");
+    fs.fsync(d.ino).expect("fsync");
+    assert_eq!(
+        c.log_batches.load(Ordering::Relaxed),
+        1,
+        "the next fsync logs"
+    );
+}
+
+#[test]
 fn a_read_only_open_shows_the_fsynced_state_and_writes_nothing() {
     let (rec, fs) = recording_fs(16 << 20);
     start_log(&fs);
