@@ -70,15 +70,15 @@ impl Log {
 impl Inner {
     /// fsync through the log. Ok(true): every change of the running transaction is durable;
     /// Ok(false): no log to append to (or the change is too large for one), so the caller
-    /// commits. An error fails the file system, as a failed commit does: the keys taken for
-    /// the batch are gone, so no later batch could be complete.
+    /// commits. An error fails the file system, as a failed commit does (so nothing appends
+    /// to the log again): the keys taken for the batch are gone, so no later batch could be
+    /// complete.
     pub(crate) fn log_sync(&mut self) -> Result<bool> {
         let Some(first) = self.log.next else {
             return Ok(false);
         };
         let r = self.log_batch(first);
         if let Err(e) = &r {
-            self.log.next = None;
             self.fail(format!("fsync log write failed: {e}"));
         }
         r
@@ -204,11 +204,6 @@ impl Inner {
             level: 0.into(),
             reserved: 0.into(),
         }
-    }
-
-    /// A commit did not complete: keep no chain, so fsync commits (and fails) from now on.
-    pub(crate) fn log_abandon(&mut self) {
-        self.log.next = None;
     }
 }
 

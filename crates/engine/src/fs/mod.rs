@@ -762,7 +762,6 @@ impl Inner {
         );
         self.store.mod_seq = seq;
         if let Err(e) = &r {
-            self.log_abandon();
             self.fail(format!("commit failed: {e}"));
         }
         r
