@@ -5,11 +5,13 @@ use std::io;
 pub mod fault;
 pub mod file;
 pub mod mem;
+pub mod overlay;
 pub mod record;
 
 pub use fault::FaultDevice;
 pub use file::FileDevice;
 pub use mem::MemDevice;
+pub use overlay::OverlayDevice;
 pub use record::{CrashImage, RecordingDevice, Tear};
 
 /// Positioned I/O on a fixed-size device. Writes are volatile until `flush` returns: a crash may

@@ -300,12 +300,9 @@ pub fn run(cmd: BenchCmd) -> Result<(), String> {
                         s.leaf_fill() * 100.0
                     );
                 }
-                let r = idxfs_engine::fsck::check(
-                    dev.as_ref(),
-                    idxfs_format::hash::name_hash,
-                    &mut |_| {},
-                )
-                .map_err(|e| e.to_string())?;
+                let dev: Arc<dyn BlockDevice> = dev.clone();
+                let r = idxfs_engine::fsck::check(&dev, idxfs_format::hash::name_hash, &mut |_| {})
+                    .map_err(|e| e.to_string())?;
                 println!(
                     "fsck: {}",
                     if r.is_clean() {

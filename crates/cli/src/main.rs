@@ -219,7 +219,7 @@ fn run_fsck(image: &Path) -> Result<bool, String> {
             last = std::time::Instant::now();
         }
     };
-    let r = fsck::check(dev.as_ref(), idxfs_format::hash::name_hash, &mut progress)
+    let r = fsck::check(&dev, idxfs_format::hash::name_hash, &mut progress)
         .map_err(|e| format!("fsck {}: {e}", image.display()))?;
     eprint!("\r");
     for n in &r.notes {

@@ -44,6 +44,9 @@ counters! {
     blocks_freed_now: "blocks freed and reusable at once (allocated in the same transaction)",
     blocks_pinned: "blocks freed but held until the commit that frees them is durable",
     enospc: "operations refused for lack of space",
+    free_batches: "batches of freeing (the items of one leaf) by deletes, truncates and punches",
+    trim_orphans: "truncates too large for one batch, recorded as trim orphans until done",
+    extent_merges: "writes whose new blocks extended a neighbouring extent instead of adding one",
     pin_alloc_failures: "pins not taken because the pin index could not allocate",
 }
 

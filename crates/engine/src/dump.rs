@@ -4,8 +4,8 @@ use crate::error::Result;
 use crate::fs::read_superblock;
 use idxfs_blockdev::BlockDevice;
 use idxfs_format::items::{
-    decode_block_group, decode_dir_entries, decode_extent, decode_inode, decode_names,
-    decode_xattrs, EXTENT_INLINE,
+    decode_block_group, decode_dir_entries, decode_ext_refs, decode_extent, decode_inode,
+    decode_names, decode_orphan, decode_xattrs, XattrValue, EXTENT_INLINE,
 };
 use idxfs_format::node::{internal_capacity, leaf_capacity, Expect, KEY_PTR_SIZE};
 use idxfs_format::superblock::{RootPtr, Superblock};
@@ -84,12 +84,14 @@ fn describe(k: &Key, v: &[u8], total: u64) -> String {
         Some(ItemType::Xattr) => decode_xattrs(v, &what)
             .map(|xs| {
                 xs.iter()
-                    .map(|x| {
-                        format!(
-                            "{:?}={} bytes",
+                    .map(|x| match &x.value {
+                        XattrValue::Inline(v) => {
+                            format!("{:?}={} bytes", String::from_utf8_lossy(&x.name), v.len())
+                        }
+                        XattrValue::Chunked { len, base } => format!(
+                            "{:?}={len} bytes in chunks at {base:#x}",
                             String::from_utf8_lossy(&x.name),
-                            x.value.len()
-                        )
+                        ),
                     })
                     .collect::<Vec<_>>()
                     .join(" ")
@@ -104,6 +106,18 @@ fn describe(k: &Key, v: &[u8], total: u64) -> String {
                 e.blocks.get(),
                 e.generation.get()
             ),
+            Err(e) => format!("BAD {e}"),
+        },
+        Some(ItemType::InodeExtRef) => decode_ext_refs(v, &what)
+            .map(|rs| {
+                rs.iter()
+                    .map(|r| format!("{}/{:?}", r.parent, String::from_utf8_lossy(&r.name)))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_else(|e| format!("BAD {e}")),
+        Some(ItemType::Orphan) => match decode_orphan(v, k.offset) {
+            Ok(kind) => format!("{kind:?}"),
             Err(e) => format!("BAD {e}"),
         },
         Some(ItemType::BlockGroup) => decode_block_group(v, k.objectid, k.offset)

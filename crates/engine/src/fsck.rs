@@ -2,23 +2,34 @@
 //!
 //! Checks, in order: superblock copies; every node of every tree (checksum, identity, key
 //! order, item bounds, child keys inside the parent's range, pointer generations); every item's
-//! value; link counts; both directory indexes and the back references agree entry for entry;
-//! directory sizes; file extents do not overlap; and every block is accounted for exactly once
-//! (referenced by one tree node or extent, or a superblock, exactly when its bitmap bit is set).
+//! value; link counts; both directory indexes and the back references (inline and extended)
+//! agree entry for entry; directory sizes; file extents do not overlap and none lies past the
+//! size but under a trim orphan; long xattr values have exactly their chunks; symlink
+//! targets; the feature bits the items need; and every block is accounted for exactly once
+//! (referenced by one tree node or extent, or a superblock, exactly when its bitmap bit is
+//! set).
+//!
+//! Then the fsync log, if the superblock names one with whole batches: it is replayed in
+//! memory (an open through an `OverlayDevice`, so the image is not written) and the state an
+//! open would see is checked the same way. A log that does not replay is a problem.
 use crate::btree::node::Node;
 use crate::error::{Error, Result};
 use crate::fs::NameHash;
 use idxfs_blockdev::BlockDevice;
 use idxfs_format::items::{
-    decode_block_group, decode_dir_entries, decode_extent, decode_inode, decode_names,
-    decode_xattrs, dtype_of_mode, EXTENT_INLINE, S_IFDIR, S_IFMT,
+    decode_block_group, decode_dir_entries, decode_ext_refs, decode_extent, decode_inode,
+    decode_names, decode_orphan, decode_xattrs, dtype_of_mode, OrphanKind, XattrValue,
+    EXTENT_INLINE, EXTENT_REGULAR, S_IFDIR, S_IFLNK, S_IFMT,
 };
 use idxfs_format::node::Expect;
 use idxfs_format::superblock::{RootPtr, Superblock};
+use idxfs_format::versions::{INCOMPAT_EXT_REF, INCOMPAT_ORPHAN_TRIM, INCOMPAT_XATTR_CHUNKS};
 use idxfs_format::{
-    ItemType, Key, BLOCK_SIZE, ORPHAN_OBJECTID, ROOT_INO, SUPER_COPIES, TREE_FS, TREE_SPACE,
+    ItemType, Key, BLOCK_SIZE, ORPHAN_OBJECTID, ROOT_INO, SUPER_COPIES, SYMLINK_MAX, TREE_FS,
+    TREE_SPACE,
 };
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 #[derive(Debug, Default)]
 pub struct Report {
@@ -55,8 +66,14 @@ struct InodeInfo {
     subdirs: u32,
     extent_blocks: u64,
     last_extent_end: u64,
-    /// An ORPHAN item names this inode.
-    orphan: bool,
+    /// End of the last regular (written) extent: none may lie past the size.
+    last_data_end: u64,
+    /// Length of an inline extent, if the data is inline.
+    inline_len: Option<u64>,
+    /// Any extent not inline.
+    has_block_extent: bool,
+    /// What an ORPHAN item naming this inode says.
+    orphan: Option<OrphanKind>,
 }
 
 struct Checker<'a> {
@@ -73,11 +90,32 @@ struct Checker<'a> {
     space_bitmaps: Vec<(u64, u64, Vec<u8>)>,
     /// (child, dtype in the entry, directory), checked against the inode at the end.
     refs_dtype: Vec<(u64, u8, u64)>,
+    /// Long xattr values: (ino, chunk base, length, name).
+    long_xattrs: Vec<(u64, u64, u32, Vec<u8>)>,
+    /// XattrChunk items: (ino, offset) -> length.
+    chunks: BTreeMap<(u64, u64), usize>,
+    /// Incompat bits the items found need.
+    needs: u64,
     progress: &'a mut dyn FnMut(u64),
 }
 
-/// Checks the image on `dev`. Returns Err only when not even a superblock can be read.
+/// Checks the image on `dev`, and what an open would make of its fsync log. Returns Err only
+/// when not even a superblock can be read.
 pub fn check(
+    dev: &Arc<dyn BlockDevice>,
+    hash: NameHash,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Report> {
+    let mut report = check_committed(dev.as_ref(), hash, progress)?;
+    if let Some(sb) = crate::fs::superblock_copies(dev.as_ref())?.0 {
+        check_log(dev, &sb, hash, progress, &mut report);
+    }
+    Ok(report)
+}
+
+/// Checks the committed state of the image on `dev` (the trees the newest valid superblock
+/// names), from the bytes up.
+pub fn check_committed(
     dev: &dyn BlockDevice,
     hash: NameHash,
     progress: &mut dyn FnMut(u64),
@@ -107,6 +145,9 @@ pub fn check(
         refs: Vec::new(),
         space_bitmaps: Vec::new(),
         refs_dtype: Vec::new(),
+        long_xattrs: Vec::new(),
+        chunks: BTreeMap::new(),
+        needs: 0,
         progress,
     };
     for b in 0..SUPER_COPIES {
@@ -115,8 +156,72 @@ pub fn check(
     c.walk(&sb.fs_root, TREE_FS, "fs tree");
     c.walk(&sb.space_root, TREE_SPACE, "space tree");
     c.cross_check();
+    c.check_chunks();
+    c.check_features();
     c.check_space();
     Ok(c.report)
+}
+
+/// The fsync log's part of the report: how many whole batches it holds and, when there are
+/// any, what an open that replays them would see, checked like the committed state.
+fn check_log(
+    dev: &Arc<dyn BlockDevice>,
+    sb: &Superblock,
+    hash: NameHash,
+    progress: &mut dyn FnMut(u64),
+    report: &mut Report,
+) {
+    let head = sb.log_root.block.get();
+    if head == 0 {
+        report.notes.push("fsync log: none".into());
+        return;
+    }
+    let chain = match crate::log::read_chain(
+        dev.as_ref(),
+        sb.uuid,
+        sb.generation.get(),
+        head,
+        sb.total_blocks.get(),
+    ) {
+        Ok(c) => c,
+        Err(e) => {
+            report.problem(format!("fsync log: cannot be read: {e}"));
+            return;
+        }
+    };
+    if chain.batches.is_empty() {
+        report
+            .notes
+            .push("fsync log: empty (nothing was fsynced after the last commit)".into());
+        return;
+    }
+    let records: usize = chain.batches.iter().map(Vec::len).sum();
+    report.notes.push(format!(
+        "fsync log: {} batches ({records} bytes of records) in {} blocks; an open replays them; the state it would see was checked too (problems in it say \"after replay\")",
+        chain.batches.len(),
+        chain.blocks.len()
+    ));
+    // Replay through a copy-on-write view: what an open would do, without writing the image.
+    let overlay: Arc<dyn BlockDevice> = Arc::new(idxfs_blockdev::OverlayDevice::new(dev.clone()));
+    let opts = crate::OpenOptions {
+        commit_interval: None,
+        name_hash: hash,
+        cache_bytes: 64 << 20,
+        ..crate::OpenOptions::default()
+    };
+    let replayed = crate::Fs::open(overlay.clone(), opts).and_then(|fs| fs.close());
+    if let Err(e) = replayed {
+        report.problem(format!("fsync log: an open cannot replay it: {e}"));
+        return;
+    }
+    match check_committed(overlay.as_ref(), hash, progress) {
+        Ok(after) => {
+            for p in after.problems {
+                report.problem(format!("after replay: {p}"));
+            }
+        }
+        Err(e) => report.problem(format!("after replay: unreadable: {e}")),
+    }
 }
 
 impl Checker<'_> {
@@ -292,6 +397,28 @@ impl Checker<'_> {
                 }
                 Err(e) => self.report.problem(format!("{e}")),
             },
+            Some(ItemType::InodeExtRef) => {
+                self.needs |= INCOMPAT_EXT_REF;
+                match decode_ext_refs(v, &what) {
+                    Ok(refs) => {
+                        for r in refs {
+                            if idxfs_format::hash::ext_ref_hash(r.parent, &r.name) != k.offset {
+                                self.report.problem(format!(
+                                    "{what}: reference {}/{:?} filed under the wrong hash",
+                                    r.parent,
+                                    String::from_utf8_lossy(&r.name)
+                                ));
+                            }
+                            self.refs.push((r.parent, k.objectid, r.name));
+                        }
+                    }
+                    Err(e) => self.report.problem(format!("{e}")),
+                }
+            }
+            Some(ItemType::XattrChunk) => {
+                self.needs |= INCOMPAT_XATTR_CHUNKS;
+                self.chunks.insert((k.objectid, k.offset), v.len());
+            }
             Some(ItemType::Xattr) => match decode_xattrs(v, &what) {
                 Ok(xs) => {
                     for x in xs {
@@ -300,6 +427,10 @@ impl Checker<'_> {
                                 "{what}: xattr {:?} filed under the wrong hash",
                                 String::from_utf8_lossy(&x.name)
                             ));
+                        }
+                        if let XattrValue::Chunked { len, base } = x.value {
+                            self.needs |= INCOMPAT_XATTR_CHUNKS;
+                            self.long_xattrs.push((k.objectid, base, len, x.name));
                         }
                     }
                 }
@@ -317,6 +448,7 @@ impl Checker<'_> {
                     let info = self.inodes.entry(k.objectid).or_default();
                     if e.kind == EXTENT_INLINE {
                         info.last_extent_end = k.offset + inline.len() as u64;
+                        info.inline_len = Some(inline.len() as u64);
                         if k.offset != 0 {
                             self.report
                                 .problem(format!("{what}: inline extent not at offset 0"));
@@ -324,6 +456,10 @@ impl Checker<'_> {
                     } else {
                         let n = e.blocks.get();
                         info.last_extent_end = k.offset + n * BLOCK_SIZE;
+                        info.has_block_extent = true;
+                        if e.kind == EXTENT_REGULAR {
+                            info.last_data_end = info.last_extent_end;
+                        }
                         info.extent_blocks += n;
                         if !k.offset.is_multiple_of(BLOCK_SIZE) {
                             self.report
@@ -335,13 +471,15 @@ impl Checker<'_> {
                 Err(e) => self.report.problem(format!("{e}")),
             },
             Some(ItemType::Orphan) if k.objectid == ORPHAN_OBJECTID => {
-                if !v.is_empty() {
-                    self.report.problem(format!(
-                        "{what}: orphan item has {} bytes, expect 0",
-                        v.len()
-                    ));
+                match decode_orphan(v, k.offset) {
+                    Ok(kind) => {
+                        if kind == OrphanKind::Trim {
+                            self.needs |= INCOMPAT_ORPHAN_TRIM;
+                        }
+                        self.inodes.entry(k.offset).or_default().orphan = Some(kind);
+                    }
+                    Err(e) => self.report.problem(format!("{e}")),
                 }
-                self.inodes.entry(k.offset).or_default().orphan = true;
             }
             _ => self
                 .report
@@ -455,7 +593,7 @@ impl Checker<'_> {
                         .problems
                         .push(format!("inode {ino}: extents but no inode item"));
                 }
-                if i.orphan {
+                if i.orphan.is_some() {
                     self.report
                         .problems
                         .push(format!("orphan item for inode {ino}, which does not exist"));
@@ -464,9 +602,15 @@ impl Checker<'_> {
             }
             count += 1;
             let is_dir = i.mode & S_IFMT == S_IFDIR;
-            if i.orphan || i.nlink == 0 {
+            extent_problems(*ino, i, &mut self.report.problems);
+            if i.orphan == Some(OrphanKind::Trim) && i.nlink == 0 {
+                self.report.problems.push(format!(
+                    "inode {ino}: trim orphan item but link count 0 (expect a free orphan)"
+                ));
+            }
+            if i.orphan == Some(OrphanKind::Free) || i.nlink == 0 {
                 // Unlinked while held: no names, no links, and an orphan item to free it.
-                if !i.orphan {
+                if i.orphan.is_none() {
                     self.report.problems.push(format!(
                         "inode {ino}: link count 0 but no orphan item (it would leak)"
                     ));
@@ -544,6 +688,54 @@ impl Checker<'_> {
         }
     }
 
+    /// Every long xattr value has its chunks, consecutive from its base, adding up to its
+    /// length; every chunk belongs to one value.
+    fn check_chunks(&mut self) {
+        let mut claimed: BTreeMap<(u64, u64), ()> = BTreeMap::new();
+        for (ino, base, len, name) in std::mem::take(&mut self.long_xattrs) {
+            let mut total = 0usize;
+            let mut at = base;
+            while total < len as usize {
+                match self.chunks.get(&(ino, at)) {
+                    Some(&n) if n > 0 => {
+                        if claimed.insert((ino, at), ()).is_some() {
+                            self.report.problem(format!(
+                                "xattr chunk {at:#x} of inode {ino} belongs to two values"
+                            ));
+                        }
+                        total += n;
+                        at += 1;
+                    }
+                    _ => break,
+                }
+            }
+            if total != len as usize {
+                self.report.problem(format!(
+                    "inode {ino} xattr {:?}: {total} bytes in its chunks from {base:#x}, expect {len}",
+                    String::from_utf8_lossy(&name)
+                ));
+            }
+        }
+        for (ino, at) in self.chunks.keys() {
+            if !claimed.contains_key(&(*ino, *at)) {
+                self.report.problem(format!(
+                    "xattr chunk {at:#x} of inode {ino} belongs to no value"
+                ));
+            }
+        }
+    }
+
+    /// The superblock carries every incompat bit the items need.
+    fn check_features(&mut self) {
+        let missing = self.needs & !self.sb.incompat.get();
+        if missing != 0 {
+            self.report.problem(format!(
+                "superblock incompat features {:#x} lack {missing:#x}, which items of the fs tree need",
+                self.sb.incompat.get()
+            ));
+        }
+    }
+
     fn check_space(&mut self) {
         let total = self.sb.total_blocks.get();
         let gb = self.sb.group_blocks.get();
@@ -595,5 +787,45 @@ impl Checker<'_> {
             ));
         }
         self.report.used_blocks = used_total;
+    }
+}
+
+/// Where a file's data may be: no written extent past the block holding its last byte
+/// (unless a trim orphan says those are still being freed), inline data only alone and
+/// within the size, and a symlink's target of 1..=4095 bytes, inline or in one block.
+fn extent_problems(ino: u64, i: &InodeInfo, problems: &mut Vec<String>) {
+    let size_blocks_end = i.size.div_ceil(BLOCK_SIZE).saturating_mul(BLOCK_SIZE);
+    let trimming = i.orphan.is_some();
+    if i.mode & S_IFMT != S_IFDIR && !trimming && i.last_data_end > size_blocks_end {
+        problems.push(format!(
+            "inode {ino}: data extents end at {}, past its size {} (stale data would show if it grew)",
+            i.last_data_end, i.size
+        ));
+    }
+    if let Some(len) = i.inline_len {
+        if i.has_block_extent {
+            problems.push(format!("inode {ino}: inline data beside block extents"));
+        }
+        if len > i.size {
+            problems.push(format!(
+                "inode {ino}: {len} bytes of inline data, more than its size {}",
+                i.size
+            ));
+        }
+    }
+    if i.mode & S_IFMT == S_IFLNK {
+        let ok_size = (1..=SYMLINK_MAX as u64).contains(&i.size);
+        let ok_data = match i.inline_len {
+            Some(len) => len == i.size,
+            None => i.extent_blocks == 1,
+        };
+        if !ok_size || !ok_data {
+            problems.push(format!(
+                "symlink {ino}: size {} with {} bytes inline and {} blocks, expect 1..={SYMLINK_MAX} bytes, inline or in one block",
+                i.size,
+                i.inline_len.unwrap_or(0),
+                i.extent_blocks
+            ));
+        }
     }
 }

@@ -85,6 +85,11 @@ impl Inner {
     }
 
     fn log_batch(&mut self, first: u64) -> Result<bool> {
+        if self.incompat_wanted != 0 {
+            // An item needs a feature bit the committed superblock lacks: only a commit may
+            // make it durable (`Inner::require_incompat`).
+            return Ok(false);
+        }
         // What a commit would write first: orphan items and cached inode changes.
         self.write_new_orphans()?;
         self.write_back_inodes()?;
@@ -207,25 +212,34 @@ impl Inner {
     }
 }
 
-/// Replays the log the superblock names, if any, over the just-opened trees. Returns how many
-/// batches were applied; the caller commits when there were any.
-pub(crate) fn replay(inner: &mut Inner) -> Result<u64> {
-    let head = inner.sb.log_root.block.get();
-    if head == 0 {
-        return Ok(0);
-    }
-    let total = inner.store.total_blocks;
+/// A log chain as found on the device: its whole batches and the blocks that hold them.
+pub struct Chain {
+    /// Each whole batch's payload, in order.
+    pub batches: Vec<Vec<u8>>,
+    /// The blocks of the whole batches, in chain order.
+    pub blocks: Vec<u64>,
+}
+
+/// Follows the chain from `head` while blocks check out (checksum, fsid, the superblock's
+/// generation, seq, block number); a block that fails ends it (never written, or torn), and
+/// only whole batches count.
+pub fn read_chain(
+    dev: &dyn idxfs_blockdev::BlockDevice,
+    fsid: [u8; 16],
+    generation: u64,
+    head: u64,
+    total: u64,
+) -> Result<Chain> {
     let mut exp = LogExpect {
-        fsid: inner.store.fsid,
-        generation: inner.sb.generation.get(),
+        fsid,
+        generation,
         seq: 0,
         block: head,
     };
     let (mut batches, mut stream, mut chain, mut whole) = (Vec::new(), Vec::new(), Vec::new(), 0);
     let mut buf = vec![0u8; BLOCK_SIZE as usize];
     loop {
-        inner.store.dev.read_at(&mut buf, exp.block * BLOCK_SIZE)?;
-        // A block that fails its checks ends the log: never written, or torn.
+        dev.read_at(&mut buf, exp.block * BLOCK_SIZE)?;
         let Ok((h, payload)) = decode_log_block(&buf, &exp) else {
             break;
         };
@@ -243,6 +257,30 @@ pub(crate) fn replay(inner: &mut Inner) -> Result<u64> {
         exp.block = next;
     }
     chain.truncate(whole);
+    Ok(Chain {
+        batches,
+        blocks: chain,
+    })
+}
+
+/// Replays the log the superblock names, if any, over the just-opened trees. Returns how many
+/// batches were applied; the caller commits when there were any.
+pub(crate) fn replay(inner: &mut Inner) -> Result<u64> {
+    let head = inner.sb.log_root.block.get();
+    if head == 0 {
+        return Ok(0);
+    }
+    let total = inner.store.total_blocks;
+    let Chain {
+        batches,
+        blocks: chain,
+    } = read_chain(
+        inner.store.dev.as_ref(),
+        inner.store.fsid,
+        inner.sb.generation.get(),
+        head,
+        total,
+    )?;
     if batches.is_empty() {
         // Nothing to replay. The head block stays reserved until this mount's first commit
         // frees it, as it would have been in the mount that named it (so free space reads
@@ -362,7 +400,9 @@ fn check_key(k: &Key) -> Result<()> {
         Some(
             ItemType::Inode
                 | ItemType::InodeRef
+                | ItemType::InodeExtRef
                 | ItemType::Xattr
+                | ItemType::XattrChunk
                 | ItemType::Orphan
                 | ItemType::DirHash
                 | ItemType::DirIno

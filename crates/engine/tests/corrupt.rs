@@ -29,7 +29,7 @@ fn image() -> Vec<u8> {
         fs.write(a.ino, 0, b"data").expect("write");
     }
     fs.close().expect("close");
-    assert_clean(dev.as_ref());
+    assert_clean(&dev);
     let sb = read_superblock(dev.as_ref()).expect("sb");
     assert!(sb.fs_root.level.get() >= 1, "test needs an internal root");
     dev.snapshot()
@@ -57,7 +57,7 @@ fn child(img: &[u8], root: u64, i: usize) -> u64 {
 }
 
 fn fsck_problems(img: Vec<u8>) -> Vec<String> {
-    let dev = MemDevice::from_bytes(img);
+    let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::from_bytes(img));
     fsck::check(&dev, idxfs_format::hash::name_hash, &mut |_| {})
         .expect("fsck reads superblock")
         .problems
@@ -97,7 +97,7 @@ fn foreign_and_empty_images_are_refused() {
     let zeros = vec![0u8; 16 << 20];
     assert!(open_err(zeros.clone()).contains("magic"));
     assert!(fsck::check(
-        &MemDevice::from_bytes(zeros),
+        &(Arc::new(MemDevice::from_bytes(zeros)) as Arc<dyn BlockDevice>),
         idxfs_format::hash::name_hash,
         &mut |_| {}
     )
@@ -121,7 +121,7 @@ fn superblock_damage() {
         .expect("open with one good copy");
     drop(fs);
     let r = fsck::check(
-        &MemDevice::from_bytes(one),
+        &(Arc::new(MemDevice::from_bytes(one)) as Arc<dyn BlockDevice>),
         idxfs_format::hash::name_hash,
         &mut |_| {},
     )

@@ -24,7 +24,7 @@ fn workload(fs: &Fs, rng: &mut Rng, commits: usize) -> HashMap<u64, String> {
         for _ in 0..rng.below(12) + 1 {
             n += 1;
             let parent = dirs[rng.below(dirs.len() as u64) as usize];
-            match rng.below(10) {
+            match rng.below(11) {
                 0 => {
                     let d = fs
                         .mkdir(parent, format!("d{n}").as_bytes(), 0o755, ME)
@@ -60,12 +60,29 @@ fn workload(fs: &Fs, rng: &mut Rng, commits: usize) -> HashMap<u64, String> {
                     fs.truncate(ino, rng.below(20_000)).expect("truncate");
                 }
                 8 if !files.is_empty() => {
+                    // Every size class: inline, a quarter item, chunked, the largest.
                     let (_, ino, _) = files[rng.below(files.len() as u64) as usize].clone();
-                    fs.setxattr(ino, b"user.k", &rng.bytes(40), 0)
+                    let len = [40usize, 1500, 9000, 65536][rng.below(4) as usize];
+                    let name = format!("user.k{}", rng.below(3));
+                    fs.setxattr(ino, name.as_bytes(), &rng.bytes(len), 0)
                         .expect("setxattr");
                 }
+                9 if !files.is_empty() => {
+                    // Long names of one inode in one directory: past the back-reference
+                    // item's room, into extended references.
+                    let (p, ino, _) = files[rng.below(files.len() as u64) as usize].clone();
+                    for _ in 0..rng.below(20) + 1 {
+                        n += 1;
+                        let mut name = format!("link{n}-").into_bytes();
+                        name.resize(250, b'l');
+                        fs.link(ino, p, &name).expect("link");
+                        files.push((p, ino, name));
+                    }
+                }
                 _ => {
-                    fs.symlink(parent, format!("s{n}").as_bytes(), b"target/path", ME)
+                    let len = [11usize, 3000, 4095][rng.below(3) as usize];
+                    let target: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+                    fs.symlink(parent, format!("s{n}").as_bytes(), &target, ME)
                         .expect("symlink");
                 }
             }
@@ -111,11 +128,14 @@ fn every_prefix_opens_to_a_committed_state() {
         for tear in tears {
             let img = rec.crash_image(prefix, tear);
             let dev = Arc::new(MemDevice::from_bytes(img.bytes));
-            let r =
-                idxfs_engine::fsck::check(dev.as_ref(), idxfs_format::hash::name_hash, &mut |_| {})
-                    .unwrap_or_else(|e| {
-                        panic!("seed {seed} prefix {prefix} {tear:?}: fsck cannot read: {e}")
-                    });
+            let r = idxfs_engine::fsck::check(
+                &(dev.clone() as Arc<dyn idxfs_blockdev::BlockDevice>),
+                idxfs_format::hash::name_hash,
+                &mut |_| {},
+            )
+            .unwrap_or_else(|e| {
+                panic!("seed {seed} prefix {prefix} {tear:?}: fsck cannot read: {e}")
+            });
             assert!(
                 r.is_clean(),
                 "seed {seed} prefix {prefix} {tear:?}: fsck problems:\n{}",

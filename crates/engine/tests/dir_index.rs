@@ -139,9 +139,14 @@ fn hash_collisions_share_items_and_list_once() {
     }
     assert_eq!(names(&list_paged(&fs, d.ino, 5)), model);
     fs.close().expect("close");
-    assert_clean_with(dev.as_ref(), hash_16);
+    assert_clean_with(&dev, hash_16);
     // fsck really checks where names are filed: under the format's hash they are all misfiled.
-    let r = fsck::check(dev.as_ref(), idxfs_format::hash::name_hash, &mut |_| {}).expect("fsck");
+    let r = fsck::check(
+        &(dev.clone() as Arc<dyn idxfs_blockdev::BlockDevice>),
+        idxfs_format::hash::name_hash,
+        &mut |_| {},
+    )
+    .expect("fsck");
     assert!(!r.is_clean(), "fsck notices names filed under another hash");
     let fs = Fs::open(dev.clone(), reopen_opts(hash_16)).expect("reopen");
     assert_eq!(names(&list_paged(&fs, d.ino, 3)), model, "after reopen");
@@ -194,7 +199,7 @@ fn hard_links_in_one_directory_take_distinct_slots() {
     let links = model.values().filter(|i| **i == f.ino).count() as u32;
     assert_eq!(fs.getattr(f.ino).expect("attr").nlink, links);
     fs.close().expect("close");
-    assert_clean_with(dev.as_ref(), hash_low_7);
+    assert_clean_with(&dev, hash_low_7);
     let fs = Fs::open(dev.clone(), reopen_opts(hash_low_7)).expect("reopen");
     assert_eq!(names(&list_paged(&fs, d.ino, 4)), model, "after reopen");
     for name in model.keys() {
@@ -202,7 +207,7 @@ fn hard_links_in_one_directory_take_distinct_slots() {
     }
     fs.rmdir(ROOT, b"d").expect("rmdir");
     fs.close().expect("close");
-    assert_clean_with(dev.as_ref(), hash_low_7);
+    assert_clean_with(&dev, hash_low_7);
 }
 
 /// Names the random workload may touch; stable names are never touched.
@@ -362,7 +367,7 @@ fn readdir_resumed_while_the_directory_changes_model() {
         assert_eq!(names(&list_paged(&fs, d.ino, 50)), want, "round {round}");
     }
     fs.close().expect("close");
-    assert_clean(dev.as_ref());
+    assert_clean(&dev);
 }
 
 #[test]
@@ -407,7 +412,7 @@ fn readdir_during_changes_from_another_thread() {
         assert!(steps > 0, "the writer ran");
     });
     fs.close().expect("close");
-    assert_clean(dev.as_ref());
+    assert_clean(&dev);
 }
 
 fn fs_stats(dev: &MemDevice) -> dump::TreeStats {
@@ -431,7 +436,7 @@ fn sequential_inserts_fill_leaves() {
     let inode = st.leaf_fill_of("INODE").expect("inode leaves");
     assert!(ino > 0.9, "DIR_INO leaves {:.1}% full", ino * 100.0);
     assert!(inode > 0.9, "INODE leaves {:.1}% full", inode * 100.0);
-    assert_clean(dev.as_ref());
+    assert_clean(&dev);
 }
 
 #[test]
@@ -467,7 +472,7 @@ fn aged_directory_keeps_leaves_half_full_and_in_order() {
         let f = st.leaf_fill_of(kind).expect("leaves of each index");
         assert!(f >= 0.5, "aged {kind} leaves {:.1}% full", f * 100.0);
     }
-    assert_clean(dev.as_ref());
+    assert_clean(&dev);
 
     // Then delete 90% at random: deletes coalesce, the tree shrinks with the directory.
     let fs = Fs::open(dev.clone(), opts()).expect("reopen");
@@ -496,7 +501,7 @@ fn aged_directory_keeps_leaves_half_full_and_in_order() {
         "leaf fill {:.1}% after mass delete",
         fill * 100.0
     );
-    assert_clean(dev.as_ref());
+    assert_clean(&dev);
 }
 
 #[test]
@@ -563,5 +568,5 @@ fn readdir_plus_attributes_match_getattr_including_uncommitted_changes() {
     }
     assert_eq!(n, 5000);
     fs.close().expect("close");
-    assert_clean(dev.as_ref());
+    assert_clean(&dev);
 }

@@ -28,11 +28,20 @@ fn write_failure_turns_read_only_and_keeps_last_commit() {
         matches!(fs.create(ROOT, b"more", 0o644, ME), Err(Error::ReadOnly)),
         "read-only after the error"
     );
+    // What a caller asks to make durable cannot be: EIO, the failure itself, as the kernel's
+    // file systems answer (not EROFS).
+    let r = fs.fsync(a.ino);
+    assert!(
+        matches!(r, Err(Error::Io(_))),
+        "fsync after the failure: {r:?}"
+    );
+    assert_eq!(r.map_err(|e| e.errno()), Err(5));
+    assert!(matches!(fs.sync(), Err(Error::Io(_))));
     // Reads still work from memory.
     assert_eq!(fs.read(a.ino, 0, 10).expect("read"), vec![5u8; 10]);
     drop(fs);
     dev.heal();
-    assert_clean(mem.as_ref());
+    assert_clean(&mem);
     let fs = Fs::open(mem.clone(), opts()).expect("reopen");
     assert_eq!(
         digest(&fs),
@@ -109,7 +118,7 @@ fn full_device_gives_enospc_and_corrupts_nothing() {
         assert!(m < 1_000_000);
     }
     fs.sync().expect("sync when full");
-    assert_clean(mem.as_ref());
+    assert_clean(&mem);
     // Deletes work on a full file system and give the space back.
     for i in 0..n {
         fs.unlink(ROOT, format!("fill{i}").as_bytes())
@@ -123,5 +132,5 @@ fn full_device_gives_enospc_and_corrupts_nothing() {
         .expect("write after freeing");
     assert_eq!(fs.read(keep.ino, 0, 100).expect("read"), b"precious");
     fs.close().expect("close");
-    assert_clean(mem.as_ref());
+    assert_clean(&mem);
 }

@@ -20,14 +20,14 @@ fn unlinked_while_pinned_lives_until_unpin() {
     fs.write(f.ino, 0, b"abc").expect("write to orphan");
     assert_eq!(fs.orphans().expect("orphans"), vec![f.ino]);
     fs.sync().expect("sync");
-    assert_clean(dev.as_ref());
+    assert_clean(&dev);
     fs.unpin(f.ino, 1).expect("unpin");
     assert!(fs.getattr(f.ino).is_ok(), "one pin left");
     fs.unpin(f.ino, 1).expect("unpin");
     assert!(matches!(fs.getattr(f.ino), Err(Error::NotFound)));
     assert!(fs.orphans().expect("orphans").is_empty());
     fs.sync().expect("sync");
-    assert_clean(dev.as_ref());
+    assert_clean(&dev);
     assert_eq!(fs.statfs().expect("statfs").blocks_free, base);
     fs.close().expect("close");
 }
@@ -51,7 +51,7 @@ fn orphans_freed_before_or_after_the_commit() {
     assert!(matches!(fs.getattr(a.ino), Err(Error::NotFound)));
     assert_eq!(fs.orphans().expect("orphans"), vec![b.ino]);
     fs.sync().expect("sync");
-    assert_clean(dev.as_ref());
+    assert_clean(&dev);
     // A crash now: the image lists b, and the next mount frees it.
     let crashed = std::sync::Arc::new(idxfs_blockdev::MemDevice::from_bytes(dev.snapshot()));
     let after = Fs::open(crashed.clone(), opts()).expect("open after crash");
@@ -59,13 +59,13 @@ fn orphans_freed_before_or_after_the_commit() {
     assert!(matches!(after.getattr(b.ino), Err(Error::NotFound)));
     assert!(matches!(after.getattr(a.ino), Err(Error::NotFound)));
     after.close().expect("close");
-    assert_clean(crashed.as_ref());
+    assert_clean(&crashed);
     // No crash: b is freed after the commit that listed it.
     assert_eq!(fs.read(b.ino, 0, 3).expect("read orphan"), vec![5u8; 3]);
     fs.unpin(b.ino, 1).expect("unpin b");
     assert!(fs.orphans().expect("orphans").is_empty());
     fs.sync().expect("sync");
-    assert_clean(dev.as_ref());
+    assert_clean(&dev);
     fs.close().expect("close");
 }
 
@@ -98,7 +98,7 @@ fn unpin_many_frees_only_last_pins_of_orphans() {
     assert!(fs.orphans().expect("orphans").is_empty());
     fs.unlink(ROOT, b"c").expect("unlink c");
     fs.sync().expect("sync");
-    assert_clean(dev.as_ref());
+    assert_clean(&dev);
     assert_eq!(fs.statfs().expect("statfs").blocks_free, base);
     fs.close().expect("close");
 }
@@ -131,7 +131,7 @@ fn removed_directory_pinned_and_orphans_reclaimed_after_crash() {
     orphans.sort();
     assert_eq!(orphans, vec![d.ino, f.ino]);
     fs.sync().expect("sync");
-    assert_clean(dev.as_ref());
+    assert_clean(&dev);
     // "Crash": drop the in-memory state without closing (the image has the orphans).
     let snapshot = dev.snapshot();
     drop(fs);
@@ -145,7 +145,7 @@ fn removed_directory_pinned_and_orphans_reclaimed_after_crash() {
     assert!(matches!(fs.getattr(d.ino), Err(Error::NotFound)));
     assert_eq!(fs.getattr(g.ino).expect("g").nlink, 1);
     fs.close().expect("close");
-    assert_clean(crashed.as_ref());
+    assert_clean(&crashed);
 }
 
 #[test]
@@ -201,7 +201,7 @@ fn fallocate_modes() {
     want.resize(100_000, 0);
     assert_eq!(fs.read(s.ino, 0, 200_000).expect("read"), want);
     fs.close().expect("close");
-    assert_clean(dev.as_ref());
+    assert_clean(&dev);
 }
 
 #[test]
@@ -237,7 +237,7 @@ fn seek_data_and_hole() {
     assert_eq!(fs.seek(s.ino, 1, Seek::Data).expect("data"), 1);
     assert_eq!(fs.seek(s.ino, 0, Seek::Hole).expect("hole"), 2);
     fs.close().expect("close");
-    assert_clean(dev.as_ref());
+    assert_clean(&dev);
 }
 
 #[test]
@@ -254,7 +254,7 @@ fn setgid_directory_passes_group_on() {
     let plain = fs.mkdir(ROOT, b"plain", 0o755, ME).expect("mkdir");
     assert_eq!((plain.gid, plain.mode & 0o2000), (ME.gid, 0));
     fs.close().expect("close");
-    assert_clean(dev.as_ref());
+    assert_clean(&dev);
 }
 
 #[test]

@@ -42,7 +42,7 @@ fn create_lookup_write_read_persist() {
     want.extend_from_slice(b"end");
     assert_eq!(fs.read(f.ino, 0, 400_000).expect("read"), want);
     fs.close().expect("close");
-    assert_clean(dev.as_ref());
+    assert_clean(&dev);
     let fs = Fs::open(dev.clone(), opts()).expect("reopen");
     assert_eq!(fs.read(f.ino, 0, 400_000).expect("read"), want);
     assert_eq!(fs.getattr(f.ino).expect("attr").size, 300_003);
@@ -80,7 +80,7 @@ fn truncate_unlink_rmdir_free_everything() {
         "space leak: {base} free before, {now} after"
     );
     fs.close().expect("close");
-    assert_clean(dev.as_ref());
+    assert_clean(&dev);
 }
 
 #[test]
@@ -127,7 +127,7 @@ fn rename_variants() {
         .expect("dir over empty dir");
     assert!(matches!(fs.getattr(e.ino), Err(Error::NotFound)));
     fs.close().expect("close");
-    assert_clean(dev.as_ref());
+    assert_clean(&dev);
 }
 
 #[test]
@@ -185,7 +185,7 @@ fn hard_links_symlinks_xattrs_setattr() {
         (0o600, 5, 6, t, t)
     );
     fs.close().expect("close");
-    assert_clean(dev.as_ref());
+    assert_clean(&dev);
     let fs = Fs::open(dev.clone(), opts()).expect("reopen");
     let a2 = fs.getattr(f.ino).expect("attr");
     assert_eq!(a2.mtime, t, "nanosecond times persist");
@@ -230,5 +230,5 @@ fn readdir_is_in_inode_order_and_resumable() {
     assert_eq!(seen.len(), 3000, "every entry exactly once");
     fs.rmdir(ROOT, b"d").expect("rmdir emptied");
     fs.close().expect("close");
-    assert_clean(dev.as_ref());
+    assert_clean(&dev);
 }

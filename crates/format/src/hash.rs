@@ -9,6 +9,15 @@ pub fn name_hash(name: &[u8]) -> u64 {
     xxh3_64(name).clamp(1, u64::MAX - 1)
 }
 
+/// Key offset of an extended back reference: the hash of the parent's number (8 bytes,
+/// little-endian) followed by the name, clamped like [`name_hash`].
+pub fn ext_ref_hash(parent: u64, name: &[u8]) -> u64 {
+    let mut b = Vec::with_capacity(8 + name.len());
+    b.extend_from_slice(&parent.to_le_bytes());
+    b.extend_from_slice(name);
+    name_hash(&b)
+}
+
 #[cfg(test)]
 #[allow(
     clippy::indexing_slicing,

@@ -227,25 +227,121 @@ pub fn decode_names(mut data: &[u8], what: impl fmt::Display) -> Result<Vec<Vec<
     Ok(out)
 }
 
-/// Xattr records: name_len u8, value_len u16, name, value.
+/// One extended back reference (an `InodeExtRef` record): a name of the child in `parent`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtRef {
+    pub parent: u64,
+    pub name: Vec<u8>,
+}
+
+/// Encoded size of an extended back reference: parent u64, name length u8, name.
+pub fn ext_ref_size(name_len: usize) -> usize {
+    9 + name_len
+}
+
+pub fn encode_ext_ref(out: &mut Vec<u8>, parent: u64, name: &[u8]) {
+    assert!(!name.is_empty() && name.len() <= NAME_MAX);
+    out.extend_from_slice(&parent.to_le_bytes());
+    out.push(name.len() as u8);
+    out.extend_from_slice(name);
+}
+
+pub fn decode_ext_refs(mut data: &[u8], what: impl fmt::Display) -> Result<Vec<ExtRef>, Corrupt> {
+    let mut out = Vec::new();
+    ensure!(
+        !data.is_empty(),
+        format!("{what} extended ref list"),
+        "empty",
+        "at least one reference"
+    );
+    while !data.is_empty() {
+        let (head, rest) = data.split_at(data.len().min(9));
+        ensure!(
+            head.len() == 9,
+            format!("{what} extended ref header"),
+            format!("{} bytes", head.len()),
+            "9 bytes"
+        );
+        let (p, l) = head.split_at(8);
+        let parent = u64::from_le_bytes(p.try_into().unwrap_or([0; 8]));
+        let n = l.first().copied().unwrap_or(0) as usize;
+        ensure!(
+            n >= 1 && n <= rest.len(),
+            format!("{what} extended ref name length"),
+            n,
+            format!("1..={}", rest.len())
+        );
+        let (name, rest) = rest.split_at(n);
+        out.push(ExtRef {
+            parent,
+            name: name.to_vec(),
+        });
+        data = rest;
+    }
+    Ok(out)
+}
+
+/// Largest xattr value (Linux's XATTR_SIZE_MAX).
+pub const XATTR_VALUE_MAX: usize = 65536;
+/// Pieces one long xattr value may take: a chunk base has its low 8 bits clear, and piece i
+/// lives at base + i. 65,536 bytes in the smallest node's pieces (983 bytes) take 67.
+pub const XATTR_CHUNKS_MAX: u64 = 256;
+/// Header of a long-form xattr record: 0 u8, name length u8, value length u32, chunk base u64.
+pub const XATTR_LONG_HEADER: usize = 14;
+
+/// Where an xattr's value lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum XattrValue {
+    /// In the record itself.
+    Inline(Vec<u8>),
+    /// In `XattrChunk` items (ino, XattrChunk, base + i), `len` bytes in all.
+    Chunked { len: u32, base: u64 },
+}
+
+/// Xattr records, one of two forms:
+/// - short: name length u8 (1..=255), value length u16, name, value;
+/// - long: 0 u8, name length u8, value length u32, chunk base u64, name (the value in chunks).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct XattrEntry {
     pub name: Vec<u8>,
-    pub value: Vec<u8>,
+    pub value: XattrValue,
 }
 
+/// Encoded size of a short record.
 pub fn xattr_entry_size(name_len: usize, value_len: usize) -> usize {
     3 + name_len + value_len
+}
+
+impl XattrEntry {
+    pub fn encoded_size(&self) -> usize {
+        match &self.value {
+            XattrValue::Inline(v) => xattr_entry_size(self.name.len(), v.len()),
+            XattrValue::Chunked { .. } => XATTR_LONG_HEADER + self.name.len(),
+        }
+    }
 }
 
 pub fn encode_xattrs(xs: &[XattrEntry]) -> Vec<u8> {
     let mut out = Vec::new();
     for x in xs {
-        assert!(!x.name.is_empty() && x.name.len() <= 255 && x.value.len() <= u16::MAX as usize);
-        out.push(x.name.len() as u8);
-        out.extend_from_slice(&(x.value.len() as u16).to_le_bytes());
-        out.extend_from_slice(&x.name);
-        out.extend_from_slice(&x.value);
+        assert!(!x.name.is_empty() && x.name.len() <= 255);
+        match &x.value {
+            XattrValue::Inline(v) => {
+                assert!(v.len() <= u16::MAX as usize);
+                out.push(x.name.len() as u8);
+                out.extend_from_slice(&(v.len() as u16).to_le_bytes());
+                out.extend_from_slice(&x.name);
+                out.extend_from_slice(v);
+            }
+            XattrValue::Chunked { len, base } => {
+                assert!(*len as usize <= XATTR_VALUE_MAX && base % XATTR_CHUNKS_MAX == 0);
+                out.push(0);
+                out.push(x.name.len() as u8);
+                out.extend_from_slice(&len.to_le_bytes());
+                out.extend_from_slice(&base.to_le_bytes());
+                out.extend_from_slice(&x.name);
+            }
+        }
     }
     out
 }
@@ -258,7 +354,46 @@ pub fn decode_xattrs(mut data: &[u8], what: impl fmt::Display) -> Result<Vec<Xat
         "empty",
         "at least one entry"
     );
-    while !data.is_empty() {
+    while let Some((&first, _)) = data.split_first() {
+        if first == 0 {
+            let (h, rest) = data.split_at(data.len().min(XATTR_LONG_HEADER));
+            ensure!(
+                h.len() == XATTR_LONG_HEADER,
+                format!("{what} long xattr header"),
+                h.len(),
+                format!("{XATTR_LONG_HEADER} bytes")
+            );
+            let nl = h.get(1).copied().unwrap_or(0) as usize;
+            let len = u32::from_le_bytes(
+                h.get(2..6)
+                    .and_then(|b| b.try_into().ok())
+                    .unwrap_or([0; 4]),
+            );
+            let base = u64::from_le_bytes(
+                h.get(6..14)
+                    .and_then(|b| b.try_into().ok())
+                    .unwrap_or([0; 8]),
+            );
+            ensure!(
+                nl >= 1 && nl <= rest.len(),
+                format!("{what} long xattr name length"),
+                nl,
+                format!("1..={}", rest.len())
+            );
+            ensure!(
+                len >= 1 && len as usize <= XATTR_VALUE_MAX && base % XATTR_CHUNKS_MAX == 0,
+                format!("{what} long xattr value"),
+                format!("{len} bytes at chunk base {base:#x}"),
+                format!("1..={XATTR_VALUE_MAX} bytes, a base with the low 8 bits clear")
+            );
+            let (name, rest) = rest.split_at(nl);
+            out.push(XattrEntry {
+                name: name.to_vec(),
+                value: XattrValue::Chunked { len, base },
+            });
+            data = rest;
+            continue;
+        }
         ensure!(
             data.len() >= 3,
             format!("{what} xattr header"),
@@ -281,11 +416,45 @@ pub fn decode_xattrs(mut data: &[u8], what: impl fmt::Display) -> Result<Vec<Xat
         let (value, rest) = rest.split_at(vl);
         out.push(XattrEntry {
             name: name.to_vec(),
-            value: value.to_vec(),
+            value: XattrValue::Inline(value.to_vec()),
         });
         data = rest;
     }
     Ok(out)
+}
+
+/// What an orphan item asks of the open that finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrphanKind {
+    /// Empty value: the inode has no names left; free it and everything it owns.
+    Free,
+    /// Value [`ORPHAN_TRIM`]: the inode lives on, but extents past its size are still to be
+    /// freed (a truncate done in bounded batches). Incompat bit `INCOMPAT_ORPHAN_TRIM`.
+    Trim,
+}
+
+/// The one-byte value of a `Trim` orphan item.
+pub const ORPHAN_TRIM: u8 = 1;
+
+impl OrphanKind {
+    pub fn encode(self) -> Vec<u8> {
+        match self {
+            OrphanKind::Free => Vec::new(),
+            OrphanKind::Trim => vec![ORPHAN_TRIM],
+        }
+    }
+}
+
+pub fn decode_orphan(v: &[u8], ino: u64) -> Result<OrphanKind, Corrupt> {
+    match v {
+        [] => Ok(OrphanKind::Free),
+        [ORPHAN_TRIM] => Ok(OrphanKind::Trim),
+        _ => Err(Corrupt::new(
+            format!("orphan item of inode {ino}"),
+            format!("{v:02x?}"),
+            format!("empty or [{ORPHAN_TRIM}]"),
+        )),
+    }
 }
 
 pub const EXTENT_INLINE: u8 = 0;
@@ -420,11 +589,56 @@ mod tests {
     }
     #[test]
     fn xattrs_roundtrip() {
-        let xs = vec![XattrEntry {
-            name: b"user.a".to_vec(),
-            value: vec![1, 2, 3],
-        }];
-        assert_eq!(decode_xattrs(&encode_xattrs(&xs), "t").expect("ok"), xs);
+        let xs = vec![
+            XattrEntry {
+                name: b"user.a".to_vec(),
+                value: XattrValue::Inline(vec![1, 2, 3]),
+            },
+            XattrEntry {
+                name: b"user.long".to_vec(),
+                value: XattrValue::Chunked {
+                    len: 65536,
+                    base: 0x1234_5600,
+                },
+            },
+            XattrEntry {
+                name: b"user.b".to_vec(),
+                value: XattrValue::Inline(Vec::new()),
+            },
+        ];
+        let enc = encode_xattrs(&xs);
+        assert_eq!(decode_xattrs(&enc, "t").expect("ok"), xs);
+        assert_eq!(
+            enc.len(),
+            xs.iter().map(XattrEntry::encoded_size).sum::<usize>()
+        );
         assert!(decode_xattrs(&[5, 0, 0], "t").is_err());
+        // A long record cut short, one longer than the limit, one with a misaligned base.
+        assert!(decode_xattrs(&enc[9..20], "t").is_err());
+        let mut bad = encode_xattrs(&xs[1..2]);
+        bad[2..6].copy_from_slice(&65537u32.to_le_bytes());
+        assert!(decode_xattrs(&bad, "t").is_err());
+        let mut bad = encode_xattrs(&xs[1..2]);
+        bad[6] = 1;
+        assert!(decode_xattrs(&bad, "t").is_err());
+    }
+
+    #[test]
+    fn ext_refs_and_orphans_roundtrip() {
+        let mut buf = Vec::new();
+        encode_ext_ref(&mut buf, 7, b"a");
+        encode_ext_ref(&mut buf, u64::MAX - 1, &[0xff; 255]);
+        let refs = decode_ext_refs(&buf, "t").expect("ok");
+        assert_eq!(refs.len(), 2);
+        assert_eq!((refs[0].parent, refs[0].name.as_slice()), (7, &b"a"[..]));
+        assert_eq!(refs[1].name.len(), 255);
+        assert_eq!(buf.len(), ext_ref_size(1) + ext_ref_size(255));
+        assert!(decode_ext_refs(&buf[..buf.len() - 1], "t").is_err());
+        assert!(decode_ext_refs(&[], "t").is_err());
+        for k in [OrphanKind::Free, OrphanKind::Trim] {
+            assert_eq!(decode_orphan(&k.encode(), 1), Ok(k));
+        }
+        assert!(decode_orphan(&[2], 1).is_err());
+        assert!(decode_orphan(&[1, 1], 1).is_err());
     }
 }

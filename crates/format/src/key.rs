@@ -11,6 +11,10 @@ pub enum ItemType {
     Inode = 1,
     /// (child ino, InodeRef, parent ino) -> list of names: back references for hard links/fsck.
     InodeRef = 12,
+    /// (child ino, InodeExtRef, hash of (parent, name)) -> list of (parent, name): the back
+    /// references that no longer fit the child's InodeRef item for that parent (many hard links
+    /// of one inode in one directory), as btrfs's extended refs. Incompat bit `INCOMPAT_EXT_REF`.
+    InodeExtRef = 13,
     /// (dir ino, DirHash, name hash) -> list of [`crate::items::DirEntry`] (hash collisions share).
     DirHash = 84,
     /// (dir ino, DirIno, child ino << 16 | hash & 0xffff) -> list of DirEntry: the readdir order
@@ -18,6 +22,9 @@ pub enum ItemType {
     DirIno = 96,
     /// (ino, Xattr, name hash) -> list of xattr entries.
     Xattr = 24,
+    /// (ino, XattrChunk, chunk base + i) -> piece i of a long xattr value, which its entry in
+    /// the Xattr item names by the base. Incompat bit `INCOMPAT_XATTR_CHUNKS`.
+    XattrChunk = 25,
     /// (ino, Extent, file byte offset) -> [`crate::items::ExtentItem`] (inline data for small files).
     Extent = 108,
     /// (ORPHAN_OBJECTID, Orphan, ino): an inode unlinked while open, reclaimed at next mount.
@@ -31,10 +38,12 @@ pub enum ItemType {
 }
 
 impl ItemType {
-    pub const ALL: [ItemType; 10] = [
+    pub const ALL: [ItemType; 12] = [
         ItemType::Inode,
         ItemType::InodeRef,
+        ItemType::InodeExtRef,
         ItemType::Xattr,
+        ItemType::XattrChunk,
         ItemType::Orphan,
         ItemType::DirHash,
         ItemType::DirIno,
@@ -52,6 +61,8 @@ impl ItemType {
         match self {
             ItemType::Inode => "INODE",
             ItemType::InodeRef => "INODE_REF",
+            ItemType::InodeExtRef => "INODE_EXT_REF",
+            ItemType::XattrChunk => "XATTR_CHUNK",
             ItemType::DirHash => "DIR_HASH",
             ItemType::DirIno => "DIR_INO",
             ItemType::Xattr => "XATTR",
@@ -135,6 +146,25 @@ impl Key {
         })
     }
 
+    /// The largest key smaller than this one, or None at [`Key::MIN`].
+    pub fn predecessor(&self) -> Option<Key> {
+        if let Some(o) = self.offset.checked_sub(1) {
+            return Some(Key { offset: o, ..*self });
+        }
+        if let Some(t) = self.ty.checked_sub(1) {
+            return Some(Key {
+                objectid: self.objectid,
+                ty: t,
+                offset: u64::MAX,
+            });
+        }
+        self.objectid.checked_sub(1).map(|o| Key {
+            objectid: o,
+            ty: u8::MAX,
+            offset: u64::MAX,
+        })
+    }
+
     /// Checks that the item type is one format v1 knows.
     pub fn check_type(&self, what: &str) -> Result<ItemType, Corrupt> {
         self.item_type()
@@ -173,5 +203,10 @@ mod tests {
         assert_eq!(Key::decode(&b.encode()), b);
         assert_eq!(Key::MAX.successor(), None);
         assert_eq!(a.successor(), Some(Key::new(5, ItemType::Inode, 1)));
+        assert_eq!(Key::MIN.predecessor(), None);
+        for k in [a, b, c, Key::new(7, ItemType::Inode, u64::MAX), Key::MAX] {
+            let p = k.predecessor().expect("not MIN");
+            assert!(p < k && p.successor() == Some(k), "{p} then {k}");
+        }
     }
 }

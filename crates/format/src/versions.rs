@@ -20,10 +20,24 @@ pub const CURRENT_VERSION: u32 = 1;
 
 /// Incompatible features: an image with a bit set that this code does not know must not be
 /// opened at all.
-pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_LOG;
+pub const INCOMPAT_SUPPORTED: u64 =
+    INCOMPAT_LOG | INCOMPAT_EXT_REF | INCOMPAT_XATTR_CHUNKS | INCOMPAT_ORPHAN_TRIM;
 /// (2026-11-21) The superblock's `log_root` names an fsync log chain (seed 003, `log.rs`): a
 /// reader that does not replay it would miss what was fsynced after the commit. Set by every
 /// commit that names a log.
 pub const INCOMPAT_LOG: u64 = 1;
+/// (2026-11-24) `InodeExtRef` items: back references that did not fit their InodeRef item
+/// (more than about 16 long names of one inode in one directory). A reader without them would
+/// miss names and call the link counts wrong. Set by the commit before the first such item.
+pub const INCOMPAT_EXT_REF: u64 = 2;
+/// (2026-11-24) Long xattr values (over a quarter of a leaf, up to 65,536 bytes) in
+/// `XattrChunk` items, named by a long-form record in the Xattr item (first byte 0). Set by
+/// the commit before the first such record.
+pub const INCOMPAT_XATTR_CHUNKS: u64 = 4;
+/// (2026-11-24) Orphan items whose value is `ORPHAN_TRIM`: a linked inode whose extents past
+/// its size are still being freed (a truncate of many extents, done in bounded batches). A
+/// reader that took every orphan item for an unlinked inode would delete a live file. Set by
+/// the commit before the first such item.
+pub const INCOMPAT_ORPHAN_TRIM: u64 = 8;
 /// Read-only-compatible features: unknown bits allow a read-only open.
 pub const COMPAT_RO_SUPPORTED: u64 = 0;

@@ -42,7 +42,30 @@ fn mutated_nodes_never_panic() {
     let keys: Vec<Key> = (0..40)
         .map(|i| Key::new(i, ItemType::DirHash, i * 3))
         .collect();
-    let vals: Vec<Vec<u8>> = (0..40).map(|i| vec![i as u8; (i % 7) * 9]).collect();
+    // Values of every record kind, so mutations hit their parsers mid-record.
+    let long = items::encode_xattrs(&[
+        items::XattrEntry {
+            name: b"user.a".to_vec(),
+            value: items::XattrValue::Inline(vec![3; 20]),
+        },
+        items::XattrEntry {
+            name: b"user.long".to_vec(),
+            value: items::XattrValue::Chunked {
+                len: 40_000,
+                base: 0x4400,
+            },
+        },
+    ]);
+    let mut ext = Vec::new();
+    items::encode_ext_ref(&mut ext, 77, b"name-one");
+    items::encode_ext_ref(&mut ext, 78, b"two");
+    let vals: Vec<Vec<u8>> = (0..40)
+        .map(|i| match i % 5 {
+            0 => long.clone(),
+            1 => ext.clone(),
+            _ => vec![i as u8; (i % 7) * 9],
+        })
+        .collect();
     let id = Identity {
         block: 10,
         generation: 3,
@@ -90,6 +113,8 @@ fn mutated_nodes_never_panic() {
                     let _ = items::decode_extent(v, "fuzz", 100_000);
                     let _ = items::decode_xattrs(v, "fuzz");
                     let _ = items::decode_names(v, "fuzz");
+                    let _ = items::decode_ext_refs(v, "fuzz");
+                    let _ = items::decode_orphan(v, k.objectid);
                 } else {
                     let _ = c.ptr(i);
                 }

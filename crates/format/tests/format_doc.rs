@@ -49,6 +49,20 @@ fn constants_sizes_and_item_types_match() {
         ),
         ("LOG_HEADER_SIZE", log::LOG_HEADER_SIZE.to_string()),
         ("LOG_RECORD_HEADER", log::LOG_RECORD_HEADER.to_string()),
+        ("XATTR_VALUE_MAX", items::XATTR_VALUE_MAX.to_string()),
+        ("XATTR_CHUNKS_MAX", items::XATTR_CHUNKS_MAX.to_string()),
+        ("XATTR_LONG_HEADER", items::XATTR_LONG_HEADER.to_string()),
+        ("ORPHAN_TRIM", items::ORPHAN_TRIM.to_string()),
+        ("INCOMPAT_LOG", versions::INCOMPAT_LOG.to_string()),
+        ("INCOMPAT_EXT_REF", versions::INCOMPAT_EXT_REF.to_string()),
+        (
+            "INCOMPAT_XATTR_CHUNKS",
+            versions::INCOMPAT_XATTR_CHUNKS.to_string(),
+        ),
+        (
+            "INCOMPAT_ORPHAN_TRIM",
+            versions::INCOMPAT_ORPHAN_TRIM.to_string(),
+        ),
     ];
     for t in ItemType::ALL {
         let name: &'static str = Box::leak(format!("{t:?}").into_boxed_str());

@@ -74,8 +74,12 @@ fn eio_then_read_only() {
         "{r:?}"
     );
     dev.heal();
-    let report = fsck::check(dev.as_ref(), idxfs_format::hash::name_hash, &mut |_| {})
-        .expect("fsck reads the image");
+    let report = fsck::check(
+        &(dev.clone() as std::sync::Arc<dyn idxfs_blockdev::BlockDevice>),
+        idxfs_format::hash::name_hash,
+        &mut |_| {},
+    )
+    .expect("fsck reads the image");
     assert!(report.is_clean(), "{:?}", report.problems);
     let fs = Fs::open(dev, OpenOptions::default()).expect("reopen");
     let root = idxfs_format::ROOT_INO;

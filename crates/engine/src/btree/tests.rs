@@ -88,12 +88,39 @@ fn model_random_ops() {
                 let got = t.delete(&mut s, &k).expect("delete");
                 assert_eq!(got, model.remove(&k), "seed {seed} op {i}: delete {k}");
             }
-            8 => {
+            8 if rng.chance(50) => {
                 assert_eq!(
                     t.get(&mut s, &k).expect("get"),
                     model.get(&k).cloned(),
                     "seed {seed} op {i}: get {k}"
                 );
+            }
+            8 => {
+                // A batch: the last items of a range, all from one leaf, at most `max`.
+                let b = key(&mut rng);
+                let (lo, hi) = if k <= b { (k, b) } else { (b, k) };
+                let max = rng.below(40) as usize + 1;
+                let got = t.delete_batch(&mut s, lo, hi, max).expect("delete_batch");
+                let in_range: Vec<Key> = model.range(lo..hi).map(|(k, _)| *k).collect();
+                assert!(
+                    got.len() <= max,
+                    "seed {seed} op {i}: batch of {}",
+                    got.len()
+                );
+                assert_eq!(
+                    got.is_empty(),
+                    in_range.is_empty(),
+                    "seed {seed} op {i}: batch {lo}..{hi}"
+                );
+                // A suffix of the range, in key order, with the model's values.
+                let tail = &in_range[in_range.len() - got.len()..];
+                for ((gk, gv), want) in got.iter().zip(tail) {
+                    assert_eq!(gk, want, "seed {seed} op {i}: batch keys");
+                    assert_eq!(Some(gv), model.get(gk), "seed {seed} op {i}: batch value");
+                }
+                for (gk, _) in &got {
+                    model.remove(gk);
+                }
             }
             _ => {
                 let a = key(&mut rng);

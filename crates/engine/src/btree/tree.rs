@@ -452,6 +452,62 @@ impl Tree {
         Ok(out)
     }
 
+    /// Deletes up to `max` items with `lo <= key < hi`, all from the leaf that holds the last
+    /// of them, from the last one down; returns them in key order (empty: none in range).
+    ///
+    /// One descent, one copied path and one rebalance whatever their number, so a caller that
+    /// frees a long range in such batches needs the space of one item change per batch, not
+    /// per item: what keeps deleting a file of a million extents bounded.
+    pub fn delete_batch(
+        &mut self,
+        store: &mut Store,
+        lo: Key,
+        hi: Key,
+        max: usize,
+    ) -> Result<Vec<(Key, Vec<u8>)>> {
+        assert!(max >= 1, "a batch of no items");
+        let Some(at) = hi.predecessor() else {
+            return Ok(Vec::new());
+        };
+        if at < lo {
+            return Ok(Vec::new());
+        }
+        let Some((last, _)) = self.last_at_or_before(store, lo, at)? else {
+            return Ok(Vec::new());
+        };
+        let path = self.cow_path(store, &last)?;
+        let d = path.len() - 1;
+        let n = store.node_mut(path[d].0);
+        // `last` was found in the leaf this descent reaches (the leaf for `at` holds it, and
+        // a COW moves nodes without changing them).
+        let end = match n.keys.binary_search(&last) {
+            Ok(i) => i + 1,
+            Err(_) => panic!("delete_batch: {last} vanished between two descents"),
+        };
+        let start = n.keys[..end]
+            .partition_point(|k| *k < lo)
+            .max(end.saturating_sub(max));
+        let mut out = Vec::with_capacity(end - start);
+        for i in (start..end).rev() {
+            let v = n.leaf_vals().get(i).to_vec();
+            n.leaf_vals_mut().remove(i);
+            n.used -= ITEM_HEADER_SIZE + v.len();
+            out.push((n.keys[i], v));
+        }
+        n.keys.drain(start..end);
+        let first = n.keys.first().copied();
+        out.reverse();
+        store.mod_seq += 1;
+        for (k, _) in &out {
+            store.note_change(self.owner, *k);
+        }
+        if let (0, Some(k)) = (start, first) {
+            self.fixup_low_keys(store, &path, d, k);
+        }
+        self.rebalance(store, &path, d)?;
+        Ok(out)
+    }
+
     /// Removes leaf item `pos`, whose value was `len` bytes when last accounted in `used`.
     fn remove_at(&mut self, store: &mut Store, path: &Path, pos: usize, len: usize) -> Result<()> {
         let d = path.len() - 1;
@@ -802,6 +858,27 @@ impl Tree {
         }
         let k = n.keys[i - 1];
         Ok((k >= floor).then(|| (k, n.leaf_vals().get(i - 1).to_vec())))
+    }
+
+    /// The number of nodes in the tree. Reads only internal nodes: the leaves are counted
+    /// from their parents' pointers.
+    pub fn count_nodes(&self, store: &mut Store) -> Result<u64> {
+        let mut count = 0;
+        let mut stack = vec![(self.root, self.level)];
+        while let Some((p, level)) = stack.pop() {
+            count += 1;
+            if level == 0 {
+                continue;
+            }
+            store.load(p.block, p.generation, self.owner, Some(level))?;
+            let ptrs: Vec<Ptr> = store.node(p.block).ptrs().to_vec();
+            if level == 1 {
+                count += ptrs.len() as u64;
+            } else {
+                stack.extend(ptrs.into_iter().map(|c| (c, level - 1)));
+            }
+        }
+        Ok(count)
     }
 
     /// Visits every node (pre-order) with its level, reading each once: fsck and dump.

@@ -1,11 +1,13 @@
 //! create, mknod, mkdir, symlink, link, lookup.
-use super::{new_inode_item, Attr, Fs, Inner, Ino, Owner, Reserve};
+use super::file::inline_symlink_max;
+use super::{new_inode_item, Attr, Durable, Fs, Inner, Ino, Owner, Reserve};
 use crate::error::{Error, Result};
+use crate::space::Kind;
 use idxfs_format::items::{
-    dtype_of_mode, ExtentItem, EXTENT_INLINE, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT,
-    S_IFREG, S_IFSOCK,
+    dtype_of_mode, ExtentItem, EXTENT_INLINE, EXTENT_REGULAR, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO,
+    S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK,
 };
-use idxfs_format::{ItemType, Key, MAX_INO, SYMLINK_MAX};
+use idxfs_format::{ItemType, Key, BLOCK_SIZE, MAX_INO, SYMLINK_MAX};
 use zerocopy::IntoBytes;
 
 /// Item changes a create makes: inode, two dir indexes, back reference, plus slack.
@@ -29,7 +31,8 @@ impl Inner {
         if p.nlink.get() == 0 {
             return Err(Error::NotFound); // creating in a removed directory
         }
-        if self.lookup_entry(parent, name)?.is_some() {
+        let (found, hash_item_len) = self.lookup_slot(parent, name)?;
+        if found.is_some() {
             return Err(Error::Exists);
         }
         if self.next_ino >= MAX_INO {
@@ -48,6 +51,7 @@ impl Inner {
             }
         }
         let ino = self.next_ino;
+        let plan = self.plan_entry(parent, name, ino, hash_item_len, true)?;
         self.next_ino += 1;
         self.inode_count += 1;
         let now = self.now();
@@ -56,7 +60,7 @@ impl Inner {
             it.nlink = 2.into();
         }
         self.insert_inode(ino, &it)?;
-        self.add_entry(parent, name, ino, dtype_of_mode(mode))?;
+        self.add_entry(parent, name, ino, dtype_of_mode(mode), plan)?;
         if is_dir {
             self.modify_inode(parent, |d| d.nlink = (d.nlink.get() + 1).into())?;
         }
@@ -113,7 +117,7 @@ impl Fs {
         if mode & S_IFMT == S_IFLNK {
             return Err(Error::Invalid("symlinks are made by symlink()"));
         }
-        self.write_op(CREATE_ITEMS, Reserve::Grow, |g| {
+        self.write_op(CREATE_ITEMS, Reserve::Grow, Durable::Dir, |g| {
             let (ino, it) = g.make_node(parent, name, mode & (S_IFMT | 0o7777), owner, rdev)?;
             Ok(Attr::from_item(ino, &it))
         })
@@ -123,45 +127,87 @@ impl Fs {
         self.mknod(parent, name, S_IFDIR | (mode & 0o7777), owner, 0)
     }
 
-    /// Creates a symbolic link to `target` (stored inline, like btrfs).
+    /// Creates a symbolic link to `target`: inline in its extent item when it fits one (like
+    /// btrfs), else in a block of its own (like ext4's long symlinks), up to 4,095 bytes.
     pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], owner: Owner) -> Result<Attr> {
         if target.is_empty() {
-            return Err(Error::Invalid("empty symlink target"));
+            return Err(Error::NotFound);
         }
-        if target.len() > SYMLINK_MAX || target.len() > super::file::inline_max(self.node_size()) {
+        if target.len() > SYMLINK_MAX {
             return Err(Error::NameTooLong);
         }
-        self.write_op(CREATE_ITEMS + 1, Reserve::Grow, |g| {
-            let (ino, _) = g.make_node(parent, name, S_IFLNK | 0o777, owner, 0)?;
+        if target.contains(&0) {
+            return Err(Error::Invalid("NUL in a symlink target"));
+        }
+        self.write_op(CREATE_ITEMS + 1, Reserve::Grow, Durable::Dir, |g| {
+            let inline = target.len() <= inline_symlink_max(g.store.node_size);
+            if !inline {
+                g.reserve_blocks(CREATE_ITEMS + 1, 1, Reserve::Grow)?;
+            }
+            // The block first: running out of space then changes nothing.
+            let block = if inline {
+                None
+            } else {
+                let (b, _) = g
+                    .store
+                    .alloc
+                    .alloc(1, 1, Kind::Data)
+                    .ok_or(Error::NoSpace)?;
+                let mut buf = target.to_vec();
+                buf.resize(BLOCK_SIZE as usize, 0);
+                if let Err(e) = g.store.dev.write_at(&buf, b * BLOCK_SIZE) {
+                    // Just allocated and marked used: freeing cannot fail.
+                    let _ = g.store.alloc.free(b, 1, true);
+                    return Err(e.into());
+                }
+                g.store.data_unflushed = true;
+                Some(b)
+            };
+            let made = g.make_node(parent, name, S_IFLNK | 0o777, owner, 0);
+            let (ino, _) = match made {
+                Ok(m) => m,
+                Err(e) => {
+                    if let Some(b) = block {
+                        let _ = g.store.alloc.free(b, 1, true);
+                    }
+                    return Err(e);
+                }
+            };
+            let gen = g.store.generation;
             let ext = ExtentItem {
-                kind: EXTENT_INLINE,
+                kind: if inline {
+                    EXTENT_INLINE
+                } else {
+                    EXTENT_REGULAR
+                },
                 reserved: [0; 7],
-                generation: g.store.generation.into(),
-                disk_block: 0.into(),
-                blocks: 0.into(),
+                generation: gen.into(),
+                disk_block: block.unwrap_or(0).into(),
+                blocks: u64::from(block.is_some()).into(),
             };
             let mut v = ext.as_bytes().to_vec();
-            v.extend_from_slice(target);
+            if inline {
+                v.extend_from_slice(target);
+            }
             g.fs_tree
                 .insert(&mut g.store, Key::new(ino, ItemType::Extent, 0), v)?;
-            let it = g.modify_inode(ino, |i| i.size = (target.len() as u64).into())?;
+            let it = g.modify_inode(ino, |i| {
+                i.size = (target.len() as u64).into();
+                if block.is_some() {
+                    i.alloc_bytes = BLOCK_SIZE.into();
+                }
+            })?;
             Ok(Attr::from_item(ino, &it))
         })
     }
 
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
-        let mut g = self.lock();
-        let it = g.inode(ino)?;
-        if it.mode.get() & S_IFMT != S_IFLNK {
-            return Err(Error::Invalid("not a symlink"));
-        }
-        let size = it.size.get();
-        g.read_data(ino, &it, 0, size as usize)
+        self.lock().read_link(ino)
     }
 
     /// Adds a hard link `newparent/newname` to `ino`.
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
-        self.write_op(CREATE_ITEMS, Reserve::Grow, |g| {
+        self.write_op(CREATE_ITEMS, Reserve::Grow, Durable::Dir, |g| {
             Inner::check_name(newname)?;
             let it = g.inode(ino)?;
             if it.mode.get() & S_IFMT == S_IFDIR {
@@ -177,10 +223,12 @@ impl Fs {
             if p.nlink.get() == 0 {
                 return Err(Error::NotFound);
             }
-            if g.lookup_entry(newparent, newname)?.is_some() {
+            let (found, hash_item_len) = g.lookup_slot(newparent, newname)?;
+            if found.is_some() {
                 return Err(Error::Exists);
             }
-            g.add_entry(newparent, newname, ino, dtype_of_mode(it.mode.get()))?;
+            let plan = g.plan_entry(newparent, newname, ino, hash_item_len, false)?;
+            g.add_entry(newparent, newname, ino, dtype_of_mode(it.mode.get()), plan)?;
             let now = g.now();
             let it = g.modify_inode(ino, |i| {
                 i.nlink = (i.nlink.get() + 1).into();
@@ -188,9 +236,5 @@ impl Fs {
             })?;
             Ok(Attr::from_item(ino, &it))
         })
-    }
-
-    pub(crate) fn node_size(&self) -> u32 {
-        self.lock().store.node_size
     }
 }

@@ -3,26 +3,47 @@
 //! Writes are copy-on-write: the new data goes to newly allocated blocks, then the extent items
 //! are changed to point at them, and the old blocks are freed (pinned until the commit is
 //! durable). A crash before the commit leaves the old data and the old extents intact.
+//!
+//! Adjacent extents merge: new blocks that continue both the file range and the disk range of
+//! the extent before (or after) them extend it instead of adding an item, so a file written
+//! front to back in small pieces (`dd bs=4k`) keeps about one extent per 32 MiB.
+//!
+//! Freeing is bounded: a range of extents goes in batches of one leaf each
+//! (`Tree::delete_batch`), and an operation that frees many reserves space per batch, not per
+//! extent, committing between batches when space runs short (`punch_batched`). A truncate that
+//! takes more than one batch records a `Trim` orphan first, so a commit (and a crash) between
+//! its batches leaves a state the next open finishes: the size already cut, the extents past
+//! it still being freed, never visible (`trim_past_size`).
 use super::{Atime, Attr, Fs, Inner, Ino, Reserve};
 use crate::btree::Change;
+use crate::counters::Counters;
 use crate::error::{Error, Result};
 use crate::space::Kind;
 use idxfs_format::items::{
-    decode_extent, ExtentItem, InodeItem, EXTENT_INLINE, EXTENT_REGULAR, S_IFDIR, S_IFMT, S_IFREG,
+    decode_extent, ExtentItem, InodeItem, OrphanKind, EXTENT_INLINE, EXTENT_REGULAR, S_IFDIR,
+    S_IFLNK, S_IFMT, S_IFREG,
 };
 use idxfs_format::node::max_item_size;
-use idxfs_format::{ItemType, Key, BLOCK_SIZE};
+use idxfs_format::{Corrupt, ItemType, Key, BLOCK_SIZE, SYMLINK_MAX};
 use zerocopy::IntoBytes;
 
 const BS: u64 = BLOCK_SIZE;
 /// Largest file: keeps every block index and byte offset far from overflow.
 pub const MAX_FILE_SIZE: u64 = 1 << 50;
-/// Largest extent, in blocks (keeps any single write's allocation bounded).
+/// Largest extent, in blocks: keeps any single write's allocation bounded, and is where
+/// merging stops.
 pub(crate) const MAX_EXTENT_BLOCKS: u64 = 8192;
+/// Items one freeing batch removes at most (they all come from one leaf anyway).
+pub(crate) const FREE_BATCH_ITEMS: usize = 512;
 
 /// Largest inline file for a node size.
 pub fn inline_max(node_size: u32) -> usize {
     (max_item_size(node_size) - idxfs_format::items::EXTENT_ITEM_SIZE).min(2048)
+}
+
+/// Largest inline symlink target for a node size; longer ones take a block.
+pub fn inline_symlink_max(node_size: u32) -> usize {
+    max_item_size(node_size) - idxfs_format::items::EXTENT_ITEM_SIZE
 }
 
 /// One extent as found in the tree.
@@ -41,6 +62,14 @@ impl Ext {
             self.item.blocks.get() * BS
         }
     }
+
+    fn end(&self) -> u64 {
+        self.offset + self.len_bytes()
+    }
+}
+
+fn extent_key(ino: Ino, offset: u64) -> Key {
+    Key::new(ino, ItemType::Extent, offset)
 }
 
 impl Inner {
@@ -49,20 +78,16 @@ impl Inner {
         let tree = self.fs_tree;
         let total = self.store.total_blocks;
         let mut out = Vec::new();
-        let lo = Key::new(ino, ItemType::Extent, 0);
-        let from = match tree.last_at_or_before(
-            &mut self.store,
-            lo,
-            Key::new(ino, ItemType::Extent, start),
-        )? {
+        let lo = extent_key(ino, 0);
+        let from = match tree.last_at_or_before(&mut self.store, lo, extent_key(ino, start))? {
             Some((k, _)) => k,
-            None => Key::new(ino, ItemType::Extent, start),
+            None => extent_key(ino, start),
         };
         let mut err = None;
         tree.scan(
             &mut self.store,
             from,
-            Key::new(ino, ItemType::Extent, end),
+            extent_key(ino, end),
             |k, v| match decode_extent(v, format_args!("extent {k}"), total) {
                 Ok((item, rest)) => {
                     let e = Ext {
@@ -70,7 +95,7 @@ impl Inner {
                         item,
                         inline: rest.to_vec(),
                     };
-                    if e.offset + e.len_bytes() > start {
+                    if e.end() > start {
                         out.push(e);
                     }
                     Ok(true)
@@ -96,7 +121,7 @@ impl Inner {
         let end = size.min(off.saturating_add(len as u64));
         let mut buf = vec![0u8; (end - off) as usize];
         for e in self.extents(ino, off, end)? {
-            let (a, b) = (e.offset.max(off), (e.offset + e.len_bytes()).min(end));
+            let (a, b) = (e.offset.max(off), e.end().min(end));
             if a >= b {
                 continue;
             }
@@ -112,59 +137,104 @@ impl Inner {
         Ok(buf)
     }
 
-    /// Removes file data in [start, end) (block-aligned start for regular extents), freeing
-    /// blocks; extents that straddle a bound are trimmed or split.
-    pub(crate) fn punch(&mut self, ino: Ino, start: u64, end: u64) -> Result<u64> {
-        let gen = self.store.generation;
+    /// Whether `ino` (item `it`) keeps its data inline. Checks what the image says before
+    /// anything sizes a buffer by it: an inline file is never larger than an item can hold.
+    pub(crate) fn is_inline(&mut self, ino: Ino, it: &InodeItem) -> Result<bool> {
+        let tree = self.fs_tree;
+        let inline = tree
+            .with(&mut self.store, &extent_key(ino, 0), |v| {
+                v.first() == Some(&EXTENT_INLINE)
+            })?
+            .unwrap_or(false);
+        let limit = if it.mode.get() & S_IFMT == S_IFLNK {
+            inline_symlink_max(self.store.node_size)
+        } else {
+            inline_max(self.store.node_size)
+        } as u64;
+        if inline && it.size.get() > limit {
+            return Err(Corrupt::new(
+                format!("inode {ino} size"),
+                it.size.get(),
+                format!("<= {limit} (its data is inline)"),
+            )
+            .into());
+        }
+        Ok(inline)
+    }
+
+    /// Frees the blocks of a removed extent item; returns how many. Data of this transaction
+    /// is reusable at once, unless an fsync batch may name it (`crate::log`).
+    pub(crate) fn free_extent_item(&mut self, k: &Key, v: &[u8]) -> Result<u64> {
+        let (e, _) = decode_extent(v, format_args!("extent {k}"), self.store.total_blocks)?;
+        if e.kind == EXTENT_INLINE {
+            return Ok(0);
+        }
+        let now = e.generation.get() == self.store.generation && !self.log.frees_must_wait();
+        let n = e.blocks.get();
+        self.store.alloc.free(e.disk_block.get(), n, now)?;
+        Ok(n)
+    }
+
+    /// Cuts the extents that straddle `start` or `end` so that every extent lies wholly inside
+    /// [start, end) or wholly outside, freeing the blocks cut off; returns how many. At most
+    /// two extents change: a bounded step. `start` is block-aligned (regular extents cover
+    /// whole blocks); `end` is rounded up to a block.
+    fn trim_edges(&mut self, ino: Ino, start: u64, end: u64) -> Result<u64> {
+        if !start.is_multiple_of(BS) {
+            return Err(Error::Invalid(
+                "engine bug: unaligned punch of block extents",
+            ));
+        }
+        let end = end.div_ceil(BS).saturating_mul(BS);
         let mut freed = 0;
-        for e in self.extents(ino, start, end)? {
-            let key = Key::new(ino, ItemType::Extent, e.offset);
-            if e.item.kind == EXTENT_INLINE {
-                // Inline data only ever starts at 0; cut it to `start`.
-                assert_eq!(e.offset, 0);
-                let keep = start.min(e.inline.len() as u64) as usize;
-                self.fs_tree.update(&mut self.store, &key, |v| {
-                    if keep == 0 {
-                        return Change::Delete;
-                    }
-                    v.truncate(idxfs_format::items::EXTENT_ITEM_SIZE + keep);
-                    Change::Keep
-                })?;
+        let mut edges = vec![start];
+        if end > start && end < u64::MAX / 2 {
+            edges.push(end);
+        }
+        for at in edges {
+            let Some(e) = self
+                .extents(ino, at.saturating_sub(1), at)?
+                .into_iter()
+                .find(|e| e.offset < at && e.end() > at)
+            else {
                 continue;
+            };
+            if e.item.kind == EXTENT_INLINE {
+                return Err(Corrupt::new(
+                    format!("inode {ino} extents"),
+                    "inline data beside block extents",
+                    "one or the other",
+                )
+                .into());
             }
-            assert!(
-                start.is_multiple_of(BS),
-                "punch of regular extents at unaligned {start}"
-            );
+            // Split at `at`: the part inside [start, end) goes, the rest stays as one or two
+            // extents.
             let (eb, en) = (e.item.disk_block.get(), e.item.blocks.get());
-            let e_end = e.offset + en * BS;
             let cut_a = start.max(e.offset);
-            let cut_b = end.min(e_end).div_ceil(BS) * BS;
-            let cut_b = cut_b.min(e_end);
-            let head = (cut_a - e.offset) / BS;
-            let tail_start = (cut_b - e.offset) / BS;
-            // Data of this transaction may be reused at once, unless an fsync batch may
-            // name it (`crate::log`).
-            let now = e.item.generation.get() == gen && !self.log.frees_must_wait();
-            if tail_start > head {
-                self.store.alloc.free(eb + head, tail_start - head, now)?;
-                freed += tail_start - head;
+            let cut_b = end.min(e.end());
+            let (head, tail) = ((cut_a - e.offset) / BS, (cut_b - e.offset) / BS);
+            let now =
+                e.item.generation.get() == self.store.generation && !self.log.frees_must_wait();
+            if tail > head {
+                self.store.alloc.free(eb + head, tail - head, now)?;
+                freed += tail - head;
             }
-            // Replace the item by the head and tail that survive.
-            self.fs_tree.delete(&mut self.store, &key)?;
+            let key = extent_key(ino, e.offset);
             if head > 0 {
                 let mut h = e.item;
                 h.blocks = head.into();
                 self.fs_tree
-                    .insert(&mut self.store, key, h.as_bytes().to_vec())?;
+                    .put(&mut self.store, key, h.as_bytes().to_vec())?;
+            } else {
+                self.fs_tree.delete(&mut self.store, &key)?;
             }
-            if tail_start < en {
+            if tail < en {
                 let mut t = e.item;
-                t.disk_block = (eb + tail_start).into();
-                t.blocks = (en - tail_start).into();
+                t.disk_block = (eb + tail).into();
+                t.blocks = (en - tail).into();
                 self.fs_tree.insert(
                     &mut self.store,
-                    Key::new(ino, ItemType::Extent, e.offset + tail_start * BS),
+                    extent_key(ino, e.offset + tail * BS),
                     t.as_bytes().to_vec(),
                 )?;
             }
@@ -172,23 +242,136 @@ impl Inner {
         Ok(freed)
     }
 
-    pub(crate) fn has_inline(&mut self, ino: Ino) -> Result<bool> {
-        let tree = self.fs_tree;
-        let v = tree.get(&mut self.store, &Key::new(ino, ItemType::Extent, 0))?;
-        Ok(v.is_some_and(|v| v.first() == Some(&EXTENT_INLINE)))
+    /// One batch of freeing [start, end) after `trim_edges`: the extents of one leaf. Returns
+    /// (blocks freed, whether more remain).
+    fn punch_batch(&mut self, ino: Ino, start: u64, end: u64) -> Result<(u64, bool)> {
+        let removed = self.fs_tree.delete_batch(
+            &mut self.store,
+            extent_key(ino, start),
+            extent_key(ino, end),
+            FREE_BATCH_ITEMS,
+        )?;
+        Counters::inc(&self.store.counters.free_batches);
+        let mut freed = 0;
+        for (k, v) in &removed {
+            freed += self.free_extent_item(k, v)?;
+        }
+        Ok((freed, !removed.is_empty()))
+    }
+
+    fn sub_alloc(&mut self, ino: Ino, freed: u64) -> Result<()> {
+        if freed > 0 {
+            self.modify_inode(ino, |i| {
+                i.alloc_bytes = i.alloc_bytes.get().saturating_sub(freed * BS).into()
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Removes the block extents in [start, end) in one go: for ranges whose extents the
+    /// caller's reservation already covers (a write replaces at most a request's worth).
+    pub(crate) fn punch_now(&mut self, ino: Ino, start: u64, end: u64) -> Result<()> {
+        let mut freed = self.trim_edges(ino, start, end)?;
+        loop {
+            let (f, more) = self.punch_batch(ino, start, end)?;
+            freed += f;
+            if !more {
+                break;
+            }
+        }
+        self.sub_alloc(ino, freed)
+    }
+
+    /// Removes the block extents in [start, end) in bounded batches, reserving space for each
+    /// (a commit between batches recycles what the last ones freed). After each batch the
+    /// state is whole (a checkpoint): an error then leaves a partly freed range, as a crash
+    /// would, never a half-applied change. Ok(false): stopped for lack of space.
+    pub(crate) fn punch_batched(&mut self, ino: Ino, start: u64, end: u64) -> Result<bool> {
+        let freed = self.trim_edges(ino, start, end)?;
+        self.sub_alloc(ino, freed)?;
+        self.checkpoint();
+        loop {
+            if self.commit_between_batches {
+                self.commit()?;
+            }
+            if self.reserve(1, Reserve::Shrink).is_err() {
+                return Ok(false);
+            }
+            let (f, more) = self.punch_batch(ino, start, end)?;
+            self.sub_alloc(ino, f)?;
+            self.checkpoint();
+            if !more {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// Frees the extents past the block holding byte `size` (the size was just cut to it):
+    /// in one batch when they fit, else under a `Trim` orphan, so that a commit between
+    /// batches, and a crash after it, leaves a state the next open finishes. Ok(false): space
+    /// ran out first; the orphan stays and `finish_trim` completes it later.
+    pub(crate) fn trim_past_size(&mut self, ino: Ino, size: u64) -> Result<bool> {
+        let from = size.div_ceil(BS) * BS;
+        let freed = self.trim_edges(ino, from, u64::MAX)?;
+        let (f, more) = self.punch_batch(ino, from, u64::MAX)?;
+        self.sub_alloc(ino, freed + f)?;
+        if !more || self.extents(ino, from, u64::MAX)?.is_empty() {
+            return Ok(true);
+        }
+        // An unlinked inode (an orphan already) is freed whole later; anything else records
+        // what is left to do.
+        if !self.orphans.is_free(ino) {
+            self.require_incompat(idxfs_format::versions::INCOMPAT_ORPHAN_TRIM);
+            self.orphans.add(ino, OrphanKind::Trim);
+            Counters::inc(&self.store.counters.trim_orphans);
+        }
+        self.checkpoint();
+        self.finish_trim(ino)
+    }
+
+    /// Frees what a `Trim` orphan of `ino` says is left, in batches; drops the orphan when
+    /// done. Ok(false): space ran out first (the orphan stays).
+    pub(crate) fn finish_trim(&mut self, ino: Ino) -> Result<bool> {
+        let size = self.inode(ino)?.size.get();
+        let from = size.div_ceil(BS) * BS;
+        if !self.punch_batched(ino, from, u64::MAX)? {
+            return Ok(false);
+        }
+        if self.orphans.kind(ino) == Some(OrphanKind::Trim) {
+            self.drop_orphan(ino)?;
+        }
+        Ok(true)
+    }
+
+    /// Moves an inline file's bytes into a block of their own at offset 0, keeping the size:
+    /// a write or preallocation that ends past the inline limit starts from there.
+    pub(crate) fn move_inline_out(&mut self, ino: Ino) -> Result<()> {
+        let it = self.inode(ino)?;
+        let size = it.size.get();
+        let mut b = self.read_data(ino, &it, 0, size as usize)?;
+        b.resize(BS as usize, 0);
+        // A whole block at 0 ends past the inline limit: the block path, which takes the
+        // inline extent away.
+        self.write_data(ino, 0, &b)?;
+        self.modify_inode(ino, |i| i.size = size.into())?;
+        Ok(())
     }
 
     /// Writes `data` at `off`. Returns the new inode.
     pub fn write_data(&mut self, ino: Ino, off: u64, data: &[u8]) -> Result<InodeItem> {
-        let it = self.inode(ino)?;
+        let mut it = self.inode(ino)?;
         let size = it.size.get();
         let end = off + data.len() as u64;
+        if end > size && self.trimming(ino) && !self.finish_trim(ino)? {
+            // Extents past the size are not all freed yet; growing over them would show them.
+            return Err(Error::NoSpace);
+        }
         let inline_max = inline_max(self.store.node_size) as u64;
+        let mut inline = self.is_inline(ino, &it)?;
         // An empty file with no extents starts inline; one with preallocated blocks does not.
-        let inline_now =
-            self.has_inline(ino)? || (size == 0 && self.extents(ino, 0, u64::MAX)?.is_empty());
+        let empty = !inline && size == 0 && self.extents(ino, 0, u64::MAX)?.is_empty();
         let gen = self.store.generation;
-        if inline_now && end <= inline_max {
+        if (inline || empty) && end <= inline_max {
             let mut cur = self.read_data(ino, &it, 0, size as usize)?;
             cur.resize(size.max(end) as usize, 0);
             cur[off as usize..end as usize].copy_from_slice(data);
@@ -201,8 +384,7 @@ impl Inner {
             };
             let mut v = ext.as_bytes().to_vec();
             v.extend_from_slice(&cur);
-            self.fs_tree
-                .put(&mut self.store, Key::new(ino, ItemType::Extent, 0), v)?;
+            self.fs_tree.put(&mut self.store, extent_key(ino, 0), v)?;
             let now = self.now();
             return self.modify_inode(ino, |i| {
                 i.size = (cur.len() as u64).into();
@@ -213,10 +395,17 @@ impl Inner {
         // Block-granular copy-on-write of [b0, b1).
         let b0 = off / BS;
         let b1 = end.div_ceil(BS);
+        if inline && b0 > 0 {
+            // The write leaves block 0 alone, so the inline bytes need a block of their own
+            // first (reading back only the written blocks would lose them).
+            self.move_inline_out(ino)?;
+            it = self.inode(ino)?;
+            inline = false;
+        }
         let nblocks = b1 - b0;
         let mut buf = vec![0u8; (nblocks * BS) as usize];
         let head = (off - b0 * BS) as usize;
-        if head > 0 || (!end.is_multiple_of(BS) && end < size) || inline_now {
+        if head > 0 || (!end.is_multiple_of(BS) && end < it.size.get()) || inline {
             // Partial first/last block (or inline data moving out): start from what is there.
             let old = self.read_data(ino, &it, b0 * BS, buf.len())?;
             buf[..old.len()].copy_from_slice(&old);
@@ -236,10 +425,7 @@ impl Inner {
                     got += n;
                 }
                 None => {
-                    for (s, n) in runs {
-                        // Just allocated by us: marked used, so this cannot fail.
-                        let _ = self.store.alloc.free(s, n, true);
-                    }
+                    self.unalloc(&runs);
                     return Err(Error::NoSpace);
                 }
             }
@@ -248,97 +434,153 @@ impl Inner {
         for &(s, n) in &runs {
             let len = (n * BS) as usize;
             if let Err(e) = self.store.dev.write_at(&buf[at..at + len], s * BS) {
-                for (s, n) in runs {
-                    // Just allocated by us: marked used, so this cannot fail.
-                    let _ = self.store.alloc.free(s, n, true);
-                }
+                self.unalloc(&runs);
                 return Err(e.into());
             }
             at += len;
         }
         self.store.data_unflushed = true;
-        let freed = if inline_now {
-            self.punch(ino, 0, u64::MAX)?
+        if inline {
+            // b0 == 0: the new block 0 holds the inline bytes now.
+            self.fs_tree.delete(&mut self.store, &extent_key(ino, 0))?;
         } else {
-            self.punch(ino, b0 * BS, b1 * BS)?
-        };
+            self.punch_now(ino, b0 * BS, b1 * BS)?;
+        }
         let mut fo = b0 * BS;
         for &(s, n) in &runs {
-            let ext = ExtentItem {
-                kind: EXTENT_REGULAR,
-                reserved: [0; 7],
-                generation: gen.into(),
-                disk_block: s.into(),
-                blocks: n.into(),
-            };
-            self.fs_tree.insert(
-                &mut self.store,
-                Key::new(ino, ItemType::Extent, fo),
-                ext.as_bytes().to_vec(),
-            )?;
+            self.insert_extent(ino, fo, s, n, gen)?;
             fo += n * BS;
         }
         let now = self.now();
         self.modify_inode(ino, |i| {
             i.size = i.size.get().max(end).into();
-            i.alloc_bytes = (i.alloc_bytes.get() + nblocks * BS)
-                .saturating_sub(freed * BS)
-                .into();
+            i.alloc_bytes = (i.alloc_bytes.get() + nblocks * BS).into();
             i.mtime = now;
             i.ctime = now;
         })
+    }
+
+    /// Gives back blocks a failed write allocated a moment ago.
+    fn unalloc(&mut self, runs: &[(u64, u64)]) {
+        for &(s, n) in runs {
+            // Just allocated by us and marked used: freeing cannot fail.
+            let _ = self.store.alloc.free(s, n, true);
+        }
+    }
+
+    /// Links `n` new blocks at `disk` as the file's data at `file_off`, where no extent is:
+    /// extends the extent before when the new blocks continue it in the file and on disk, and
+    /// takes in the one after on the same terms. A merged extent keeps the older generation,
+    /// so freeing any part of it later waits for a commit (never too early).
+    fn insert_extent(
+        &mut self,
+        ino: Ino,
+        file_off: u64,
+        disk: u64,
+        n: u64,
+        gen: u64,
+    ) -> Result<()> {
+        let total = self.store.total_blocks;
+        let tree = self.fs_tree;
+        let mut ext = ExtentItem {
+            kind: EXTENT_REGULAR,
+            reserved: [0; 7],
+            generation: gen.into(),
+            disk_block: disk.into(),
+            blocks: n.into(),
+        };
+        let mut at = file_off;
+        if file_off > 0 {
+            let prev = tree.last_at_or_before(
+                &mut self.store,
+                extent_key(ino, 0),
+                extent_key(ino, file_off - 1),
+            )?;
+            if let Some((k, v)) = prev {
+                let (p, _) = decode_extent(&v, format_args!("extent {k}"), total)?;
+                let pn = p.blocks.get();
+                if p.kind == EXTENT_REGULAR
+                    && k.offset + pn * BS == file_off
+                    && p.disk_block.get() + pn == disk
+                    && pn + n <= MAX_EXTENT_BLOCKS
+                {
+                    ext.disk_block = p.disk_block;
+                    ext.blocks = (pn + n).into();
+                    ext.generation = p.generation.get().min(gen).into();
+                    at = k.offset;
+                    Counters::inc(&self.store.counters.extent_merges);
+                }
+            }
+        }
+        let next_key = extent_key(ino, file_off + n * BS);
+        if let Some(v) = tree.get(&mut self.store, &next_key)? {
+            let (x, _) = decode_extent(&v, format_args!("extent {next_key}"), total)?;
+            let (en, xn) = (ext.blocks.get(), x.blocks.get());
+            if x.kind == EXTENT_REGULAR
+                && x.disk_block.get() == disk + n
+                && en + xn <= MAX_EXTENT_BLOCKS
+            {
+                self.fs_tree.delete(&mut self.store, &next_key)?;
+                ext.blocks = (en + xn).into();
+                ext.generation = ext.generation.get().min(x.generation.get()).into();
+            }
+        }
+        self.fs_tree.put(
+            &mut self.store,
+            extent_key(ino, at),
+            ext.as_bytes().to_vec(),
+        )
     }
 
     /// Sets the file size, freeing blocks past it and zeroing the tail of a partial last block.
     pub fn truncate(&mut self, ino: Ino, new_size: u64) -> Result<InodeItem> {
         let it = self.inode(ino)?;
         let size = it.size.get();
+        let now = self.now();
         if new_size < size {
-            if self.has_inline(ino)? {
-                self.punch(ino, new_size, u64::MAX)?;
-            } else {
-                let keep_end = new_size.div_ceil(BS) * BS;
-                let freed = self.punch(ino, keep_end, u64::MAX)?;
-                self.modify_inode(ino, |i| {
-                    i.alloc_bytes = i.alloc_bytes.get().saturating_sub(freed * BS).into()
+            if self.is_inline(ino, &it)? {
+                let key = extent_key(ino, 0);
+                let keep = idxfs_format::items::EXTENT_ITEM_SIZE + new_size as usize;
+                self.fs_tree.update(&mut self.store, &key, |v| {
+                    v.truncate(keep);
+                    Change::Keep
                 })?;
+            } else {
                 if !new_size.is_multiple_of(BS) {
                     // Zero the rest of the last block so a later extension reads zeros.
                     let blk_start = new_size / BS * BS;
-                    let it = self.inode(ino)?;
                     let has = !self.extents(ino, blk_start, blk_start + BS)?.is_empty();
                     if has {
                         let mut b =
                             self.read_data(ino, &it, blk_start, (new_size - blk_start) as usize)?;
                         b.resize(BS as usize, 0);
-                        // Writing the whole block rewrites it; then shrink the size back.
+                        // Writing the whole block rewrites it; the size is set below.
                         self.write_data(ino, blk_start, &b)?;
                     }
                 }
+                self.modify_inode(ino, |i| {
+                    i.size = new_size.into();
+                    i.mtime = now;
+                    i.ctime = now;
+                })?;
+                // Ok(false) leaves the rest to `finish_trim`: the size is cut already, and
+                // nothing past it can be seen.
+                self.trim_past_size(ino, new_size)?;
             }
-        } else if new_size > size
-            && self.has_inline(ino)?
-            && new_size > inline_max(self.store.node_size) as u64
-        {
-            // Growing past the inline limit: move the data out to a block first.
-            let it = self.inode(ino)?;
-            let cur = self.read_data(ino, &it, 0, size as usize)?;
-            self.write_data_force_blocks(ino, &cur)?;
+        } else if new_size > size {
+            if self.trimming(ino) && !self.finish_trim(ino)? {
+                return Err(Error::NoSpace);
+            }
+            if self.is_inline(ino, &it)? && new_size > inline_max(self.store.node_size) as u64 {
+                // Growing past the inline limit: move the data out to a block first.
+                self.move_inline_out(ino)?;
+            }
         }
-        let now = self.now();
         self.modify_inode(ino, |i| {
             i.size = new_size.into();
             i.mtime = now;
             i.ctime = now;
         })
-    }
-
-    pub(crate) fn write_data_force_blocks(&mut self, ino: Ino, cur: &[u8]) -> Result<()> {
-        // Write one block's worth (zero padded) so the inline path is not taken.
-        let mut b = cur.to_vec();
-        b.resize(BS as usize, 0);
-        self.write_data(ino, 0, &b)?;
-        Ok(())
     }
 
     /// Updates the access time after a read, as the atime policy says. Best effort: on a
@@ -363,24 +605,32 @@ impl Inner {
         }
     }
 
-    /// Number of extent items of an inode (to reserve space for deleting them).
-    pub fn extent_count(&mut self, ino: Ino) -> Result<u64> {
-        Ok(self.extents(ino, 0, u64::MAX)?.len() as u64)
-    }
-
-    /// How many extent items `ino` (item `it`) may have, never fewer than it has: what a
-    /// reservation needs. A file with no blocks allocated has at most its inline extent, so it
-    /// needs no search.
-    pub fn extent_items_bound(&mut self, ino: Ino, it: &InodeItem) -> Result<u64> {
-        if it.alloc_bytes.get() == 0 {
-            return Ok(1);
+    /// Reads a symlink's target, checking its size against the format's limit before any
+    /// buffer is sized by it.
+    pub(crate) fn read_link(&mut self, ino: Ino) -> Result<Vec<u8>> {
+        let it = self.inode(ino)?;
+        if it.mode.get() & S_IFMT != S_IFLNK {
+            return Err(Error::Invalid("not a symlink"));
         }
-        self.extent_count(ino)
-    }
-
-    /// Frees all data of an inode being deleted.
-    pub fn free_all_data(&mut self, ino: Ino) -> Result<()> {
-        self.punch(ino, 0, u64::MAX).map(|_| ())
+        let size = it.size.get();
+        if size == 0 || size > SYMLINK_MAX as u64 {
+            return Err(Corrupt::new(
+                format!("symlink {ino} size"),
+                size,
+                format!("1..={SYMLINK_MAX}"),
+            )
+            .into());
+        }
+        let target = self.read_data(ino, &it, 0, size as usize)?;
+        if target.contains(&0) {
+            return Err(Corrupt::new(
+                format!("symlink {ino} target"),
+                "a NUL byte",
+                "no NUL (the target ends at its size)",
+            )
+            .into());
+        }
+        Ok(target)
     }
 }
 
@@ -426,12 +676,10 @@ impl Fs {
         if data.is_empty() {
             return Ok(0);
         }
-        let blocks = (data.len() as u64).div_ceil(BS) + 2;
-        let items = 8 + 2 * blocks.div_ceil(MAX_EXTENT_BLOCKS);
-        self.write_op(0, Reserve::Grow, |g| {
+        self.write_op(0, Reserve::Grow, super::Durable::Data, |g| {
             let it = g.inode(ino)?;
             check_regular(&it)?;
-            // Existing extents in the range are rewritten or trimmed: up to two item changes each.
+            // Existing extents in the range are cut at its edges and removed.
             let touched = g
                 .extents(
                     ino,
@@ -439,7 +687,7 @@ impl Fs {
                     (off + data.len() as u64).div_ceil(BS) * BS,
                 )?
                 .len() as u64;
-            g.reserve_blocks(items + touched * 2, blocks, Reserve::Grow)?;
+            g.reserve_write(data.len() as u64, touched)?;
             g.write_data(ino, off, data)?;
             if !times {
                 g.modify_inode(ino, |i| {
@@ -456,11 +704,12 @@ impl Fs {
         if size > MAX_FILE_SIZE {
             return Err(Error::FileTooBig);
         }
-        self.write_op(0, Reserve::Shrink, |g| {
+        self.write_op(0, Reserve::Shrink, super::Durable::Data, |g| {
             let it = g.inode(ino)?;
             check_regular(&it)?;
-            let extents = g.extents(ino, size / BS * BS, u64::MAX)?.len() as u64;
-            g.reserve_blocks(16 + extents * 2, 2, Reserve::Shrink)?;
+            // The edges, a one-block rewrite of the last partial block, the size, and the
+            // first batch; later batches reserve for themselves.
+            g.reserve_blocks(8, 2, Reserve::Shrink)?;
             let it = g.truncate(ino, size)?;
             Ok(Attr::from_item(ino, &it))
         })

@@ -3,8 +3,12 @@
 //! Preallocated extents own blocks but read as zeros; a write over one is copy-on-write like any
 //! other write (the preallocated blocks are freed when the new ones are linked). SEEK_DATA skips
 //! preallocated extents, as ext4 does for unwritten extents.
+//!
+//! A hole punched over many extents is freed in bounded batches (`Inner::punch_batched`); a
+//! commit between two batches (only when space runs short) and a crash after it leave the
+//! range partly punched, as on ext4, whose punch also spans transactions.
 use super::file::{check_regular, inline_max, MAX_EXTENT_BLOCKS, MAX_FILE_SIZE};
-use super::{Attr, Fs, Inner, Ino, Reserve, Seek, FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE};
+use super::{Attr, Durable, Fs, Inner, Ino, Reserve, Seek, FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE};
 use crate::error::{Error, Result};
 use crate::space::Kind;
 use idxfs_format::items::{ExtentItem, EXTENT_PREALLOC};
@@ -38,26 +42,31 @@ impl Inner {
         let size = it.size.get();
         let end = off + len;
         let new_size = if keep_size { size } else { size.max(end) };
+        if new_size > size && self.trimming(ino) && !self.finish_trim(ino)? {
+            return Err(Error::NoSpace);
+        }
         let imax = inline_max(self.store.node_size) as u64;
-        let inline = self.has_inline(ino)?;
+        let inline = self.is_inline(ino, &it)?;
         let empty = !inline && size == 0 && self.extents(ino, 0, u64::MAX)?.is_empty();
         if (inline || empty) && end <= imax && new_size <= imax {
             // Fits inline: zeros past the inline bytes are implied by the size.
             return Ok(new_size);
         }
-        if inline {
-            let cur = self.read_data(ino, &it, 0, size as usize)?;
-            self.write_data_force_blocks(ino, &cur)?;
-            self.modify_inode(ino, |i| i.size = size.into())?;
-        }
         let (b0, b1) = (off / BS, end.div_ceil(BS));
         let holes = self.holes(ino, b0, b1)?;
         let need: u64 = holes.iter().map(|(s, t)| t - s).sum();
+        // One extent per run: at most a run per MAX_EXTENT_BLOCKS, and per group crossed.
         let items: u64 = holes
             .iter()
-            .map(|(s, t)| (t - s).div_ceil(MAX_EXTENT_BLOCKS) + 1)
+            .map(|(s, t)| 2 * (t - s).div_ceil(MAX_EXTENT_BLOCKS) + 1)
             .sum();
-        self.reserve_blocks(items + 4, need, Reserve::Grow)?;
+        let run = self.run_nodes(items, items * 57);
+        // One block more when the inline bytes move out first.
+        let data = need + u64::from(inline);
+        self.reserve_nodes(run + 4 * self.item_nodes(), data, Reserve::Grow)?;
+        if inline {
+            self.move_inline_out(ino)?;
+        }
         // Allocate everything before the first tree change, so ENOSPC changes nothing.
         let mut runs: Vec<(u64, u64, u64)> = Vec::new(); // (file block, disk block, blocks)
         for &(s, t) in &holes {
@@ -108,7 +117,7 @@ impl Inner {
         let it = self.inode(ino)?;
         let size = it.size.get();
         let end = off + len;
-        if self.has_inline(ino)? {
+        if self.is_inline(ino, &it)? {
             let e = end.min(size);
             if off < e {
                 self.write_data(ino, off, &vec![0u8; (e - off) as usize])?;
@@ -131,11 +140,10 @@ impl Inner {
                 self.write_data(ino, a, &vec![0u8; (b - a) as usize])?;
             }
         }
-        if w0 < w1 {
-            let freed = self.punch(ino, w0 * BS, w1 * BS)?;
-            self.modify_inode(ino, |i| {
-                i.alloc_bytes = i.alloc_bytes.get().saturating_sub(freed * BS).into()
-            })?;
+        if w0 < w1 && !self.punch_batched(ino, w0 * BS, w1 * BS)? {
+            // Out of space between batches: the range is partly punched (each batch left a
+            // whole state), and the caller hears ENOSPC.
+            return Err(Error::NoSpace);
         }
         // write_data never grows the size here (ranges are clamped to it).
         debug_assert_eq!(self.inode(ino)?.size.get(), size);
@@ -165,13 +173,14 @@ impl Fs {
         } else {
             Reserve::Grow
         };
-        self.write_op(8, kind, |g| {
+        self.write_op(0, kind, Durable::Data, |g| {
             let it = g.inode(ino)?;
             check_regular(&it)?;
             let now = g.now();
             if punch {
-                let touched = g.extents(ino, off / BS * BS, (off + len).div_ceil(BS) * BS)?;
-                g.reserve_blocks(8 + 2 * touched.len() as u64, 2, Reserve::Shrink)?;
+                // The two partial blocks at the edges, the cut extents; the batches between
+                // them reserve for themselves.
+                g.reserve_blocks(16, 2, Reserve::Shrink)?;
                 g.punch_hole(ino, off, len)?;
                 let it = g.modify_inode(ino, |i| {
                     i.ctime = now;

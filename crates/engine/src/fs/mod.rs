@@ -7,10 +7,14 @@
 //!   commit (timer, `sync`, close, or when dirty state passes its bound), or earlier through
 //!   the fsync log (`fsync`, see `crate::log`).
 //!
-//! Each mutating operation checks everything it can first (names, types, emptiness, space),
-//! then changes the trees. An error after the first change means the in-memory state may be
-//! half-applied, so the file system goes read-only and the running transaction is never
-//! committed: the image keeps its last committed state, as after a crash.
+//! Each mutating operation checks everything it can first (names, types, emptiness, room in
+//! every item it grows, space), then changes the trees. An operation that works in bounded
+//! steps (freeing a large file, a truncate of many extents) marks a *checkpoint* after each
+//! step, where the state is whole. An error after the first change since the last checkpoint
+//! means the in-memory state may be half-applied, so the file system stops writing and the
+//! running transaction is never committed: the image keeps its last committed state, as after
+//! a crash. Only a failing device or a damaged image gets there: nothing a user can ask for
+//! does (a request that cannot be done is refused before its first change).
 mod create;
 mod dir;
 mod file;
@@ -20,10 +24,12 @@ mod pins;
 mod readdir;
 mod remove;
 mod rename;
+mod reserve;
 mod setattr;
 pub mod types;
 mod xattr;
 
+pub use create::LINK_MAX;
 pub use readdir::PlusBatch;
 pub use types::*;
 
@@ -86,6 +92,8 @@ pub struct OpenOptions {
     pub clock: Arc<dyn Clock>,
     /// When reads update the access time.
     pub atime: Atime,
+    /// Which operations are durable when they return (`-o sync`, `-o dirsync`).
+    pub sync: SyncMode,
     /// Testing only: a name hash other than the format's, to force collisions. An image written
     /// with it must be read and checked with it.
     pub name_hash: NameHash,
@@ -94,6 +102,10 @@ pub struct OpenOptions {
     /// directories list empty: never use it for data.
     #[doc(hidden)]
     pub bench_hash_index_only: bool,
+    /// Testing only: commit after every freeing batch, as a device too full for the next
+    /// batch's reservation makes it, so crash tests see the states between batches.
+    #[doc(hidden)]
+    pub test_commit_between_batches: bool,
 }
 
 impl Default for OpenOptions {
@@ -106,8 +118,10 @@ impl Default for OpenOptions {
             dirty_nodes_limit: 16384,
             clock: Arc::new(SystemClock),
             atime: Atime::default(),
+            sync: SyncMode::default(),
             name_hash: idxfs_format::hash::name_hash,
             bench_hash_index_only: false,
+            test_commit_between_batches: false,
         }
     }
 }
@@ -130,9 +144,22 @@ pub(crate) struct Inner {
     pub changed: bool,
     /// Pin counts of inodes a front end still holds (see `orphan`).
     pub pins: pins::Pins,
-    /// Orphans of the running transaction whose ORPHAN item the commit writes (see `orphan`).
-    pub new_orphans: std::collections::BTreeSet<Ino>,
+    /// Orphans: inodes being freed, or trimmed, across operations (see `orphan`).
+    pub orphans: orphan::Orphans,
+    /// Inodes whose last name an operation removed while nothing held them, too large to
+    /// free in one batch: freed in batches once the operation returns.
+    pub release: Vec<Ino>,
     pub atime: Atime,
+    pub sync: SyncMode,
+    /// Nodes of the space tree: every commit may copy each once (`reserve`).
+    pub space_nodes: u64,
+    /// Incompat bits the next commit adds to the superblock: an item needing them exists in
+    /// the running transaction (`require_incompat`).
+    pub incompat_wanted: u64,
+    /// `store.mod_seq` at the running operation's last checkpoint (see the module notes).
+    pub op_checkpoint: u64,
+    /// `OpenOptions::test_commit_between_batches`.
+    pub commit_between_batches: bool,
     /// `OpenOptions::bench_hash_index_only`.
     pub hash_index_only: bool,
     /// The leaf the last inode-order directory entry went into: creates number inodes in
@@ -292,8 +319,14 @@ impl Fs {
             dirty_nodes_limit: usize::MAX,
             changed: true,
             pins: Default::default(),
-            new_orphans: Default::default(),
+            orphans: Default::default(),
+            release: Vec::new(),
             atime: Atime::NoAtime,
+            sync: SyncMode::default(),
+            space_nodes: 0,
+            incompat_wanted: 0,
+            op_checkpoint: 0,
+            commit_between_batches: false,
             hash_index_only: false,
             dir_ino_hint: Default::default(),
             log: Default::default(),
@@ -343,8 +376,14 @@ impl Fs {
             dirty_nodes_limit: opts.dirty_nodes_limit.clamp(64, (cache_nodes / 2).max(64)),
             changed: false,
             pins: Default::default(),
-            new_orphans: Default::default(),
+            orphans: Default::default(),
+            release: Vec::new(),
             atime: opts.atime,
+            sync: opts.sync,
+            space_nodes: 0,
+            incompat_wanted: 0,
+            op_checkpoint: 0,
+            commit_between_batches: opts.test_commit_between_batches,
             hash_index_only: opts.bench_hash_index_only,
             dir_ino_hint: Default::default(),
             log: Default::default(),
@@ -352,6 +391,7 @@ impl Fs {
         };
         let space_tree = inner.space_tree;
         txn::load_space(&mut inner.store, &space_tree)?;
+        inner.space_nodes = space_tree.count_nodes(&mut inner.store)?;
         let used = inner.store.alloc.used_blocks();
         if used != sb.used_blocks.get() {
             return Err(idxfs_format::Corrupt::new(
@@ -366,6 +406,7 @@ impl Fs {
         if crate::log::replay(&mut inner)? > 0 && !inner.read_only {
             inner.commit()?;
         }
+        inner.load_orphans()?;
         // The root must exist and be a directory.
         let root = inner.inode(ROOT_INO)?;
         if root.mode.get() & S_IFMT != S_IFDIR {
@@ -415,26 +456,34 @@ impl Fs {
     }
 
     /// Runs a mutating operation: refuses on a read-only or failed file system, reserves space
-    /// for `items` item changes, and turns an error after the first change into read-only.
+    /// for `items` item changes, turns an error after a change since the last checkpoint
+    /// into a stopped file system, and makes the operation durable before it returns when the
+    /// mount's sync mode covers `durable`.
     pub(crate) fn write_op<R>(
         &self,
         items: u64,
         kind: Reserve,
+        durable: Durable,
         f: impl FnOnce(&mut Inner) -> Result<R>,
     ) -> Result<R> {
         let mut g = self.lock();
         g.writable()?;
         g.reserve(items, kind)?;
         let seq = g.store.mod_seq;
+        g.op_checkpoint = seq;
         let r = f(&mut g);
+        let changed = g.store.mod_seq != seq;
+        if changed {
+            g.changed = true;
+        }
         match &r {
-            Err(e) if g.store.mod_seq != seq || e.is_fatal() => {
+            Err(e) if g.store.mod_seq != g.op_checkpoint || e.is_fatal() => {
                 let why = format!("{e}");
                 g.fail(why);
             }
             Ok(_) => {
-                if g.store.mod_seq != seq {
-                    g.changed = true;
+                if changed && g.sync.covers(durable) {
+                    g.make_durable()?;
                 }
                 g.after_op()?;
             }
@@ -449,25 +498,23 @@ impl Fs {
         if g.read_only {
             return Ok(());
         }
-        g.writable()?;
+        g.durable_ok()?;
         g.commit()
     }
 
     /// Makes `ino`'s data and metadata durable, with everything else changed before it: one
     /// batch of the fsync log, whose cost follows what changed since the last fsync (`log`),
-    /// or a commit when there is no log to append to.
+    /// or a commit when there is no log to append to. On a file system stopped by an error
+    /// the answer is that error (EIO), as the kernel's file systems give: what was asked
+    /// cannot be made durable.
     pub fn fsync(&self, ino: Ino) -> Result<()> {
         self.getattr(ino)?;
         let mut g = self.lock();
         if g.read_only {
             return Ok(());
         }
-        g.writable()?;
-        if g.log_sync()? {
-            return Ok(());
-        }
-        Counters::inc(&g.store.counters.log_fallback_commits);
-        g.commit()
+        g.durable_ok()?;
+        g.make_durable()
     }
 
     /// Commits and stops the commit thread. Dropping an `Fs` does the same, ignoring errors.
@@ -514,15 +561,16 @@ impl Fs {
 
     pub fn statfs(&self) -> Result<StatFs> {
         let g = self.lock();
-        let free = g.store.alloc.free_blocks();
-        let reserve = g.global_reserve();
+        let space = g.space_report();
+        // An inode takes about 1/16 of a block of items (inode item, entries, back reference).
+        let files_free = (idxfs_format::MAX_INO - g.next_ino).min(space.avail * 16);
         Ok(StatFs {
             block_size: BLOCK_SIZE as u32,
             blocks: g.store.total_blocks,
-            blocks_free: free,
-            blocks_avail: free.saturating_sub(reserve),
-            files: g.inode_count + (idxfs_format::MAX_INO - g.next_ino).min(free * 16),
-            files_free: (idxfs_format::MAX_INO - g.next_ino).min(free * 16),
+            blocks_free: space.free,
+            blocks_avail: space.avail,
+            files: g.inode_count + files_free,
+            files_free,
             name_max: NAME_MAX as u32,
         })
     }
@@ -616,8 +664,41 @@ pub(crate) fn new_inode_item(
 pub(crate) enum Reserve {
     /// Creates and writes: must leave the global reserve untouched.
     Grow,
-    /// Deletes and truncates: may use the global reserve, so a full file system can be emptied.
+    /// Deletes, truncates and renames: may use the global reserve, so a full file system can
+    /// be emptied.
     Shrink,
+}
+
+/// Which operations the mount's sync mode makes durable before they return.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Durable {
+    /// Directory changes: create, mknod, mkdir, symlink, link, unlink, rmdir, rename.
+    Dir,
+    /// Everything else a user asks for: writes, truncates, attributes, xattrs.
+    Data,
+    /// Housekeeping that changes nothing a user sees (freeing released orphans).
+    Never,
+}
+
+/// When operations are durable on return, as the `sync` and `dirsync` mount options say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SyncMode {
+    /// At the next commit, fsync, or sync (the default).
+    #[default]
+    Async,
+    /// Directory changes on return (`-o dirsync`).
+    Dirs,
+    /// Every change on return (`-o sync`).
+    All,
+}
+
+impl SyncMode {
+    fn covers(self, d: Durable) -> bool {
+        matches!(
+            (self, d),
+            (SyncMode::All, Durable::Dir | Durable::Data) | (SyncMode::Dirs, Durable::Dir)
+        )
+    }
 }
 
 impl Inner {
@@ -634,67 +715,49 @@ impl Inner {
         }
     }
 
+    /// Refuses durability requests (fsync, sync) on a file system that stopped after an error:
+    /// EIO, with the first cause, since what the caller wants durable cannot be.
+    fn durable_ok(&self) -> Result<()> {
+        match &self.failed {
+            Some(why) => Err(Error::Io(std::io::Error::other(format!(
+                "file system stopped after an error: {why}"
+            )))),
+            None => self.writable(),
+        }
+    }
+
+    /// Makes every change of the running transaction durable: an fsync log batch, or a
+    /// commit when there is no log to append to (or the batch would be too large).
+    fn make_durable(&mut self) -> Result<()> {
+        if self.log_sync()? {
+            return Ok(());
+        }
+        Counters::inc(&self.store.counters.log_fallback_commits);
+        self.commit()
+    }
+
+    /// Marks the running operation's state whole: an error after this point and before any
+    /// further change leaves the file system writable (see the module notes).
+    pub fn checkpoint(&mut self) {
+        self.op_checkpoint = self.store.mod_seq;
+    }
+
+    /// Notes that the running transaction holds an item that needs incompat feature `bit`:
+    /// the next commit sets it in the superblock, and until then fsync commits instead of
+    /// logging (`log_sync`), so no durable state ever holds such an item without the bit
+    /// that keeps older readers away.
+    pub fn require_incompat(&mut self, bit: u64) {
+        if self.sb.incompat.get() & bit == 0 {
+            self.incompat_wanted |= bit;
+        }
+    }
+
     pub fn now(&self) -> Timespec {
         let (sec, nsec) = self.clock.now();
         Timespec {
             sec: sec.into(),
             nsec: nsec.into(),
         }
-    }
-
-    fn node_blocks_per_change(&self) -> u64 {
-        // COW of every level plus a split at every level plus a new root.
-        (2 * (self.fs_tree.level as u64 + 2) + 1) * self.store.blocks_per_node()
-    }
-
-    /// Blocks kept for deletes, so a full file system can always be emptied.
-    pub fn global_reserve(&self) -> u64 {
-        16 * self.store.blocks_per_node() + self.store.total_blocks / 200
-    }
-
-    /// Worst case blocks the commit of the running transaction still needs.
-    fn commit_need(&self) -> u64 {
-        let bpn = self.store.blocks_per_node();
-        let inodes = self.inodes.dirty_count() as u64 * (self.fs_tree.level as u64 + 2) * bpn;
-        let groups = self
-            .store
-            .alloc
-            .groups
-            .len()
-            .min(self.store.alloc.dirty_groups().len() + 8) as u64;
-        let space = groups * 2 * (self.space_tree.level as u64 + 3) * bpn;
-        inodes + space
-    }
-
-    /// Refuses with NoSpace unless `items` item changes (and the commit after them) fit.
-    pub fn reserve(&mut self, items: u64, kind: Reserve) -> Result<()> {
-        self.reserve_blocks(items, 0, kind)
-    }
-
-    /// Blocks `items` item changes and `data_blocks` of data need, with the commit after them
-    /// and, for growing operations, the global reserve left untouched.
-    fn blocks_needed(&self, items: u64, data_blocks: u64, kind: Reserve) -> u64 {
-        let reserve = if kind == Reserve::Grow {
-            self.global_reserve()
-        } else {
-            0
-        };
-        items * self.node_blocks_per_change() + data_blocks + self.commit_need() + reserve
-    }
-
-    pub fn reserve_blocks(&mut self, items: u64, data_blocks: u64, kind: Reserve) -> Result<()> {
-        if self.store.alloc.free_blocks() >= self.blocks_needed(items, data_blocks, kind) {
-            return Ok(());
-        }
-        // Blocks freed by this transaction come back once it commits.
-        if self.store.alloc.pinned_blocks() > 0 || self.changed {
-            self.commit()?;
-            if self.store.alloc.free_blocks() >= self.blocks_needed(items, data_blocks, kind) {
-                return Ok(());
-            }
-        }
-        Counters::inc(&self.store.counters.enospc);
-        Err(Error::NoSpace)
     }
 
     /// Housekeeping after a successful change: commit when dirty state passes its bounds.
@@ -748,7 +811,11 @@ impl Inner {
                 "file system stopped after an error: {why}"
             ))));
         }
-        if !self.changed && self.inodes.dirty_count() == 0 && self.new_orphans.is_empty() {
+        if !self.changed
+            && self.inodes.dirty_count() == 0
+            && self.orphans.pending_len() == 0
+            && self.incompat_wanted == 0
+        {
             return Ok(());
         }
         // A commit is not a change by an operation: keep `mod_seq` as the operation saw it, so
@@ -809,14 +876,17 @@ impl Inner {
         sb.used_blocks = self.store.alloc.used_blocks().into();
         // After used_blocks: the committed bitmaps call the log's first block free.
         sb.log_root = self.log_start(gen);
+        let mut incompat = sb.incompat.get() | self.incompat_wanted;
         if sb.log_root.block.get() != 0 {
-            sb.incompat = (sb.incompat.get() | idxfs_format::versions::INCOMPAT_LOG).into();
+            incompat |= idxfs_format::versions::INCOMPAT_LOG;
         }
+        sb.incompat = incompat.into();
         self.store
             .dev
             .write_at(&sb.encode(), (gen % SUPER_COPIES) * BLOCK_SIZE)?;
         self.store.dev.flush()?;
         self.sb = sb;
+        self.incompat_wanted = 0;
         txn::finish(&mut self.store);
         self.changed = false;
         Ok(())

@@ -1,89 +1,216 @@
-//! Inodes whose last name is gone while something still holds them ("orphans").
+//! Orphans: inodes whose freeing outlives the operation that started it.
 //!
-//! A front end *pins* an inode while a holder can still use it by number: the FUSE front end
-//! pins once for every reply that raises the kernel's lookup count and unpins on `forget`; a
-//! library user pins while it has a file open. When the last name of a pinned inode goes, the
-//! inode item stays (nlink 0) and an ORPHAN item `(ORPHAN_OBJECTID, Orphan, ino)` records it in
-//! the same transaction. The last unpin frees the inode and drops the orphan item.
+//! Two kinds (`OrphanKind`), one ORPHAN item `(ORPHAN_OBJECTID, Orphan, ino)` each:
+//! - *Free*: the inode's last name is gone, but it is still held, or too large to free in one
+//!   bounded batch. A front end *pins* an inode while a holder can still use it by number
+//!   (the FUSE front end once for every reply that raises the kernel's lookup count, unpinned
+//!   on `forget`; a library user while it has a file open). When the last name of a pinned
+//!   inode goes, the inode stays (nlink 0); the last unpin frees it. Freeing goes in batches
+//!   of one leaf of its items each (`free_inode_batch`), each batch its own operation, so no
+//!   reservation grows with the file's size.
+//! - *Trim*: a linked inode whose extents past its size are still to be freed, because a
+//!   truncate took more than one batch (`Inner::trim_past_size`).
 //!
-//! The ORPHAN item is written by the commit, not by the unlink: until then the unlink itself is
-//! not durable either, and an orphan freed before the commit (`rm` of a file the kernel forgets
-//! a moment later: nearly every one) never costs an item. Between the unlink and the commit the
-//! orphan is listed in `Inner::new_orphans`.
+//! The ORPHAN item is written by the commit (or an fsync batch), not by the operation: until
+//! then the operation itself is not durable either, and an orphan freed before the commit
+//! (`rm` of a file the kernel forgets a moment later: nearly every one) never costs an item.
 //!
 //! Pins live in memory only. After a crash the image still lists its orphans, and the next
-//! read-write open frees them all (`reclaim_orphans`); a clean close does the same, since
+//! read-write open finishes them all (`reclaim_orphans`); a clean close does the same, since
 //! nothing can hold an inode of a closed file system.
-use super::{Fs, Inner, Ino, Reserve};
+use super::file::FREE_BATCH_ITEMS;
+use super::{Durable, Fs, Inner, Ino, Reserve};
 use crate::counters::Counters;
 use crate::error::Result;
-use idxfs_format::{ItemType, Key, ORPHAN_OBJECTID};
+use idxfs_format::items::{decode_orphan, OrphanKind};
+use idxfs_format::{Corrupt, ItemType, Key, ORPHAN_OBJECTID};
+use std::collections::BTreeMap;
 
 fn orphan_key(ino: Ino) -> Key {
     Key::new(ORPHAN_OBJECTID, ItemType::Orphan, ino)
 }
 
-impl Inner {
-    /// The last name of `ino` is gone (its nlink is already 0): free it now, or keep it as an
-    /// orphan while it is pinned.
-    pub(crate) fn unlinked(&mut self, ino: Ino) -> Result<()> {
-        if self.pins.contains(ino) {
-            let new = self.new_orphans.insert(ino);
-            debug_assert!(new, "inode {ino} orphaned twice");
-            Ok(())
-        } else {
-            self.delete_inode(ino)
-        }
+/// The orphans this mount knows: those with an item in the fs tree, and those whose item
+/// (new, or of a new kind) the next commit writes.
+#[derive(Debug, Default)]
+pub(crate) struct Orphans {
+    stored: BTreeMap<Ino, OrphanKind>,
+    pending: BTreeMap<Ino, OrphanKind>,
+}
+
+impl Orphans {
+    pub fn kind(&self, ino: Ino) -> Option<OrphanKind> {
+        self.pending
+            .get(&ino)
+            .or_else(|| self.stored.get(&ino))
+            .copied()
     }
 
-    /// Frees an orphan: its data, its items, and the orphan item.
-    fn free_orphan(&mut self, ino: Ino) -> Result<()> {
-        self.delete_inode(ino)?;
-        if !self.new_orphans.remove(&ino) {
+    pub fn is_free(&self, ino: Ino) -> bool {
+        self.kind(ino) == Some(OrphanKind::Free)
+    }
+
+    /// Records `ino` as an orphan of `kind` (a Free orphan replaces a Trim one: freeing the
+    /// inode frees what the trim was to free).
+    pub fn add(&mut self, ino: Ino, kind: OrphanKind) {
+        debug_assert!(
+            !self.is_free(ino),
+            "inode {ino} orphaned twice (nlink 0 cannot be linked again)"
+        );
+        self.pending.insert(ino, kind);
+    }
+
+    /// Items the next commit writes.
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Every orphan, in inode order.
+    pub fn all(&self) -> Vec<(Ino, OrphanKind)> {
+        let mut m = self.stored.clone();
+        m.extend(self.pending.iter().map(|(i, k)| (*i, *k)));
+        m.into_iter().collect()
+    }
+}
+
+impl Inner {
+    pub(crate) fn trimming(&self, ino: Ino) -> bool {
+        self.orphans.kind(ino) == Some(OrphanKind::Trim)
+    }
+
+    /// The last name of `ino` is gone (its nlink is already 0). Freed now when nothing holds
+    /// it and one batch takes all of it (nearly every file); else an orphan, freed in batches
+    /// once released (`Fs::release_orphans` after this operation, for one nothing holds).
+    pub(crate) fn unlinked(&mut self, ino: Ino) -> Result<()> {
+        if !self.pins.contains(ino) {
+            if self.free_inode_batch(ino)? {
+                return Ok(());
+            }
+            self.release.push(ino);
+        }
+        self.orphans.add(ino, OrphanKind::Free);
+        Ok(())
+    }
+
+    /// Frees one batch of `ino`'s items: those of one leaf, from its last item down (its
+    /// extents first, their blocks with them); the inode item goes last, and with it the
+    /// inode and its orphan. Returns whether the inode is gone. Between batches the inode is
+    /// a consistent orphan: fewer extents, and `alloc_bytes` to match.
+    pub(crate) fn free_inode_batch(&mut self, ino: Ino) -> Result<bool> {
+        let lo = Key::new(ino, ItemType::Inode, 0);
+        let hi = Key::new(ino + 1, ItemType::Inode, 0);
+        let removed = self
+            .fs_tree
+            .delete_batch(&mut self.store, lo, hi, FREE_BATCH_ITEMS)?;
+        Counters::inc(&self.store.counters.free_batches);
+        let mut freed = 0;
+        let mut gone = removed.is_empty();
+        for (k, v) in &removed {
+            match k.item_type() {
+                Some(ItemType::Inode) => gone = true,
+                Some(ItemType::Extent) => freed += self.free_extent_item(k, v)?,
+                _ => {}
+            }
+        }
+        if !gone {
+            if freed > 0 {
+                self.modify_inode(ino, |i| {
+                    i.alloc_bytes = i
+                        .alloc_bytes
+                        .get()
+                        .saturating_sub(freed * idxfs_format::BLOCK_SIZE)
+                        .into()
+                })?;
+            }
+            return Ok(false);
+        }
+        self.inodes.remove(ino);
+        self.inode_count -= 1;
+        if self.orphans.kind(ino).is_some() {
+            self.drop_orphan(ino)?;
+        }
+        Ok(true)
+    }
+
+    /// Forgets `ino`'s orphan: the pending record, and the item if one was written.
+    pub(crate) fn drop_orphan(&mut self, ino: Ino) -> Result<()> {
+        self.orphans.pending.remove(&ino);
+        if self.orphans.stored.remove(&ino).is_some() {
             self.fs_tree.delete(&mut self.store, &orphan_key(ino))?;
         }
         Ok(())
     }
 
-    /// Writes the ORPHAN items of this transaction's orphans still held (at commit).
+    /// Writes the ORPHAN items the running transaction owes (at commit, and before an fsync
+    /// batch).
     pub(crate) fn write_new_orphans(&mut self) -> Result<()> {
         let mut hint = crate::btree::LeafHint::default();
-        while let Some(ino) = self.new_orphans.pop_first() {
-            let had = self.fs_tree.insert_near(
-                &mut self.store,
-                orphan_key(ino),
-                Vec::new(),
-                &mut hint,
-            )?;
-            if had.is_some() {
-                // An inode orphans once (nlink 0 cannot be linked again), so the image had the
-                // item before the unlink: it lied about an inode that had links.
-                return Err(crate::error::Error::Corrupt(idxfs_format::Corrupt::new(
-                    format!("orphan item of inode {ino}"),
-                    "present before its last unlink",
-                    "absent",
-                )));
+        while let Some((ino, kind)) = self.orphans.pending.pop_first() {
+            let v = kind.encode();
+            match self.orphans.stored.insert(ino, kind) {
+                None => {
+                    let had =
+                        self.fs_tree
+                            .insert_near(&mut self.store, orphan_key(ino), v, &mut hint)?;
+                    if had.is_some() {
+                        // The image had an item this mount did not know of: it lied about an
+                        // inode that was live.
+                        return Err(Corrupt::new(
+                            format!("orphan item of inode {ino}"),
+                            "present before this mount made it",
+                            "absent",
+                        )
+                        .into());
+                    }
+                }
+                Some(old) if old != kind => {
+                    self.fs_tree.put(&mut self.store, orphan_key(ino), v)?;
+                }
+                Some(_) => {}
             }
         }
         Ok(())
     }
 
-    /// Orphans: those the image lists and those of the running transaction, in inode order.
-    fn orphan_list(&mut self) -> Result<Vec<Ino>> {
+    /// Reads the orphan items of the image (at open), checking each against its inode: a
+    /// Free orphan has no links, a Trim orphan has some. Freeing a live inode because the
+    /// image said so would lose a file, so a mismatch is corruption.
+    pub(crate) fn load_orphans(&mut self) -> Result<()> {
         let tree = self.fs_tree;
-        let mut out = Vec::new();
+        let mut found = Vec::new();
+        let mut bad = None;
         tree.scan(
             &mut self.store,
             orphan_key(0),
             orphan_key(u64::MAX),
-            |k, _| {
-                out.push(k.offset);
-                Ok(true)
+            |k, v| {
+                match decode_orphan(v, k.offset) {
+                    Ok(kind) => found.push((k.offset, kind)),
+                    Err(e) => bad = Some(e),
+                }
+                Ok(bad.is_none())
             },
         )?;
-        out.extend(self.new_orphans.iter().copied());
-        out.sort_unstable();
-        Ok(out)
+        if let Some(e) = bad {
+            return Err(e.into());
+        }
+        for (ino, kind) in found {
+            let nlink = self.inode(ino)?.nlink.get();
+            if (kind == OrphanKind::Free) != (nlink == 0) {
+                return Err(Corrupt::new(
+                    format!("orphan item of inode {ino} ({kind:?})"),
+                    format!("link count {nlink}"),
+                    if kind == OrphanKind::Free {
+                        "0"
+                    } else {
+                        "at least 1"
+                    },
+                )
+                .into());
+            }
+            self.orphans.stored.insert(ino, kind);
+        }
+        Ok(())
     }
 
     pub(crate) fn pin_all(&mut self, inos: &[Ino]) {
@@ -95,15 +222,8 @@ impl Inner {
     }
 
     /// True when `ino` is an orphan nobody pins any more.
-    fn is_free_orphan(&mut self, ino: Ino) -> Result<bool> {
-        if self.pins.contains(ino) {
-            return Ok(false);
-        }
-        if self.new_orphans.contains(&ino) {
-            return Ok(true);
-        }
-        let tree = self.fs_tree;
-        Ok(tree.get(&mut self.store, &orphan_key(ino))?.is_some())
+    fn is_free_orphan(&mut self, ino: Ino) -> bool {
+        !self.pins.contains(ino) && self.orphans.is_free(ino)
     }
 }
 
@@ -128,57 +248,91 @@ impl Fs {
     pub fn unpin_many(&self, list: &[(Ino, u64)]) -> Result<()> {
         let free = {
             let mut g = self.lock();
-            let mut last = Vec::new();
-            for &(ino, n) in list {
-                if g.pins.drop_pins(ino, n) == Some(true) {
-                    last.push(ino);
-                }
-            }
-            if last.is_empty() || g.writable().is_err() {
-                return Ok(());
-            }
             let mut free = Vec::new();
-            for ino in last {
-                if g.is_free_orphan(ino)? {
+            for &(ino, n) in list {
+                if g.pins.drop_pins(ino, n) == Some(true) && g.is_free_orphan(ino) {
                     free.push(ino);
                 }
+            }
+            if free.is_empty() || g.writable().is_err() {
+                return Ok(());
             }
             free
         };
         self.free_orphans(&free)
     }
 
-    /// Frees every orphan nobody pins: at mount (after a crash, none is pinned) and at close.
+    /// Finishes every orphan nobody pins: at mount (after a crash, none is pinned) and at
+    /// close. Returns how many were finished.
     pub fn reclaim_orphans(&self) -> Result<u64> {
         let list = {
-            let mut g = self.lock();
+            let g = self.lock();
             if g.writable().is_err() {
                 return Ok(0);
             }
-            g.orphan_list()?
+            g.orphans.all()
         };
-        self.free_orphans(&list)?;
-        Ok(list.len() as u64)
+        let mut done = 0;
+        for (ino, kind) in list {
+            match kind {
+                OrphanKind::Free => self.free_orphans(&[ino])?,
+                OrphanKind::Trim => {
+                    self.write_op(0, Reserve::Shrink, Durable::Never, |g| {
+                        if g.trimming(ino) {
+                            g.finish_trim(ino)?;
+                        }
+                        Ok(())
+                    })?;
+                }
+            }
+            done += 1;
+        }
+        Ok(done)
     }
 
-    fn free_orphans(&self, inos: &[Ino]) -> Result<()> {
+    /// Frees orphans nobody holds, each in batches, one operation per batch: other
+    /// operations go on between them, and each reserves for one batch only. A batch refused
+    /// for lack of space leaves the orphan for a later release (the next close or open).
+    pub(crate) fn free_orphans(&self, inos: &[Ino]) -> Result<()> {
         for &ino in inos {
-            self.write_op(4, Reserve::Shrink, |g| {
-                // Checked again under this lock: a pin may have come meanwhile.
-                if !g.is_free_orphan(ino)? {
-                    return Ok(());
+            loop {
+                let r = self.write_op(1, Reserve::Shrink, Durable::Never, |g| {
+                    // Checked again under this lock: a pin may have come meanwhile.
+                    if !g.is_free_orphan(ino) {
+                        return Ok(true);
+                    }
+                    g.free_inode_batch(ino)
+                });
+                match r {
+                    Ok(true) => break,
+                    Ok(false) => {}
+                    Err(crate::Error::NoSpace) => return Ok(()),
+                    Err(e) => return Err(e),
                 }
-                let it = g.inode(ino)?;
-                let extents = g.extent_items_bound(ino, &it)?;
-                g.reserve(extents, Reserve::Shrink)?;
-                g.free_orphan(ino)
-            })?;
+            }
         }
         Ok(())
     }
 
-    /// Orphans the image lists (for tests and tools).
+    /// Frees what this mount's operations left to free after they returned: inodes unlinked
+    /// while nothing held them, too large for one batch. The operation that left them has
+    /// succeeded whatever happens here: an error stopped the file system (and is kept as its
+    /// cause), and an orphan not freed now is freed at the next close or open.
+    pub(crate) fn release_orphans(&self) {
+        let list = std::mem::take(&mut self.lock().release);
+        if !list.is_empty() {
+            let _ = self.free_orphans(&list);
+        }
+    }
+
+    /// Orphans this mount knows (for tests and tools).
     pub fn orphans(&self) -> Result<Vec<Ino>> {
-        self.lock().orphan_list()
+        Ok(self
+            .lock()
+            .orphans
+            .all()
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect())
     }
 }

@@ -1,48 +1,18 @@
-//! unlink, rmdir, and freeing an inode whose last link went away.
-use super::{Fs, Inner, Ino, Reserve};
+//! unlink, rmdir, and dropping a link of an inode.
+//!
+//! Neither reserves space by the size of what goes away: the inode whose last name goes is
+//! freed in batches of one leaf each (`orphan`), so deleting a file of any number of extents
+//! or xattrs works on a full file system, with the global reserve.
+use super::{Durable, Fs, Inner, Ino, Reserve};
 use crate::error::{Error, Result};
-use idxfs_format::items::{decode_extent, EXTENT_INLINE, S_IFDIR, S_IFMT};
-use idxfs_format::Corrupt;
-use idxfs_format::{ItemType, Key};
+use idxfs_format::items::{S_IFDIR, S_IFMT};
+
+/// Item changes an unlink makes at most: the two index records and the back reference, and
+/// the first freeing batch of the inode if that was its last name (later batches reserve for
+/// themselves).
+const UNLINK_ITEMS: u64 = 6;
 
 impl Inner {
-    /// Deletes every item of an inode with no links left: data, xattrs, the inode item.
-    pub(crate) fn delete_inode(&mut self, ino: Ino) -> Result<()> {
-        // Blocks to give back only when some are allocated (fsck holds `alloc_bytes` to the
-        // sum of the extents); otherwise at most the inline extent remains, an item like the
-        // others below, and the file costs no search of its extents.
-        let has_blocks = self.inode(ino)?.alloc_bytes.get() > 0;
-        if has_blocks {
-            self.free_all_data(ino)?;
-        }
-        let tree = self.fs_tree;
-        let total = self.store.total_blocks;
-        let mut keys = Vec::new();
-        tree.scan(
-            &mut self.store,
-            Key::new(ino, ItemType::Inode, 0),
-            Key::new(ino + 1, ItemType::Inode, 0),
-            |k, v| {
-                if k.ty == ItemType::Extent as u8 {
-                    // Deleting the item of an extent with blocks would leak them.
-                    let what = format_args!("extent {k} of inode {ino} without blocks");
-                    let (e, _) = decode_extent(v, what, total)?;
-                    if e.kind != EXTENT_INLINE {
-                        return Err(Corrupt::new(what.to_string(), e.kind, "inline").into());
-                    }
-                }
-                keys.push(*k);
-                Ok(true)
-            },
-        )?;
-        for k in keys {
-            self.fs_tree.delete(&mut self.store, &k)?;
-        }
-        self.inodes.remove(ino);
-        self.inode_count -= 1;
-        Ok(())
-    }
-
     /// Drops one link of `ino` (its entry is already gone); frees it at zero.
     pub(crate) fn drop_link(&mut self, ino: Ino) -> Result<()> {
         let now = self.now();
@@ -80,27 +50,22 @@ impl Inner {
 
 impl Fs {
     pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
-        self.write_op(6, Reserve::Shrink, |g| {
+        self.write_op(UNLINK_ITEMS, Reserve::Shrink, Durable::Dir, |g| {
             g.dir_inode(parent)?;
             let e = g.lookup_entry(parent, name)?.ok_or(Error::NotFound)?;
             let it = g.inode(e.ino)?;
             if it.mode.get() & S_IFMT == S_IFDIR {
                 return Err(Error::IsDir);
             }
-            // Data may need one item change per extent.
-            let extents = if it.nlink.get() == 1 {
-                g.extent_items_bound(e.ino, &it)?
-            } else {
-                0
-            };
-            g.reserve(extents, Reserve::Shrink)?;
             g.remove_entry(parent, name, e.ino)?;
             g.drop_link(e.ino)
-        })
+        })?;
+        self.release_orphans();
+        Ok(())
     }
 
     pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
-        self.write_op(8, Reserve::Shrink, |g| {
+        self.write_op(UNLINK_ITEMS, Reserve::Shrink, Durable::Dir, |g| {
             g.dir_inode(parent)?;
             if name == b"." {
                 return Err(Error::Invalid("rmdir of ."));
@@ -111,6 +76,8 @@ impl Fs {
             let e = g.lookup_entry(parent, name)?.ok_or(Error::NotFound)?;
             g.check_rmdir(e.ino)?;
             g.remove_dir(parent, name, e.ino)
-        })
+        })?;
+        self.release_orphans();
+        Ok(())
     }
 }

@@ -1,14 +1,21 @@
 //! rename, with RENAME_NOREPLACE and RENAME_EXCHANGE.
-use super::{Fs, Inner, Ino, Reserve, RENAME_EXCHANGE, RENAME_NOREPLACE};
+use super::dir::EntryPlan;
+use super::{Durable, Fs, Inner, Ino, Reserve, RENAME_EXCHANGE, RENAME_NOREPLACE};
 use crate::error::{Error, Result};
-use idxfs_format::items::{dtype_of_mode, S_IFDIR, S_IFMT};
+use idxfs_format::items::{dir_entry_size, dtype_of_mode, S_IFDIR, S_IFMT};
 use idxfs_format::ROOT_INO;
+
+/// Item changes a rename makes at most: three records out and three in for each of two names,
+/// and the first freeing batch of a replaced inode.
+const RENAME_ITEMS: u64 = 13;
 
 impl Inner {
     /// True if `dir` is `anc` or lies below it.
     fn is_within(&mut self, mut dir: Ino, anc: Ino) -> Result<bool> {
-        // Bounded by tree depth; a cycle would be corruption, so cap the walk.
-        for _ in 0..1_000_000 {
+        // No path to the root is longer than the number of inodes: a walk past that has met
+        // a cycle, which is corruption. (A fixed cap would call a deep but valid tree
+        // corrupt, and a user can build one.)
+        for _ in 0..=self.inode_count {
             if dir == anc {
                 return Ok(true);
             }
@@ -30,10 +37,18 @@ impl Inner {
     }
 
     /// Moves the entry (p1, n1) -> ino to (p2, n2), fixing directory link counts.
-    fn move_entry(&mut self, p1: Ino, n1: &[u8], p2: Ino, n2: &[u8], ino: Ino) -> Result<()> {
+    fn move_entry(
+        &mut self,
+        p1: Ino,
+        n1: &[u8],
+        p2: Ino,
+        n2: &[u8],
+        ino: Ino,
+        plan: EntryPlan,
+    ) -> Result<()> {
         let it = self.inode(ino)?;
         self.remove_entry(p1, n1, ino)?;
-        self.add_entry(p2, n2, ino, dtype_of_mode(it.mode.get()))?;
+        self.add_entry(p2, n2, ino, dtype_of_mode(it.mode.get()), plan)?;
         if it.mode.get() & S_IFMT == S_IFDIR && p1 != p2 {
             self.modify_inode(p1, |p| p.nlink = p.nlink.get().saturating_sub(1).into())?;
             self.modify_inode(p2, |p| p.nlink = (p.nlink.get() + 1).into())?;
@@ -51,7 +66,9 @@ impl Fs {
         {
             return Err(Error::Invalid("rename flags"));
         }
-        self.write_op(16, Reserve::Grow, |g| {
+        // Names move, nothing grows: renames may use the global reserve, so a full file system
+        // can still replace a file (the usual way to save one).
+        self.write_op(RENAME_ITEMS, Reserve::Shrink, Durable::Dir, |g| {
             g.dir_inode(p1)?;
             g.dir_inode(p2)?;
             for n in [n1, n2] {
@@ -60,8 +77,14 @@ impl Fs {
                 }
             }
             Inner::check_name(n2)?;
-            let src = g.lookup_entry(p1, n1)?.ok_or(Error::NotFound)?;
-            let dst = g.lookup_entry(p2, n2)?;
+            let (src, src_item_len) = g.lookup_slot(p1, n1)?;
+            let src = src.ok_or(Error::NotFound)?;
+            let (dst, dst_item_len) = g.lookup_slot(p2, n2)?;
+            // Each name's new record replaces one of the same name (or none): the hash item
+            // has room for it if it has room with that record gone.
+            let n1_len = src_item_len.saturating_sub(dir_entry_size(n1.len()));
+            let n2_len =
+                dst_item_len.saturating_sub(dst.as_ref().map_or(0, |_| dir_entry_size(n2.len())));
             let src_dir = g.is_dir(src.ino)?;
             if p1 == p2 && n1 == n2 {
                 return Ok(());
@@ -79,11 +102,13 @@ impl Fs {
                 if src.ino == dst.ino {
                     return Ok(());
                 }
+                let plan1 = g.plan_entry(p1, n1, dst.ino, n1_len, false)?;
+                let plan2 = g.plan_entry(p2, n2, src.ino, n2_len, false)?;
                 // Take both names out, then put them back crosswise.
                 g.remove_entry(p1, n1, src.ino)?;
                 g.remove_entry(p2, n2, dst.ino)?;
-                g.add_entry(p1, n1, dst.ino, dst.dtype)?;
-                g.add_entry(p2, n2, src.ino, src.dtype)?;
+                g.add_entry(p1, n1, dst.ino, dst.dtype, plan1)?;
+                g.add_entry(p2, n2, src.ino, src.dtype, plan2)?;
                 if p1 != p2 && src_dir != dst_dir {
                     let (from, to) = if src_dir { (p1, p2) } else { (p2, p1) };
                     g.modify_inode(from, |p| p.nlink = p.nlink.get().saturating_sub(1).into())?;
@@ -94,7 +119,7 @@ impl Fs {
                 g.modify_inode(dst.ino, |i| i.ctime = now)?;
                 return Ok(());
             }
-            if let Some(dst) = dst {
+            if let Some(dst) = &dst {
                 if flags & RENAME_NOREPLACE != 0 {
                     return Err(Error::Exists);
                 }
@@ -109,21 +134,21 @@ impl Fs {
                     (true, true) => g.check_rmdir(dst.ino)?,
                     (false, false) => {}
                 }
-                let it = g.inode(dst.ino)?;
-                let extents = if it.nlink.get() == 1 {
-                    g.extent_count(dst.ino)?
-                } else {
-                    0
-                };
-                g.reserve(extents, Reserve::Shrink)?;
-                if dst_dir {
+            }
+            let plan = g.plan_entry(p2, n2, src.ino, n2_len, false)?;
+            if let Some(dst) = dst {
+                // The replaced inode's data, if this was its last name, is freed in bounded
+                // batches (`Inner::unlinked`), so no reservation grows with its size.
+                if g.is_dir(dst.ino)? {
                     g.remove_dir(p2, n2, dst.ino)?;
                 } else {
                     g.remove_entry(p2, n2, dst.ino)?;
                     g.drop_link(dst.ino)?;
                 }
             }
-            g.move_entry(p1, n1, p2, n2, src.ino)
-        })
+            g.move_entry(p1, n1, p2, n2, src.ino, plan)
+        })?;
+        self.release_orphans();
+        Ok(())
     }
 }

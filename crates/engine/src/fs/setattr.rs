@@ -1,5 +1,5 @@
 //! setattr: mode, owner, size, times.
-use super::{Attr, Fs, Ino, Reserve, SetAttr, SetTime};
+use super::{Attr, Durable, Fs, Ino, Reserve, SetAttr, SetTime};
 use crate::error::{Error, Result};
 use idxfs_format::items::{S_IFDIR, S_IFMT, S_IFREG};
 
@@ -13,13 +13,13 @@ impl Fs {
         if set.size.is_some_and(|s| s > super::file::MAX_FILE_SIZE) {
             return Err(Error::FileTooBig);
         }
-        self.write_op(4, Reserve::Shrink, |g| {
+        self.write_op(4, Reserve::Shrink, Durable::Data, |g| {
             let it = g.inode(ino)?;
             if let Some(size) = set.size {
                 match it.mode.get() & S_IFMT {
                     S_IFREG => {
-                        let extents = 16;
-                        g.reserve_blocks(extents, 2, super::Reserve::Shrink)?;
+                        // As `Fs::truncate`: later freeing batches reserve for themselves.
+                        g.reserve_blocks(8, 2, Reserve::Shrink)?;
                         g.truncate(ino, size)?;
                     }
                     S_IFDIR => return Err(Error::IsDir),

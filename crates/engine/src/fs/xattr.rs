@@ -1,10 +1,28 @@
-//! Extended attributes: (ino, Xattr, hash(name)) -> list of (name, value).
-use super::{Fs, Ino, Reserve, XATTR_CREATE, XATTR_REPLACE};
-use crate::btree::Change;
+//! Extended attributes: `(ino, Xattr, hash(name))` -> list of entries (names that collide on
+//! the hash share the item).
+//!
+//! A value whose entry fits a quarter of an item lives in the entry. A longer one, up to
+//! Linux's 65,536 bytes, lives in `(ino, XattrChunk, base + i)` items of up to one item's
+//! worth each, and its entry holds the length and the base. A base has its low 8 bits clear
+//! and is chosen from the name's hash, probing upwards past bases in use, so the chunks of
+//! one value sit together and never meet another value's.
+//!
+//! Limits, as Linux's: names up to 255 bytes, values up to 65,536 bytes, and the names of one
+//! inode (with a NUL each, as listxattr returns them) up to 65,536 bytes; past that a new name
+//! gets ENOSPC, as a full xattr block does on ext4.
+use super::{Durable, Fs, Inner, Ino, Reserve, XATTR_CREATE, XATTR_REPLACE};
+use crate::btree::{Change, LeafHint};
 use crate::error::{Error, Result};
-use idxfs_format::items::{decode_xattrs, encode_xattrs, xattr_entry_size, XattrEntry};
-use idxfs_format::node::max_item_size;
-use idxfs_format::{ItemType, Key};
+use idxfs_format::items::{
+    decode_xattrs, encode_xattrs, xattr_entry_size, XattrEntry, XattrValue, XATTR_CHUNKS_MAX,
+    XATTR_VALUE_MAX,
+};
+use idxfs_format::node::{max_item_size, ITEM_HEADER_SIZE};
+use idxfs_format::versions::INCOMPAT_XATTR_CHUNKS;
+use idxfs_format::{Corrupt, ItemType, Key};
+
+/// Linux's XATTR_LIST_MAX: the most a listxattr answer may hold.
+const XATTR_LIST_MAX: usize = 65536;
 
 fn check_name(name: &[u8]) -> Result<()> {
     if name.is_empty() {
@@ -16,29 +34,107 @@ fn check_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
-impl Fs {
-    pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
-        check_name(name)?;
-        let mut g = self.lock();
-        g.inode(ino)?;
-        let key = Key::new(ino, ItemType::Xattr, (g.hash)(name));
-        let tree = g.fs_tree;
-        let v = tree.get(&mut g.store, &key)?.ok_or(Error::NoData)?;
-        let xs = decode_xattrs(&v, format_args!("xattr {key}"))?;
-        xs.into_iter()
-            .find(|x| x.name == name)
-            .map(|x| x.value)
-            .ok_or(Error::NoData)
+/// The largest entry kept inline: a quarter of an item, so colliding names rarely fill one.
+fn inline_limit(node_size: u32) -> usize {
+    max_item_size(node_size) / 4
+}
+
+fn chunk_key(ino: Ino, at: u64) -> Key {
+    Key::new(ino, ItemType::XattrChunk, at)
+}
+
+impl Inner {
+    /// The entries of the xattr item `name` hashes to (empty: none), and its key.
+    fn xattr_item(&mut self, ino: Ino, name: &[u8]) -> Result<(Key, Vec<XattrEntry>)> {
+        let key = Key::new(ino, ItemType::Xattr, (self.hash)(name));
+        let tree = self.fs_tree;
+        let xs = match tree.get(&mut self.store, &key)? {
+            Some(v) => decode_xattrs(&v, format_args!("xattr {key}"))?,
+            None => Vec::new(),
+        };
+        Ok((key, xs))
     }
 
-    pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
-        let mut g = self.lock();
-        g.inode(ino)?;
-        let tree = g.fs_tree;
+    /// A long value's bytes, from its chunks.
+    fn read_chunks(&mut self, ino: Ino, len: u32, base: u64) -> Result<Vec<u8>> {
+        let tree = self.fs_tree;
+        let mut out = Vec::with_capacity(len as usize);
+        let mut next = base;
+        let mut bad = false;
+        tree.scan(
+            &mut self.store,
+            chunk_key(ino, base),
+            chunk_key(ino, base + XATTR_CHUNKS_MAX),
+            |k, v| {
+                if k.offset != next || out.len() + v.len() > len as usize || v.is_empty() {
+                    bad = true;
+                    return Ok(false);
+                }
+                out.extend_from_slice(v);
+                next += 1;
+                Ok(out.len() < len as usize)
+            },
+        )?;
+        if bad || out.len() != len as usize {
+            return Err(Corrupt::new(
+                format!("xattr chunks of inode {ino} at {base:#x}"),
+                format!("{} bytes in {} pieces", out.len(), next - base),
+                format!("{len} bytes in consecutive pieces"),
+            )
+            .into());
+        }
+        Ok(out)
+    }
+
+    /// Removes a long value's chunks (at most two leaves' worth: bounded).
+    fn delete_chunks(&mut self, ino: Ino, base: u64) -> Result<()> {
+        let (lo, hi) = (
+            chunk_key(ino, base),
+            chunk_key(ino, base + XATTR_CHUNKS_MAX),
+        );
+        while !self
+            .fs_tree
+            .delete_batch(&mut self.store, lo, hi, XATTR_CHUNKS_MAX as usize)?
+            .is_empty()
+        {}
+        Ok(())
+    }
+
+    /// A chunk base for a new long value of `ino` from the name's hash `h`: the first, from
+    /// there up, whose range holds no chunk.
+    fn free_chunk_base(&mut self, ino: Ino, h: u64) -> Result<u64> {
+        let tree = self.fs_tree;
+        let mut base = h & !(XATTR_CHUNKS_MAX - 1);
+        loop {
+            let used = tree
+                .last_at_or_before(
+                    &mut self.store,
+                    chunk_key(ino, base),
+                    chunk_key(ino, base + (XATTR_CHUNKS_MAX - 1)),
+                )?
+                .is_some();
+            if !used {
+                return Ok(base);
+            }
+            // An inode has far fewer values than bases: this ends after a few steps.
+            base = base.wrapping_add(XATTR_CHUNKS_MAX) & !(XATTR_CHUNKS_MAX - 1);
+            if base > u64::MAX - XATTR_CHUNKS_MAX {
+                base = 0;
+            }
+        }
+    }
+
+    /// Bytes listxattr returns for `ino`: every name with its NUL.
+    fn xattr_names_len(&mut self, ino: Ino) -> Result<usize> {
+        Ok(self.xattr_names(ino)?.iter().map(|n| n.len() + 1).sum())
+    }
+
+    fn xattr_names(&mut self, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        let tree = self.fs_tree;
         let mut out = Vec::new();
         let mut err = None;
         tree.scan(
-            &mut g.store,
+            &mut self.store,
             Key::new(ino, ItemType::Xattr, 0),
             Key::new(ino, ItemType::Xattr, u64::MAX),
             |k, v| {
@@ -49,44 +145,119 @@ impl Fs {
                 Ok(err.is_none())
             },
         )?;
-        if let Some(e) = err {
-            return Err(e.into());
+        match err {
+            Some(e) => Err(e.into()),
+            None => Ok(out),
         }
-        Ok(out)
+    }
+}
+
+impl Fs {
+    pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        check_name(name)?;
+        let mut g = self.lock();
+        g.inode(ino)?;
+        let (_, xs) = g.xattr_item(ino, name)?;
+        let x = xs
+            .into_iter()
+            .find(|x| x.name == name)
+            .ok_or(Error::NoData)?;
+        match x.value {
+            XattrValue::Inline(v) => Ok(v),
+            XattrValue::Chunked { len, base } => g.read_chunks(ino, len, base),
+        }
+    }
+
+    pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        let mut g = self.lock();
+        g.inode(ino)?;
+        g.xattr_names(ino)
     }
 
     pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
         check_name(name)?;
-        let ns = self.node_size();
-        if xattr_entry_size(name.len(), value.len()) > max_item_size(ns) {
+        if value.len() > XATTR_VALUE_MAX {
             return Err(Error::TooBig);
         }
-        self.write_op(2, Reserve::Grow, |g| {
+        self.write_op(0, Reserve::Grow, Durable::Data, |g| {
             g.inode(ino)?;
-            let key = Key::new(ino, ItemType::Xattr, (g.hash)(name));
-            let tree = g.fs_tree;
-            let mut xs = match tree.get(&mut g.store, &key)? {
-                Some(v) => decode_xattrs(&v, format_args!("xattr {key}"))?,
-                None => Vec::new(),
-            };
+            let ns = g.store.node_size;
+            let (key, mut xs) = g.xattr_item(ino, name)?;
             let pos = xs.iter().position(|x| x.name == name);
             match (pos, flags & (XATTR_CREATE | XATTR_REPLACE)) {
                 (Some(_), XATTR_CREATE) => return Err(Error::Exists),
                 (None, XATTR_REPLACE) => return Err(Error::NoData),
                 _ => {}
             }
-            match pos {
-                Some(i) => xs[i].value = value.to_vec(),
-                None => xs.push(XattrEntry {
-                    name: name.to_vec(),
-                    value: value.to_vec(),
-                }),
-            }
-            let enc = encode_xattrs(&xs);
-            if enc.len() > max_item_size(g.store.node_size) {
+            if pos.is_none() && g.xattr_names_len(ino)? + name.len() + 1 > XATTR_LIST_MAX {
                 return Err(Error::NoSpace);
             }
-            g.fs_tree.put(&mut g.store, key, enc)?;
+            let long = xattr_entry_size(name.len(), value.len()) > inline_limit(ns);
+            let chunk = max_item_size(ns);
+            let pieces = if long {
+                value.len().div_ceil(chunk) as u64
+            } else {
+                0
+            };
+            // Everything checked before the first change: the item's room (a long entry's
+            // base is a placeholder of the same size), the space for the new pieces as one
+            // run, and the old ones' removal.
+            let entry = |base| XattrEntry {
+                name: name.to_vec(),
+                value: if long {
+                    XattrValue::Chunked {
+                        len: value.len() as u32,
+                        base,
+                    }
+                } else {
+                    XattrValue::Inline(value.to_vec())
+                },
+            };
+            let old = match pos {
+                Some(i) => Some(std::mem::replace(&mut xs[i], entry(0)).value),
+                None => {
+                    xs.push(entry(0));
+                    None
+                }
+            };
+            if encode_xattrs(&xs).len() > max_item_size(ns) {
+                return Err(Error::NoSpace);
+            }
+            let run = g.run_nodes(
+                pieces,
+                value.len() as u64 + pieces * ITEM_HEADER_SIZE as u64,
+            );
+            g.reserve_nodes(run + 4 * g.item_nodes(), 0, Reserve::Grow)?;
+            if long {
+                g.require_incompat(INCOMPAT_XATTR_CHUNKS);
+            }
+            if let Some(XattrValue::Chunked { base, .. }) = old {
+                g.delete_chunks(ino, base)?;
+            }
+            if long {
+                let base = g.free_chunk_base(ino, key.offset)?;
+                let mut hint = LeafHint::default();
+                for (i, piece) in value.chunks(chunk).enumerate() {
+                    let had = g.fs_tree.insert_near(
+                        &mut g.store,
+                        chunk_key(ino, base + i as u64),
+                        piece.to_vec(),
+                        &mut hint,
+                    )?;
+                    if had.is_some() {
+                        return Err(Corrupt::new(
+                            format!("xattr chunk {:#x} of inode {ino}", base + i as u64),
+                            "present",
+                            "absent (its range was free)",
+                        )
+                        .into());
+                    }
+                }
+                if let Some(x) = xs.iter_mut().find(|x| x.name == name) {
+                    *x = entry(base);
+                }
+            }
+            g.fs_tree.put(&mut g.store, key, encode_xattrs(&xs))?;
             let now = g.now();
             g.modify_inode(ino, |i| i.ctime = now)?;
             Ok(())
@@ -95,17 +266,17 @@ impl Fs {
 
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
         check_name(name)?;
-        self.write_op(2, Reserve::Shrink, |g| {
+        self.write_op(4, Reserve::Shrink, Durable::Data, |g| {
             g.inode(ino)?;
-            let key = Key::new(ino, ItemType::Xattr, (g.hash)(name));
-            let tree = g.fs_tree;
-            let v = tree.get(&mut g.store, &key)?.ok_or(Error::NoData)?;
-            let mut xs = decode_xattrs(&v, format_args!("xattr {key}"))?;
+            let (key, mut xs) = g.xattr_item(ino, name)?;
             let i = xs
                 .iter()
                 .position(|x| x.name == name)
                 .ok_or(Error::NoData)?;
-            xs.remove(i);
+            let gone = xs.remove(i);
+            if let XattrValue::Chunked { base, .. } = gone.value {
+                g.delete_chunks(ino, base)?;
+            }
             g.fs_tree.update(&mut g.store, &key, |v| {
                 if xs.is_empty() {
                     return Change::Delete;

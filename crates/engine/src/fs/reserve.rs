@@ -1,0 +1,168 @@
+//! Space reservations: what an operation may need, checked before its first change, and what
+//! `statfs` may promise.
+//!
+//! Glossary:
+//! - *item change*: one insert, delete or in-place change of an item at an arbitrary key. Its
+//!   worst case copies a path, splits every level and grows a root: `item_nodes` nodes.
+//! - *run*: items inserted at consecutive keys (the extents of one write, the chunks of one
+//!   xattr). They share one copied path and fill the new leaves they open, so their cost
+//!   follows their bytes (`run_nodes`), not their count.
+//! - *global reserve*: free blocks creates and writes leave alone, so that deletes (which may
+//!   use them) can always empty a full file system.
+//! - *commit need*: what the next commit may still allocate: the copied paths of dirty inodes,
+//!   the orphan items it writes, and every node of the space tree (which holds a fixed-size
+//!   item pair per block group, so its shape never changes after mkfs: a commit copies each
+//!   of its nodes at most once, however many groups an operation dirtied).
+//!
+//! A reservation is a check, not an allocation: `free >= need`, where need counts the
+//! operation's nodes and data, the commit after it, and for growing operations the global
+//! reserve. When the check fails and the running transaction has freed blocks (pinned until
+//! it commits), it commits and checks again.
+//!
+//! `statfs` answers with the same arithmetic: available = free (counting what the next
+//! commit releases) - global reserve - the commit's fixed need - the metadata margin of one
+//! large operation. So a `fallocate` or a write of what `df` says is available succeeds.
+use super::{Inner, Reserve};
+use crate::counters::Counters;
+use crate::error::{Error, Result};
+use idxfs_format::node::{internal_capacity, leaf_capacity, ITEM_HEADER_SIZE};
+use idxfs_format::BLOCK_SIZE;
+
+/// Bytes of an extent item in a leaf.
+const EXTENT_BYTES: u64 = (idxfs_format::items::EXTENT_ITEM_SIZE + ITEM_HEADER_SIZE) as u64;
+/// Item changes the margin of `statfs` covers besides a run: what the largest single
+/// operation (a 1 MiB write over old extents, a fallocate) changes at arbitrary keys.
+const MARGIN_ITEMS: u64 = 8;
+/// Largest write request a front end sends (FUSE's max_write), for the margin.
+const MARGIN_WRITE_BYTES: u64 = 1 << 20;
+
+/// What the blocks of a file system are, as `statfs` reports them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SpaceReport {
+    pub free: u64,
+    pub avail: u64,
+}
+
+impl Inner {
+    fn bpn(&self) -> u64 {
+        self.store.blocks_per_node()
+    }
+
+    /// Worst-case nodes one item change at an arbitrary key allocates: a copied path, a split
+    /// at every level, a new root, and one level of growth on top.
+    pub(crate) fn item_nodes(&self) -> u64 {
+        2 * (self.fs_tree.level as u64 + 2) + 1
+    }
+
+    /// Worst-case nodes for `items` items of `bytes` (headers included) inserted at
+    /// consecutive keys: one copied path, new leaves filled at least half (a half split) or
+    /// from empty (an append split), and their pointers in new internal nodes up to a new
+    /// root.
+    pub(crate) fn run_nodes(&self, items: u64, bytes: u64) -> u64 {
+        if items == 0 {
+            return 0;
+        }
+        let level = self.fs_tree.level as u64;
+        let ns = self.store.node_size;
+        let leaves = (2 * bytes).div_ceil(leaf_capacity(ns) as u64) + 1;
+        let per_internal = (internal_capacity(ns) as u64 / 2).max(2);
+        let mut nodes = (level + 1) + leaves;
+        let mut below = leaves;
+        for _ in 0..=level {
+            let up = below.div_ceil(per_internal) + 1;
+            nodes += up;
+            below = up;
+        }
+        nodes + 1
+    }
+
+    /// Blocks kept for deletes, so a full file system can always be emptied.
+    pub fn global_reserve(&self) -> u64 {
+        16 * self.bpn() + self.store.total_blocks / 200
+    }
+
+    /// Blocks every commit may need whatever changed: each space tree node copied once, and
+    /// the next transaction's first log block.
+    fn commit_base(&self) -> u64 {
+        (self.space_nodes + 2) * self.bpn() + 1
+    }
+
+    /// Worst case blocks the commit of the running transaction still needs.
+    pub(crate) fn commit_need(&self) -> u64 {
+        let bpn = self.bpn();
+        // A dirty inode's item changes in place: a copied path, no split.
+        let inodes = self.inodes.dirty_count() as u64 * (self.fs_tree.level as u64 + 1) * bpn;
+        let n = self.orphans.pending_len() as u64;
+        let orphans = self.run_nodes(n, n * (ITEM_HEADER_SIZE as u64 + 1)) * bpn;
+        inodes + orphans + self.commit_base()
+    }
+
+    /// Refuses with NoSpace unless `items` item changes (and the commit after them) fit.
+    pub fn reserve(&mut self, items: u64, kind: Reserve) -> Result<()> {
+        self.reserve_blocks(items, 0, kind)
+    }
+
+    /// `reserve` for `items` item changes and `data_blocks` of data.
+    pub fn reserve_blocks(&mut self, items: u64, data_blocks: u64, kind: Reserve) -> Result<()> {
+        let nodes = items * self.item_nodes();
+        self.reserve_nodes(nodes, data_blocks, kind)
+    }
+
+    /// A write of `len` bytes over `touched` existing extents: its data blocks (one more for
+    /// inline bytes moving out, one for a partial block), its extents as one run (one per
+    /// block at worst, however the free space is cut up), the two edge extents cut, one
+    /// batch per touched extent, and the merges with its neighbours.
+    pub(crate) fn reserve_write(&mut self, len: u64, touched: u64) -> Result<()> {
+        let data = len.div_ceil(BLOCK_SIZE) + 2;
+        let nodes = self.run_nodes(data, data * EXTENT_BYTES) + (touched + 6) * self.item_nodes();
+        self.reserve_nodes(nodes, data, Reserve::Grow)
+    }
+
+    fn blocks_needed(&self, nodes: u64, data_blocks: u64, kind: Reserve) -> u64 {
+        let reserve = if kind == Reserve::Grow {
+            self.global_reserve()
+        } else {
+            0
+        };
+        nodes * self.bpn() + data_blocks + self.commit_need() + reserve
+    }
+
+    /// Refuses with NoSpace unless `nodes` new nodes and `data_blocks` of data (and the commit
+    /// after them) fit; commits first when that frees what is missing.
+    pub(crate) fn reserve_nodes(
+        &mut self,
+        nodes: u64,
+        data_blocks: u64,
+        kind: Reserve,
+    ) -> Result<()> {
+        if self.store.alloc.free_blocks() >= self.blocks_needed(nodes, data_blocks, kind) {
+            return Ok(());
+        }
+        // Blocks freed by this transaction come back once it commits.
+        if self.store.alloc.pinned_blocks() > 0 || self.changed {
+            self.commit()?;
+            if self.store.alloc.free_blocks() >= self.blocks_needed(nodes, data_blocks, kind) {
+                return Ok(());
+            }
+        }
+        Counters::inc(&self.store.counters.enospc);
+        Err(Error::NoSpace)
+    }
+
+    /// Free and available blocks for `statfs`. Free counts the blocks the next commit
+    /// releases (a reservation that needs them commits first); available leaves out the
+    /// global reserve, the commit's fixed need and the margin of one large operation, so
+    /// that one `fallocate` (or a run of writes) of what it says succeeds.
+    pub(crate) fn space_report(&self) -> SpaceReport {
+        let free = self.store.alloc.free_blocks() + self.store.alloc.pinned_blocks();
+        let blocks = MARGIN_WRITE_BYTES / BLOCK_SIZE + 2;
+        let margin = (self.run_nodes(blocks, blocks * EXTENT_BYTES)
+            + MARGIN_ITEMS * self.item_nodes())
+            * self.bpn();
+        let hidden = self.global_reserve() + self.commit_base() + margin;
+        SpaceReport {
+            free,
+            avail: free.saturating_sub(hidden),
+        }
+    }
+}
