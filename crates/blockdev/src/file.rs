@@ -8,6 +8,7 @@ use std::path::Path;
 pub struct FileDevice {
     file: File,
     size: u64,
+    writable: bool,
 }
 
 impl FileDevice {
@@ -16,7 +17,11 @@ impl FileDevice {
         let mut file = OpenOptions::new().read(true).write(writable).open(path)?;
         // Seek works for regular files and block devices alike (metadata().len() is 0 for the latter).
         let size = file.seek(SeekFrom::End(0))?;
-        Ok(FileDevice { file, size })
+        Ok(FileDevice {
+            file,
+            size,
+            writable,
+        })
     }
 
     /// Creates (or truncates) an image file of `size` bytes.
@@ -28,7 +33,11 @@ impl FileDevice {
             .truncate(true)
             .open(path)?;
         file.set_len(size)?;
-        Ok(FileDevice { file, size })
+        Ok(FileDevice {
+            file,
+            size,
+            writable: true,
+        })
     }
 }
 
@@ -46,6 +55,9 @@ impl BlockDevice for FileDevice {
     }
     fn size(&self) -> u64 {
         self.size
+    }
+    fn writable(&self) -> bool {
+        self.writable
     }
 }
 

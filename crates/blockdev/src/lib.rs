@@ -22,6 +22,11 @@ pub trait BlockDevice: Send + Sync {
     fn flush(&self) -> io::Result<()>;
     /// Size in bytes.
     fn size(&self) -> u64;
+    /// Whether writes can succeed at all (false: opened read-only), so a caller can refuse to
+    /// become writable instead of failing at its first write.
+    fn writable(&self) -> bool {
+        true
+    }
 }
 
 impl<T: BlockDevice + ?Sized> BlockDevice for std::sync::Arc<T> {
@@ -36,6 +41,9 @@ impl<T: BlockDevice + ?Sized> BlockDevice for std::sync::Arc<T> {
     }
     fn size(&self) -> u64 {
         (**self).size()
+    }
+    fn writable(&self) -> bool {
+        (**self).writable()
     }
 }
 

@@ -6,6 +6,7 @@ mod bench_env;
 mod bench_hugedir;
 mod bench_mount;
 mod bench_suite;
+mod logging;
 mod mount;
 
 /// The engine allocates many small values per operation; mimalloc's size classes avoid glibc's

@@ -25,6 +25,14 @@ pub fn mount(a: &MountArgs) -> Result<(), String> {
     for o in a.options {
         cfg.apply(o).map_err(|e| e.to_string())?;
     }
+    if cfg.remount {
+        let source = std::fs::canonicalize(a.image)
+            .unwrap_or_else(|_| a.image.to_path_buf())
+            .display()
+            .to_string();
+        return idxfs_fuse::remount::remount(&source, a.mountpoint, &cfg)
+            .map_err(|e| format!("remount: {e}"));
+    }
     if !a.mountpoint.is_dir() {
         return Err(format!(
             "mount point {}: not a directory",
@@ -32,15 +40,23 @@ pub fn mount(a: &MountArgs) -> Result<(), String> {
         ));
     }
     if a.background {
-        daemonize(|notify| run(a, &cfg, notify))
+        let log = crate::logging::log_path(a.image);
+        let pid = daemonize(|notify| {
+            crate::logging::init(a.image, a.mountpoint, Some(&log))?;
+            run(a, &cfg, notify)
+        })?;
+        eprintln!(
+            "idxfs: serving {} on {} in the background (pid {pid}); messages go to {}",
+            a.image.display(),
+            a.mountpoint.display(),
+            log.display()
+        );
+        Ok(())
     } else {
+        crate::logging::init(a.image, a.mountpoint, None)?;
         run(a, &cfg, &mut |r| {
             if r.is_ok() {
-                eprintln!(
-                    "idxfs: {} mounted on {} (Ctrl-C or umount to unmount)",
-                    a.image.display(),
-                    a.mountpoint.display()
-                );
+                eprintln!("idxfs: Ctrl-C or umount to unmount");
             }
         })
     }
@@ -53,9 +69,18 @@ fn run(
     cfg: &MountConfig,
     mounted: &mut dyn FnMut(Result<(), &str>),
 ) -> Result<(), String> {
-    let r = serve_image(a, cfg, mounted);
-    if let Err(e) = &r {
-        mounted(Err(e));
+    let r = serve_image(a, cfg, &mut |r| {
+        if r.is_ok() {
+            log::info!("mounted");
+        }
+        mounted(r)
+    });
+    match &r {
+        Err(e) => {
+            log::error!("{e}");
+            mounted(Err(e));
+        }
+        Ok(()) => log::info!("unmounted; the last changes are committed"),
     }
     r
 }
@@ -83,6 +108,7 @@ fn serve_image(
         OpenOptions {
             read_only: cfg.read_only,
             atime: cfg.atime,
+            sync: cfg.sync,
             ..OpenOptions::default()
         },
     )
@@ -101,10 +127,11 @@ fn serve_image(
 }
 
 /// Forks; the child runs `f` and reports through a pipe when the mount is up (or why it failed);
-/// the parent waits for that report and returns it. Called before any thread exists.
+/// the parent waits for that report and returns the child's pid. Called before any thread
+/// exists.
 fn daemonize(
     f: impl FnOnce(&mut dyn FnMut(Result<(), &str>)) -> Result<(), String>,
-) -> Result<(), String> {
+) -> Result<i32, String> {
     let mut fds = [0; 2];
     // SAFETY: `fds` has room for the two descriptors pipe writes.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -138,14 +165,14 @@ fn daemonize(
             };
             std::process::exit(code);
         }
-        _child => {
+        child => {
             drop(wr);
             let mut msg = String::new();
             std::fs::File::from(rd)
                 .read_to_string(&mut msg)
                 .map_err(|e| format!("waiting for the mount: {e}"))?;
             match msg.as_str() {
-                "ok" => Ok(()),
+                "ok" => Ok(child),
                 "" => Err("the mount process died before mounting".into()),
                 m => Err(m.trim_start_matches("error: ").to_string()),
             }

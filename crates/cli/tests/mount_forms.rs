@@ -105,12 +105,68 @@ fn mkfs_fsck_names_mount_type_and_fstab() {
         std::fs::read(mp.join("hello")).expect("read"),
         b"via mount -t"
     );
+
+    // Remount, as mount(8) does it (mount.fuse3 runs `idxfs IMAGE DIR -o ...,remount,...`
+    // with the options /proc/mounts lists, user_id= and group_id= among them): read-only,
+    // then writable again, with the server and the kernel agreeing each time.
+    let (code, out) = run_in(&path, "mount", &["-o", "remount,ro", mps]);
+    assert_eq!(code, 0, "mount -o remount,ro: {out}");
+    let line = mounts_line(&mp).expect("mounted");
+    assert!(
+        line.contains(" ro,"),
+        "/proc/mounts after remount,ro: {line}"
+    );
+    let e = std::fs::write(mp.join("refused"), b"x").expect_err("read-only");
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS));
+    assert_eq!(
+        std::fs::read(mp.join("hello")).expect("read"),
+        b"via mount -t"
+    );
+    let (code, out) = run_in(&path, "mount", &["-o", "remount,rw,nodiratime", mps]);
+    assert_eq!(code, 0, "mount -o remount,rw: {out}");
+    let line = mounts_line(&mp).expect("mounted");
+    assert!(
+        line.contains(" rw,") && line.contains("nodiratime"),
+        "{line}"
+    );
+    std::fs::write(mp.join("after-remount"), b"writable").expect("write after remount,rw");
+    // A remount of something that is not an idxfs mount says so.
+    let (code, out) = run_in(
+        &path,
+        "idxfs",
+        &[imgs, dir.path().to_str().expect("utf8"), "-o", "remount,ro"],
+    );
+    assert_ne!(code, 0);
+    assert!(out.contains("not an idxfs mount"), "{out}");
     let (code, out) = run_in(&path, "umount", &[mps]);
     assert_eq!(code, 0, "umount: {out}");
     wait_released(&img);
     drop(guard);
     let (code, out) = run_in(&path, "fsck.idxfs", &[imgs]);
     assert_eq!(code, 0, "fsck.idxfs after use: {out}");
+    let (code, out) = run_in(&path, "idxfs", &["mount", imgs, mps, "--background"]);
+    assert_eq!(code, 0, "idxfs mount --background: {out}");
+    let _guard = MountGuard(mp.clone());
+    assert!(
+        std::fs::read_to_string(mp.join("after-remount")).expect("read") == "writable",
+        "the write made after remount,rw was kept"
+    );
+    // A background server says where its messages go, and they name the image and the
+    // mount point on every line.
+    let log = format!("{imgs}.log");
+    assert!(out.contains(&format!("messages go to {log}")), "{out}");
+    let (code, out) = run_in(&path, "umount", &[mps]);
+    assert_eq!(code, 0, "umount: {out}");
+    wait_released(&img);
+    let text = std::fs::read_to_string(&log).expect("log file beside the image");
+    let place = format!("{imgs} on {mps}");
+    for want in ["mounted", "remounted", "unmounted"] {
+        assert!(
+            text.lines().any(|l| l.contains(&place) && l.contains(want)),
+            "no {want:?} line naming {place} in:\n{text}"
+        );
+    }
+    assert!(text.lines().all(|l| l.contains(&place)), "{text}");
 }
 
 /// Unmounts on drop if a step failed with the mount up.

@@ -455,6 +455,13 @@ impl Checker<'_> {
                         }
                     } else {
                         let n = e.blocks.get();
+                        let (d, gb) = (e.disk_block.get(), self.sb.group_blocks.get());
+                        if d / gb != (d + n - 1) / gb {
+                            self.report.problem(format!(
+                                "{what}: blocks {d}+{n} cross a block group boundary (every allocation lies in one group)"
+                            ));
+                        }
+                        let info = self.inodes.entry(k.objectid).or_default();
                         info.last_extent_end = k.offset + n * BLOCK_SIZE;
                         info.has_block_extent = true;
                         if e.kind == EXTENT_REGULAR {

@@ -42,6 +42,7 @@ pub mod null;
 mod options;
 mod pin;
 mod readahead;
+pub mod remount;
 mod serve;
 pub mod uring;
 
@@ -51,8 +52,8 @@ pub use serve::{block_shutdown_signals, serve, unmount, ServeError};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, ForgetOne, Generation, INodeNo,
     InitFlags, KernelConfig, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use idxfs_engine::fs::{Attr, Owner, Seek, SetAttr, SetTime, Time};
 use idxfs_engine::{Error, Fs};
@@ -99,9 +100,10 @@ enum Op {
     Fallocate,
     Lseek,
     BatchForget,
+    Ioctl,
 }
 
-const OP_NAMES: [&str; 31] = [
+const OP_NAMES: [&str; 32] = [
     "lookup",
     "forget",
     "getattr",
@@ -133,15 +135,16 @@ const OP_NAMES: [&str; 31] = [
     "fallocate",
     "lseek",
     "batch_forget",
+    "ioctl",
 ];
 
 #[derive(Default)]
 pub struct Requests {
-    ops: [std::sync::atomic::AtomicU64; 31],
+    ops: [std::sync::atomic::AtomicU64; 32],
     /// Nanoseconds spent in each kind's handler (engine work and building the reply), when
     /// `timed`. A caller waiting on one request at a time waits for this and for the transport,
     /// so wall time minus this is what the FUSE round trips cost.
-    nanos: [std::sync::atomic::AtomicU64; 31],
+    nanos: [std::sync::atomic::AtomicU64; 32],
     timed: bool,
     /// readdirplus replies made of a batch read ahead (`readahead.rs`).
     pub plus_read_ahead: std::sync::atomic::AtomicU64,
@@ -223,6 +226,9 @@ pub struct IdxFuse {
     /// Tells the kernel what it caches has gone stale, where no reply can: set by `serve` once
     /// the session exists.
     notifier: Arc<OnceLock<Notifier>>,
+    /// The mount's owner (the server's real uid): with root, the only caller a remount
+    /// request is taken from (`remount.rs`).
+    owner_uid: u32,
 }
 
 impl IdxFuse {
@@ -250,6 +256,8 @@ impl IdxFuse {
             uring,
             recent,
             notifier: Arc::default(),
+            // SAFETY: getuid has no preconditions and cannot fail.
+            owner_uid: unsafe { libc::getuid() },
         }
     }
 
@@ -324,6 +332,10 @@ impl IdxFuse {
 }
 
 fn errno(e: &Error) -> Errno {
+    if e.is_fatal() {
+        // A failing device or a damaged image: worth a line wherever the messages go.
+        log::error!("{e}");
+    }
     Errno::from_i32(e.errno())
 }
 
@@ -1004,6 +1016,26 @@ impl Filesystem for IdxFuse {
         )
     }
 
+    fn ioctl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        let _in = self.begin(Op::Ioctl);
+        match cmd {
+            remount::IOC_REMOUNT => self.remount_request(req, ino, in_data, reply),
+            // No other ioctl is known (FS_IOC_GETFLAGS and the like): "not a tty", as the
+            // kernel's file systems answer a command they do not have.
+            _ => reply.error(Errno::ENOTTY),
+        }
+    }
+
     fn lseek(
         &self,
         _req: &Request,
@@ -1028,6 +1060,43 @@ impl Filesystem for IdxFuse {
             Err(e) => reply.error(errno(&e)),
         }
     }
+}
+
+impl IdxFuse {
+    /// `remount.rs`: the settings a remount asks for, from root or the mount's owner, on the
+    /// mount's root directory; the answer carries the settings they replaced.
+    fn remount_request(&self, req: &Request, ino: INodeNo, in_data: &[u8], reply: ReplyIoctl) {
+        if ino.0 != idxfs_format_root() {
+            return reply.error(Errno::ENOTTY);
+        }
+        if req.uid() != 0 && req.uid() != self.owner_uid {
+            return reply.error(Errno::EPERM);
+        }
+        let Some(new) = remount::Settings::decode(in_data) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let (read_only, atime, sync) = self.fs.settings();
+        let old = remount::Settings {
+            read_only,
+            atime,
+            sync,
+        };
+        match self.fs.reconfigure(new.read_only, new.atime, new.sync) {
+            Ok(()) => {
+                log::info!("remounted: {new:?} (was {old:?})");
+                reply.ioctl(0, &old.encode())
+            }
+            Err(e) => {
+                log::warn!("remount to {new:?} refused: {e}");
+                reply.error(errno(&e))
+            }
+        }
+    }
+}
+
+/// The root directory's inode number (FUSE's and idxfs's agree).
+fn idxfs_format_root() -> u64 {
+    fuser::INodeNo::ROOT.0
 }
 
 /// The inodes the kernel takes a lookup count for when `entries` go out in a readdirplus

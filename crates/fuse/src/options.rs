@@ -1,7 +1,7 @@
 //! Mount options: the `-o a,b,c=d` strings of mount(8), fstab and mount.fuse3, parsed once into
 //! what the engine and fuser need.
 use fuser::{Config, MountOption, SessionACL};
-use idxfs_engine::fs::Atime;
+use idxfs_engine::fs::{Atime, SyncMode};
 use std::fmt;
 use std::time::Duration;
 
@@ -41,9 +41,29 @@ pub struct MountConfig {
     /// 200,000 files, cold: readdir 0.60-0.70 -> 0.07-0.10 s, tar 1.3 -> 3.6 s, cp -a +13%,
     /// rm -rf +50%. So the default is `readdirplus=always`.
     pub readdirplus_auto: bool,
+    /// When operations are durable on return: `-o sync` (all), `-o dirsync` (directory
+    /// changes). The kernel gets the flags too (it then fsyncs after each write, and shows
+    /// them), but it does not make FUSE's other requests synchronous: the engine does
+    /// (`idxfs_engine::fs::SyncMode`).
+    pub sync: SyncMode,
+    /// `-o remount`: change a mounted file system (through its server, then the kernel's
+    /// flags) instead of mounting one.
+    pub remount: bool,
     /// Kernel mount flags passed through (nodev, nosuid, noexec, sync, dirsync, ...).
     pub flags: Vec<MountOption>,
 }
+
+/// VFS words passed to the kernel as they are: (word, flag, set or clear). They concern the
+/// kernel's own behaviour (directory atime is never kept by idxfs, so `nodiratime` changes
+/// nothing it does).
+const VFS_FLAGS: [(&str, libc::c_ulong, bool); 6] = [
+    ("nodiratime", libc::MS_NODIRATIME, true),
+    ("diratime", libc::MS_NODIRATIME, false),
+    ("lazytime", libc::MS_LAZYTIME, true),
+    ("nolazytime", libc::MS_LAZYTIME, false),
+    ("nosymfollow", libc::MS_NOSYMFOLLOW, true),
+    ("symfollow", libc::MS_NOSYMFOLLOW, false),
+];
 
 impl Default for MountConfig {
     fn default() -> Self {
@@ -60,6 +80,8 @@ impl Default for MountConfig {
             uring: None,
             handoff: true,
             readdirplus_auto: false,
+            sync: SyncMode::Async,
+            remount: false,
             flags: Vec::new(),
         }
     }
@@ -90,8 +112,9 @@ impl MountConfig {
                 "ro" => self.read_only = true,
                 "rw" => self.read_only = false,
                 "noatime" => self.atime = Atime::NoAtime,
-                "relatime" | "atime" => self.atime = Atime::Relatime,
-                "strictatime" => self.atime = Atime::Strict,
+                "relatime" | "atime" | "nostrictatime" => self.atime = Atime::Relatime,
+                "strictatime" | "norelatime" => self.atime = Atime::Strict,
+                "remount" => self.remount = true,
                 "allow_other" => self.allow_other = true,
                 "writeback" => self.writeback = true,
                 "nowriteback" => self.writeback = false,
@@ -138,9 +161,31 @@ impl MountConfig {
                 "nosuid" => self.flags.push(MountOption::NoSuid),
                 "exec" => self.flags.push(MountOption::Exec),
                 "noexec" => self.flags.push(MountOption::NoExec),
-                "sync" => self.flags.push(MountOption::Sync),
-                "async" => self.flags.push(MountOption::Async),
-                "dirsync" => self.flags.push(MountOption::DirSync),
+                "sync" => {
+                    self.sync = SyncMode::All;
+                    self.flags.push(MountOption::Sync);
+                }
+                "async" => {
+                    self.sync = SyncMode::Async;
+                    self.flags.retain(|f| *f != MountOption::DirSync);
+                    self.flags.push(MountOption::Async);
+                }
+                "dirsync" => {
+                    if self.sync != SyncMode::All {
+                        self.sync = SyncMode::Dirs;
+                    }
+                    self.flags.push(MountOption::DirSync);
+                }
+                k if VFS_FLAGS.iter().any(|(w, _, _)| *w == k) => {
+                    self.flags
+                        .retain(|f| !vfs_word_of(f).is_some_and(|w| same_flag(w, k)));
+                    self.flags.push(MountOption::CUSTOM(k.to_string()));
+                }
+                // Words mount(8) and mount.fuse3 pass that change nothing here: i_version is
+                // the kernel's, mandatory locks are gone from Linux, and the FUSE parameters
+                // (on a remount, from /proc/mounts) are set by idxfs itself at mount.
+                "iversion" | "noiversion" | "mand" | "nomand" | "silent" | "loud" | "user_id"
+                | "group_id" | "rootmode" | "blksize" | "max_read" => {}
                 // fstab and mount(8) words that concern mount(8) itself, not the file system.
                 "defaults" | "auto" | "noauto" | "user" | "users" | "nouser" | "owner"
                 | "group" | "_netdev" | "nofail" | "subtype" => {}
@@ -226,6 +271,15 @@ impl MountConfig {
         if self.flags.contains(&MountOption::DirSync) {
             f |= libc::MS_DIRSYNC;
         }
+        for o in &self.flags {
+            if let Some((_, flag, on)) =
+                vfs_word_of(o).and_then(|w| VFS_FLAGS.iter().find(|(x, _, _)| *x == w))
+            {
+                if *on {
+                    f |= flag;
+                }
+            }
+        }
         if self.read_only {
             f |= libc::MS_RDONLY;
         }
@@ -284,6 +338,20 @@ impl MountConfig {
         c.clone_fd = true;
         c
     }
+}
+
+/// The VFS word a custom option carries, if it is one of `VFS_FLAGS`.
+fn vfs_word_of(o: &MountOption) -> Option<&str> {
+    match o {
+        MountOption::CUSTOM(w) if VFS_FLAGS.iter().any(|(x, _, _)| x == w) => Some(w),
+        _ => None,
+    }
+}
+
+/// Whether two VFS words set or clear the same flag (the later one wins).
+fn same_flag(a: &str, b: &str) -> bool {
+    let flag = |w: &str| VFS_FLAGS.iter().find(|(x, _, _)| *x == w).map(|f| f.1);
+    flag(a).is_some() && flag(a) == flag(b)
 }
 
 /// The real uid of this process: the `user_id` of the mount (mount(2) here, or fusermount3),
@@ -366,6 +434,40 @@ mod tests {
         assert!(c.kernel_checks_permissions(0), "asked for");
         let asked = c.fuser_config("/x.img").mount_options;
         assert!(asked.contains(&MountOption::DefaultPermissions));
+    }
+
+    #[test]
+    fn standard_vfs_words_are_accepted_and_sync_modes_reach_the_engine() {
+        let mut c = MountConfig::default();
+        c.apply("nodiratime,lazytime,iversion,nomand,silent,norelatime")
+            .expect("valid");
+        assert_eq!(c.atime, Atime::Strict, "norelatime is strictatime");
+        let k = c.kernel_flags();
+        assert_eq!(k & libc::MS_NODIRATIME, libc::MS_NODIRATIME);
+        assert_eq!(k & libc::MS_LAZYTIME, libc::MS_LAZYTIME);
+        c.apply("diratime").expect("valid");
+        assert_eq!(
+            c.kernel_flags() & libc::MS_NODIRATIME,
+            0,
+            "the later word wins"
+        );
+        assert_eq!(c.sync, SyncMode::Async);
+        c.apply("dirsync").expect("valid");
+        assert_eq!(c.sync, SyncMode::Dirs);
+        assert_eq!(c.kernel_flags() & libc::MS_DIRSYNC, libc::MS_DIRSYNC);
+        c.apply("sync,dirsync").expect("valid");
+        assert_eq!(c.sync, SyncMode::All, "sync covers dirsync");
+        c.apply("async").expect("valid");
+        assert_eq!(c.sync, SyncMode::Async);
+        assert_eq!(
+            c.kernel_flags() & (libc::MS_SYNCHRONOUS | libc::MS_DIRSYNC),
+            0
+        );
+        // What mount.fuse3 passes on `mount -o remount,ro DIR`.
+        let mut r = MountConfig::default();
+        r.apply("ro,nosuid,nodev,relatime,remount,nodiratime,user_id=0,group_id=0")
+            .expect("valid");
+        assert!(r.remount && r.read_only);
     }
 
     #[test]

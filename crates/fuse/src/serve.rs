@@ -96,9 +96,9 @@ fn spawn_signal_thread(mp: PathBuf) -> io::Result<()> {
                 if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
                     continue;
                 }
-                eprintln!("idxfs: signal {sig}: unmounting {}", mp.display());
+                log::info!("signal {sig}: unmounting");
                 if let Err(e) = unmount(&mp) {
-                    eprintln!("idxfs: unmount {} failed: {e}", mp.display());
+                    log::warn!("unmount after signal {sig} failed: {e}");
                 }
             }
         })?;
@@ -226,7 +226,7 @@ pub fn serve(
             }
         }
     } else if want_uring {
-        eprintln!("idxfs: the kernel did not offer FUSE over io_uring; serving /dev/fuse");
+        log::info!("the kernel did not offer FUSE over io_uring; serving /dev/fuse");
         None
     } else {
         None

@@ -65,6 +65,12 @@ fn eio_then_read_only() {
     let err = std::fs::write(mp.join("later"), b"x").expect_err("write after failure");
     assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
     assert_eq!(std::fs::read(mp.join("safe")).expect("read"), b"committed");
+    // An fsync after the failure reports the failure itself (EIO), as the kernel's file
+    // systems do, not EROFS: what the caller wants durable cannot be.
+    let err = std::fs::File::open(mp.join("safe"))
+        .and_then(|f| f.sync_all())
+        .expect_err("fsync after the failure");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
     unmount(&mp).expect("unmount");
     drop(guard);
     // The close at the end cannot commit; the server reports it.

@@ -251,7 +251,9 @@ impl Inner {
             extent_key(ino, end),
             FREE_BATCH_ITEMS,
         )?;
-        Counters::inc(&self.store.counters.free_batches);
+        if !removed.is_empty() {
+            Counters::inc(&self.store.counters.free_batches);
+        }
         let mut freed = 0;
         for (k, v) in &removed {
             freed += self.free_extent_item(k, v)?;
@@ -471,7 +473,8 @@ impl Inner {
     /// Links `n` new blocks at `disk` as the file's data at `file_off`, where no extent is:
     /// extends the extent before when the new blocks continue it in the file and on disk, and
     /// takes in the one after on the same terms. A merged extent keeps the older generation,
-    /// so freeing any part of it later waits for a commit (never too early).
+    /// so freeing any part of it later waits for a commit (never too early), and stays inside
+    /// one block group, as every allocation does (blocks are freed group by group).
     fn insert_extent(
         &mut self,
         ino: Ino,
@@ -481,6 +484,8 @@ impl Inner {
         gen: u64,
     ) -> Result<()> {
         let total = self.store.total_blocks;
+        let gb = self.store.alloc.group_blocks;
+        let one_group = |start: u64, len: u64| start / gb == (start + len - 1) / gb;
         let tree = self.fs_tree;
         let mut ext = ExtentItem {
             kind: EXTENT_REGULAR,
@@ -503,6 +508,7 @@ impl Inner {
                     && k.offset + pn * BS == file_off
                     && p.disk_block.get() + pn == disk
                     && pn + n <= MAX_EXTENT_BLOCKS
+                    && one_group(p.disk_block.get(), pn + n)
                 {
                     ext.disk_block = p.disk_block;
                     ext.blocks = (pn + n).into();
@@ -519,6 +525,7 @@ impl Inner {
             if x.kind == EXTENT_REGULAR
                 && x.disk_block.get() == disk + n
                 && en + xn <= MAX_EXTENT_BLOCKS
+                && one_group(ext.disk_block.get(), en + xn)
             {
                 self.fs_tree.delete(&mut self.store, &next_key)?;
                 ext.blocks = (en + xn).into();

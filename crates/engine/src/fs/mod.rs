@@ -423,8 +423,10 @@ impl Fs {
             wake: Condvar::new(),
             counters,
         });
-        let committer = match (opts.commit_interval, opts.read_only) {
-            (Some(every), false) => {
+        // Also on a read-only mount: a remount may make it writable (`reconfigure`); the loop
+        // commits nothing while it is read-only.
+        let committer = match opts.commit_interval {
+            Some(every) => {
                 let weak = Arc::downgrade(&shared);
                 Some(
                     std::thread::Builder::new()
@@ -432,7 +434,7 @@ impl Fs {
                         .spawn(move || commit_loop(weak, every))?,
                 )
             }
-            _ => None,
+            None => None,
         };
         let fs = Fs { shared, committer };
         // Orphans left by a crash: nothing can hold them any more.
@@ -515,6 +517,49 @@ impl Fs {
         }
         g.durable_ok()?;
         g.make_durable()
+    }
+
+    /// Changes what a remount may change: read-only or writable, the atime policy and the
+    /// sync mode. Going read-only commits first (an error then leaves the mount as it was);
+    /// going writable is refused on a device opened read-only, on an image with read-only
+    /// features this code does not know, and on a file system stopped by an error, and then
+    /// finishes the orphans a read-only mount had to leave.
+    pub fn reconfigure(&self, read_only: bool, atime: Atime, sync: SyncMode) -> Result<()> {
+        {
+            let mut g = self.lock();
+            if read_only && !g.read_only {
+                g.durable_ok()?;
+                g.commit()?;
+            }
+            if !read_only && g.read_only {
+                if !g.store.dev.writable() {
+                    return Err(Error::Invalid("the image was opened read-only"));
+                }
+                if g.sb.unknown_compat_ro() {
+                    return Err(Error::NotSupported(
+                        "writing: the image has read-only features this version does not know",
+                    ));
+                }
+                if let Some(why) = &g.failed {
+                    return Err(Error::Io(std::io::Error::other(format!(
+                        "file system stopped after an error: {why}"
+                    ))));
+                }
+            }
+            g.read_only = read_only;
+            g.atime = atime;
+            g.sync = sync;
+        }
+        if !read_only {
+            self.reclaim_orphans()?;
+        }
+        Ok(())
+    }
+
+    /// What a remount may change, as it stands: read-only, atime policy, sync mode.
+    pub fn settings(&self) -> (bool, Atime, SyncMode) {
+        let g = self.lock();
+        (g.read_only, g.atime, g.sync)
     }
 
     /// Commits and stops the commit thread. Dropping an `Fs` does the same, ignoring errors.
@@ -711,6 +756,9 @@ impl Inner {
 
     pub fn fail(&mut self, why: String) {
         if self.failed.is_none() {
+            log::error!(
+                "stopped writing after an error (the image keeps its last commit and fsync): {why}"
+            );
             self.failed = Some(why);
         }
     }
