@@ -4,6 +4,7 @@
 //! Reading order: `btree` (node, store, tree) -> `space` -> `txn` (commit) -> `fs` (operations)
 //! -> `log` (fsync) -> `fsck` and `dump`.
 pub mod btree;
+pub mod caller;
 pub mod clock;
 pub mod counters;
 pub mod dump;

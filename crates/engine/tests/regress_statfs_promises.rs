@@ -7,6 +7,7 @@
 mod common;
 use common::*;
 use idxfs_blockdev::MemDevice;
+use idxfs_engine::caller::as_caller;
 use idxfs_engine::{Error, Fs, MkfsOptions};
 use std::sync::Arc;
 
@@ -26,21 +27,28 @@ fn fallocate_takes_all_that_statfs_says_is_available() {
     for (bytes, ns) in [(256u64 << 20, 16384), (8 << 30, 16384), (64 << 20, 4096)] {
         let (dev, fs) = fresh(bytes, ns);
         let avail = fs.statfs().expect("statfs").blocks_avail;
-        let f = fs.create(ROOT, b"f", 0o644, ME).expect("create");
-        fs.fallocate(f.ino, 0, avail * 4096, 0)
-            .unwrap_or_else(|e| panic!("{bytes} bytes, {ns} node: fallocate of avail: {e}"));
-        let after = fs.statfs().expect("statfs");
-        assert!(
-            after.blocks_avail < 64,
-            "{bytes}: {} blocks still available after taking all",
-            after.blocks_avail
-        );
-        // And the promise is not far below what can really be had: one more block fails.
-        let g = fs.create(ROOT, b"g", 0o644, ME).expect("create");
-        assert!(matches!(
-            fs.fallocate(g.ino, 0, (after.blocks_avail + 1) * 4096 + (1 << 20), 0),
-            Err(Error::NoSpace)
-        ));
+        // As an unprivileged caller, whose share statfs reports.
+        as_caller(false, || {
+            let f = fs.create(ROOT, b"f", 0o644, ME).expect("create");
+            fs.fallocate(f.ino, 0, avail * 4096, 0)
+                .unwrap_or_else(|e| panic!("{bytes} bytes, {ns} node: fallocate of avail: {e}"));
+            let after = fs.statfs().expect("statfs");
+            assert!(
+                after.blocks_avail < 64,
+                "{bytes}: {} blocks still available after taking all",
+                after.blocks_avail
+            );
+            // And the promise is not far below what can really be had: a MiB more fails.
+            let g = fs.create(ROOT, b"g", 0o644, ME).expect("create");
+            assert!(matches!(
+                fs.fallocate(g.ino, 0, (after.blocks_avail + 1) * 4096 + (1 << 20), 0),
+                Err(Error::NoSpace)
+            ));
+        });
+        // Root may go on into the root reserve (1% of the device).
+        let h = fs.create(ROOT, b"h", 0o644, ME).expect("create as root");
+        fs.fallocate(h.ino, 0, bytes / 200, 0)
+            .expect("root writes past what an unprivileged caller could");
         fs.close().expect("close");
         assert_clean(&dev);
     }
@@ -53,13 +61,13 @@ fn writes_get_what_statfs_says_is_available() {
     let f = fs.create(ROOT, b"f", 0o644, ME).expect("create");
     let chunk = vec![1u8; 1 << 20];
     let mut written = 0u64;
-    loop {
+    as_caller(false, || loop {
         match fs.write(f.ino, written, &chunk) {
             Ok(n) => written += n as u64,
             Err(Error::NoSpace) => break,
             Err(e) => panic!("write: {e}"),
         }
-    }
+    });
     // 1 MiB writes until ENOSPC get all that was promised, less at most one write.
     assert!(
         written + (1 << 20) >= avail,

@@ -152,11 +152,13 @@ pub struct Requests {
     pub plus_ahead_stale: std::sync::atomic::AtomicU64,
 }
 
-/// One request in its handler: adds the time to its kind's total when dropped.
+/// One request in its handler: adds the time to its kind's total when dropped, and holds the
+/// caller's privilege for the engine (`idxfs_engine::caller`).
 struct InHandler<'a> {
     requests: &'a Requests,
     op: Op,
     since: Option<std::time::Instant>,
+    _caller: idxfs_engine::caller::Guard,
 }
 
 impl Drop for InHandler<'_> {
@@ -178,12 +180,13 @@ impl Requests {
         }
     }
 
-    fn count(&self, op: Op) -> InHandler<'_> {
+    fn count(&self, op: Op, privileged: bool) -> InHandler<'_> {
         self.ops[op as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         InHandler {
             requests: self,
             op,
             since: self.timed.then(std::time::Instant::now),
+            _caller: idxfs_engine::caller::enter(privileged),
         }
     }
 
@@ -311,12 +314,14 @@ impl IdxFuse {
         }
     }
 
-    /// Where every request starts: counts it, and pins a worker on its first request. Hold
-    /// the result until the handler returns: it times the handler when counters are on.
+    /// Where every request starts: counts it, pins a worker on its first request, and tells
+    /// the engine whether the caller is privileged (uid 0: it may grow into the root
+    /// reserve). Hold the result until the handler returns: it times the handler when
+    /// counters are on, and restores the caller after.
     #[must_use]
-    fn begin(&self, op: Op) -> InHandler<'_> {
+    fn begin(&self, op: Op, req: &Request) -> InHandler<'_> {
         pin::pin_this_worker(&self.pin_cpus);
-        self.requests.count(op)
+        self.requests.count(op, req.uid() == 0)
     }
 
     /// Replies with an entry the kernel now holds: one lookup count, one engine pin.
@@ -510,16 +515,16 @@ impl Filesystem for IdxFuse {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let _in = self.begin(Op::Lookup);
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _in = self.begin(Op::Lookup, req);
         match self.fs.lookup(parent.0, bytes(name)) {
             Err(Error::NotFound) => reply.entry(&self.ttl, &negative_entry(), Generation(0)),
             r => self.entry(r, reply),
         }
     }
 
-    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        let _in = self.begin(Op::Forget);
+    fn forget(&self, req: &Request, ino: INodeNo, nlookup: u64) {
+        let _in = self.begin(Op::Forget, req);
         // An error here (a failed device) already turned the file system read-only; the
         // orphan stays listed and is freed at the next mount.
         let _ = self.fs.unpin(ino.0, nlookup);
@@ -530,8 +535,8 @@ impl Filesystem for IdxFuse {
     /// The kernel sends the forgets queued meanwhile as one request: one engine lock for all.
     /// More queue up while the /dev/fuse thread waits after one (`after_forget`), which pays
     /// only while replies hand off (`handoff::FORGET_PAUSE`).
-    fn batch_forget(&self, _req: &Request, nodes: &[ForgetOne]) {
-        let _in = self.begin(Op::BatchForget);
+    fn batch_forget(&self, req: &Request, nodes: &[ForgetOne]) {
+        let _in = self.begin(Op::BatchForget, req);
         let list: Vec<(u64, u64)> = nodes.iter().map(|n| (n.nodeid().0, n.nlookup())).collect();
         // As in `forget`: an error left the file system read-only, orphans stay listed.
         let _ = self.fs.unpin_many(&list);
@@ -539,8 +544,8 @@ impl Filesystem for IdxFuse {
         self.after_forget();
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let _in = self.begin(Op::Getattr);
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _in = self.begin(Op::Getattr, req);
         match self.fs.getattr(ino.0) {
             Ok(a) => reply.attr(&self.ttl, &file_attr(&a)),
             Err(e) => reply.error(errno(&e)),
@@ -549,7 +554,7 @@ impl Filesystem for IdxFuse {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -565,7 +570,7 @@ impl Filesystem for IdxFuse {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let _in = self.begin(Op::Setattr);
+        let _in = self.begin(Op::Setattr, req);
         let set = SetAttr {
             mode: mode.map(|m| m & 0o7777),
             uid,
@@ -581,8 +586,8 @@ impl Filesystem for IdxFuse {
         }
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        let _in = self.begin(Op::Readlink);
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        let _in = self.begin(Op::Readlink, req);
         match self.fs.readlink(ino.0) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(errno(&e)),
@@ -599,7 +604,7 @@ impl Filesystem for IdxFuse {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let _in = self.begin(Op::Mknod);
+        let _in = self.begin(Op::Mknod, req);
         let r = self
             .fs
             .mknod(parent.0, bytes(name), mode, owner(req), rdev as u64);
@@ -615,20 +620,20 @@ impl Filesystem for IdxFuse {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        let _in = self.begin(Op::Mkdir);
+        let _in = self.begin(Op::Mkdir, req);
         let r = self
             .fs
             .mkdir(parent.0, bytes(name), mode & 0o7777, owner(req));
         self.entry(r, reply)
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let _in = self.begin(Op::Unlink);
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _in = self.begin(Op::Unlink, req);
         done(reply, self.fs.unlink(parent.0, bytes(name)))
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let _in = self.begin(Op::Rmdir);
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _in = self.begin(Op::Rmdir, req);
         done(reply, self.fs.rmdir(parent.0, bytes(name)))
     }
 
@@ -640,7 +645,7 @@ impl Filesystem for IdxFuse {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let _in = self.begin(Op::Symlink);
+        let _in = self.begin(Op::Symlink, req);
         let r = self.fs.symlink(
             parent.0,
             bytes(link_name),
@@ -652,7 +657,7 @@ impl Filesystem for IdxFuse {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -660,7 +665,7 @@ impl Filesystem for IdxFuse {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let _in = self.begin(Op::Rename);
+        let _in = self.begin(Op::Rename, req);
         done(
             reply,
             self.fs.rename(
@@ -675,19 +680,19 @@ impl Filesystem for IdxFuse {
 
     fn link(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let _in = self.begin(Op::Link);
+        let _in = self.begin(Op::Link, req);
         let r = self.fs.link(ino.0, newparent.0, bytes(newname));
         self.entry(r, reply)
     }
 
-    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let _in = self.begin(Op::Open);
+    fn open(&self, req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _in = self.begin(Op::Open, req);
         // With FUSE_NO_OPEN_SUPPORT, ENOSYS tells the kernel to stop sending open (and
         // release): the engine keeps no per-open state.
         reply.error(Errno::ENOSYS);
@@ -695,7 +700,7 @@ impl Filesystem for IdxFuse {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -704,7 +709,7 @@ impl Filesystem for IdxFuse {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
-        let _in = self.begin(Op::Read);
+        let _in = self.begin(Op::Read, req);
         match self.fs.read(ino.0, offset, size as usize) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(errno(&e)),
@@ -713,7 +718,7 @@ impl Filesystem for IdxFuse {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -723,7 +728,7 @@ impl Filesystem for IdxFuse {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
-        let _in = self.begin(Op::Write);
+        let _in = self.begin(Op::Write, req);
         // With the writeback cache the kernel keeps mtime and ctime and sends them by setattr;
         // a write request can come after that setattr and must not override them.
         let r = if self.writeback {
@@ -739,13 +744,13 @@ impl Filesystem for IdxFuse {
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         _fh: FileHandle,
         _lock_owner: fuser::LockOwner,
         reply: ReplyEmpty,
     ) {
-        let _in = self.begin(Op::Flush);
+        let _in = self.begin(Op::Flush, req);
         // Data is in the engine once write returned and durability is fsync's job, so there is
         // nothing to do: ENOSYS tells the kernel to stop sending flush on every close (it
         // still writes back cached pages first and reports their errors to close).
@@ -754,31 +759,31 @@ impl Filesystem for IdxFuse {
 
     fn fsync(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let _in = self.begin(Op::Fsync);
+        let _in = self.begin(Op::Fsync, req);
         done(reply, self.fs.fsync(ino.0))
     }
 
-    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let _in = self.begin(Op::Opendir);
+    fn opendir(&self, req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _in = self.begin(Op::Opendir, req);
         // FUSE_NO_OPENDIR_SUPPORT: as for open.
         reply.error(Errno::ENOSYS);
     }
 
     fn readdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let _in = self.begin(Op::Readdir);
+        let _in = self.begin(Op::Readdir, req);
         let r = self.fs.readdir(ino.0, offset, |e| {
             !reply.add(
                 INodeNo(e.ino),
@@ -795,13 +800,13 @@ impl Filesystem for IdxFuse {
 
     fn readdirplus(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let _in = self.begin(Op::Readdirplus);
+        let _in = self.begin(Op::Readdirplus, req);
         // The kernel's buffer (up to 32 KiB here: ~200 entries) is not passed to us. Read a
         // little more than the last full reply held; `add` says when the buffer is full, and the
         // names read past it cost only a leaf scan.
@@ -870,18 +875,18 @@ impl Filesystem for IdxFuse {
 
     fn fsyncdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let _in = self.begin(Op::Fsyncdir);
+        let _in = self.begin(Op::Fsyncdir, req);
         done(reply, self.fs.fsync(ino.0))
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let _in = self.begin(Op::Statfs);
+    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let _in = self.begin(Op::Statfs, req);
         match self.fs.statfs() {
             Ok(s) => reply.statfs(
                 s.blocks,
@@ -907,7 +912,7 @@ impl Filesystem for IdxFuse {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let _in = self.begin(Op::Setxattr);
+        let _in = self.begin(Op::Setxattr, req);
         if bytes(name) == acl::ACCESS {
             return self.set_access_acl(req, ino, value, reply);
         }
@@ -920,8 +925,8 @@ impl Filesystem for IdxFuse {
         )
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let _in = self.begin(Op::Getxattr);
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _in = self.begin(Op::Getxattr, req);
         if xattr_unsupported(bytes(name)) {
             return reply.error(Errno::EOPNOTSUPP);
         }
@@ -931,8 +936,8 @@ impl Filesystem for IdxFuse {
         }
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let _in = self.begin(Op::Listxattr);
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _in = self.begin(Op::Listxattr, req);
         match self.fs.listxattr(ino.0) {
             Ok(names) => {
                 let mut buf = Vec::new();
@@ -947,7 +952,7 @@ impl Filesystem for IdxFuse {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let _in = self.begin(Op::Removexattr);
+        let _in = self.begin(Op::Removexattr, req);
         if bytes(name) == acl::ACCESS || bytes(name) == acl::DEFAULT {
             // Nothing beyond the mode is kept, so nothing is removed (`acl.rs`); the owner or
             // root only, as for setting one.
@@ -964,7 +969,7 @@ impl Filesystem for IdxFuse {
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        let _in = self.begin(Op::Access);
+        let _in = self.begin(Op::Access, req);
         // Sent for access(2) and chdir when the kernel does not check permissions itself (a
         // root mount without allow_other, `MountConfig::kernel_checks_permissions`).
         match self.fs.getattr(ino.0) {
@@ -981,7 +986,7 @@ impl Filesystem for IdxFuse {
 
     fn create(
         &self,
-        _req: &Request,
+        req: &Request,
         _parent: INodeNo,
         _name: &OsStr,
         _mode: u32,
@@ -989,7 +994,7 @@ impl Filesystem for IdxFuse {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let _in = self.begin(Op::Create);
+        let _in = self.begin(Op::Create, req);
         // ENOSYS: the kernel remembers it and creates with MKNOD, then opens without a request
         // (no-open). A file made by CREATE gets a RELEASE at its close until the first OPEN
         // is refused, so a workload that only creates (fs_mark, untar) paid four round trips
@@ -999,7 +1004,7 @@ impl Filesystem for IdxFuse {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -1007,7 +1012,7 @@ impl Filesystem for IdxFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let _in = self.begin(Op::Fallocate);
+        let _in = self.begin(Op::Fallocate, req);
         done(
             reply,
             self.fs
@@ -1027,7 +1032,7 @@ impl Filesystem for IdxFuse {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
-        let _in = self.begin(Op::Ioctl);
+        let _in = self.begin(Op::Ioctl, req);
         match cmd {
             remount::IOC_REMOUNT => self.remount_request(req, ino, in_data, reply),
             // No other ioctl is known (FS_IOC_GETFLAGS and the like): "not a tty", as the
@@ -1038,14 +1043,14 @@ impl Filesystem for IdxFuse {
 
     fn lseek(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: i64,
         whence: i32,
         reply: ReplyLseek,
     ) {
-        let _in = self.begin(Op::Lseek);
+        let _in = self.begin(Op::Lseek, req);
         let what = match whence {
             libc::SEEK_DATA => Seek::Data,
             libc::SEEK_HOLE => Seek::Hole,

@@ -607,13 +607,16 @@ impl Fs {
     pub fn statfs(&self) -> Result<StatFs> {
         let g = self.lock();
         let space = g.space_report();
+        // f_bavail is what an unprivileged caller may use, whoever asks (as on ext4: root
+        // may go on into the root reserve).
+        let avail = space.avail;
         // An inode takes about 1/16 of a block of items (inode item, entries, back reference).
-        let files_free = (idxfs_format::MAX_INO - g.next_ino).min(space.avail * 16);
+        let files_free = (idxfs_format::MAX_INO - g.next_ino).min(avail * 16);
         Ok(StatFs {
             block_size: BLOCK_SIZE as u32,
             blocks: g.store.total_blocks,
             blocks_free: space.free,
-            blocks_avail: space.avail,
+            blocks_avail: avail,
             files: g.inode_count + files_free,
             files_free,
             name_max: NAME_MAX as u32,

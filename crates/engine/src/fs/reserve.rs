@@ -9,6 +9,9 @@
 //!   follows their bytes (`run_nodes`), not their count.
 //! - *global reserve*: free blocks creates and writes leave alone, so that deletes (which may
 //!   use them) can always empty a full file system.
+//! - *root reserve*: 1% of the device more that growing operations of an unprivileged caller
+//!   leave alone (`crate::caller`), as ext4 keeps blocks for root: a user who fills the
+//!   device does not stop root from writing.
 //! - *commit need*: what the next commit may still allocate: the copied paths of dirty inodes,
 //!   the orphan items it writes, and every node of the space tree (which holds a fixed-size
 //!   item pair per block group, so its shape never changes after mkfs: a commit copies each
@@ -30,8 +33,8 @@ use idxfs_format::BLOCK_SIZE;
 
 /// Bytes of an extent item in a leaf.
 const EXTENT_BYTES: u64 = (idxfs_format::items::EXTENT_ITEM_SIZE + ITEM_HEADER_SIZE) as u64;
-/// Item changes the margin of `statfs` covers besides a run: what the largest single
-/// operation (a 1 MiB write over old extents, a fallocate) changes at arbitrary keys.
+/// Item changes the margin of `statfs` covers besides a run: more than the largest single
+/// operation (a 1 MiB write over a few old extents, a fallocate) changes.
 const MARGIN_ITEMS: u64 = 8;
 /// Largest write request a front end sends (FUSE's max_write), for the margin.
 const MARGIN_WRITE_BYTES: u64 = 1 << 20;
@@ -40,6 +43,7 @@ const MARGIN_WRITE_BYTES: u64 = 1 << 20;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SpaceReport {
     pub free: u64,
+    /// What an unprivileged caller can get (statfs's f_bavail).
     pub avail: u64,
 }
 
@@ -81,6 +85,11 @@ impl Inner {
         16 * self.bpn() + self.store.total_blocks / 200
     }
 
+    /// Blocks only privileged callers may grow into.
+    pub fn root_reserve(&self) -> u64 {
+        self.store.total_blocks / 100
+    }
+
     /// Blocks every commit may need whatever changed: each space tree node copied once, and
     /// the next transaction's first log block.
     fn commit_base(&self) -> u64 {
@@ -108,21 +117,29 @@ impl Inner {
         self.reserve_nodes(nodes, data_blocks, kind)
     }
 
-    /// A write of `len` bytes over `touched` existing extents: its data blocks (one more for
-    /// inline bytes moving out, one for a partial block), its extents as one run (one per
-    /// block at worst, however the free space is cut up), the two edge extents cut, one
-    /// batch per touched extent, and the merges with its neighbours.
+    /// A write of `len` bytes over `touched` existing extents. Every item it changes is an
+    /// extent of one inode between the extent before the range and the one after it (the
+    /// inode item changes in the cache, at commit), so the nodes it can allocate are: copies
+    /// of the leaves holding those extents (at most one per extent: `touched` and the two
+    /// neighbours) with their paths; a merge into a sibling, cascading up, for each item
+    /// removed (`touched`, one cut edge, the merged neighbour); and the leaves its new
+    /// extents open, as one run (one per block at worst, however free space is cut up, plus
+    /// a cut tail and the inline bytes moving out). Data: its blocks, one more for inline
+    /// bytes moving out, one for a partial block.
     pub(crate) fn reserve_write(&mut self, len: u64, touched: u64) -> Result<()> {
         let data = len.div_ceil(BLOCK_SIZE) + 2;
-        let nodes = self.run_nodes(data, data * EXTENT_BYTES) + (touched + 6) * self.item_nodes();
+        let path = self.fs_tree.level as u64 + 1;
+        let copies = (touched + 2) * path;
+        let merges = (touched + 2) * path;
+        let nodes = copies + merges + self.run_nodes(data + 2, (data + 2) * EXTENT_BYTES);
         self.reserve_nodes(nodes, data, Reserve::Grow)
     }
 
     fn blocks_needed(&self, nodes: u64, data_blocks: u64, kind: Reserve) -> u64 {
-        let reserve = if kind == Reserve::Grow {
-            self.global_reserve()
-        } else {
-            0
+        let reserve = match kind {
+            Reserve::Grow if crate::caller::privileged() => self.global_reserve(),
+            Reserve::Grow => self.global_reserve() + self.root_reserve(),
+            Reserve::Shrink => 0,
         };
         nodes * self.bpn() + data_blocks + self.commit_need() + reserve
     }
@@ -152,7 +169,8 @@ impl Inner {
     /// Free and available blocks for `statfs`. Free counts the blocks the next commit
     /// releases (a reservation that needs them commits first); available leaves out the
     /// global reserve, the commit's fixed need and the margin of one large operation, so
-    /// that one `fallocate` (or a run of writes) of what it says succeeds.
+    /// that one `fallocate` (or a run of writes) of what it says succeeds; for an
+    /// unprivileged caller it leaves out the root reserve too.
     pub(crate) fn space_report(&self) -> SpaceReport {
         let free = self.store.alloc.free_blocks() + self.store.alloc.pinned_blocks();
         let blocks = MARGIN_WRITE_BYTES / BLOCK_SIZE + 2;
@@ -162,7 +180,7 @@ impl Inner {
         let hidden = self.global_reserve() + self.commit_base() + margin;
         SpaceReport {
             free,
-            avail: free.saturating_sub(hidden),
+            avail: free.saturating_sub(hidden + self.root_reserve()),
         }
     }
 }

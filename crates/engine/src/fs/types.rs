@@ -116,7 +116,8 @@ pub struct StatFs {
     pub block_size: u32,
     pub blocks: u64,
     pub blocks_free: u64,
-    /// Free blocks an unprivileged create may use (the rest is the reserve for deletes).
+    /// Free blocks an unprivileged caller may fill (the rest: the reserve for deletes, the
+    /// root reserve, and what the next commit needs).
     pub blocks_avail: u64,
     pub files: u64,
     pub files_free: u64,

@@ -1,0 +1,257 @@
+//! Whole damaged images, fuzzed for a bounded time: an image holding every kind of item (and
+//! an fsync log with batches) is damaged at random, mostly in metadata blocks with their
+//! checksums sealed again (so the damage reaches the checks behind them), then fsck'd,
+//! opened, walked file by file (attributes, data, targets, xattrs), written to, closed and
+//! fsck'd again. Every outcome is allowed but a panic, a hang or an abort: damage must come
+//! back as a clear error.
+//!
+//! CI runs it for `IDXFS_FUZZ_SECS` seconds (default 40); each case prints nothing unless it
+//! fails, with its seed: `IDXFS_SEED=n IDXFS_FUZZ_SECS=0` replays that one case.
+mod common;
+use common::*;
+use idxfs_blockdev::{BlockDevice, MemDevice, RecordingDevice, Tear};
+use idxfs_engine::testutil::Rng;
+use idxfs_engine::{fsck, Fs, MkfsOptions};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const BLOCK: usize = 4096;
+
+/// An image with inline and block files, holes, long xattrs, many links of one inode in one
+/// directory, long symlinks, a deep path, an orphan, and an fsync log of a few batches
+/// (taken as a crash image after the last fsync, so the log replays at open).
+fn base_image() -> Vec<u8> {
+    let mem = Arc::new(MemDevice::new(8 << 20));
+    Fs::mkfs(
+        mem.clone(),
+        &MkfsOptions {
+            node_size: 4096,
+            ..MkfsOptions::default()
+        },
+    )
+    .expect("mkfs");
+    let rec = Arc::new(RecordingDevice::new(mem.snapshot()));
+    let fs = Fs::open(rec.clone(), opts()).expect("open");
+    let d = fs.mkdir(ROOT, b"dir", 0o755, ME).expect("mkdir").ino;
+    let mut last = d;
+    let mut first_file = 0;
+    for i in 0..6 {
+        last = fs
+            .mkdir(last, format!("deep{i}").as_bytes(), 0o700, ME)
+            .expect("mkdir")
+            .ino;
+    }
+    for i in 0..40u64 {
+        let f = fs
+            .create(d, format!("file{i}").as_bytes(), 0o644, ME)
+            .expect("create")
+            .ino;
+        if i == 3 {
+            first_file = f;
+        }
+        let len = [10usize, 3000, 9000, 70_000][(i % 4) as usize];
+        fs.write(f, i * 1000, &vec![i as u8; len]).expect("write");
+        if i % 5 == 0 {
+            fs.setxattr(f, b"user.long", &vec![3u8; 9000], 0)
+                .expect("xattr");
+            fs.setxattr(f, b"user.short", b"v", 0).expect("xattr");
+        }
+    }
+    let l = fs.create(ROOT, b"linked", 0o644, ME).expect("create").ino;
+    for i in 0..20 {
+        let mut name = format!("link{i}-").into_bytes();
+        name.resize(250, b'x');
+        fs.link(l, ROOT, &name).expect("link");
+    }
+    fs.symlink(ROOT, b"short", b"dir/file1", ME)
+        .expect("symlink");
+    fs.symlink(ROOT, b"long", &vec![b'p'; 3000], ME)
+        .expect("symlink");
+    let held = fs.create(ROOT, b"held", 0o644, ME).expect("create").ino;
+    fs.write(held, 0, &vec![1u8; 20_000]).expect("write");
+    fs.pin(held);
+    fs.unlink(ROOT, b"held").expect("unlink held");
+    fs.sync().expect("sync");
+    // After the commit: changes that reach the image only through the log.
+    for i in 0..3 {
+        let f = fs
+            .create(ROOT, format!("logged{i}").as_bytes(), 0o644, ME)
+            .expect("create")
+            .ino;
+        fs.write(f, 0, &vec![9u8; 5000]).expect("write");
+        fs.truncate(first_file, 100 * i).expect("truncate");
+        fs.fsync(f).expect("fsync");
+    }
+    std::mem::forget(fs);
+    rec.crash_image(rec.event_count(), Tear::None).bytes
+}
+
+/// Blocks that hold metadata: superblocks, tree nodes, log blocks.
+fn metadata_blocks(img: &[u8]) -> Vec<usize> {
+    (0..img.len() / BLOCK)
+        .filter(|&b| {
+            let m = &img[b * BLOCK + 4..b * BLOCK + 8];
+            b < 2 || m == b"IXND" || m == b"IXLG"
+        })
+        .collect()
+}
+
+fn reseal(block: &mut [u8]) {
+    let c = crc32c::crc32c(&block[4..]);
+    block[..4].copy_from_slice(&c.to_le_bytes());
+}
+
+/// Damages a copy of `base`: a few bytes of metadata blocks set at random (most resealed),
+/// now and then a data block or a field-sized run, or a whole block zeroed.
+fn damage(base: &[u8], meta: &[usize], rng: &mut Rng) -> Vec<u8> {
+    let mut img = base.to_vec();
+    for _ in 0..rng.below(3) + 1 {
+        let b = if rng.chance(90) {
+            meta[rng.below(meta.len() as u64) as usize]
+        } else {
+            rng.below((img.len() / BLOCK) as u64) as usize
+        };
+        let block = &mut img[b * BLOCK..(b + 1) * BLOCK];
+        match rng.below(10) {
+            0 => block.fill(0),
+            1..=3 => {
+                // A field-sized run: the header, an item header or a key.
+                let at = rng.below(200) as usize;
+                let len = [1usize, 2, 4, 8][rng.below(4) as usize];
+                for x in &mut block[at..at + len] {
+                    *x = rng.next_u64() as u8;
+                }
+            }
+            _ => {
+                for _ in 0..rng.below(4) + 1 {
+                    let at = rng.below(BLOCK as u64) as usize;
+                    block[at] ^= 1 << rng.below(8);
+                }
+            }
+        }
+        if rng.chance(85) {
+            reseal(block);
+        }
+    }
+    img
+}
+
+/// How far a case got: fsck found damage, the image opened, a call on it failed.
+#[derive(Default, Clone, Copy)]
+struct Reach {
+    fsck_problems: bool,
+    opened: bool,
+    call_failed: bool,
+}
+
+/// Everything a user could do with the damaged image; errors are fine.
+fn exercise(img: Vec<u8>) -> Reach {
+    let mut reach = Reach::default();
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let as_dyn: Arc<dyn BlockDevice> = dev.clone();
+    reach.fsck_problems = fsck::check(&as_dyn, idxfs_format::hash::name_hash, &mut |_| {})
+        .map_or(true, |r| !r.is_clean());
+    let Ok(fs) = Fs::open(dev.clone(), opts()) else {
+        return reach;
+    };
+    reach.opened = true;
+    let mut stack = vec![ROOT];
+    let mut files = Vec::new();
+    let mut seen = 0;
+    while let Some(d) = stack.pop() {
+        let Ok(es) = fs.list(d) else { continue };
+        for e in es {
+            seen += 1;
+            if seen > 10_000 {
+                break;
+            }
+            let Ok(a) = fs.getattr(e.ino) else { continue };
+            let _ = fs.listxattr(e.ino).map(|xs| {
+                for x in xs {
+                    let _ = fs.getxattr(e.ino, &x);
+                }
+            });
+            match a.mode & 0o170000 {
+                0o040000 if e.name != b"." && e.name != b".." => stack.push(e.ino),
+                0o100000 => {
+                    let _ = fs.read(e.ino, 0, 1 << 20);
+                    let _ = fs.read(e.ino, a.size.saturating_sub(10), 100);
+                    files.push((d, e.name.clone(), e.ino));
+                }
+                0o120000 => {
+                    let _ = fs.readlink(e.ino);
+                }
+                _ => {}
+            }
+        }
+        let _ = fs.readdir_plus(d, 0, 100, |_, _| true);
+    }
+    // Changes on top of the damage.
+    let _ = fs
+        .create(ROOT, b"new", 0o644, ME)
+        .and_then(|a| fs.write(a.ino, 5000, b"x"));
+    for (d, name, ino) in files.iter().take(8) {
+        let _ = fs.write(*ino, 3, b"overwrite");
+        let _ = fs.truncate(*ino, 50);
+        let _ = fs.setxattr(*ino, b"user.new", &[5u8; 6000], 0);
+        let _ = fs.rename(*d, name, ROOT, b"moved", 0);
+        let _ = fs.unlink(ROOT, b"moved");
+    }
+    reach.call_failed = fs.fsync(ROOT).is_err() || fs.failure().is_some();
+    let _ = fs.close();
+    let _ = fsck::check(&as_dyn, idxfs_format::hash::name_hash, &mut |_| {});
+    reach
+}
+
+#[test]
+fn damaged_images_give_errors_not_panics() {
+    let secs: u64 = std::env::var("IDXFS_FUZZ_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40);
+    let (mut rng, seed) = Rng::from_env("image fuzz");
+    let base = base_image();
+    // The undamaged image is consistent, log included.
+    assert_clean(&Arc::new(MemDevice::from_bytes(base.clone())));
+    let meta = metadata_blocks(&base);
+    assert!(meta.len() > 20, "{} metadata blocks", meta.len());
+    let start = Instant::now();
+    let mut cases = 0u64;
+    let (mut damaged, mut opened, mut failed) = (0u64, 0u64, 0u64);
+    loop {
+        let case_seed = rng.next_u64();
+        let img = damage(&base, &meta, &mut Rng::new(case_seed));
+        // Each case in its own thread, so a hang is caught (and reported) too.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| exercise(img)));
+            let _ = tx.send(r.ok());
+        });
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(Some(r)) => {
+                damaged += u64::from(r.fsck_problems);
+                opened += u64::from(r.opened);
+                failed += u64::from(r.call_failed);
+            }
+            Ok(None) => panic!("case seed {case_seed} (run seed {seed}) panicked: see above"),
+            Err(_) => panic!("case seed {case_seed} (run seed {seed}) hung for 20 s"),
+        }
+        cases += 1;
+        if start.elapsed() >= Duration::from_secs(secs) {
+            break;
+        }
+    }
+    eprintln!(
+        "image fuzz: {cases} damaged images in {secs} s, no panic or hang; fsck saw damage in \
+         {damaged}, {opened} opened, {failed} of those stopped or refused an fsync"
+    );
+    // The damage must reach past the front door often, or this tests little.
+    assert!(
+        opened * 4 > cases,
+        "only {opened} of {cases} damaged images opened"
+    );
+    assert!(
+        damaged * 4 > cases,
+        "fsck saw damage in only {damaged} of {cases}"
+    );
+}
