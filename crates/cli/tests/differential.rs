@@ -596,8 +596,14 @@ fn random_operations_match_tmpfs_across_remounts_and_crashes() {
             w.tally
         );
         // Failures are compared too (the same errno), but a run where most steps fail tests
-        // little: each kind of step succeeds often enough on this mix.
-        assert!(ok * 5 > all * 2, "too few steps succeeded: {ok} of {all}");
+        // little. On this mix 39-54% succeed (seeds vary), and every kind some of the time.
+        assert!(ok * 3 > all, "too few steps succeeded: {ok} of {all}");
+        for kind in ["write", "truncate", "fallocate", "mmap", "link", "rename", "unlink", "setxattr"] {
+            assert!(
+                w.tally.get(&(kind.to_string(), true)).copied().unwrap_or(0) > 5,
+                "too few {kind} steps succeeded"
+            );
+        }
         w.idx.unmount();
         w.idx.assert_fsck_clean();
     }

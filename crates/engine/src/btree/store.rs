@@ -38,6 +38,16 @@ pub struct Store {
     /// File data was written since the last device flush: a log batch that may name it flushes
     /// first, so the data is durable before anything points at it.
     pub data_unflushed: bool,
+    /// Node slots (`blocks_per_node` contiguous blocks each) taken from the allocator ahead of
+    /// need: free blocks alone do not promise a node, so a reservation takes the slots its
+    /// operation and the next commit may allocate (`fill_node_pool`), and node allocations
+    /// draw from here first. Marked used in the allocator, referenced by nothing: the commit
+    /// gives them back (`release_node_pool`) before the space tree records the bitmaps.
+    pub node_pool: Vec<u64>,
+    /// Slots growth leaves aside for deletes (the node side of the global reserve), held the
+    /// same way: a growing operation sets them aside before it takes its own, and only a
+    /// shrinking one may take from them.
+    pub reserve_pool: Vec<u64>,
     scratch: Vec<u8>,
 }
 
@@ -71,6 +81,8 @@ impl Store {
             changed_keys: Vec::new(),
             changed_keys_overflow: false,
             data_unflushed: false,
+            node_pool: Vec::new(),
+            reserve_pool: Vec::new(),
             scratch: vec![0; node_size as usize],
         }
     }
@@ -162,14 +174,69 @@ impl Store {
         }
     }
 
+    /// A block for a new node: a reserved slot, else one from the allocator, else (never
+    /// when the reservations are right) one of the slots kept for deletes: better than
+    /// failing an operation half done.
+    fn take_node_block(&mut self) -> Result<u64> {
+        if let Some(b) = self.node_pool.pop() {
+            return Ok(b);
+        }
+        let bpn = self.blocks_per_node();
+        if let Some((start, _)) = self.alloc.alloc(bpn, bpn, Kind::Meta) {
+            return Ok(start);
+        }
+        self.reserve_pool.pop().ok_or(Error::NoSpace)
+    }
+
+    /// Takes node slots until `target` wait in the pool. A growing operation
+    /// (`use_reserve` false) first sets `reserve` slots aside for deletes and never takes
+    /// them; a shrinking one takes them when the allocator has no more. False when the slots
+    /// cannot be had (those taken so far stay, for the next try).
+    pub fn fill_node_pool(&mut self, target: usize, reserve: usize, use_reserve: bool) -> bool {
+        let bpn = self.blocks_per_node();
+        if !use_reserve {
+            while self.reserve_pool.len() < reserve {
+                match self.alloc.alloc(bpn, bpn, Kind::Meta) {
+                    Some((b, _)) => self.reserve_pool.push(b),
+                    None => return false,
+                }
+            }
+        }
+        while self.node_pool.len() < target {
+            match self.alloc.alloc(bpn, bpn, Kind::Meta) {
+                Some((b, _)) => self.node_pool.push(b),
+                None if use_reserve => match self.reserve_pool.pop() {
+                    Some(b) => self.node_pool.push(b),
+                    None => return false,
+                },
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// Blocks the pools hold.
+    pub fn node_pool_blocks(&self) -> u64 {
+        (self.node_pool.len() + self.reserve_pool.len()) as u64 * self.blocks_per_node()
+    }
+
+    /// Gives every slot of both pools back to the allocator (commit, before the space tree
+    /// records the bitmaps; the next growing operation sets the reserve aside again).
+    pub fn release_node_pool(&mut self) -> Result<()> {
+        let bpn = self.blocks_per_node();
+        let mut all = std::mem::take(&mut self.node_pool);
+        all.append(&mut self.reserve_pool);
+        for b in all {
+            // Taken by `fill_node_pool` and referenced by nothing: reusable at once.
+            self.alloc.free(b, bpn, true)?;
+        }
+        Ok(())
+    }
+
     /// Allocates a block for a new node of the running transaction.
     pub fn alloc_node(&mut self, node: Node) -> Result<u64> {
         assert_eq!(node.generation, self.generation);
-        let bpn = self.blocks_per_node();
-        let (start, _) = self
-            .alloc
-            .alloc(bpn, bpn, Kind::Meta)
-            .ok_or(Error::NoSpace)?;
+        let start = self.take_node_block()?;
         self.cache.insert(start, node, true);
         self.dirty_nodes += 1;
         Ok(start)
@@ -221,10 +288,7 @@ impl Store {
             return Ok(block);
         }
         let bpn = self.blocks_per_node();
-        let (new, _) = self
-            .alloc
-            .alloc(bpn, bpn, Kind::Meta)
-            .ok_or(Error::NoSpace)?;
+        let new = self.take_node_block()?;
         let mut node = match self.cache.remove(block) {
             Some(n) => n,
             None => panic!("cow of uncached node {block}"),

@@ -479,10 +479,18 @@ impl Tree {
         let d = path.len() - 1;
         let n = store.node_mut(path[d].0);
         // `last` was found in the leaf this descent reaches (the leaf for `at` holds it, and
-        // a COW moves nodes without changing them).
+        // a COW moves nodes without changing them), unless a parent's keys disagree with its
+        // children's: damage no single node shows, reported as such.
         let end = match n.keys.binary_search(&last) {
             Ok(i) => i + 1,
-            Err(_) => panic!("delete_batch: {last} vanished between two descents"),
+            Err(_) => {
+                return Err(idxfs_format::Corrupt::new(
+                    format!("tree {} keys above leaf {}", self.owner, path[d].0),
+                    format!("no {last} where a search for it ends"),
+                    "each parent key the smallest of its child",
+                )
+                .into())
+            }
         };
         let start = n.keys[..end]
             .partition_point(|k| *k < lo)

@@ -53,6 +53,10 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 use zerocopy::IntoBytes;
 
+/// Dirty cached inodes past which their changes go into the tree after an operation (the
+/// commit would write them anyway): bounds the commit's need for them.
+const INODE_WRITEBACK: usize = 64;
+
 /// Name hash function type: the format's `name_hash`, or a test hook that forces collisions.
 pub type NameHash = fn(&[u8]) -> u64;
 
@@ -811,10 +815,16 @@ impl Inner {
         }
     }
 
-    /// Housekeeping after a successful change: commit when dirty state passes its bounds.
+    /// Housekeeping after a successful change: commit when dirty state passes its bounds, and
+    /// move cached inode changes into the tree once more than `INODE_WRITEBACK` wait, so
+    /// what the next commit must still allocate for them (and reservations take ahead for
+    /// it) stays bounded.
     fn after_op(&mut self) -> Result<()> {
-        if self.store.dirty_nodes > self.dirty_nodes_limit || self.inodes.dirty_count() > 1 << 18 {
-            self.commit()?;
+        if self.store.dirty_nodes > self.dirty_nodes_limit {
+            return self.commit();
+        }
+        if self.inodes.dirty_count() > INODE_WRITEBACK {
+            self.write_back_inodes()?;
         }
         Ok(())
     }
@@ -908,6 +918,8 @@ impl Inner {
         self.write_new_orphans()?;
         self.write_back_inodes()?;
         self.log_release()?;
+        // Whole node slots, free again: what the space tree's copies below may take.
+        self.store.release_node_pool()?;
         txn::persist_space(&mut self.store, &mut self.space_tree)?;
         txn::write_dirty_nodes(&mut self.store)?;
         let gen = self.store.generation;

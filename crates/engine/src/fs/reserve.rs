@@ -12,15 +12,23 @@
 //! - *root reserve*: 1% of the device more that growing operations of an unprivileged caller
 //!   leave alone (`crate::caller`), as ext4 keeps blocks for root: a user who fills the
 //!   device does not stop root from writing.
-//! - *commit need*: what the next commit may still allocate: the copied paths of dirty inodes,
-//!   the orphan items it writes, and every node of the space tree (which holds a fixed-size
-//!   item pair per block group, so its shape never changes after mkfs: a commit copies each
-//!   of its nodes at most once, however many groups an operation dirtied).
+//! - *commit need*: what the next commit may still allocate: the copied paths of dirty inodes
+//!   (at most `INODE_WRITEBACK` of them: past that, cached inode changes go into the tree
+//!   after the operation), the orphan items it writes, and every node of the space tree
+//!   (which holds a fixed-size item pair per block group, so its shape never changes after
+//!   mkfs: a commit copies each of its nodes at most once, however many groups an operation
+//!   dirtied).
+//! - *node slot*: `blocks_per_node` contiguous free blocks, what a node needs. Free blocks
+//!   alone do not promise nodes (free space cut into single blocks holds none), so a
+//!   reservation takes the slots its operation and the next commit may need into the
+//!   store's pool (`Store::node_pool`), and every node allocation draws from there: once an
+//!   operation has changed something, no allocation can fail. Growing operations first set
+//!   a few slots aside that only deletes may take (`Store::reserve_pool`).
 //!
-//! A reservation is a check, not an allocation: `free >= need`, where need counts the
-//! operation's nodes and data, the commit after it, and for growing operations the global
-//! reserve. When the check fails and the running transaction has freed blocks (pinned until
-//! it commits), it commits and checks again.
+//! A reservation checks the blocks outside the pools (the operation's data, the slots it
+//! still lacks, and for growing operations the global reserve's rest) and then takes the
+//! slots. When either fails and the running transaction has freed blocks (pinned until it
+//! commits), it commits and tries again.
 //!
 //! `statfs` answers with the same arithmetic: available = free (counting what the next
 //! commit releases) - global reserve - the commit's fixed need - the metadata margin of one
@@ -135,35 +143,78 @@ impl Inner {
         self.reserve_nodes(nodes, data, Reserve::Grow)
     }
 
-    fn blocks_needed(&self, nodes: u64, data_blocks: u64, kind: Reserve) -> u64 {
-        let reserve = match kind {
-            Reserve::Grow if crate::caller::privileged() => self.global_reserve(),
-            Reserve::Grow => self.global_reserve() + self.root_reserve(),
-            Reserve::Shrink => 0,
-        };
-        nodes * self.bpn() + data_blocks + self.commit_need() + reserve
-    }
-
     /// Refuses with NoSpace unless `nodes` new nodes and `data_blocks` of data (and the commit
-    /// after them) fit; commits first when that frees what is missing.
+    /// after them) fit; commits first when that frees what is missing. The nodes are taken
+    /// as slots into the store's pool (with the commit's, and those of the inodes an
+    /// operation may dirty): a node needs contiguous blocks, which free space cut into
+    /// single blocks does not offer, so only slots in hand promise that no allocation fails
+    /// after the operation's first change.
     pub(crate) fn reserve_nodes(
         &mut self,
         nodes: u64,
         data_blocks: u64,
         kind: Reserve,
     ) -> Result<()> {
-        if self.store.alloc.free_blocks() >= self.blocks_needed(nodes, data_blocks, kind) {
+        if self.space_fits(nodes, data_blocks, kind) {
             return Ok(());
         }
         // Blocks freed by this transaction come back once it commits.
         if self.store.alloc.pinned_blocks() > 0 || self.changed {
             self.commit()?;
-            if self.store.alloc.free_blocks() >= self.blocks_needed(nodes, data_blocks, kind) {
+            if self.space_fits(nodes, data_blocks, kind) {
                 return Ok(());
             }
         }
         Counters::inc(&self.store.counters.enospc);
         Err(Error::NoSpace)
+    }
+
+    /// Whether the operation fits: its node slots (with the next commit's, and for a growing
+    /// operation the slots set aside for deletes) are taken into the pools, and the blocks
+    /// left outside them hold its data and, for a growing operation, the rest of the global
+    /// reserve (and the root reserve, for an unprivileged caller). A shrinking operation may
+    /// take the slots set aside for deletes.
+    fn space_fits(&mut self, nodes: u64, data_blocks: u64, kind: Reserve) -> bool {
+        let bpn = self.bpn();
+        // An operation dirties at most four inodes (a rename's two directories and two
+        // inodes), each a copied path at the commit.
+        let later = self.commit_need().div_ceil(bpn) + 4 * (self.fs_tree.level as u64 + 1);
+        let want = nodes + later;
+        let grow = kind == Reserve::Grow;
+        let aside = if grow { self.reserve_slots() } else { 0 };
+        let have = self.store.node_pool.len() as u64
+            + if grow {
+                0
+            } else {
+                self.store.reserve_pool.len() as u64
+            };
+        let new_slots =
+            want.saturating_sub(have) + aside.saturating_sub(self.store.reserve_pool.len() as u64);
+        let keep_free = match kind {
+            Reserve::Shrink => 0,
+            Reserve::Grow => {
+                let rest = self.global_reserve().saturating_sub(aside * bpn);
+                if crate::caller::privileged() {
+                    rest
+                } else {
+                    rest + self.root_reserve()
+                }
+            }
+        };
+        if self.store.alloc.free_blocks() < new_slots * bpn + data_blocks + keep_free {
+            return false;
+        }
+        self.store
+            .fill_node_pool(want as usize, aside as usize, kind == Reserve::Shrink)
+    }
+
+    /// Node slots growth leaves for deletes (part of the global reserve): two freeing
+    /// batches (each one item change) and the commit after them, with room for the inodes
+    /// they dirty; never more than the global reserve holds.
+    fn reserve_slots(&self) -> u64 {
+        let path = self.fs_tree.level as u64 + 1;
+        let want = 2 * self.item_nodes() + (self.commit_base() - 1) / self.bpn() + 8 * path + 16;
+        want.min(self.global_reserve() / self.bpn())
     }
 
     /// Free and available blocks for `statfs`. Free counts the blocks the next commit
@@ -172,7 +223,9 @@ impl Inner {
     /// that one `fallocate` (or a run of writes) of what it says succeeds; for an
     /// unprivileged caller it leaves out the root reserve too.
     pub(crate) fn space_report(&self) -> SpaceReport {
-        let free = self.store.alloc.free_blocks() + self.store.alloc.pinned_blocks();
+        let free = self.store.alloc.free_blocks()
+            + self.store.alloc.pinned_blocks()
+            + self.store.node_pool_blocks();
         let blocks = MARGIN_WRITE_BYTES / BLOCK_SIZE + 2;
         let margin = (self.run_nodes(blocks, blocks * EXTENT_BYTES)
             + MARGIN_ITEMS * self.item_nodes())
