@@ -55,7 +55,9 @@ enum Cmd {
         mountpoint: PathBuf,
         /// Mount options: ro, rw, noatime, relatime, strictatime, allow_other,
         /// default_permissions (the kernel checks modes; always so with allow_other or a
-        /// non-root mounter), fsname=NAME, nodev, nosuid, noexec, ttl=SECONDS,
+        /// non-root mounter), fsname=NAME, nodev, nosuid, noexec, sync (every change durable
+        /// on return), dirsync (directory changes durable on return), remount (change a
+        /// mounted file system: ro/rw, atime and sync words), nodiratime, lazytime, ttl=SECONDS,
         /// uring/nouring (FUSE over io_uring; default: when the kernel allows it),
         /// handoff/nohandoff (ring replies sent at SCHED_IDLE so callers wake on the same CPU;
         /// default on), threads=N, pin/nopin (/dev/fuse workers pinned one per CPU), writeback,
@@ -69,7 +71,8 @@ enum Cmd {
         /// Size of an image made by --create (default 1G).
         #[arg(long, value_parser = parse_size, requires = "create")]
         size: Option<u64>,
-        /// Return once mounted, serving from a background process.
+        /// Return once mounted, serving from a background process whose messages go to
+        /// IMAGE.log (/var/log/idxfs-NAME.log for a block device).
         #[arg(long)]
         background: bool,
     },
