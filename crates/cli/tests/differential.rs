@@ -598,7 +598,16 @@ fn random_operations_match_tmpfs_across_remounts_and_crashes() {
         // Failures are compared too (the same errno), but a run where most steps fail tests
         // little. On this mix 39-54% succeed (seeds vary), and every kind some of the time.
         assert!(ok * 3 > all, "too few steps succeeded: {ok} of {all}");
-        for kind in ["write", "truncate", "fallocate", "mmap", "link", "rename", "unlink", "setxattr"] {
+        for kind in [
+            "write",
+            "truncate",
+            "fallocate",
+            "mmap",
+            "link",
+            "rename",
+            "unlink",
+            "setxattr",
+        ] {
             assert!(
                 w.tally.get(&(kind.to_string(), true)).copied().unwrap_or(0) > 5,
                 "too few {kind} steps succeeded"

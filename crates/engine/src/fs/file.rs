@@ -401,6 +401,8 @@ impl Inner {
             // The write leaves block 0 alone, so the inline bytes need a block of their own
             // first (reading back only the written blocks would lose them).
             self.move_inline_out(ino)?;
+            // The same bytes, now in a block: a whole state, should what follows be refused.
+            self.checkpoint();
             it = self.inode(ino)?;
             inline = false;
         }

@@ -66,6 +66,8 @@ impl Inner {
         self.reserve_nodes(run + 4 * self.item_nodes(), data, Reserve::Grow)?;
         if inline {
             self.move_inline_out(ino)?;
+            // The same bytes, now in a block: a whole state, should what follows be refused.
+            self.checkpoint();
         }
         // Allocate everything before the first tree change, so ENOSPC changes nothing.
         let mut runs: Vec<(u64, u64, u64)> = Vec::new(); // (file block, disk block, blocks)
