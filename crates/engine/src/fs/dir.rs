@@ -64,7 +64,7 @@ fn slot_bound(dir: u64, child: u64, slot: u64) -> Key {
 
 impl Inner {
     fn hash_key(&self, dir: u64, name: &[u8]) -> (Key, u64) {
-        let h = (self.hash)(name);
+        let h = (self.policy.hash)(name);
         (Key::new(dir, ItemType::DirHash, h), h)
     }
 
@@ -151,7 +151,7 @@ impl Inner {
         let mut rec = Vec::with_capacity(10 + name.len());
         encode_dir_entry(&mut rec, &e);
         append_or_insert(self, hkey, &rec)?;
-        if !self.hash_index_only {
+        if !self.policy.hash_index_only {
             self.add_ino_record(dir, child, h, rec)?;
         }
         match plan.back_ref {
@@ -178,7 +178,7 @@ impl Inner {
     pub fn remove_entry(&mut self, dir: u64, name: &[u8], child: u64) -> Result<()> {
         let (hkey, h) = self.hash_key(dir, name);
         remove_record(self, hkey, |es| es.iter().position(|e| e.name == name))?;
-        if !self.hash_index_only {
+        if !self.policy.hash_index_only {
             let ikey = self.find_ino_record(dir, child, name, h)?;
             remove_record(self, ikey, |es| es.iter().position(|e| e.name == name))?;
         }

@@ -293,7 +293,7 @@ impl Inner {
         self.sub_alloc(ino, freed)?;
         self.checkpoint();
         loop {
-            if self.commit_between_batches {
+            if self.policy.commit_between_batches {
                 self.commit()?;
             }
             if self.reserve(1, Reserve::Shrink).is_err() {
@@ -596,7 +596,7 @@ impl Inner {
     /// read-only or full file system the read succeeds and the time stays.
     pub(crate) fn touch_atime(&mut self, ino: Ino, it: &InodeItem) {
         let now = self.now();
-        let due = match self.atime {
+        let due = match self.policy.atime {
             Atime::NoAtime => false,
             Atime::Strict => true,
             Atime::Relatime => {

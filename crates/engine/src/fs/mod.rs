@@ -21,6 +21,7 @@ mod file;
 mod layout;
 mod orphan;
 mod pins;
+mod policy;
 mod readdir;
 mod remove;
 mod rename;
@@ -131,6 +132,8 @@ impl Default for OpenOptions {
 }
 
 pub(crate) struct Inner {
+    /// The mount's settings (`policy`).
+    pub policy: policy::Policy,
     pub store: Store,
     pub fs_tree: Tree,
     pub space_tree: Tree,
@@ -138,12 +141,8 @@ pub(crate) struct Inner {
     pub sb: Superblock,
     pub next_ino: u64,
     pub inode_count: u64,
-    pub read_only: bool,
     /// Set when the file system stopped writing after an error; the first cause.
     pub failed: Option<String>,
-    pub hash: NameHash,
-    pub clock: Arc<dyn Clock>,
-    pub dirty_nodes_limit: usize,
     /// The running transaction has changes.
     pub changed: bool,
     /// Pin counts of inodes a front end still holds (see `orphan`).
@@ -153,8 +152,6 @@ pub(crate) struct Inner {
     /// Inodes whose last name an operation removed while nothing held them, too large to
     /// free in one batch: freed in batches once the operation returns.
     pub release: Vec<Ino>,
-    pub atime: Atime,
-    pub sync: SyncMode,
     /// Nodes of the space tree: every commit may copy each once (`reserve`).
     pub space_nodes: u64,
     /// Incompat bits the next commit adds to the superblock: an item needing them exists in
@@ -162,10 +159,6 @@ pub(crate) struct Inner {
     pub incompat_wanted: u64,
     /// `store.mod_seq` at the running operation's last checkpoint (see the module notes).
     pub op_checkpoint: u64,
-    /// `OpenOptions::test_commit_between_batches`.
-    pub commit_between_batches: bool,
-    /// `OpenOptions::bench_hash_index_only`.
-    pub hash_index_only: bool,
     /// The leaf the last inode-order directory entry went into: creates number inodes in
     /// ascending order, so the next entry usually goes right after it (`dir::add_ino_record`).
     pub dir_ino_hint: crate::btree::LeafHint,
@@ -316,22 +309,24 @@ impl Fs {
             sb,
             next_ino: FIRST_FREE_INO,
             inode_count: 1,
-            read_only: false,
+            policy: policy::Policy {
+                read_only: false,
+                atime: Atime::NoAtime,
+                sync: SyncMode::default(),
+                hash: idxfs_format::hash::name_hash,
+                clock: Arc::new(SystemClock),
+                dirty_nodes_limit: usize::MAX,
+                hash_index_only: false,
+                commit_between_batches: false,
+            },
             failed: None,
-            hash: idxfs_format::hash::name_hash,
-            clock: Arc::new(SystemClock),
-            dirty_nodes_limit: usize::MAX,
             changed: true,
             pins: Default::default(),
             orphans: Default::default(),
             release: Vec::new(),
-            atime: Atime::NoAtime,
-            sync: SyncMode::default(),
             space_nodes: 0,
             incompat_wanted: 0,
             op_checkpoint: 0,
-            commit_between_batches: false,
-            hash_index_only: false,
             dir_ino_hint: Default::default(),
             log: Default::default(),
         };
@@ -373,22 +368,24 @@ impl Fs {
             inodes: InodeCache::new(opts.inode_cache_entries),
             next_ino: sb.next_ino.get(),
             inode_count: sb.inode_count.get(),
-            read_only: opts.read_only || sb.unknown_compat_ro(),
+            policy: policy::Policy {
+                read_only: opts.read_only || sb.unknown_compat_ro(),
+                atime: opts.atime,
+                sync: opts.sync,
+                hash: opts.name_hash,
+                clock: opts.clock.clone(),
+                dirty_nodes_limit: opts.dirty_nodes_limit.clamp(64, (cache_nodes / 2).max(64)),
+                hash_index_only: opts.bench_hash_index_only,
+                commit_between_batches: opts.test_commit_between_batches,
+            },
             failed: None,
-            hash: opts.name_hash,
-            clock: opts.clock.clone(),
-            dirty_nodes_limit: opts.dirty_nodes_limit.clamp(64, (cache_nodes / 2).max(64)),
             changed: false,
             pins: Default::default(),
             orphans: Default::default(),
             release: Vec::new(),
-            atime: opts.atime,
-            sync: opts.sync,
             space_nodes: 0,
             incompat_wanted: 0,
             op_checkpoint: 0,
-            commit_between_batches: opts.test_commit_between_batches,
-            hash_index_only: opts.bench_hash_index_only,
             dir_ino_hint: Default::default(),
             log: Default::default(),
             sb,
@@ -407,7 +404,7 @@ impl Fs {
         }
         // What was fsynced after the last commit. A read-only open keeps the result in
         // memory; a read-write one commits it, which also starts this mount's own log.
-        if crate::log::replay(&mut inner)? > 0 && !inner.read_only {
+        if crate::log::replay(&mut inner)? > 0 && !inner.policy.read_only {
             inner.commit()?;
         }
         inner.load_orphans()?;
@@ -488,7 +485,7 @@ impl Fs {
                 g.fail(why);
             }
             Ok(_) => {
-                if changed && g.sync.covers(durable) {
+                if changed && g.policy.sync.covers(durable) {
                     g.make_durable()?;
                 }
                 g.after_op()?;
@@ -501,7 +498,7 @@ impl Fs {
     /// Commits the running transaction now.
     pub fn sync(&self) -> Result<()> {
         let mut g = self.lock();
-        if g.read_only {
+        if g.policy.read_only {
             return Ok(());
         }
         g.durable_ok()?;
@@ -516,7 +513,7 @@ impl Fs {
     pub fn fsync(&self, ino: Ino) -> Result<()> {
         self.getattr(ino)?;
         let mut g = self.lock();
-        if g.read_only {
+        if g.policy.read_only {
             return Ok(());
         }
         g.durable_ok()?;
@@ -531,11 +528,11 @@ impl Fs {
     pub fn reconfigure(&self, read_only: bool, atime: Atime, sync: SyncMode) -> Result<()> {
         {
             let mut g = self.lock();
-            if read_only && !g.read_only {
+            if read_only && !g.policy.read_only {
                 g.durable_ok()?;
                 g.commit()?;
             }
-            if !read_only && g.read_only {
+            if !read_only && g.policy.read_only {
                 if !g.store.dev.writable() {
                     return Err(Error::Invalid("the image was opened read-only"));
                 }
@@ -550,9 +547,9 @@ impl Fs {
                     ))));
                 }
             }
-            g.read_only = read_only;
-            g.atime = atime;
-            g.sync = sync;
+            g.policy.read_only = read_only;
+            g.policy.atime = atime;
+            g.policy.sync = sync;
         }
         if !read_only {
             self.reclaim_orphans()?;
@@ -563,7 +560,7 @@ impl Fs {
     /// What a remount may change, as it stands: read-only, atime policy, sync mode.
     pub fn settings(&self) -> (bool, Atime, SyncMode) {
         let g = self.lock();
-        (g.read_only, g.atime, g.sync)
+        (g.policy.read_only, g.policy.atime, g.policy.sync)
     }
 
     /// Commits and stops the commit thread. Dropping an `Fs` does the same, ignoring errors.
@@ -571,7 +568,7 @@ impl Fs {
         self.stop_committer();
         self.release_all()?;
         let mut g = self.lock();
-        if g.read_only || g.failed.is_some() {
+        if g.policy.read_only || g.failed.is_some() {
             return Ok(());
         }
         g.commit()
@@ -640,7 +637,7 @@ impl Drop for Fs {
         self.stop_committer();
         let _ = self.release_all();
         let mut g = self.lock();
-        if !g.read_only && g.failed.is_none() {
+        if !g.policy.read_only && g.failed.is_none() {
             let _ = g.commit();
         }
     }
@@ -663,7 +660,7 @@ fn commit_loop(weak: std::sync::Weak<Shared>, every: Duration) {
         }
         let lock = shared.inner.lock();
         if let Ok(mut g) = lock {
-            if g.failed.is_none() && !g.read_only && g.changed {
+            if g.failed.is_none() && !g.policy.read_only && g.changed {
                 // An error here has already turned the file system read-only.
                 let _ = g.commit();
             }
@@ -755,7 +752,7 @@ impl SyncMode {
 
 impl Inner {
     pub fn writable(&self) -> Result<()> {
-        if self.read_only || self.failed.is_some() {
+        if self.policy.read_only || self.failed.is_some() {
             return Err(Error::ReadOnly);
         }
         Ok(())
@@ -808,7 +805,7 @@ impl Inner {
     }
 
     pub fn now(&self) -> Timespec {
-        let (sec, nsec) = self.clock.now();
+        let (sec, nsec) = self.policy.clock.now();
         Timespec {
             sec: sec.into(),
             nsec: nsec.into(),
@@ -820,7 +817,7 @@ impl Inner {
     /// what the next commit must still allocate for them (and reservations take ahead for
     /// it) stays bounded.
     fn after_op(&mut self) -> Result<()> {
-        if self.store.dirty_nodes > self.dirty_nodes_limit {
+        if self.store.dirty_nodes > self.policy.dirty_nodes_limit {
             return self.commit();
         }
         if self.inodes.dirty_count() > INODE_WRITEBACK {

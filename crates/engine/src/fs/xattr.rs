@@ -46,7 +46,7 @@ fn chunk_key(ino: Ino, at: u64) -> Key {
 impl Inner {
     /// The entries of the xattr item `name` hashes to (empty: none), and its key.
     fn xattr_item(&mut self, ino: Ino, name: &[u8]) -> Result<(Key, Vec<XattrEntry>)> {
-        let key = Key::new(ino, ItemType::Xattr, (self.hash)(name));
+        let key = Key::new(ino, ItemType::Xattr, (self.policy.hash)(name));
         let tree = self.fs_tree;
         let xs = match tree.get(&mut self.store, &key)? {
             Some(v) => decode_xattrs(&v, format_args!("xattr {key}"))?,

@@ -1,0 +1,24 @@
+//! What a mount was asked to do: settings fixed at open (`OpenOptions`), a few of which a
+//! remount changes (`Fs::reconfigure`). Nothing here is state of the file system itself.
+use super::{Atime, NameHash, SyncMode};
+use crate::clock::Clock;
+use std::sync::Arc;
+
+pub(crate) struct Policy {
+    /// Refuse every change (mounted so, remounted so, or an image with read-only features
+    /// this code does not know).
+    pub read_only: bool,
+    /// When reads update the access time.
+    pub atime: Atime,
+    /// Which operations are durable when they return.
+    pub sync: SyncMode,
+    /// The name hash: the format's, or a test's that forces collisions.
+    pub hash: NameHash,
+    pub clock: Arc<dyn Clock>,
+    /// Commit when this many nodes are dirty (`OpenOptions::dirty_nodes_limit`).
+    pub dirty_nodes_limit: usize,
+    /// `OpenOptions::bench_hash_index_only`.
+    pub hash_index_only: bool,
+    /// `OpenOptions::test_commit_between_batches`.
+    pub commit_between_batches: bool,
+}
