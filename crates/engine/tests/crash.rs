@@ -71,13 +71,7 @@ fn workload(fs: &Fs, rng: &mut Rng, commits: usize) -> HashMap<u64, String> {
                     // Long names of one inode in one directory: past the back-reference
                     // item's room, into extended references.
                     let (p, ino, _) = files[rng.below(files.len() as u64) as usize].clone();
-                    for _ in 0..rng.below(20) + 1 {
-                        n += 1;
-                        let mut name = format!("link{n}-").into_bytes();
-                        name.resize(250, b'l');
-                        fs.link(ino, p, &name).expect("link");
-                        files.push((p, ino, name));
-                    }
+                    link_long_names(fs, rng, (p, ino), &mut n, &mut files);
                 }
                 _ => {
                     let len = [11usize, 3000, 4095][rng.below(3) as usize];

@@ -80,13 +80,7 @@ fn workload(fs: &Fs, rng: &mut Rng, rounds: usize, rec: &RecordingDevice) -> Vec
                 }
                 8 if !files.is_empty() => {
                     let (p, ino, _) = files[rng.below(files.len() as u64) as usize].clone();
-                    for _ in 0..rng.below(20) + 1 {
-                        n += 1;
-                        let mut name = format!("link{n}-").into_bytes();
-                        name.resize(250, b'l');
-                        fs.link(ino, p, &name).expect("link");
-                        files.push((p, ino, name));
-                    }
+                    link_long_names(fs, rng, (p, ino), &mut n, &mut files);
                 }
                 _ => {
                     let len = [6usize, 3000, 4095][rng.below(3) as usize];

@@ -3,21 +3,8 @@
 //! targets now take a block; long values take chunk items.
 mod common;
 use common::*;
-use idxfs_blockdev::MemDevice;
 use idxfs_engine::fs::{XATTR_CREATE, XATTR_REPLACE};
-use idxfs_engine::{Error, Fs, MkfsOptions};
-use std::sync::Arc;
-
-fn fresh(node_size: u32) -> (Arc<MemDevice>, Fs) {
-    let dev = Arc::new(MemDevice::new(64 << 20));
-    let mkfs = MkfsOptions {
-        node_size,
-        ..MkfsOptions::default()
-    };
-    Fs::mkfs(dev.clone(), &mkfs).expect("mkfs");
-    let fs = Fs::open(dev.clone(), opts()).expect("open");
-    (dev, fs)
-}
+use idxfs_engine::{Error, Fs};
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
@@ -28,7 +15,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 #[test]
 fn symlink_targets_up_to_4095_bytes() {
     for ns in [16384, 4096] {
-        let (dev, fs) = fresh(ns);
+        let (dev, fs) = mem_fs_with(64 << 20, ns);
         let lens = [1usize, 900, 2048, 2049, 3000, 4022, 4023, 4095];
         for (i, &len) in lens.iter().enumerate() {
             let target = pattern(len, i as u8);
@@ -59,7 +46,7 @@ fn symlink_targets_up_to_4095_bytes() {
 #[test]
 fn xattr_values_up_to_65536_bytes() {
     for ns in [16384, 4096] {
-        let (dev, fs) = fresh(ns);
+        let (dev, fs) = mem_fs_with(64 << 20, ns);
         let f = fs.create(ROOT, b"f", 0o644, ME).expect("create");
         let sizes = [
             0usize, 1, 200, 1000, 1020, 4038, 4039, 4096, 20_000, 65_535, 65_536,

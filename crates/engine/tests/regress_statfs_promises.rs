@@ -6,26 +6,13 @@
 //! reservations keep back.
 mod common;
 use common::*;
-use idxfs_blockdev::MemDevice;
 use idxfs_engine::caller::as_caller;
-use idxfs_engine::{Error, Fs, MkfsOptions};
-use std::sync::Arc;
-
-fn fresh(bytes: u64, node_size: u32) -> (Arc<MemDevice>, Fs) {
-    let dev = Arc::new(MemDevice::new(bytes));
-    let mkfs = MkfsOptions {
-        node_size,
-        ..MkfsOptions::default()
-    };
-    Fs::mkfs(dev.clone(), &mkfs).expect("mkfs");
-    let fs = Fs::open(dev.clone(), opts()).expect("open");
-    (dev, fs)
-}
+use idxfs_engine::Error;
 
 #[test]
 fn fallocate_takes_all_that_statfs_says_is_available() {
     for (bytes, ns) in [(256u64 << 20, 16384), (8 << 30, 16384), (64 << 20, 4096)] {
-        let (dev, fs) = fresh(bytes, ns);
+        let (dev, fs) = mem_fs_with(bytes, ns);
         let avail = fs.statfs().expect("statfs").blocks_avail;
         // As an unprivileged caller, whose share statfs reports.
         as_caller(false, || {
@@ -56,7 +43,7 @@ fn fallocate_takes_all_that_statfs_says_is_available() {
 
 #[test]
 fn writes_get_what_statfs_says_is_available() {
-    let (dev, fs) = fresh(256 << 20, 16384);
+    let (dev, fs) = mem_fs_with(256 << 20, 16384);
     let avail = fs.statfs().expect("statfs").blocks_avail * 4096;
     let f = fs.create(ROOT, b"f", 0o644, ME).expect("create");
     let chunk = vec![1u8; 1 << 20];

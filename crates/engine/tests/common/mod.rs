@@ -21,10 +21,38 @@ pub fn opts() -> OpenOptions {
 }
 
 pub fn mem_fs(bytes: u64) -> (Arc<MemDevice>, Fs) {
+    mem_fs_with(bytes, idxfs_format::DEFAULT_NODE_SIZE)
+}
+
+/// A fresh image of `bytes` with nodes of `node_size`, opened with `opts()`.
+pub fn mem_fs_with(bytes: u64, node_size: u32) -> (Arc<MemDevice>, Fs) {
     let dev = Arc::new(MemDevice::new(bytes));
-    Fs::mkfs(dev.clone(), &MkfsOptions::default()).expect("mkfs");
+    let mkfs = MkfsOptions {
+        node_size,
+        ..MkfsOptions::default()
+    };
+    Fs::mkfs(dev.clone(), &mkfs).expect("mkfs");
     let fs = Fs::open(dev.clone(), opts()).expect("open");
     (dev, fs)
+}
+
+/// Adds 1 to 20 hard links with 250-byte names to `ino` in `parent`, past the room of the
+/// back-reference item into extended references; numbers the names from `n`, and records
+/// each new (parent, ino, name) in `files`.
+pub fn link_long_names(
+    fs: &Fs,
+    rng: &mut idxfs_engine::testutil::Rng,
+    (parent, ino): (u64, u64),
+    n: &mut u64,
+    files: &mut Vec<(u64, u64, Vec<u8>)>,
+) {
+    for _ in 0..rng.below(20) + 1 {
+        *n += 1;
+        let mut name = format!("link{n}-").into_bytes();
+        name.resize(250, b'l');
+        fs.link(ino, parent, &name).expect("link");
+        files.push((parent, ino, name));
+    }
 }
 
 /// Runs fsck (the committed state, and what an open would make of the fsync log) and panics
