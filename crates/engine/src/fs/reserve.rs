@@ -31,8 +31,10 @@
 //! commits), it commits and tries again.
 //!
 //! `statfs` answers with the same arithmetic: available = free (counting what the next
-//! commit releases) - global reserve - the commit's fixed need - the metadata margin of one
-//! large operation. So a `fallocate` or a write of what `df` says is available succeeds.
+//! commit releases and what the pools hold) - global reserve - root reserve - the commit's
+//! fixed need - the metadata margin of one large operation. So an unprivileged `fallocate`
+//! or write of what `df` says is available succeeds (root may go on into the root reserve).
+//! Free space cut into single blocks is the exception: it holds data, but no node slots.
 use super::{Inner, Reserve};
 use crate::counters::Counters;
 use crate::error::{Error, Result};
