@@ -64,7 +64,8 @@ pub const QUIET: u64 = 64;
 /// /dev/fuse, the kernel's wake-up finds no one and costs nothing, and the forgets queued
 /// meanwhile come as one batch (about 40 per batch in that run). `rm -rf` of 100,000 files
 /// went from 3.54-3.73 s to 3.00-3.24 s (3 runs each, alternated; a 5 ms wait did no better),
-/// and of 1,000,000 from 39.6 to 34.2 s (docs/benchmarks.md).
+/// and of 1,000,000 from 39.6 to 34.2 s (the fourth huge-dir run in docs/benchmarks.md, commit
+/// f1f8496; the file keeps only the latest run).
 ///
 /// Only while replies hand off: without the handoff a caller's round trips cross CPUs, the
 /// forget thread's wake-ups kept the other CPU from halting, and the same wait made that

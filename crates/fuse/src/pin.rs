@@ -4,7 +4,7 @@
 //! this 2-core VM with the workers free to move, the scheduler kept stacking them and the
 //! callers so that most handoffs woke an idle CPU; with worker `i` pinned to the `i`-th
 //! allowed CPU, fs_mark (2 threads) ran 10-18% faster, `rm` of 10,000 files 40% faster and
-//! `cp -a` of 20,000 files about 25% faster (see docs/benchmarks.md). This is the layout
+//! `cp -a` of 20,000 files about 25% faster (commit 751122e). This is the layout
 //! FUSE-over-io_uring builds in (a queue and a worker per CPU); over /dev/fuse the kernel still
 //! hands a request to whichever worker waits longest, so it is only part of that win.
 //!
