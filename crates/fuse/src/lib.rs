@@ -1071,7 +1071,7 @@ impl IdxFuse {
     /// `remount.rs`: the settings a remount asks for, from root or the mount's owner, on the
     /// mount's root directory; the answer carries the settings they replaced.
     fn remount_request(&self, req: &Request, ino: INodeNo, in_data: &[u8], reply: ReplyIoctl) {
-        if ino.0 != idxfs_format_root() {
+        if ino != INodeNo::ROOT {
             return reply.error(Errno::ENOTTY);
         }
         if req.uid() != 0 && req.uid() != self.owner_uid {
@@ -1097,11 +1097,6 @@ impl IdxFuse {
             }
         }
     }
-}
-
-/// The root directory's inode number (FUSE's and idxfs's agree).
-fn idxfs_format_root() -> u64 {
-    fuser::INodeNo::ROOT.0
 }
 
 /// The inodes the kernel takes a lookup count for when `entries` go out in a readdirplus

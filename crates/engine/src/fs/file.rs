@@ -112,6 +112,22 @@ impl Inner {
         Ok(out)
     }
 
+    /// Whether `ino` has an extent at or past byte `from` (one at most is read).
+    pub(crate) fn has_extent_from(&mut self, ino: Ino, from: u64) -> Result<bool> {
+        let tree = self.fs_tree;
+        let mut any = false;
+        tree.scan(
+            &mut self.store,
+            extent_key(ino, from),
+            extent_key(ino, u64::MAX),
+            |_, _| {
+                any = true;
+                Ok(false)
+            },
+        )?;
+        Ok(any)
+    }
+
     /// Reads up to `len` bytes at `off`, clamped to the file size.
     pub fn read_data(&mut self, ino: Ino, it: &InodeItem, off: u64, len: usize) -> Result<Vec<u8>> {
         let size = it.size.get();
@@ -317,7 +333,7 @@ impl Inner {
         let freed = self.trim_edges(ino, from, u64::MAX)?;
         let (f, more) = self.punch_batch(ino, from, u64::MAX)?;
         self.sub_alloc(ino, freed + f)?;
-        if !more || self.extents(ino, from, u64::MAX)?.is_empty() {
+        if !more || !self.has_extent_from(ino, from)? {
             return Ok(true);
         }
         // An unlinked inode (an orphan already) is freed whole later; anything else records
@@ -371,7 +387,7 @@ impl Inner {
         let inline_max = inline_max(self.store.node_size) as u64;
         let mut inline = self.is_inline(ino, &it)?;
         // An empty file with no extents starts inline; one with preallocated blocks does not.
-        let empty = !inline && size == 0 && self.extents(ino, 0, u64::MAX)?.is_empty();
+        let empty = !inline && size == 0 && !self.has_extent_from(ino, 0)?;
         let gen = self.store.generation;
         if (inline || empty) && end <= inline_max {
             let mut cur = self.read_data(ino, &it, 0, size as usize)?;

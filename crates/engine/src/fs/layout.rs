@@ -47,7 +47,7 @@ impl Inner {
         }
         let imax = inline_max(self.store.node_size) as u64;
         let inline = self.is_inline(ino, &it)?;
-        let empty = !inline && size == 0 && self.extents(ino, 0, u64::MAX)?.is_empty();
+        let empty = !inline && size == 0 && !self.has_extent_from(ino, 0)?;
         if (inline || empty) && end <= imax && new_size <= imax {
             // Fits inline: zeros past the inline bytes are implied by the size.
             return Ok(new_size);

@@ -12,24 +12,27 @@ const RENAME_ITEMS: u64 = 13;
 impl Inner {
     /// True if `dir` is `anc` or lies below it.
     fn is_within(&mut self, mut dir: Ino, anc: Ino) -> Result<bool> {
-        // No path to the root is longer than the number of inodes: a walk past that has met
-        // a cycle, which is corruption. (A fixed cap would call a deep but valid tree
-        // corrupt, and a user can build one.)
-        for _ in 0..=self.inode_count {
+        // A directory met twice on the way up is a cycle: corruption. (A cap on the walk
+        // would call a deep but valid tree corrupt, and one from the image's inode count
+        // would let a damaged image spin for ever.)
+        let mut seen = std::collections::HashSet::new();
+        loop {
             if dir == anc {
                 return Ok(true);
             }
             if dir == ROOT_INO {
                 return Ok(false);
             }
+            if !seen.insert(dir) {
+                return Err(idxfs_format::Corrupt::new(
+                    format!("directory {dir} ancestry"),
+                    "a cycle",
+                    "a path to the root",
+                )
+                .into());
+            }
             dir = self.parent_of(dir)?;
         }
-        Err(idxfs_format::Corrupt::new(
-            format!("directory {dir} ancestry"),
-            "a cycle",
-            "a path to the root",
-        )
-        .into())
     }
 
     fn is_dir(&mut self, ino: Ino) -> Result<bool> {
