@@ -29,6 +29,20 @@ pub enum BenchCmd {
         #[arg(long, value_parser = ["hash", "both"])]
         only: Option<String>,
     },
+    /// Readers beside a writer and two writers against one (library; with --mount also
+    /// through a FUSE mount). The same as the `concurrency` workload of `idxfs bench`.
+    Concurrency {
+        /// Seconds per latency measurement.
+        #[arg(long, default_value_t = 3.0)]
+        secs: f64,
+        #[arg(long, default_value_t = 20_000)]
+        files: u64,
+        #[arg(long, default_value_t = 200_000)]
+        creates: u64,
+        /// Also measure through an idxfs mount (needs root).
+        #[arg(long)]
+        mount: bool,
+    },
     /// Create N empty files in one directory through the library API; baseline: the same
     /// creates through syscalls on tmpfs (/dev/shm) in this run.
     Create {
@@ -205,6 +219,18 @@ pub fn run(cmd: BenchCmd) -> Result<(), String> {
             only,
         } => bench_dir_index(files, rounds, only),
         BenchCmd::Mount { files } => crate::bench_mount::bench_mount(files),
+        BenchCmd::Concurrency {
+            secs,
+            files,
+            creates,
+            mount,
+        } => {
+            crate::bench_env::catch_interrupts();
+            let scratch = crate::bench_env::Scratch::new()?;
+            let (text, _) = crate::bench_concurrency::run(&scratch.0, secs, files, creates, mount)?;
+            print!("{text}");
+            Ok(())
+        }
         BenchCmd::Create {
             files,
             image,

@@ -79,7 +79,7 @@ fn measure(root: &Path, files: u64) -> Result<[f64; 5], String> {
     Ok([stat_ns, open_ns, cu_ns, c1, c2])
 }
 
-fn floor_ns(base: &Path) -> Result<f64, String> {
+pub(crate) fn floor_ns(base: &Path) -> Result<f64, String> {
     let mp = base.join("null");
     std::fs::create_dir(&mp).map_err(|e| e.to_string())?;
     let m = idxfs_fuse::null::NullMount::mount(&mp).map_err(|e| format!("null FUSE mount: {e}"))?;

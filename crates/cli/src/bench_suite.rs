@@ -9,7 +9,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-pub const WORKLOADS: [&str; 5] = ["fs_mark", "dir-fsync", "huge-dir", "nocow-write", "micro"];
+pub const WORKLOADS: [&str; 6] = [
+    "fs_mark",
+    "dir-fsync",
+    "huge-dir",
+    "nocow-write",
+    "concurrency",
+    "micro",
+];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scale {
@@ -545,6 +552,18 @@ fn nocow_write(s: &Suite, base: &Path) -> Result<Report, String> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// concurrency (issue 22: readers beside a writer, two writers against one)
+
+fn concurrency(s: &Suite, base: &Path) -> Result<Report, String> {
+    let secs = s.scale.pick(0.3, 3.0, 10.0);
+    let files = s.scale.pick(2_000, 20_000, 100_000);
+    let creates = s.scale.pick(10_000, 200_000, 1_000_000);
+    let with_mount = s.fs.contains(&FsKind::Idxfs);
+    let (table, json) = crate::bench_concurrency::run(base, secs, files, creates, with_mount)?;
+    Ok(Report { table, json })
+}
+
+// ---------------------------------------------------------------------------------------------
 // micro (seeds 000, 001, 004 in memory)
 
 fn micro(s: &Suite) -> Result<Report, String> {
@@ -617,6 +636,7 @@ pub fn run(s: &Suite) -> Result<(), String> {
             "dir-fsync" => dir_fsync(s, &scratch.0)?,
             "huge-dir" => huge_dir(s)?,
             "nocow-write" => nocow_write(s, &scratch.0)?,
+            "concurrency" => concurrency(s, &scratch.0)?,
             _ => micro(s)?,
         };
         println!("{}", r.table);

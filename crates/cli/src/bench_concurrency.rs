@@ -1,0 +1,348 @@
+//! `idxfs bench concurrency`: what one writer costs the readers, and what a second thread adds.
+//!
+//! Through the library: getattr and lookup latency (p50, p99, max) idle, then while another
+//! thread creates files with fsyncs every 64 creates and a commit every 4,096; creates with two
+//! threads in two directories against one; getattr throughput of two reader threads against
+//! one. Through the mount (when idxfs is among the file systems): stat latency idle and while a
+//! thread creates and fsyncs, beside the FUSE round trip of an empty daemon. Every ratio comes
+//! from this one run. Performance only: nothing is asserted.
+use crate::bench_env::{self, cpath, FsKind, Target};
+use idxfs_blockdev::MemDevice;
+use idxfs_engine::fs::{Attr, Owner};
+use idxfs_engine::{Fs, MkfsOptions, OpenOptions};
+use serde_json::{json, Value};
+use std::fmt::Write as _;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Latencies of one kind of operation, in nanoseconds.
+struct Lat(Vec<u64>);
+
+impl Lat {
+    fn pct(&mut self, p: f64) -> u64 {
+        if self.0.is_empty() {
+            return 0;
+        }
+        self.0.sort_unstable();
+        let i = ((self.0.len() - 1) as f64 * p).round() as usize;
+        self.0[i]
+    }
+    /// (p50, p99, max) in microseconds.
+    fn summary(&mut self) -> [f64; 3] {
+        [self.pct(0.5), self.pct(0.99), self.pct(1.0)].map(|ns| ns as f64 / 1000.0)
+    }
+}
+
+fn lib_fs(bytes: u64) -> Result<Fs, String> {
+    let dev = Arc::new(MemDevice::new_prefaulted(bytes));
+    Fs::mkfs(dev.clone(), &MkfsOptions::default()).map_err(|e| e.to_string())?;
+    Fs::open(dev, OpenOptions::default()).map_err(|e| e.to_string())
+}
+
+/// A directory of `n` files for the readers.
+fn populate(fs: &Fs, name: &[u8], n: u64) -> Result<(Attr, Vec<(Vec<u8>, u64)>), String> {
+    let dir = fs
+        .mkdir(idxfs_format::ROOT_INO, name, 0o755, Owner::default())
+        .map_err(|e| e.to_string())?;
+    let mut files = Vec::new();
+    for i in 0..n {
+        let nm = format!("r{i:07}").into_bytes();
+        let a = fs
+            .create(dir.ino, &nm, 0o644, Owner::default())
+            .map_err(|e| e.to_string())?;
+        files.push((nm, a.ino));
+    }
+    fs.sync().map_err(|e| e.to_string())?;
+    Ok((dir, files))
+}
+
+/// getattr and lookup latencies for `dur`, one reader thread.
+fn read_lat(fs: &Fs, dir: u64, files: &[(Vec<u8>, u64)], dur: Duration) -> (Lat, Lat) {
+    let (mut ga, mut lk) = (Vec::new(), Vec::new());
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let end = Instant::now() + dur;
+    while Instant::now() < end {
+        for _ in 0..256 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let (name, ino) = &files[(x % files.len() as u64) as usize];
+            let t = Instant::now();
+            let _ = fs.getattr(*ino);
+            let t2 = Instant::now();
+            let _ = fs.lookup(dir, name);
+            let t3 = Instant::now();
+            ga.push((t2 - t).as_nanos() as u64);
+            lk.push((t3 - t2).as_nanos() as u64);
+        }
+    }
+    (Lat(ga), Lat(lk))
+}
+
+/// Creates files in a new directory until `stop`, fsyncing the directory every 64 creates and
+/// committing every 4,096. Returns the creates done.
+fn writer(fs: &Fs, name: &[u8], stop: &AtomicBool) -> Result<u64, String> {
+    let d = fs
+        .mkdir(idxfs_format::ROOT_INO, name, 0o755, Owner::default())
+        .map_err(|e| e.to_string())?;
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        fs.create(
+            d.ino,
+            format!("w{i:08}").as_bytes(),
+            0o644,
+            Owner::default(),
+        )
+        .map_err(|e| e.to_string())?;
+        i += 1;
+        if i % 64 == 0 {
+            fs.fsync(d.ino).map_err(|e| e.to_string())?;
+        }
+        if i % 4096 == 0 {
+            fs.sync().map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(i)
+}
+
+/// Creates per second of `threads` threads, each making `per` files in its own directory.
+fn creates(fs: &Fs, tag: &str, threads: u64, per: u64) -> Result<f64, String> {
+    let dirs = (0..threads)
+        .map(|k| {
+            fs.mkdir(
+                idxfs_format::ROOT_INO,
+                format!("{tag}{k}").as_bytes(),
+                0o755,
+                Owner::default(),
+            )
+            .map(|a| a.ino)
+            .map_err(|e| e.to_string())
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let names: Vec<Vec<u8>> = (0..per).map(|i| format!("c{i:08}").into_bytes()).collect();
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = dirs
+            .iter()
+            .map(|&d| {
+                let names = &names;
+                s.spawn(move || -> Result<(), String> {
+                    for n in names {
+                        fs.create(d, n, 0o644, Owner::default())
+                            .map_err(|e| e.to_string())?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .try_for_each(|h| h.join().map_err(|_| "thread panicked".to_string())?)
+    })?;
+    Ok((threads * per) as f64 / t.elapsed().as_secs_f64())
+}
+
+/// getattr calls per second of `threads` reader threads for `dur`.
+fn readers(fs: &Fs, files: &[(Vec<u8>, u64)], threads: u64, dur: Duration) -> f64 {
+    let total: u64 = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|k| {
+                s.spawn(move || {
+                    let mut x = 0x2545_F491_4F6C_DD1Du64 + k;
+                    let end = Instant::now() + dur;
+                    let mut n = 0u64;
+                    while Instant::now() < end {
+                        for _ in 0..256 {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            let _ = fs.getattr(files[(x % files.len() as u64) as usize].1);
+                        }
+                        n += 256;
+                    }
+                    n
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap_or(0)).sum()
+    });
+    total as f64 / dur.as_secs_f64()
+}
+
+fn lat_row(o: &mut String, label: &str, l: [f64; 3], idle: Option<[f64; 3]>) {
+    let ratio = idle.map_or("-".to_string(), |i| {
+        format!("{:.2}x", l[1] / i[1].max(1e-3))
+    });
+    let _ = writeln!(
+        o,
+        "{label:<44} {:>9.2} {:>9.2} {:>10.1} {ratio:>12}",
+        l[0], l[1], l[2]
+    );
+}
+
+/// The library half.
+fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), String> {
+    let fs = lib_fs(4 << 30)?;
+    let (dir, names) = populate(&fs, b"r", files)?;
+    let dur = Duration::from_secs_f64(secs);
+    let (mut ga0, mut lk0) = read_lat(&fs, dir.ino, &names, dur);
+    let stop = AtomicBool::new(false);
+    let ((mut ga1, mut lk1), made) = std::thread::scope(|s| {
+        let w = s.spawn(|| writer(&fs, b"w", &stop));
+        // Let the writer start before measuring.
+        std::thread::sleep(Duration::from_millis(50));
+        let r = read_lat(&fs, dir.ino, &names, dur);
+        stop.store(true, Ordering::Relaxed);
+        let made = w.join().map_err(|_| "writer panicked".to_string())?;
+        Ok::<_, String>((r, made?))
+    })?;
+    let c = fs.counters();
+    let commits = c.commits.load(Ordering::Relaxed);
+    let batches = c.log_batches.load(Ordering::Relaxed);
+    let one = creates(&fs, "one", 1, creates_n)?;
+    let two = creates(&fs, "two", 2, creates_n / 2)?;
+    let r1 = readers(&fs, &names, 1, dur);
+    let r2 = readers(&fs, &names, 2, dur);
+    fs.close().map_err(|e| e.to_string())?;
+    let (g0, l0, g1, l1) = (ga0.summary(), lk0.summary(), ga1.summary(), lk1.summary());
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "concurrency, library: {files} files read; the writer made {made} files \
+         ({commits} commits and {batches} fsync log batches in all)"
+    );
+    let _ = writeln!(
+        o,
+        "{:<44} {:>9} {:>9} {:>10} {:>12}",
+        "latency (us)", "p50", "p99", "max", "p99 vs idle"
+    );
+    lat_row(&mut o, "getattr, idle", g0, None);
+    lat_row(&mut o, "getattr, writer creating+fsyncing", g1, Some(g0));
+    lat_row(&mut o, "lookup, idle", l0, None);
+    lat_row(&mut o, "lookup, writer creating+fsyncing", l1, Some(l0));
+    let _ = writeln!(
+        o,
+        "creates/s: 1 thread {one:.0}, 2 threads in 2 directories {two:.0} ({:.2}x)",
+        two / one
+    );
+    let _ = writeln!(
+        o,
+        "getattr/s: 1 reader {r1:.0}, 2 readers {r2:.0} ({:.2}x)",
+        r2 / r1
+    );
+    let json = json!({
+        "files": files, "writer_creates": made, "commits": commits, "log_batches": batches,
+        "getattr_idle_us": g0, "getattr_load_us": g1, "lookup_idle_us": l0, "lookup_load_us": l1,
+        "creates_1_thread": one, "creates_2_threads": two,
+        "getattr_1_reader": r1, "getattr_2_readers": r2,
+    });
+    Ok((o, json))
+}
+
+/// stat latencies through a mount for `dur`: statx with AT_STATX_FORCE_SYNC, which FUSE answers
+/// with a GETATTR to the daemon every time (a plain stat is served from the kernel's cache).
+fn stat_lat(paths: &[std::ffi::CString], dur: Duration) -> Lat {
+    let mut v = Vec::new();
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    // SAFETY: a statx buffer we own, valid C paths.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    let end = Instant::now() + dur;
+    while Instant::now() < end {
+        for _ in 0..64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let p = &paths[(x % paths.len() as u64) as usize];
+            let t = Instant::now();
+            // SAFETY: as above.
+            unsafe {
+                libc::statx(
+                    libc::AT_FDCWD,
+                    p.as_ptr(),
+                    libc::AT_STATX_FORCE_SYNC,
+                    libc::STATX_BASIC_STATS,
+                    &mut st,
+                )
+            };
+            v.push(t.elapsed().as_nanos() as u64);
+        }
+    }
+    Lat(v)
+}
+
+/// The mount half: stat latency idle and while a thread creates and fsyncs.
+fn mount(base: &Path, secs: f64, files: u64) -> Result<(String, Value), String> {
+    let idx = Target::make(base, FsKind::Idxfs, 2 << 30, files * 4 + 65_536)?;
+    let dir = idx.mp.join("r");
+    std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut paths = Vec::new();
+    for i in 0..files {
+        let p = dir.join(format!("r{i:07}"));
+        bench_env::create_close(&cpath(&p), &p)?;
+        paths.push(cpath(&p));
+    }
+    let dur = Duration::from_secs_f64(secs);
+    let mut idle = stat_lat(&paths, dur);
+    let stop = AtomicBool::new(false);
+    let wdir = idx.mp.join("w");
+    std::fs::create_dir(&wdir).map_err(|e| format!("{}: {e}", wdir.display()))?;
+    let mut load = std::thread::scope(|s| {
+        let w = s.spawn(|| -> Result<(), String> {
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let p = wdir.join(format!("w{i:08}"));
+                let f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .write(true)
+                    .mode(0o644)
+                    .open(&p)
+                    .map_err(|e| format!("{}: {e}", p.display()))?;
+                i += 1;
+                if i % 64 == 0 {
+                    f.sync_all().map_err(|e| format!("fsync: {e}"))?;
+                }
+            }
+            Ok(())
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let l = stat_lat(&paths, dur);
+        stop.store(true, Ordering::Relaxed);
+        w.join().map_err(|_| "writer panicked".to_string())??;
+        Ok::<_, String>(l)
+    })?;
+    drop(idx);
+    let floor = crate::bench_mount::floor_ns(base)? / 1000.0;
+    let (i, l) = (idle.summary(), load.summary());
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "concurrency, through the mount: statx(AT_STATX_FORCE_SYNC) of {files} files (FUSE \
+         round trip of an empty daemon: {floor:.1} us)"
+    );
+    lat_row(&mut o, "stat, idle", i, None);
+    lat_row(&mut o, "stat, writer creating+fsyncing", l, Some(i));
+    Ok((
+        o,
+        json!({"files": files, "stat_idle_us": i, "stat_load_us": l, "fuse_floor_us": floor}),
+    ))
+}
+
+/// The `concurrency` workload of `idxfs bench`: `secs` per measurement, `files` read.
+pub fn run(
+    base: &Path,
+    secs: f64,
+    files: u64,
+    creates_n: u64,
+    with_mount: bool,
+) -> Result<(String, Value), String> {
+    let (mut text, lib) = library(secs, files, creates_n)?;
+    let mut json = json!({ "library": lib });
+    if with_mount {
+        let (t, m) = mount(base, secs, files)?;
+        text.push_str(&t);
+        json["mount"] = m;
+    }
+    Ok((text, json))
+}
