@@ -17,6 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// A directory's files: name and inode number.
+type Files = Vec<(Vec<u8>, u64)>;
+
 /// Latencies of one kind of operation, in nanoseconds.
 struct Lat(Vec<u64>);
 
@@ -42,7 +45,7 @@ fn lib_fs(bytes: u64) -> Result<Fs, String> {
 }
 
 /// A directory of `n` files for the readers.
-fn populate(fs: &Fs, name: &[u8], n: u64) -> Result<(Attr, Vec<(Vec<u8>, u64)>), String> {
+fn populate(fs: &Fs, name: &[u8], n: u64) -> Result<(Attr, Files), String> {
     let dir = fs
         .mkdir(idxfs_format::ROOT_INO, name, 0o755, Owner::default())
         .map_err(|e| e.to_string())?;
@@ -97,10 +100,10 @@ fn writer(fs: &Fs, name: &[u8], stop: &AtomicBool) -> Result<u64, String> {
         )
         .map_err(|e| e.to_string())?;
         i += 1;
-        if i % 64 == 0 {
+        if i.is_multiple_of(64) {
             fs.fsync(d.ino).map_err(|e| e.to_string())?;
         }
-        if i % 4096 == 0 {
+        if i.is_multiple_of(4096) {
             fs.sync().map_err(|e| e.to_string())?;
         }
     }
@@ -295,12 +298,13 @@ fn mount(base: &Path, secs: f64, files: u64) -> Result<(String, Value), String> 
                 let p = wdir.join(format!("w{i:08}"));
                 let f = std::fs::OpenOptions::new()
                     .create(true)
+                    .truncate(true)
                     .write(true)
                     .mode(0o644)
                     .open(&p)
                     .map_err(|e| format!("{}: {e}", p.display()))?;
                 i += 1;
-                if i % 64 == 0 {
+                if i.is_multiple_of(64) {
                     f.sync_all().map_err(|e| format!("fsync: {e}"))?;
                 }
             }
