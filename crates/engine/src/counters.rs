@@ -37,6 +37,7 @@ counters! {
     log_fallback_commits: "fsyncs that committed (no log chain yet, or a change too large for one)",
     log_replayed_batches: "fsync log batches applied at open after a crash",
     inode_cache_hits: "inode lookups served from the inode cache",
+    getattr_lock_free: "getattr answered from the published inodes, without the lock",
     inode_cache_misses: "inode lookups that read the fs tree",
     inode_scan_reads: "inode items readdirplus read by ordered scan (not one lookup each)",
     inode_scan_fallbacks: "readdirplus inodes looked up one by one (sparse in the scanned range)",

@@ -6,6 +6,10 @@
 //! than once per change. That is why a million creates in one directory update the directory's
 //! inode item once per commit, not a million times. Commit walks the DIRTY mark, which yields
 //! inodes in ascending order, so write-back walks the tree in order.
+//!
+//! Every inode whose cached item was installed, changed or dropped is also listed in
+//! `changed`, so the operation that changed it can publish the new items for lock-free readers
+//! when it ends (`fs::published`).
 use crate::btree::cache::{Slab, DIRTY};
 use idxfs_format::items::InodeItem;
 
@@ -13,6 +17,8 @@ pub struct InodeCache {
     slab: Slab<Slot>,
     dirty: usize,
     limit: usize,
+    /// Inodes installed, changed or dropped since the last `take_changed` (repeats possible).
+    changed: Vec<u64>,
 }
 
 struct Slot {
@@ -27,6 +33,7 @@ impl InodeCache {
             slab: Slab::default(),
             dirty: 0,
             limit: limit.max(16),
+            changed: Vec::new(),
         }
     }
 
@@ -50,6 +57,7 @@ impl InodeCache {
                 dirty: false,
             },
         );
+        self.changed.push(ino);
     }
 
     /// Changes a cached inode and marks it for write-back. The inode must be cached.
@@ -58,6 +66,7 @@ impl InodeCache {
             panic!("modify of uncached inode {ino}")
         };
         f(&mut slot.item);
+        self.changed.push(ino);
         if !slot.dirty {
             slot.dirty = true;
             self.dirty += 1;
@@ -66,6 +75,7 @@ impl InodeCache {
     }
 
     pub fn remove(&mut self, ino: u64) {
+        self.changed.push(ino);
         if let Some(s) = self.slab.remove(ino) {
             if s.dirty {
                 self.dirty -= 1;
@@ -110,11 +120,21 @@ impl InodeCache {
             .collect();
         for ino in victims {
             self.slab.remove(ino);
+            self.changed.push(ino);
         }
     }
 
-    pub fn clear(&mut self) {
-        self.slab.clear();
-        self.dirty = 0;
+    /// The inodes installed, changed or dropped since the last call, each once, with the
+    /// item cached now (None: no longer cached).
+    pub fn take_changed(&mut self) -> Vec<(u64, Option<InodeItem>)> {
+        if self.changed.is_empty() {
+            return Vec::new();
+        }
+        let mut inos = std::mem::take(&mut self.changed);
+        inos.sort_unstable();
+        inos.dedup();
+        inos.into_iter()
+            .map(|ino| (ino, self.slab.get(ino).map(|s| s.item)))
+            .collect()
     }
 }

@@ -1,23 +1,44 @@
-//! Commit: the steps that make a running transaction durable.
+//! Commit: the steps that make a running transaction durable, and how they run beside new work.
 //!
 //! Order (each step's durability is what the next relies on):
-//! 1. write-back of cached inode changes into the fs tree (`fs::commit`);
+//! 1. write-back of cached inode changes and new orphans into the fs tree, the fsync log's
+//!    blocks freed, the node pools given back (`Inner::commit_begin`);
 //! 2. the space tree records every block group whose bitmap changed, repeated until it no
 //!    longer changes itself (its own node copies allocate blocks);
-//! 3. every dirty node is encoded and written to its (new) block;
-//! 4. flush: all nodes durable;
-//! 5. the superblock copy `generation % 2` is written with the new roots;
-//! 6. flush: the commit is durable. Only now do pinned blocks (freed by this transaction)
-//!    become reusable, and the generation advances.
+//! 3. *freeze*: the dirty nodes are taken (shared, `btree::cache`), the superblock is built
+//!    with the new roots and the next transaction's log block, and the generation advances.
+//!    Blocks the frozen transaction freed stay pinned (`Allocator::start_commit`);
+//! 4. every frozen node is encoded and written to its (new) block, then flush;
+//! 5. the superblock copy `generation % 2` is written, then flush: the commit is durable;
+//! 6. *reap* (`Inner::reap`): only now do the blocks the committed transaction freed become
+//!    reusable.
 //!
-//! A crash before 6 completes leaves the previous superblock copy pointing at the previous
-//! trees, all of whose blocks are untouched (nothing they use was reused: step 6 releases them).
-use crate::btree::{Store, Tree};
+//! Steps 1-3 run under the operation lock; steps 4-5 (`Frozen::write`) run without it when
+//! the commit thread, `sync` or the dirty-node bound start the commit (`Fs::commit_beside`),
+//! so operations go on meanwhile in the next transaction, as btrfs's running transaction does
+//! beside its committing one. That is safe because the next transaction changes no frozen
+//! node in place (its generation is older, so the COW rule copies it to a new block), frees
+//! no block the frozen state uses in a way that lets it be reused (a block freed now is pinned
+//! until the *next* commit), and never reads a frozen node from the device (the cache keeps
+//! every node a commit holds). At most one commit is in flight (`Flight`); a second waits for
+//! it. An fsync waits too: the log it appends to is named by the frozen superblock, which must
+//! be durable before the fsync may return. An error in steps 4-5 stops the file system, as a
+//! failed commit always has: the image keeps its previous commit.
+//!
+//! A crash before step 5 completes leaves the previous superblock copy pointing at the
+//! previous trees, all of whose blocks are untouched (nothing they use was reused: step 6
+//! releases them).
+use crate::btree::{Node, Store, Tree};
 use crate::counters::Counters;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::fs::Inner;
 use crate::space::bitmap::Bitmap;
+use idxfs_blockdev::BlockDevice;
 use idxfs_format::items::{decode_block_group, BlockGroupItem};
-use idxfs_format::{ensure, Corrupt, ItemType, Key, BLOCK_SIZE};
+use idxfs_format::superblock::{RootPtr, Superblock};
+use idxfs_format::{ensure, Corrupt, ItemType, Key, BLOCK_SIZE, SUPER_COPIES};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use zerocopy::IntoBytes;
 
 /// Step 2: rewrite the block-group and bitmap items of every changed group.
@@ -132,66 +153,331 @@ pub fn load_space(store: &mut Store, space: &Tree) -> Result<()> {
     Ok(())
 }
 
-/// Steps 3 and 4: write every dirty node, then flush.
-pub fn write_dirty_nodes(store: &mut Store) -> Result<u64> {
-    let blocks = store.cache.dirty_blocks();
-    assert_eq!(
-        blocks.len(),
-        store.dirty_nodes,
-        "dirty node count drifted from the cache"
-    );
-    let ns = store.node_size as usize;
-    // Contiguous nodes go out in one write (up to 1 MiB) to keep the device busy with large I/O.
+/// A transaction frozen for writing: its dirty nodes and the superblock that names them.
+pub struct Frozen {
+    nodes: Vec<(u64, Arc<Node>)>,
+    sb: Superblock,
+    dev: Arc<dyn BlockDevice>,
+    fsid: [u8; 16],
+    node_size: usize,
+    counters: Arc<Counters>,
+    started: std::time::Instant,
+}
+
+impl Frozen {
+    /// Steps 4 and 5. Consumes the frozen nodes, so the cache may evict them once this returns.
+    pub fn write(self) -> Result<()> {
+        write_nodes(
+            self.dev.as_ref(),
+            &self.nodes,
+            self.fsid,
+            self.node_size,
+            &self.counters,
+        )?;
+        drop(self.nodes);
+        let gen = self.sb.generation.get();
+        self.dev
+            .write_at(&self.sb.encode(), (gen % SUPER_COPIES) * BLOCK_SIZE)?;
+        self.dev.flush()?;
+        Counters::add(
+            &self.counters.commit_us,
+            self.started.elapsed().as_micros() as u64,
+        );
+        Ok(())
+    }
+}
+
+/// Step 4: every frozen node to its block, contiguous nodes in one write of up to 1 MiB to
+/// keep the device busy with large I/O, then flush.
+fn write_nodes(
+    dev: &dyn BlockDevice,
+    nodes: &[(u64, Arc<Node>)],
+    fsid: [u8; 16],
+    node_size: usize,
+    counters: &Counters,
+) -> Result<()> {
+    let bpn = (node_size as u64 / BLOCK_SIZE).max(1);
     let mut buf: Vec<u8> = Vec::with_capacity(1 << 20);
     let mut run_start = 0u64;
     let mut next = u64::MAX;
-    let fsid = store.fsid;
-    let bpn = store.blocks_per_node();
-    let mut written = 0;
-    for b in blocks {
+    for (b, node) in nodes {
+        let b = *b;
         if b != next || buf.len() >= (1 << 20) {
             if !buf.is_empty() {
-                store.dev.write_at(&buf, run_start * BLOCK_SIZE)?;
+                dev.write_at(&buf, run_start * BLOCK_SIZE)?;
                 buf.clear();
             }
             run_start = b;
         }
         let at = buf.len();
-        buf.resize(at + ns, 0);
-        assert!(
-            store.alloc.is_used(b),
-            "writing node {b} whose block is not allocated"
-        );
-        let node = store.node(b);
+        buf.resize(at + node_size, 0);
         node.encode(&mut buf[at..], b, fsid);
         next = b + bpn;
-        written += 1;
     }
     if !buf.is_empty() {
-        store.dev.write_at(&buf, run_start * BLOCK_SIZE)?;
+        dev.write_at(&buf, run_start * BLOCK_SIZE)?;
     }
-    store
-        .counters
-        .node_writes
-        .fetch_add(written, std::sync::atomic::Ordering::Relaxed);
-    store.dev.flush()?;
-    store.data_unflushed = false;
-    Ok(written)
+    Counters::add(&counters.node_writes, nodes.len() as u64);
+    dev.flush()?;
+    Ok(())
 }
 
-/// Step 6's bookkeeping once the superblock is durable.
-pub fn finish(store: &mut Store) {
-    store.alloc.commit_done();
-    let dirty = store.cache.dirty_blocks();
-    store.cache.clear_dirty(&dirty);
+/// Step 3 on a bare store: the dirty nodes, checked and shared; the generation advances and
+/// the blocks this transaction freed move to the commit's pinned set.
+pub fn freeze_store(store: &mut Store) -> Vec<(u64, Arc<Node>)> {
+    let nodes = store.cache.freeze_dirty();
+    assert_eq!(
+        nodes.len(),
+        store.dirty_nodes,
+        "dirty node count drifted from the cache"
+    );
+    for (b, _) in &nodes {
+        assert!(
+            store.alloc.is_used(*b),
+            "writing node {b} whose block is not allocated"
+        );
+    }
     store.generation += 1;
     store.dirty_nodes = 0;
+    store.alloc.start_commit();
+    // Data written before now is flushed by step 4's flush.
+    store.data_unflushed = false;
+    nodes
+}
+
+/// Step 6 on a bare store: the commit is durable.
+pub fn reap_store(store: &mut Store) {
+    store.alloc.commit_done();
     Counters::inc(&store.counters.commits);
     if store.cache.over_limit() {
         let n = store.cache.evict(store.generation);
-        store
-            .counters
-            .node_evictions
-            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        Counters::add(&store.counters.node_evictions, n);
+    }
+}
+
+/// A whole commit of a bare store with no superblock (the B+tree tests).
+pub fn commit_store(store: &mut Store) -> Result<()> {
+    let nodes = freeze_store(store);
+    let ns = store.node_size as usize;
+    write_nodes(store.dev.as_ref(), &nodes, store.fsid, ns, &store.counters)?;
+    drop(nodes);
+    reap_store(store);
+    Ok(())
+}
+
+/// The commit in flight, if any: at most one is written at a time.
+#[derive(Default)]
+pub struct Flight {
+    state: Mutex<FlightState>,
+    changed: Condvar,
+    /// A result waits to be reaped: lets `Inner::reap` skip the mutex on every operation.
+    posted: AtomicBool,
+}
+
+#[derive(Default)]
+enum FlightState {
+    #[default]
+    Idle,
+    Writing,
+    Done(Result<()>),
+}
+
+impl Flight {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FlightState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn begin(&self) {
+        let mut s = self.lock();
+        assert!(
+            matches!(*s, FlightState::Idle),
+            "a commit began beside another"
+        );
+        *s = FlightState::Writing;
+    }
+
+    /// Steps 4-5 finished (or failed): the result waits for `Inner::reap`.
+    pub fn post(&self, r: Result<()>) {
+        let mut s = self.lock();
+        *s = FlightState::Done(r);
+        self.posted.store(true, Ordering::Release);
+        self.changed.notify_all();
+    }
+
+    fn take(&self, wait: bool) -> Option<Result<()>> {
+        if !wait && !self.posted.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut s = self.lock();
+        while wait && matches!(*s, FlightState::Writing) {
+            s = self.changed.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+        match std::mem::take(&mut *s) {
+            FlightState::Done(r) => {
+                self.posted.store(false, Ordering::Release);
+                Some(r)
+            }
+            other => {
+                *s = other;
+                None
+            }
+        }
+    }
+
+    /// Waits, without taking anything, until no commit is being written.
+    pub fn wait_written(&self) {
+        let mut s = self.lock();
+        while matches!(*s, FlightState::Writing) {
+            s = self.changed.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    pub fn writing(&self) -> bool {
+        matches!(*self.lock(), FlightState::Writing)
+    }
+}
+
+/// Posts an error if the writer of a frozen transaction unwinds before posting, so nobody
+/// waits for it forever.
+pub struct Posting<'a>(pub &'a Flight, pub bool);
+
+impl Drop for Posting<'_> {
+    fn drop(&mut self) {
+        if !self.1 {
+            self.0.post(Err(Error::Io(std::io::Error::other(
+                "the commit writer panicked",
+            ))));
+        }
+    }
+}
+
+impl Posting<'_> {
+    pub fn post(mut self, r: Result<()>) {
+        self.1 = true;
+        self.0.post(r);
+    }
+}
+
+impl Inner {
+    /// Commits the running transaction and returns once it is durable, all under the caller's
+    /// lock (mkfs, open, close, fsync's fallback, operations that need pinned space back).
+    pub fn commit(&mut self) -> Result<()> {
+        let Some(frozen) = self.commit_begin()? else {
+            return Ok(());
+        };
+        let flight = self.flight.clone();
+        Posting(&flight, false).post(frozen.write());
+        self.reap_wait()
+    }
+
+    /// Steps 1-3: waits for a commit in flight, then freezes the running transaction.
+    /// None when nothing changed. The caller writes the result (`Frozen::write`), posts it to
+    /// `self.flight`, and reaps.
+    pub(crate) fn commit_begin(&mut self) -> Result<Option<Frozen>> {
+        self.reap_wait()?;
+        if let Some(why) = &self.failed {
+            return Err(Error::Io(std::io::Error::other(format!(
+                "file system stopped after an error: {why}"
+            ))));
+        }
+        if !self.changed
+            && self.inodes.dirty_count() == 0
+            && self.orphans.pending_len() == 0
+            && self.incompat_wanted == 0
+        {
+            return Ok(None);
+        }
+        // A commit is not a change by an operation: keep `mod_seq` as the operation saw it, so
+        // a commit inside an operation (to reclaim pinned space) does not look like a change.
+        let seq = self.store.mod_seq;
+        let r = self.freeze();
+        self.store.mod_seq = seq;
+        match r {
+            Ok(f) => {
+                self.flight.begin();
+                Ok(Some(f))
+            }
+            Err(e) => {
+                self.fail(format!("commit failed: {e}"));
+                Err(e)
+            }
+        }
+    }
+
+    fn freeze(&mut self) -> Result<Frozen> {
+        let started = std::time::Instant::now();
+        self.write_new_orphans()?;
+        self.write_back_inodes()?;
+        self.log_release()?;
+        // Whole node slots, free again: what the space tree's copies below may take.
+        self.store.release_node_pool()?;
+        persist_space(&mut self.store, &mut self.space_tree)?;
+        let gen = self.store.generation;
+        let mut sb = self.sb;
+        sb.generation = gen.into();
+        sb.copy_index = (gen % SUPER_COPIES).into();
+        let root = |t: &Tree| RootPtr {
+            block: t.root.block.into(),
+            generation: t.root.generation.into(),
+            level: (t.level as u32).into(),
+            reserved: 0.into(),
+        };
+        sb.fs_root = root(&self.fs_tree);
+        sb.space_root = root(&self.space_tree);
+        sb.next_ino = self.next_ino.into();
+        sb.inode_count = self.inode_count.into();
+        sb.used_blocks = self.store.alloc.used_blocks().into();
+        let nodes = freeze_store(&mut self.store);
+        // After used_blocks: the committed bitmaps call the log's first block free. After the
+        // freeze: the block is the next transaction's, so it stays busy until that commits.
+        sb.log_root = self.log_start(gen);
+        let mut incompat = sb.incompat.get() | self.incompat_wanted;
+        if sb.log_root.block.get() != 0 {
+            incompat |= idxfs_format::versions::INCOMPAT_LOG;
+        }
+        sb.incompat = incompat.into();
+        // The frozen superblock is the one every later step builds on; nothing durable
+        // depends on it before `reap` (an fsync waits for the flight first).
+        self.sb = sb;
+        self.incompat_wanted = 0;
+        self.changed = false;
+        Ok(Frozen {
+            nodes,
+            sb,
+            dev: self.store.dev.clone(),
+            fsid: self.store.fsid,
+            node_size: self.store.node_size as usize,
+            counters: self.store.counters.clone(),
+            started,
+        })
+    }
+
+    /// Step 6 for a commit whose write finished, if one did; never waits.
+    pub(crate) fn reap(&mut self) {
+        if let Some(r) = self.flight.take(false) {
+            let _ = self.finish_flight(r);
+        }
+    }
+
+    /// Waits for a commit in flight and reaps it; Err when it failed (the file system has
+    /// stopped then).
+    pub(crate) fn reap_wait(&mut self) -> Result<()> {
+        match self.flight.take(true) {
+            Some(r) => self.finish_flight(r),
+            None => Ok(()),
+        }
+    }
+
+    fn finish_flight(&mut self, r: Result<()>) -> Result<()> {
+        match r {
+            Ok(()) => {
+                reap_store(&mut self.store);
+                Ok(())
+            }
+            Err(e) => {
+                self.fail(format!("commit failed: {e}"));
+                Err(e)
+            }
+        }
     }
 }

@@ -2,11 +2,18 @@
 //! (seed 000: dense integer keys belong in a radix tree), stored in a slab. Dirty nodes (changed
 //! in the running transaction) carry the XArray's DIRTY mark, so commit walks them in block
 //! order without sorting, and they stay until commit; clean ones are evicted to keep the bound.
+//!
+//! Nodes are held by `Arc`: a commit freezes its generation by taking a reference to each dirty
+//! node and writes them outside the operation lock (`crate::txn`). A node is changed only in
+//! the running transaction's generation, which the frozen one never is, so a frozen node is
+//! never written through (`Arc::make_mut` would copy it if it were); and a node a commit still
+//! holds is not evicted, so nothing reads its block from the device before the commit wrote it.
 use super::node::Node;
 use idxfs_index::XArray;
 use std::alloc::Layout;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
 
 /// XArray mark for dirty entries.
 pub const DIRTY: usize = 0;
@@ -31,7 +38,7 @@ pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<BlockHasher>>;
 
 struct Entry {
     block: u64,
-    node: Node,
+    node: Arc<Node>,
     referenced: bool,
 }
 
@@ -142,7 +149,7 @@ impl NodeCache {
     pub fn get(&mut self, block: u64) -> Option<&Node> {
         self.slab.get(block).map(|e| {
             e.referenced = true;
-            &e.node
+            &*e.node
         })
     }
 
@@ -150,7 +157,7 @@ impl NodeCache {
     pub fn get_mut(&mut self, block: u64) -> Option<&mut Node> {
         self.slab.get(block).map(|e| {
             e.referenced = true;
-            &mut e.node
+            Arc::make_mut(&mut e.node)
         })
     }
 
@@ -160,6 +167,11 @@ impl NodeCache {
 
     /// Inserts a node; `dirty` marks it as changed in the running transaction.
     pub fn insert(&mut self, block: u64, node: Node, dirty: bool) {
+        self.insert_arc(block, Arc::new(node), dirty);
+    }
+
+    /// Inserts a node that may be shared (with a commit writing it).
+    pub fn insert_arc(&mut self, block: u64, node: Arc<Node>, dirty: bool) {
         self.slab.insert(
             block,
             Entry {
@@ -173,7 +185,8 @@ impl NodeCache {
         }
     }
 
-    pub fn remove(&mut self, block: u64) -> Option<Node> {
+    /// Takes a node out; it may still be shared with a commit writing it.
+    pub fn remove(&mut self, block: u64) -> Option<Arc<Node>> {
         self.slab.remove(block).map(|e| e.node)
     }
 
@@ -189,8 +202,8 @@ impl NodeCache {
         self.slab.len() > self.limit_nodes
     }
 
-    /// Second-chance eviction of clean nodes (generation < `running`) until under 3/4 of the
-    /// limit or nothing clean is left. Returns the number evicted.
+    /// Second-chance eviction of clean nodes (generation < `running`, and no commit writing
+    /// them) until under 3/4 of the limit or nothing clean is left. Returns the number evicted.
     pub fn evict(&mut self, running_generation: u64) -> u64 {
         let target = self.limit_nodes / 4 * 3;
         let mut evicted = 0u64;
@@ -202,7 +215,10 @@ impl NodeCache {
             let need = len - target;
             let mut victims = Vec::new();
             for e in self.slab.values_mut() {
-                if victims.len() >= need || e.node.generation >= running_generation {
+                if victims.len() >= need
+                    || e.node.generation >= running_generation
+                    || Arc::strong_count(&e.node) > 1
+                {
                     continue;
                 }
                 if e.referenced {
@@ -224,11 +240,18 @@ impl NodeCache {
         self.slab.marked(DIRTY)
     }
 
-    /// After a commit: nothing is dirty any more.
-    pub fn clear_dirty(&mut self, blocks: &[u64]) {
+    /// A commit freezes its generation: every dirty node, ascending, shared with the cache and
+    /// no longer marked dirty (the next generation's changes copy them first).
+    pub fn freeze_dirty(&mut self) -> Vec<(u64, Arc<Node>)> {
+        let blocks = self.dirty_blocks();
+        let mut out = Vec::with_capacity(blocks.len());
         for b in blocks {
-            self.slab.clear_mark(*b, DIRTY);
+            self.slab.clear_mark(b, DIRTY);
+            if let Some(e) = self.slab.get(b) {
+                out.push((b, e.node.clone()));
+            }
         }
+        out
     }
 
     pub fn clear(&mut self) {

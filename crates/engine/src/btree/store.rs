@@ -289,8 +289,9 @@ impl Store {
         }
         let bpn = self.blocks_per_node();
         let new = self.take_node_block()?;
+        // A node a commit is still writing is shared: the copy is this generation's own.
         let mut node = match self.cache.remove(block) {
-            Some(n) => n,
+            Some(n) => Arc::unwrap_or_clone(n),
             None => panic!("cow of uncached node {block}"),
         };
         node.generation = gen;

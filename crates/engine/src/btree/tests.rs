@@ -18,8 +18,7 @@ fn store(node_size: u32, blocks: u64) -> Store {
 }
 
 fn commit(s: &mut Store, drop_cache: bool) {
-    txn::write_dirty_nodes(s).expect("write");
-    txn::finish(s);
+    txn::commit_store(s).expect("write");
     if drop_cache {
         s.cache.clear();
     }

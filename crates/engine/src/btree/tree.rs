@@ -717,7 +717,7 @@ impl Tree {
         };
         let (lb, rb) = if li == pi { (block, sb) } else { (sb, block) };
         let right = match store.cache.remove(rb) {
-            Some(r) => r,
+            Some(r) => std::sync::Arc::unwrap_or_clone(r),
             None => panic!("merge source {rb} not cached"),
         };
         let r_used = right.used;

@@ -22,6 +22,7 @@ mod layout;
 mod orphan;
 mod pins;
 mod policy;
+mod published;
 mod readdir;
 mod remove;
 mod rename;
@@ -164,10 +165,16 @@ pub(crate) struct Inner {
     pub dir_ino_hint: crate::btree::LeafHint,
     /// The running transaction's fsync log chain (`crate::log`).
     pub log: crate::log::Log,
+    /// The commit being written outside the lock, if any (`crate::txn`).
+    pub flight: Arc<txn::Flight>,
 }
 
 struct Shared {
     inner: Mutex<Inner>,
+    /// Inode attributes as the last finished operation left them, for lock-free getattr.
+    published: published::Published,
+    /// The same as `Inner::flight`, for waiting without the lock.
+    flight: Arc<txn::Flight>,
     stop: Mutex<bool>,
     wake: Condvar,
     counters: Arc<Counters>,
@@ -329,6 +336,7 @@ impl Fs {
             op_checkpoint: 0,
             dir_ino_hint: Default::default(),
             log: Default::default(),
+            flight: Default::default(),
         };
         inner.commit()?;
         // Write the second copy too, so a fresh image has both slots valid.
@@ -388,6 +396,7 @@ impl Fs {
             op_checkpoint: 0,
             dir_ino_hint: Default::default(),
             log: Default::default(),
+            flight: Default::default(),
             sb,
         };
         let space_tree = inner.space_tree;
@@ -419,6 +428,8 @@ impl Fs {
             .into());
         }
         let shared = Arc::new(Shared {
+            published: Default::default(),
+            flight: inner.flight.clone(),
             inner: Mutex::new(inner),
             stop: Mutex::new(false),
             wake: Condvar::new(),
@@ -443,19 +454,8 @@ impl Fs {
         Ok(fs)
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
-        // A panic inside an operation poisons the lock; the state it left may be half-applied,
-        // so the guard's `failed` check (set below) keeps it from being committed.
-        match self.shared.inner.lock() {
-            Ok(g) => g,
-            Err(p) => {
-                let mut g = p.into_inner();
-                if g.failed.is_none() {
-                    g.failed = Some("an operation panicked".into());
-                }
-                g
-            }
-        }
+    pub(crate) fn lock(&self) -> Locked<'_> {
+        self.shared.lock()
     }
 
     /// Runs a mutating operation: refuses on a read-only or failed file system, reserves space
@@ -479,6 +479,7 @@ impl Fs {
         if changed {
             g.changed = true;
         }
+        let mut over_bound = false;
         match &r {
             Err(e) if g.store.mod_seq != g.op_checkpoint || e.is_fatal() => {
                 let why = format!("{e}");
@@ -488,21 +489,27 @@ impl Fs {
                 if changed && g.policy.sync.covers(durable) {
                     g.make_durable()?;
                 }
-                g.after_op()?;
+                over_bound = g.after_op()?;
             }
             Err(_) => {}
+        }
+        drop(g);
+        if over_bound {
+            self.shared.commit_beside(true)?;
         }
         r
     }
 
-    /// Commits the running transaction now.
+    /// Commits the running transaction now; operations go on while its nodes are written.
     pub fn sync(&self) -> Result<()> {
-        let mut g = self.lock();
-        if g.policy.read_only {
-            return Ok(());
+        {
+            let g = self.lock();
+            if g.policy.read_only {
+                return Ok(());
+            }
+            g.durable_ok()?;
         }
-        g.durable_ok()?;
-        g.commit()
+        self.shared.commit_beside(false)
     }
 
     /// Makes `ino`'s data and metadata durable, with everything else changed before it: one
@@ -512,6 +519,9 @@ impl Fs {
     /// cannot be made durable.
     pub fn fsync(&self, ino: Ino) -> Result<()> {
         self.getattr(ino)?;
+        // The log this appends to is named by the superblock of a commit in flight: wait for
+        // it without the lock (others go on), so the wait under the lock below is short.
+        self.shared.flight.wait_written();
         let mut g = self.lock();
         if g.policy.read_only {
             return Ok(());
@@ -599,7 +609,13 @@ impl Fs {
         self.lock().failed.clone()
     }
 
+    /// An inode's attributes: without the lock when the inode is published (the common case:
+    /// it is cached), else under it (which publishes it).
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        if let Some(it) = self.shared.published.get(ino) {
+            Counters::inc(&self.shared.counters.getattr_lock_free);
+            return Ok(Attr::from_item(ino, &it));
+        }
         let mut g = self.lock();
         let it = g.inode(ino)?;
         Ok(Attr::from_item(ino, &it))
@@ -658,13 +674,79 @@ fn commit_loop(weak: std::sync::Weak<Shared>, every: Duration) {
                 return;
             }
         }
-        let lock = shared.inner.lock();
-        if let Ok(mut g) = lock {
-            if g.failed.is_none() && !g.policy.read_only && g.changed {
-                // An error here has already turned the file system read-only.
-                let _ = g.commit();
+        // An error here has already stopped the file system.
+        let _ = shared.commit_beside(false);
+    }
+}
+
+/// The operation lock held: the engine state, and on release the inodes the holder changed
+/// published for lock-free readers (`published`).
+pub(crate) struct Locked<'a> {
+    g: MutexGuard<'a, Inner>,
+    published: &'a published::Published,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.g
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Inner {
+        &mut self.g
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        let changed = self.g.inodes.take_changed();
+        self.published.publish(changed);
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> Locked<'_> {
+        // A panic inside an operation poisons the lock; the state it left may be half-applied,
+        // so the guard's `failed` check (set below) keeps it from being committed.
+        let mut g = match self.inner.lock() {
+            Ok(g) => g,
+            Err(p) => {
+                let mut g = p.into_inner();
+                if g.failed.is_none() {
+                    g.failed = Some("an operation panicked".into());
+                }
+                g
             }
         };
+        g.reap();
+        Locked {
+            g,
+            published: &self.published,
+        }
+    }
+
+    /// Commits with the frozen transaction written outside the lock (see `txn`), and returns
+    /// once it is durable. `bound_only`: only if dirty nodes are still past their bound (another
+    /// thread may have committed them meanwhile).
+    fn commit_beside(&self, bound_only: bool) -> Result<()> {
+        // Wait for a commit in flight without the lock, so that freezing does not wait under it.
+        self.flight.wait_written();
+        let frozen = {
+            let mut g = self.lock();
+            if g.policy.read_only
+                || (bound_only && g.store.dirty_nodes <= g.policy.dirty_nodes_limit)
+            {
+                return Ok(());
+            }
+            g.commit_begin()?
+        };
+        let Some(frozen) = frozen else { return Ok(()) };
+        txn::Posting(&self.flight, false).post(frozen.write());
+        let mut g = self.lock();
+        g.reap_wait()?;
+        g.durable_ok()
     }
 }
 
@@ -812,18 +894,15 @@ impl Inner {
         }
     }
 
-    /// Housekeeping after a successful change: commit when dirty state passes its bounds, and
-    /// move cached inode changes into the tree once more than `INODE_WRITEBACK` wait, so
-    /// what the next commit must still allocate for them (and reservations take ahead for
-    /// it) stays bounded.
-    fn after_op(&mut self) -> Result<()> {
-        if self.store.dirty_nodes > self.policy.dirty_nodes_limit {
-            return self.commit();
-        }
+    /// Housekeeping after a successful change: move cached inode changes into the tree once
+    /// more than `INODE_WRITEBACK` wait, so what the next commit must still allocate for them
+    /// (and reservations take ahead for it) stays bounded. True when dirty nodes passed their
+    /// bound: the caller commits once it has let go of the lock.
+    fn after_op(&mut self) -> Result<bool> {
         if self.inodes.dirty_count() > INODE_WRITEBACK {
             self.write_back_inodes()?;
         }
-        Ok(())
+        Ok(self.store.dirty_nodes > self.policy.dirty_nodes_limit)
     }
 
     /// Reads an inode (cache first).
@@ -862,36 +941,6 @@ impl Inner {
         Ok(it)
     }
 
-    /// Commits the running transaction (see `txn` for the steps and why they are ordered so).
-    pub fn commit(&mut self) -> Result<()> {
-        if let Some(why) = &self.failed {
-            return Err(Error::Io(std::io::Error::other(format!(
-                "file system stopped after an error: {why}"
-            ))));
-        }
-        if !self.changed
-            && self.inodes.dirty_count() == 0
-            && self.orphans.pending_len() == 0
-            && self.incompat_wanted == 0
-        {
-            return Ok(());
-        }
-        // A commit is not a change by an operation: keep `mod_seq` as the operation saw it, so
-        // a commit inside an operation (to reclaim pinned space) does not look like a change.
-        let seq = self.store.mod_seq;
-        let t = std::time::Instant::now();
-        let r = self.commit_inner();
-        self.store.counters.commit_us.fetch_add(
-            t.elapsed().as_micros() as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        self.store.mod_seq = seq;
-        if let Err(e) = &r {
-            self.fail(format!("commit failed: {e}"));
-        }
-        r
-    }
-
     /// Cached inode changes into the fs tree (commit, and fsync's log batch).
     pub(crate) fn write_back_inodes(&mut self) -> Result<()> {
         let dirty = self.inodes.take_dirty();
@@ -908,47 +957,6 @@ impl Inner {
             })?;
             assert!(found, "dirty inode {ino} has no inode item");
         }
-        Ok(())
-    }
-
-    fn commit_inner(&mut self) -> Result<()> {
-        self.write_new_orphans()?;
-        self.write_back_inodes()?;
-        self.log_release()?;
-        // Whole node slots, free again: what the space tree's copies below may take.
-        self.store.release_node_pool()?;
-        txn::persist_space(&mut self.store, &mut self.space_tree)?;
-        txn::write_dirty_nodes(&mut self.store)?;
-        let gen = self.store.generation;
-        let mut sb = self.sb;
-        sb.generation = gen.into();
-        sb.copy_index = (gen % SUPER_COPIES).into();
-        let root = |t: &Tree| RootPtr {
-            block: t.root.block.into(),
-            generation: t.root.generation.into(),
-            level: (t.level as u32).into(),
-            reserved: 0.into(),
-        };
-        sb.fs_root = root(&self.fs_tree);
-        sb.space_root = root(&self.space_tree);
-        sb.next_ino = self.next_ino.into();
-        sb.inode_count = self.inode_count.into();
-        sb.used_blocks = self.store.alloc.used_blocks().into();
-        // After used_blocks: the committed bitmaps call the log's first block free.
-        sb.log_root = self.log_start(gen);
-        let mut incompat = sb.incompat.get() | self.incompat_wanted;
-        if sb.log_root.block.get() != 0 {
-            incompat |= idxfs_format::versions::INCOMPAT_LOG;
-        }
-        sb.incompat = incompat.into();
-        self.store
-            .dev
-            .write_at(&sb.encode(), (gen % SUPER_COPIES) * BLOCK_SIZE)?;
-        self.store.dev.flush()?;
-        self.sb = sb;
-        self.incompat_wanted = 0;
-        txn::finish(&mut self.store);
-        self.changed = false;
         Ok(())
     }
 

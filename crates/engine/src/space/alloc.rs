@@ -43,7 +43,10 @@ pub struct Allocator {
     busy_total: u64,
     used_total: u64,
     cursor: [u64; 3],
+    /// Freed by the running transaction, referenced by the last committed state.
     pinned: Vec<(u64, u64)>,
+    /// Freed by the transaction a commit is writing: reusable once that commit is durable.
+    committing: Vec<(u64, u64)>,
     counters: Arc<Counters>,
 }
 
@@ -73,6 +76,7 @@ impl Allocator {
             used_total: 0,
             cursor: [0; 3],
             pinned: Vec::new(),
+            committing: Vec::new(),
             counters,
         };
         a.mark_used(0, idxfs_format::SUPER_COPIES);
@@ -236,15 +240,25 @@ impl Allocator {
         Ok(())
     }
 
-    /// The commit that freed the pinned blocks is durable: they may be reused.
+    /// A commit froze the running transaction: what it freed waits for that commit, and
+    /// what the next one frees waits for the next.
+    pub fn start_commit(&mut self) {
+        assert!(
+            self.committing.is_empty(),
+            "a commit began before the last one was done"
+        );
+        self.committing = std::mem::take(&mut self.pinned);
+    }
+
+    /// The commit that froze the pinned blocks is durable: they may be reused.
     pub fn commit_done(&mut self) {
         // Reuse released blocks before new ones: keeps the metadata compact on the device (and
         // a memory-backed device from faulting in fresh pages for every commit).
-        if let Some(low) = self.pinned.iter().map(|p| p.0).min() {
+        if let Some(low) = self.committing.iter().map(|p| p.0).min() {
             let c = &mut self.cursor[Kind::Meta as usize];
             *c = (*c).min(low);
         }
-        for (start, n) in std::mem::take(&mut self.pinned) {
+        for (start, n) in std::mem::take(&mut self.committing) {
             let gi = self.group_of(start);
             let g = &mut self.groups[gi];
             for b in start..start + n {
@@ -258,8 +272,13 @@ impl Allocator {
         }
     }
 
+    /// Blocks freed but not yet reusable: by the running transaction and by a commit in flight.
     pub fn pinned_blocks(&self) -> u64 {
-        self.pinned.iter().map(|p| p.1).sum()
+        self.pinned
+            .iter()
+            .chain(&self.committing)
+            .map(|p| p.1)
+            .sum()
     }
 
     pub fn dirty_groups(&self) -> Vec<usize> {
@@ -298,11 +317,18 @@ mod tests {
         assert_eq!(a.free_blocks(), 254);
         let (s, n) = a.alloc(4, 4, Kind::Meta).expect("space");
         assert_eq!((s, n), (2, 4));
+        a.start_commit();
         a.commit_done();
         a.free(s, 4, false).expect("free");
         assert_eq!(a.free_blocks(), 250, "pinned blocks are not free yet");
         let (s2, _) = a.alloc(4, 4, Kind::Meta).expect("space");
         assert_ne!(s2, s);
+        a.start_commit();
+        assert_eq!(
+            a.free_blocks(),
+            246,
+            "still pinned while the commit is written"
+        );
         a.commit_done();
         assert_eq!(a.free_blocks(), 250);
         assert!(!a.is_used(s));
