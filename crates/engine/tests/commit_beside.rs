@@ -331,3 +331,57 @@ fn threads_changing_files_while_commits_run_match_their_models() {
     check_models(&fs, &models, &dirs, seed);
     fs.close().expect("close");
 }
+
+#[test]
+fn a_write_made_durable_beside_a_commit_returns_only_after_that_commit() {
+    // With `-o sync`, a write goes through the fsync log, whose chain the frozen superblock
+    // names: returning before that superblock is durable would let a crash lose the write.
+    let base = Arc::new(MemDevice::new(32 << 20));
+    Fs::mkfs(base.clone(), &MkfsOptions::default()).expect("mkfs");
+    let rec = Arc::new(RecordingDevice::new(base.snapshot()));
+    let gate = Arc::new(GateDevice {
+        inner: rec.clone(),
+        armed: AtomicBool::new(false),
+        held: Mutex::new(None),
+    });
+    let o = OpenOptions {
+        sync: idxfs_engine::fs::SyncMode::All,
+        ..opts()
+    };
+    let fs = Arc::new(Fs::open(gate.clone(), o.clone()).expect("open"));
+    let a = fs.create(ROOT, b"a", 0o644, ME).expect("create");
+    fs.sync().expect("sync");
+    fs.mkdir(ROOT, b"frozen", 0o755, ME).expect("mkdir");
+    let (held, go) = gate.arm();
+    let committer = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.sync())
+    };
+    held.recv_timeout(Duration::from_secs(60))
+        .expect("the commit reached the device");
+    let writer = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.write(a.ino, 0, b"durable"))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !writer.is_finished(),
+        "a durable write returned while the commit naming its log was held"
+    );
+    go.send(()).expect("go");
+    committer.join().expect("committer").expect("sync");
+    writer.join().expect("writer").expect("write");
+    let returned = rec.event_count();
+    drop(fs);
+    for prefix in returned..=rec.event_count() {
+        let img = rec.crash_image(prefix, Tear::None);
+        let fs = Fs::open(Arc::new(MemDevice::from_bytes(img.bytes)), opts()).expect("open");
+        let got = fs.lookup(ROOT, b"a").expect("a");
+        assert_eq!(
+            fs.read(got.ino, 0, 16).expect("read"),
+            b"durable",
+            "prefix {prefix}: the write was lost"
+        );
+        std::mem::forget(fs);
+    }
+}

@@ -1,7 +1,8 @@
 //! The file system: POSIX operations over the fs tree, so front ends only translate.
 //!
 //! Glossary:
-//! - `Fs`: the handle a front end holds; every operation locks `Inner` once.
+//! - `Fs`: the handle a front end holds; every operation but a published getattr locks
+//!   `Inner` once.
 //! - `Inner`: store, trees, inode cache and counters of one mounted image.
 //! - *running transaction*: every change since the last commit; it becomes durable at the next
 //!   commit (timer, `sync`, close, or when dirty state passes its bound), or earlier through
@@ -15,6 +16,20 @@
 //! running transaction is never committed: the image keeps its last committed state, as after
 //! a crash. Only a failing device or a damaged image gets there: nothing a user can ask for
 //! does (a request that cannot be done is refused before its first change).
+//!
+//! What runs beside what:
+//! - getattr of a cached inode takes no lock: it reads the inode as the last finished operation
+//!   published it (`published`), so it never waits for a writer or a commit, and any number
+//!   of readers run in parallel.
+//! - A commit freezes its transaction under the lock and writes its nodes and superblock
+//!   without it (`crate::txn`): operations go on in the next transaction meanwhile. Only an
+//!   fsync (whose log the frozen superblock names), a second commit, and an operation that
+//!   needs the space the commit will release wait for it.
+//! - Everything else still serializes on the one lock, each operation whole: lookups,
+//!   readdir, reads and writes (data I/O included), xattrs, statfs and the fsync log's write
+//!   and flush. The trees change nodes in place within a transaction, so a reader beside a
+//!   writer would need a published root per operation; that, per-file locks for data I/O,
+//!   and the log's flush outside the lock are not built yet (see the README's table).
 mod create;
 mod dir;
 mod file;
@@ -863,6 +878,9 @@ impl Inner {
     /// Makes every change of the running transaction durable: an fsync log batch, or a
     /// commit when there is no log to append to (or the batch would be too large).
     fn make_durable(&mut self) -> Result<()> {
+        // The log is named by the superblock of the last commit, which may still be in flight:
+        // a batch may not return before that superblock is durable.
+        self.reap_wait()?;
         if self.log_sync()? {
             return Ok(());
         }
