@@ -53,6 +53,11 @@ impl<V: Clone + Send + Sync + 'static> BoxedMap<V> {
         }
     }
 
+    /// Whether `key` holds a value; takes no lock.
+    pub fn contains(&self, key: u64) -> bool {
+        self.xa.contains(key)
+    }
+
     /// Unpublishes `key`.
     pub fn remove(&self, key: u64) {
         if let Some(o) = self.xa.remove(key) {

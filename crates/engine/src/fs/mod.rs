@@ -633,6 +633,8 @@ impl Fs {
         }
         let mut g = self.lock();
         let it = g.inode(ino)?;
+        // Read under the lock, so current: the next getattr of it takes no lock.
+        self.shared.published.publish(vec![(ino, Some(it))], true);
         Ok(Attr::from_item(ino, &it))
     }
 
@@ -717,7 +719,7 @@ impl std::ops::DerefMut for Locked<'_> {
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
         let changed = self.g.inodes.take_changed();
-        self.published.publish(changed);
+        self.published.publish(changed, false);
     }
 }
 

@@ -1,11 +1,13 @@
 //! Inode attributes published for readers that take no lock (seed 000's lock-free read path on
 //! the engine's hottest read, getattr).
 //!
-//! The inode cache is changed only under the operation lock, and an operation may change
+//! An inode is published when a getattr first finds it unpublished (and takes the lock to read
+//! it), so only inodes someone reads cost a copy here: a create does not publish the inode it
+//! makes. The inode cache is changed only under the operation lock, and an operation may change
 //! several inodes (a create: the new inode and its directory; a rename: up to four). When the
-//! operation lets go of the lock (`Locked`'s drop), every inode it installed, changed or
-//! dropped in the cache is published here: a new immutable copy stored in a [`BoxedMap`] (an
-//! XArray of boxes freed through epochs), or its entry removed. A sequence count, odd while a
+//! operation lets go of the lock (`Locked`'s drop), every published inode it changed or dropped
+//! in the cache is published again: a new immutable copy stored in a [`BoxedMap`] (an XArray
+//! of boxes freed through epochs), or its entry removed. A sequence count, odd while a
 //! publish is under way, makes each publish one step for readers: a reader that saw an even
 //! count before and the same count after its copy read a state between two operations, never
 //! one half-way through a publish (so it cannot see a new link count with an old directory
@@ -49,9 +51,14 @@ impl Published {
         None
     }
 
-    /// Publishes what an operation changed: each inode's item now, or its absence. Called by
-    /// the lock holder only.
-    pub fn publish(&self, changed: Vec<(u64, Option<InodeItem>)>) {
+    /// Publishes what an operation changed: each published inode's item now, or its absence
+    /// (`read`: also those not published yet, the getattr that read them). Called by the lock
+    /// holder only.
+    pub fn publish(&self, changed: Vec<(u64, Option<InodeItem>)>, read: bool) {
+        let changed: Vec<_> = changed
+            .into_iter()
+            .filter(|(ino, _)| read || self.items.contains(*ino))
+            .collect();
         if changed.is_empty() {
             return;
         }
