@@ -60,7 +60,7 @@ impl BlockDevice for GateDevice {
     }
 }
 
-fn gated_fs(bytes: u64) -> (Arc<RecordingDevice>, Arc<GateDevice>, Fs) {
+fn gated_fs(bytes: u64, o: OpenOptions) -> (Arc<RecordingDevice>, Arc<GateDevice>, Fs) {
     let base = Arc::new(MemDevice::new(bytes));
     Fs::mkfs(
         base.clone(),
@@ -77,7 +77,7 @@ fn gated_fs(bytes: u64) -> (Arc<RecordingDevice>, Arc<GateDevice>, Fs) {
         armed: AtomicBool::new(false),
         held: Mutex::new(None),
     });
-    let fs = Fs::open(gate.clone(), opts()).expect("open");
+    let fs = Fs::open(gate.clone(), o).expect("open");
     (rec, gate, fs)
 }
 
@@ -140,7 +140,7 @@ fn change(
 #[test]
 fn operations_beside_a_commit_being_written_never_reach_its_blocks() {
     let (mut rng, seed) = Rng::from_env("commit beside");
-    let (rec, gate, fs) = gated_fs(32 << 20);
+    let (rec, gate, fs) = gated_fs(32 << 20, opts());
     let fs = Arc::new(fs);
     let (mut dirs, mut files, mut n) = (vec![ROOT], Vec::new(), 0u64);
     // (device events when the commit was durable, digest of what it committed)
@@ -336,19 +336,12 @@ fn threads_changing_files_while_commits_run_match_their_models() {
 fn a_write_made_durable_beside_a_commit_returns_only_after_that_commit() {
     // With `-o sync`, a write goes through the fsync log, whose chain the frozen superblock
     // names: returning before that superblock is durable would let a crash lose the write.
-    let base = Arc::new(MemDevice::new(32 << 20));
-    Fs::mkfs(base.clone(), &MkfsOptions::default()).expect("mkfs");
-    let rec = Arc::new(RecordingDevice::new(base.snapshot()));
-    let gate = Arc::new(GateDevice {
-        inner: rec.clone(),
-        armed: AtomicBool::new(false),
-        held: Mutex::new(None),
-    });
     let o = OpenOptions {
         sync: idxfs_engine::fs::SyncMode::All,
         ..opts()
     };
-    let fs = Arc::new(Fs::open(gate.clone(), o.clone()).expect("open"));
+    let (rec, gate, fs) = gated_fs(32 << 20, o);
+    let fs = Arc::new(fs);
     let a = fs.create(ROOT, b"a", 0o644, ME).expect("create");
     fs.sync().expect("sync");
     fs.mkdir(ROOT, b"frozen", 0o755, ME).expect("mkdir");
