@@ -3,9 +3,11 @@
 //! Through the library: getattr and lookup latency (p50, p99, max) idle, then while another
 //! thread creates files with fsyncs every 64 creates and a commit every 4,096; creates with two
 //! threads in two directories against one; getattr throughput of two reader threads against
-//! one. Through the mount (when idxfs is among the file systems): stat latency idle and while a
-//! thread creates and fsyncs, beside the FUSE round trip of an empty daemon. Every ratio comes
-//! from this one run. Performance only: nothing is asserted.
+//! one, and of two readers that take the lock for every read (the same-run baseline of the
+//! lock-free path). Through the mount (when idxfs is among the file systems): stat latency
+//! idle and while a thread creates and fsyncs, beside the FUSE round trip of an empty daemon;
+//! fs_mark with 2 threads against 1. Every ratio comes from this one run. Performance only:
+//! nothing is asserted.
 use crate::bench_env::{self, cpath, FsKind, Target};
 use idxfs_blockdev::MemDevice;
 use idxfs_engine::fs::{Attr, Owner};
@@ -38,10 +40,16 @@ impl Lat {
     }
 }
 
-fn lib_fs(bytes: u64) -> Result<Fs, String> {
+/// `locked`: getattr and lookup always take the operation lock (the engine before it
+/// published anything), for the same-run baseline of the lock-free path.
+fn lib_fs(bytes: u64, locked: bool) -> Result<Fs, String> {
     let dev = Arc::new(MemDevice::new_prefaulted(bytes));
     Fs::mkfs(dev.clone(), &MkfsOptions::default()).map_err(|e| e.to_string())?;
-    Fs::open(dev, OpenOptions::default()).map_err(|e| e.to_string())
+    let opts = OpenOptions {
+        bench_locked_reads: locked,
+        ..OpenOptions::default()
+    };
+    Fs::open(dev, opts).map_err(|e| e.to_string())
 }
 
 /// A directory of `n` files for the readers.
@@ -184,9 +192,18 @@ fn lat_row(o: &mut String, label: &str, l: [f64; 3], idle: Option<[f64; 3]>) {
     );
 }
 
+/// getattr/s of 1 and 2 readers on a file system whose reads all take the lock.
+fn locked_readers(files: u64, dur: Duration) -> Result<(f64, f64), String> {
+    let fs = lib_fs(1 << 30, true)?;
+    let (_, names) = populate(&fs, b"r", files)?;
+    let r = (readers(&fs, &names, 1, dur), readers(&fs, &names, 2, dur));
+    fs.close().map_err(|e| e.to_string())?;
+    Ok(r)
+}
+
 /// The library half.
 fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), String> {
-    let fs = lib_fs(4 << 30)?;
+    let fs = lib_fs(4 << 30, false)?;
     let (dir, names) = populate(&fs, b"r", files)?;
     let dur = Duration::from_secs_f64(secs);
     let (mut ga0, mut lk0) = read_lat(&fs, dir.ino, &names, dur);
@@ -202,7 +219,9 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
     })?;
     let c = fs.counters();
     let lock_free = c.getattr_lock_free.load(Ordering::Relaxed);
+    let lookups_free = c.lookup_lock_free.load(Ordering::Relaxed);
     let getattrs = (ga0.0.len() + ga1.0.len()) as u64;
+    let lookups = (lk0.0.len() + lk1.0.len()) as u64;
     let commits = c.commits.load(Ordering::Relaxed);
     let batches = c.log_batches.load(Ordering::Relaxed);
     let one = creates(&fs, "one", 1, creates_n)?;
@@ -210,6 +229,7 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
     let r1 = readers(&fs, &names, 1, dur);
     let r2 = readers(&fs, &names, 2, dur);
     fs.close().map_err(|e| e.to_string())?;
+    let (l1r, l2r) = locked_readers(files, dur)?;
     let (g0, l0, g1, l1) = (ga0.summary(), lk0.summary(), ga1.summary(), lk1.summary());
     let mut o = String::new();
     let _ = writeln!(
@@ -219,8 +239,8 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
     );
     let _ = writeln!(
         o,
-        "getattr answered without the lock: {lock_free} of {getattrs} \
-         (the rest: inodes the cache had dropped)"
+        "answered without the lock: getattr {lock_free} of {getattrs}, lookup {lookups_free} \
+         of {lookups} (the rest: first reads, which publish)"
     );
     let _ = writeln!(
         o,
@@ -238,10 +258,16 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
     );
     let _ = writeln!(
         o,
-        "getattr/s: 1 reader {r1:.0}, 2 readers {r2:.0} ({:.2}x)",
-        r2 / r1
+        "getattr/s: 1 reader {r1:.0}, 2 readers {r2:.0} ({:.2}x); every read under the lock: \
+         1 reader {l1r:.0}, 2 readers {l2r:.0} ({:.2}x); lock-free against locked, 2 readers: \
+         {:.2}x",
+        r2 / r1,
+        l2r / l1r,
+        r2 / l2r
     );
     let json = json!({
+        "getattr_locked_1_reader": l1r, "getattr_locked_2_readers": l2r,
+        "getattr_lock_free": lock_free, "lookup_lock_free": lookups_free,
         "files": files, "writer_creates": made, "commits": commits, "log_batches": batches,
         "getattr_idle_us": g0, "getattr_load_us": g1, "lookup_idle_us": l0, "lookup_load_us": l1,
         "creates_1_thread": one, "creates_2_threads": two,
@@ -281,8 +307,9 @@ fn stat_lat(paths: &[std::ffi::CString], dur: Duration) -> Lat {
     Lat(v)
 }
 
-/// The mount half: stat latency idle and while a thread creates and fsyncs.
-fn mount(base: &Path, secs: f64, files: u64) -> Result<(String, Value), String> {
+/// The mount half: stat latency idle and while a thread creates and fsyncs; fs_mark with 2
+/// threads against 1 (`creates_n` files each run).
+fn mount(base: &Path, secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), String> {
     let idx = Target::make(base, FsKind::Idxfs, 2 << 30, files * 4 + 65_536)?;
     let dir = idx.mp.join("r");
     std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -334,10 +361,42 @@ fn mount(base: &Path, secs: f64, files: u64) -> Result<(String, Value), String> 
     );
     lat_row(&mut o, "stat, idle", i, None);
     lat_row(&mut o, "stat, writer creating+fsyncing", l, Some(i));
+    let fm1 = fs_mark_rate(base, 1, creates_n)?;
+    let fm2 = fs_mark_rate(base, 2, creates_n)?;
+    let _ = writeln!(
+        o,
+        "fs_mark -s 0 -S 0, {creates_n} files: 1 thread {fm1:.0} files/s, 2 threads in 2 \
+         directories {fm2:.0} ({:.2}x)",
+        fm2 / fm1
+    );
     Ok((
         o,
-        json!({"files": files, "stat_idle_us": i, "stat_load_us": l, "fuse_floor_us": floor}),
+        json!({"files": files, "stat_idle_us": i, "stat_load_us": l, "fuse_floor_us": floor,
+            "fs_mark_1_thread": fm1, "fs_mark_2_threads": fm2}),
     ))
+}
+
+/// fs_mark's files/s (all files over wall time) on a fresh idxfs mount: `threads` threads,
+/// `total` 0-byte files in all, one directory per thread, no fsync.
+fn fs_mark_rate(base: &Path, threads: u64, total: u64) -> Result<f64, String> {
+    bench_env::ensure_tools(&[("fs_mark", "fsmark")])?;
+    let t = Target::make(base, FsKind::Idxfs, 2 << 30, total + 65_536)?;
+    let mut cmd = std::process::Command::new("fs_mark");
+    // fs_mark writes its log (fs_log.txt) into the working directory: keep it in scratch.
+    cmd.current_dir(base)
+        .args(["-S", "0", "-L", "1", "-s", "0", "-k"])
+        .args([
+            "-n",
+            &(total / threads).to_string(),
+            "-t",
+            &threads.to_string(),
+        ]);
+    for i in 1..=threads {
+        cmd.arg("-d").arg(t.mp.join(format!("d{i}")));
+    }
+    let start = Instant::now();
+    bench_env::run(&mut cmd)?;
+    Ok((total / threads * threads) as f64 / start.elapsed().as_secs_f64())
 }
 
 /// The `concurrency` workload of `idxfs bench`: `secs` per measurement, `files` read.
@@ -351,7 +410,7 @@ pub fn run(
     let (mut text, lib) = library(secs, files, creates_n)?;
     let mut json = json!({ "library": lib });
     if with_mount {
-        let (t, m) = mount(base, secs, files)?;
+        let (t, m) = mount(base, secs, files, creates_n)?;
         text.push_str(&t);
         json["mount"] = m;
     }

@@ -38,6 +38,7 @@ counters! {
     log_replayed_batches: "fsync log batches applied at open after a crash",
     inode_cache_hits: "inode lookups served from the inode cache",
     getattr_lock_free: "getattr answered from the published inodes, without the lock",
+    lookup_lock_free: "lookups answered from the published names and inodes, without the lock",
     inode_cache_misses: "inode lookups that read the fs tree",
     inode_scan_reads: "inode items readdirplus read by ordered scan (not one lookup each)",
     inode_scan_fallbacks: "readdirplus inodes looked up one by one (sparse in the scanned range)",

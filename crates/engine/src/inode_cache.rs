@@ -7,9 +7,9 @@
 //! inode item once per commit, not a million times. Commit walks the DIRTY mark, which yields
 //! inodes in ascending order, so write-back walks the tree in order.
 //!
-//! Every inode whose cached item was installed, changed or dropped is also listed in
+//! Every inode whose cached item was installed, changed or removed (freed) is also listed in
 //! `changed`, so the operation that changed it can publish the new items for lock-free readers
-//! when it ends (`fs::published`).
+//! when it ends (`fs::published`). Dropping a clean inode to make room is not a change.
 use crate::btree::cache::{Slab, DIRTY};
 use idxfs_format::items::InodeItem;
 
@@ -17,7 +17,7 @@ pub struct InodeCache {
     slab: Slab<Slot>,
     dirty: usize,
     limit: usize,
-    /// Inodes installed, changed or dropped since the last `take_changed` (repeats possible).
+    /// Inodes installed, changed or removed since the last `take_changed` (repeats possible).
     changed: Vec<u64>,
 }
 
@@ -118,14 +118,16 @@ impl InodeCache {
             .take(excess)
             .map(|s| s.ino)
             .collect();
+        // Not recorded as changed: a dropped clean inode's item is the tree's, so what was
+        // published of it stays true (`fs::published`).
         for ino in victims {
             self.slab.remove(ino);
-            self.changed.push(ino);
         }
     }
 
-    /// The inodes installed, changed or dropped since the last call, each once, with the
-    /// item cached now (None: no longer cached).
+    /// The inodes installed, changed or removed since the last call, each once, with the
+    /// item cached now (None: freed, or dropped to make room after the change; either way
+    /// its published copy goes).
     pub fn take_changed(&mut self) -> Vec<(u64, Option<InodeItem>)> {
         if self.changed.is_empty() {
             return Vec::new();

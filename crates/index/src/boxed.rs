@@ -7,13 +7,13 @@ use crate::xarray::{AllocError, XArray};
 use crossbeam_epoch as epoch;
 use std::marker::PhantomData;
 
-pub struct BoxedMap<V: Clone + Send + Sync + 'static> {
+pub struct BoxedMap<V: Send + Sync + 'static> {
     /// Key -> `Box<V>` as a raw pointer (never u64::MAX: a heap address).
     xa: XArray<u64>,
     _v: PhantomData<V>,
 }
 
-impl<V: Clone + Send + Sync + 'static> Default for BoxedMap<V> {
+impl<V: Send + Sync + 'static> Default for BoxedMap<V> {
     fn default() -> Self {
         BoxedMap {
             xa: XArray::new(),
@@ -26,12 +26,26 @@ impl<V: Clone + Send + Sync + 'static> BoxedMap<V> {
     /// A copy of the value at `key`; takes no lock.
     #[inline]
     pub fn get(&self, key: u64) -> Option<V> {
+        self.read(key, V::clone)
+    }
+}
+
+impl<V: Send + Sync + 'static> BoxedMap<V> {
+    /// `f` of the value at `key`, which it sees whole and alive; takes no lock. `f` may use
+    /// the value's own atomics (a reference bit, say), never anything that outlives the call.
+    #[inline]
+    pub fn read<R>(&self, key: u64, f: impl FnOnce(&V) -> R) -> Option<R> {
         let guard = epoch::pin();
         let p = self.xa.get_in(key, &guard)?;
         // SAFETY: a pointer from `Box::into_raw` in `set`, published by the XArray's Release
         // store; it is retired (freed after the epoch advances past every pin that could see
-        // it) only after it left the array, and we are pinned.
-        Some(unsafe { (*(p as usize as *const V)).clone() })
+        // it) only after it left the array, and we are pinned until `f` returns.
+        Some(f(unsafe { &*(p as usize as *const V) }))
+    }
+
+    /// The first key holding a value at or after `from`; takes no lock.
+    pub fn next_key(&self, from: u64) -> Option<u64> {
+        self.xa.next_present(from).map(|(k, _)| k)
     }
 
     /// Publishes `v` at `key`, replacing what was there. On allocation failure nothing
@@ -83,7 +97,7 @@ fn retire<V: Send + 'static>(raw: u64) {
     unsafe { guard.defer_unchecked(move || drop(Box::from_raw(p as *mut V))) };
 }
 
-impl<V: Clone + Send + Sync + 'static> Drop for BoxedMap<V> {
+impl<V: Send + Sync + 'static> Drop for BoxedMap<V> {
     fn drop(&mut self) {
         // Exclusively borrowed: no reader exists.
         for (_, p) in self.xa.iter() {

@@ -1,6 +1,7 @@
 //! create, mknod, mkdir, symlink, link, lookup.
 use super::file::inline_symlink_max;
-use super::{new_inode_item, Attr, Durable, Fs, Inner, Ino, Owner, Reserve};
+use super::{new_inode_item, published, Attr, Durable, Fs, Inner, Ino, Owner, Reserve};
+use crate::counters::Counters;
 use crate::error::{Error, Result};
 use crate::space::Kind;
 use idxfs_format::items::{
@@ -79,6 +80,13 @@ fn check_type(mode: u32) -> Result<()> {
 impl Fs {
     /// Looks `name` up in `parent`. "." and ".." are understood.
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        let plain = !matches!(name, b"." | b"..") && name.len() <= idxfs_format::NAME_MAX;
+        if plain {
+            if let Some((ino, it)) = self.shared.published.lookup(parent, name) {
+                Counters::inc(&self.shared.counters.lookup_lock_free);
+                return Ok(Attr::from_item(ino, &it));
+            }
+        }
         let mut g = self.lock();
         let dir = g.dir_inode(parent)?;
         if name.len() > idxfs_format::NAME_MAX {
@@ -91,6 +99,17 @@ impl Fs {
             _ => g.lookup_entry(parent, name)?.ok_or(Error::NotFound)?.ino,
         };
         let it = g.inode(ino)?;
+        if plain {
+            // Read under the lock, so current: the next lookup of it takes no lock.
+            g.publish_read(published::Read {
+                inodes: vec![(parent, dir), (ino, it)],
+                name: Some(published::Name {
+                    dir: parent,
+                    name: name.into(),
+                    ino,
+                }),
+            });
+        }
         Ok(Attr::from_item(ino, &it))
     }
 

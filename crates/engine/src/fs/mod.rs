@@ -1,8 +1,8 @@
 //! The file system: POSIX operations over the fs tree, so front ends only translate.
 //!
 //! Glossary:
-//! - `Fs`: the handle a front end holds; every operation but a published getattr locks
-//!   `Inner` once.
+//! - `Fs`: the handle a front end holds; every operation but a published getattr or lookup
+//!   locks `Inner` once.
 //! - `Inner`: store, trees, inode cache and counters of one mounted image.
 //! - *running transaction*: every change since the last commit; it becomes durable at the next
 //!   commit (timer, `sync`, close, or when dirty state passes its bound), or earlier through
@@ -18,18 +18,20 @@
 //! does (a request that cannot be done is refused before its first change).
 //!
 //! What runs beside what:
-//! - getattr of a cached inode takes no lock: it reads the inode as the last finished operation
-//!   published it (`published`), so it never waits for a writer or a commit, and any number
-//!   of readers run in parallel.
+//! - getattr and lookup take no lock once what they read was read before (`published`: the
+//!   inode, and for a lookup the directory and the name). They answer as the last finished
+//!   operation left things, so they never wait for a writer or a commit, and any number of
+//!   readers run in parallel. The first read of each takes the lock and publishes it.
 //! - A commit freezes its transaction under the lock and writes its nodes and superblock
 //!   without it (`crate::txn`): operations go on in the next transaction meanwhile. Only an
 //!   fsync (whose log the frozen superblock names), a second commit, and an operation that
 //!   needs the space the commit will release wait for it.
-//! - Everything else still serializes on the one lock, each operation whole: lookups,
-//!   readdir, reads and writes (data I/O included), xattrs, statfs and the fsync log's write
-//!   and flush. The trees change nodes in place within a transaction, so a reader beside a
-//!   writer would need a published root per operation; that, per-file locks for data I/O,
-//!   and the log's flush outside the lock are not built yet (see the README's table).
+//! - Everything else still serializes on the one lock, each operation whole: first reads,
+//!   ".." and misses, readdir, reads and writes (data I/O included), readlink, xattrs,
+//!   statfs and the fsync log's write and flush. The trees change nodes in place within a
+//!   transaction, so a reader of them beside a writer would need a published root per
+//!   operation; that, per-file locks for data I/O, and the log's flush outside the lock are
+//!   not built yet (see the README's table).
 mod create;
 mod dir;
 mod file;
@@ -123,6 +125,10 @@ pub struct OpenOptions {
     /// directories list empty: never use it for data.
     #[doc(hidden)]
     pub bench_hash_index_only: bool,
+    /// Benchmark only: getattr and lookup always take the operation lock (nothing is
+    /// published), to measure what the lock-free path gains (`idxfs bench concurrency`).
+    #[doc(hidden)]
+    pub bench_locked_reads: bool,
     /// Testing only: commit after every freeing batch, as a device too full for the next
     /// batch's reservation makes it, so crash tests see the states between batches.
     #[doc(hidden)]
@@ -142,6 +148,7 @@ impl Default for OpenOptions {
             sync: SyncMode::default(),
             name_hash: idxfs_format::hash::name_hash,
             bench_hash_index_only: false,
+            bench_locked_reads: false,
             test_commit_between_batches: false,
         }
     }
@@ -182,6 +189,9 @@ pub(crate) struct Inner {
     pub log: crate::log::Log,
     /// The commit being written outside the lock, if any (`crate::txn`).
     pub flight: Arc<txn::Flight>,
+    /// Names the running operation removed, as `published::name_key`s: unpublished when it
+    /// lets go of the lock.
+    pub names_removed: Vec<u64>,
 }
 
 struct Shared {
@@ -352,6 +362,7 @@ impl Fs {
             dir_ino_hint: Default::default(),
             log: Default::default(),
             flight: Default::default(),
+            names_removed: Vec::new(),
         };
         inner.commit()?;
         // Write the second copy too, so a fresh image has both slots valid.
@@ -412,6 +423,7 @@ impl Fs {
             dir_ino_hint: Default::default(),
             log: Default::default(),
             flight: Default::default(),
+            names_removed: Vec::new(),
             sb,
         };
         let space_tree = inner.space_tree;
@@ -443,7 +455,10 @@ impl Fs {
             .into());
         }
         let shared = Arc::new(Shared {
-            published: Default::default(),
+            published: published::Published::new(
+                opts.inode_cache_entries,
+                !opts.bench_locked_reads,
+            ),
             flight: inner.flight.clone(),
             inner: Mutex::new(inner),
             stop: Mutex::new(false),
@@ -627,14 +642,17 @@ impl Fs {
     /// An inode's attributes: without the lock when the inode is published (the common case:
     /// it is cached), else under it (which publishes it).
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
-        if let Some(it) = self.shared.published.get(ino) {
+        if let Some(it) = self.shared.published.getattr(ino) {
             Counters::inc(&self.shared.counters.getattr_lock_free);
             return Ok(Attr::from_item(ino, &it));
         }
         let mut g = self.lock();
         let it = g.inode(ino)?;
         // Read under the lock, so current: the next getattr of it takes no lock.
-        self.shared.published.publish(vec![(ino, Some(it))], true);
+        g.publish_read(published::Read {
+            inodes: vec![(ino, it)],
+            name: None,
+        });
         Ok(Attr::from_item(ino, &it))
     }
 
@@ -701,6 +719,16 @@ fn commit_loop(weak: std::sync::Weak<Shared>, every: Duration) {
 pub(crate) struct Locked<'a> {
     g: MutexGuard<'a, Inner>,
     published: &'a published::Published,
+    /// What the holder read and wants published with its changes (`publish_read`).
+    read: published::Read,
+}
+
+impl Locked<'_> {
+    /// Publishes inodes (and a name) read under this lock when it is let go, for the next
+    /// reader to find without the lock.
+    pub(crate) fn publish_read(&mut self, read: published::Read) {
+        self.read = read;
+    }
 }
 
 impl std::ops::Deref for Locked<'_> {
@@ -718,8 +746,12 @@ impl std::ops::DerefMut for Locked<'_> {
 
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
-        let changed = self.g.inodes.take_changed();
-        self.published.publish(changed, false);
+        let changed = published::Changes {
+            inodes: self.g.inodes.take_changed(),
+            names_removed: std::mem::take(&mut self.g.names_removed),
+        };
+        self.published
+            .publish(changed, std::mem::take(&mut self.read));
     }
 }
 
@@ -741,6 +773,7 @@ impl Shared {
         Locked {
             g,
             published: &self.published,
+            read: Default::default(),
         }
     }
 

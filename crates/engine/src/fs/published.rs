@@ -1,78 +1,412 @@
-//! Inode attributes published for readers that take no lock (seed 000's lock-free read path on
-//! the engine's hottest read, getattr).
+//! Inode attributes and directory entries published for readers that take no lock (seed 000's
+//! lock-free read path on the engine's hottest reads, getattr and lookup).
 //!
-//! An inode is published when a getattr first finds it unpublished (and takes the lock to read
-//! it), so only inodes someone reads cost a copy here: a create does not publish the inode it
-//! makes. The inode cache is changed only under the operation lock, and an operation may change
-//! several inodes (a create: the new inode and its directory; a rename: up to four). When the
-//! operation lets go of the lock (`Locked`'s drop), every published inode it changed or dropped
-//! in the cache is published again: a new immutable copy stored in a [`BoxedMap`] (an XArray
-//! of boxes freed through epochs), or its entry removed. A sequence count, odd while a
-//! publish is under way, makes each publish one step for readers: a reader that saw an even
-//! count before and the same count after its copy read a state between two operations, never
-//! one half-way through a publish (so it cannot see a new link count with an old directory
-//! time). A reader that races a publish retries a few times, then takes the lock; a reader
-//! whose inode is not published takes the lock, which loads and publishes it.
+//! What is published, and when:
+//! - an *inode* when a getattr or lookup first finds it unpublished (and takes the lock to
+//!   read it), so only inodes someone reads cost a copy here: a create does not publish the
+//!   inode it makes;
+//! - a *name* (directory, name -> inode) when a lookup under the lock found it. Only names:
+//!   "." and "..", misses, and names in unpublished directories take the lock.
 //!
-//! What is published is always what the cache holds after a whole operation: the lock holder
-//! publishes before releasing the lock, so a reader never sees an older item once an
-//! operation that changed it has returned, and never a newer one before.
+//! The inode cache and the directory indexes change only under the operation lock, and an
+//! operation may change several inodes and names (a rename: up to four inodes, two names).
+//! When the operation lets go of the lock (`Locked`'s drop), every published inode it changed
+//! is published again (a new immutable copy stored in a [`BoxedMap`]: an XArray of boxes freed
+//! through epochs), every inode it freed and every name it removed is unpublished. A sequence
+//! count, odd while a publish is under way, makes each publish one step for readers: a reader
+//! that saw an even count before and the same count after its reads saw a state between two
+//! operations, never one half-way through a publish. So a lookup cannot find a name a rename
+//! removed together with the new link count of its inode, nor a getattr a new link count with
+//! an old directory time. A reader that races a publish retries a few times, then takes the
+//! lock.
 //!
-//! Allocation failure of an XArray node unpublishes the inode instead, so its readers take the
+//! What is published is always what the cache and trees hold after a whole operation: the
+//! lock holder publishes before releasing the lock, so a reader never sees an older state once
+//! an operation that changed it has returned, and never a newer one before. Names are only
+//! ever removed from the published set by writers, never changed: every path that takes a
+//! name out of a directory goes through `Inner::remove_entry`, which records it, and a name
+//! added by a create or rename is published only when a lookup reads it.
+//!
+//! Publication does not follow the inode cache's residency: when the cache drops a clean inode
+//! its published copy stays, since it equals the tree's item, and every later change loads
+//! the inode into the cache again (which records it). Only freeing an inode unpublishes it.
+//! So a writer filling the cache with new inodes does not push readers back to the lock.
+//! Each published set has its own bound, kept by the clock algorithm (second chance): a
+//! reader sets its entry's `used` bit (one store, only when clear), and when a read's publish
+//! takes a set past its bound, the lock holder sweeps from where its last sweep ended,
+//! clearing set bits and unpublishing entries whose bit was clear, until an eighth of the
+//! bound is free. Unpublishing changes nothing a reader could see but where it reads from.
+//!
+//! Allocation failure of an XArray node unpublishes the entry instead, so its readers take the
 //! lock: nothing aborts, nothing is stale.
-use idxfs_format::items::InodeItem;
+use idxfs_format::items::{InodeItem, S_IFDIR, S_IFMT};
 use idxfs_index::BoxedMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+/// A directory entry as a lookup found it.
+pub struct Name {
+    pub dir: u64,
+    pub name: Box<[u8]>,
+    pub ino: u64,
+}
+
+/// A hash of the name `name` of `dir`; its top bits pick where the name is published
+/// (`Published::slot`).
+pub fn name_key(dir: u64, name: &[u8]) -> u64 {
+    let h = idxfs_format::hash::name_hash(name) ^ dir.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    // SplitMix64's finalizer: every bit of both inputs reaches every bit of the key.
+    let h = (h ^ (h >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    let h = (h ^ (h >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    h ^ (h >> 31)
+}
+
+/// What an operation changed, to be published as one step.
 #[derive(Default)]
+pub struct Changes {
+    /// Inodes and their items now; None: freed (or dropped right after the change), so
+    /// unpublished.
+    pub inodes: Vec<(u64, Option<InodeItem>)>,
+    /// Keys (`name_key`) of names the operation removed.
+    pub names_removed: Vec<u64>,
+}
+
+/// Read: also publish inodes not published yet, and this name.
+#[derive(Default)]
+pub struct Read {
+    pub inodes: Vec<(u64, InodeItem)>,
+    pub name: Option<Name>,
+}
+
 pub struct Published {
-    items: BoxedMap<InodeItem>,
+    inodes: ClockMap<InodeItem>,
+    /// Names by slot: the top `name_bits` of their `name_key`. Slots are dense (an XArray
+    /// keyed by hashes spread over 64 bits would be eleven levels deep, a node per level for
+    /// each name), and twice as many as the bound. A slot holds the names that share it, up to
+    /// `BUCKET` (past that, a publish drops the oldest: this is a cache); a reader compares
+    /// the whole name.
+    names: ClockMap<Box<[Name]>>,
+    name_bits: u32,
     /// Odd while a publish is under way.
     seq: AtomicU64,
+    /// False: nothing is published, every read takes the lock (`bench_locked_reads`).
+    enabled: bool,
 }
 
 impl Published {
-    /// The item of `ino` as the last finished operation left it; None when not published (or
-    /// publishes kept racing this read): the caller takes the lock.
-    pub fn get(&self, ino: u64) -> Option<InodeItem> {
+    /// `limit`: most inodes, and most names, kept published.
+    pub fn new(limit: usize, enabled: bool) -> Published {
+        let limit = limit.max(16);
+        Published {
+            inodes: ClockMap::new(limit),
+            names: ClockMap::new(limit),
+            name_bits: (2 * limit).next_power_of_two().trailing_zeros(),
+            seq: AtomicU64::new(0),
+            enabled,
+        }
+    }
+
+    /// The slot of a name with `name_key` `key`.
+    fn slot(&self, key: u64) -> u64 {
+        key >> (64 - self.name_bits)
+    }
+
+    /// Runs `f` as a seqlock reader: its answer if no publish overlapped it, retried a few
+    /// times, else None (the caller takes the lock).
+    fn read<R>(&self, f: impl Fn() -> Option<R>) -> Option<R> {
+        if !self.enabled {
+            return None;
+        }
         for _ in 0..16 {
             let before = self.seq.load(Ordering::Acquire);
             if before & 1 == 1 {
                 std::hint::spin_loop();
                 continue;
             }
-            let item = self.items.get(ino);
-            // Order the copy before the second read of the count (the seqlock reader's fence).
+            let r = f();
+            // Order the reads before the second read of the count (the seqlock reader's fence).
             std::sync::atomic::fence(Ordering::Acquire);
             if self.seq.load(Ordering::Relaxed) == before {
-                return item;
+                return r;
             }
         }
         None
     }
 
-    /// Publishes what an operation changed: each published inode's item now, or its absence
-    /// (`read`: also those not published yet, the getattr that read them). Called by the lock
-    /// holder only.
-    pub fn publish(&self, changed: Vec<(u64, Option<InodeItem>)>, read: bool) {
-        let changed: Vec<_> = changed
+    /// The item of `ino` as the last finished operation left it; None when not published (or
+    /// publishes kept racing this read): the caller takes the lock.
+    pub fn getattr(&self, ino: u64) -> Option<InodeItem> {
+        self.read(|| self.inodes.get(ino, |it| *it))
+    }
+
+    /// The inode `name` in directory `dir` names, and its item, as the last finished operation
+    /// left them; None when the directory, the name or the inode is not published.
+    pub fn lookup(&self, dir: u64, name: &[u8]) -> Option<(u64, InodeItem)> {
+        self.read(|| {
+            let d = self.inodes.get(dir, |it| *it)?;
+            if d.mode.get() & S_IFMT != S_IFDIR {
+                return None;
+            }
+            let ino = self.names.get(self.slot(name_key(dir, name)), |b| {
+                b.iter()
+                    .find(|n| n.dir == dir && *n.name == *name)
+                    .map(|n| n.ino)
+            })??;
+            Some((ino, self.inodes.get(ino, |it| *it)?))
+        })
+    }
+
+    /// Replaces the bucket of the names with `name_key` `key`: without the names of that key,
+    /// plus `add` (whose key it is). Two different names with one 64-bit key both go: what is
+    /// unpublished is only looked up under the lock again.
+    fn rebucket(&self, key: u64, add: Option<Name>) {
+        let slot = self.slot(key);
+        let mut b: Vec<Name> = self
+            .names
+            .peek(slot, |b| {
+                b.iter()
+                    .filter(|n| name_key(n.dir, &n.name) != key)
+                    .map(|n| Name {
+                        dir: n.dir,
+                        name: n.name.clone(),
+                        ino: n.ino,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Some(n) = add {
+            if b.len() >= BUCKET {
+                b.remove(0);
+            }
+            b.push(n);
+        }
+        if b.is_empty() {
+            self.names.remove(slot);
+        } else {
+            self.names.set(slot, b.into_boxed_slice());
+        }
+    }
+
+    /// Publishes what an operation changed, and what a read found (`read`), as one step.
+    /// Called by the lock holder only.
+    pub fn publish(&self, changed: Changes, read: Read) {
+        if !self.enabled {
+            return;
+        }
+        let inodes: Vec<_> = changed
+            .inodes
             .into_iter()
-            .filter(|(ino, _)| read || self.items.contains(*ino))
+            .filter(|(ino, _)| self.inodes.contains(*ino))
             .collect();
-        if changed.is_empty() {
+        let names: Vec<u64> = changed
+            .names_removed
+            .into_iter()
+            .filter(|&k| self.names.contains(self.slot(k)))
+            .collect();
+        if inodes.is_empty() && names.is_empty() && read.inodes.is_empty() && read.name.is_none() {
             return;
         }
         self.seq.fetch_add(1, Ordering::AcqRel);
-        for (ino, item) in changed {
+        for (ino, item) in inodes {
             match item {
-                Some(it) => {
-                    if self.items.set(ino, it).is_err() {
-                        self.items.remove(ino);
-                    }
-                }
-                None => self.items.remove(ino),
+                Some(it) => self.inodes.set(ino, it),
+                None => self.inodes.remove(ino),
             }
         }
+        for k in names {
+            self.rebucket(k, None);
+        }
+        // A published inode is current already (the invariant): not copied again.
+        for &(ino, it) in &read.inodes {
+            if !self.inodes.contains(ino) {
+                self.inodes.set(ino, it);
+            }
+        }
+        if let Some(n) = read.name {
+            self.rebucket(name_key(n.dir, &n.name), Some(n));
+        }
         self.seq.fetch_add(1, Ordering::Release);
+        self.inodes.sweep();
+        self.names.sweep();
+    }
+}
+
+/// Most names one slot of `Published::names` holds.
+const BUCKET: usize = 4;
+
+/// One published value.
+struct Entry<T> {
+    val: T,
+    /// Read since the last sweep passed it (the clock's reference bit).
+    used: AtomicBool,
+}
+
+/// A [`BoxedMap`] bounded by the clock algorithm.
+struct ClockMap<T: Send + Sync + 'static> {
+    map: BoxedMap<Entry<T>>,
+    /// Most entries kept after a sweep ends.
+    limit: usize,
+    /// Where the next sweep starts (changed by the lock holder only).
+    hand: AtomicU64,
+}
+
+impl<T: Send + Sync + 'static> ClockMap<T> {
+    fn new(limit: usize) -> Self {
+        ClockMap {
+            map: BoxedMap::default(),
+            limit: limit.max(16),
+            hand: AtomicU64::new(0),
+        }
+    }
+
+    /// `f` of the value at `key`, marking it used; takes no lock.
+    fn get<R>(&self, key: u64, f: impl FnOnce(&T) -> R) -> Option<R> {
+        self.map.read(key, |e| {
+            if !e.used.load(Ordering::Relaxed) {
+                e.used.store(true, Ordering::Relaxed);
+            }
+            f(&e.val)
+        })
+    }
+
+    /// `f` of the value at `key`, leaving its reference bit alone (the writer's read).
+    fn peek<R>(&self, key: u64, f: impl FnOnce(&T) -> R) -> Option<R> {
+        self.map.read(key, |e| f(&e.val))
+    }
+
+    fn contains(&self, key: u64) -> bool {
+        self.map.contains(key)
+    }
+
+    /// Publishes `val` at `key`, its reference bit kept from the value it replaces (clear
+    /// for a new entry: a second read makes it count, so one pass over many inodes, a
+    /// writer's or a `find`'s, does not push out what readers keep using); if the XArray
+    /// cannot grow, unpublishes `key` instead.
+    fn set(&self, key: u64, val: T) {
+        let used = self
+            .map
+            .read(key, |e| e.used.load(Ordering::Relaxed))
+            .unwrap_or(false);
+        let e = Entry {
+            val,
+            used: AtomicBool::new(used),
+        };
+        if self.map.set(key, e).is_err() {
+            self.map.remove(key);
+        }
+    }
+
+    fn remove(&self, key: u64) {
+        self.map.remove(key);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// When past the bound, the clock's sweep: unpublish entries not read since the hand last
+    /// passed them until an eighth of the bound is free.
+    fn sweep(&self) {
+        if self.map.len() <= self.limit {
+            return;
+        }
+        let target = self.limit - self.limit / 8;
+        let mut hand = self.hand.load(Ordering::Relaxed);
+        // Two passes at most: the first clears every bit it finds set.
+        let mut steps = 2 * self.map.len();
+        while self.map.len() > target && steps > 0 {
+            steps -= 1;
+            let Some(key) = self.map.next_key(hand).or_else(|| self.map.next_key(0)) else {
+                break;
+            };
+            hand = key.wrapping_add(1);
+            let used = self
+                .map
+                .read(key, |e| e.used.swap(false, Ordering::Relaxed));
+            if used == Some(false) {
+                self.map.remove(key);
+            }
+        }
+        self.hand.store(hand, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(mode: u32, nlink: u32) -> InodeItem {
+        let mut it = crate::fs::new_inode_item(mode, Default::default(), 0, 1, Default::default());
+        it.nlink = nlink.into();
+        it
+    }
+
+    #[test]
+    fn the_clock_keeps_what_readers_use_within_the_bound() {
+        let p = Published::new(64, true);
+        let read = |ino: u64| Read {
+            inodes: vec![(ino, item(0o100644, 1))],
+            name: None,
+        };
+        for ino in 1..=64 {
+            p.publish(Changes::default(), read(ino));
+        }
+        // Inodes 1..=8 are read between publishes, the others once: sweeps take only those.
+        for ino in 65..=200 {
+            for hot in 1..=8 {
+                assert!(p.getattr(hot).is_some(), "hot inode {hot} was unpublished");
+            }
+            p.publish(Changes::default(), read(ino));
+            assert!(p.inodes.len() <= 64, "past the bound: {}", p.inodes.len());
+        }
+        assert!(
+            (65..=120).any(|i| p.getattr(i).is_none()),
+            "nothing cold went"
+        );
+    }
+
+    #[test]
+    fn a_lookup_needs_the_directory_the_name_and_the_inode() {
+        let p = Published::new(64, true);
+        let name = |ino| Name {
+            dir: 1,
+            name: b"a".to_vec().into(),
+            ino,
+        };
+        p.publish(
+            Changes::default(),
+            Read {
+                inodes: vec![(1, item(0o040755, 2)), (5, item(0o100644, 1))],
+                name: Some(name(5)),
+            },
+        );
+        assert_eq!(p.lookup(1, b"a").map(|(i, _)| i), Some(5));
+        assert_eq!(p.lookup(1, b"b"), None, "another name");
+        assert_eq!(p.lookup(5, b"a"), None, "not a directory");
+        // Removing the name unpublishes it; freeing the inode too.
+        p.publish(
+            Changes {
+                inodes: vec![],
+                names_removed: vec![name_key(1, b"a")],
+            },
+            Read::default(),
+        );
+        assert_eq!(p.lookup(1, b"a"), None);
+        p.publish(
+            Changes::default(),
+            Read {
+                inodes: vec![],
+                name: Some(name(5)),
+            },
+        );
+        p.publish(
+            Changes {
+                inodes: vec![(5, None)],
+                names_removed: vec![],
+            },
+            Read::default(),
+        );
+        assert_eq!(p.lookup(1, b"a"), None, "the name's inode is gone");
+        assert!(p.getattr(5).is_none());
     }
 }

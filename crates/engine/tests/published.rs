@@ -1,0 +1,294 @@
+//! getattr and lookup answered without the lock (`fs/published.rs`): never stale, never a
+//! half-applied operation.
+//!
+//! - A model test reads every name and inode back after every operation, so each one is
+//!   published before the next operation changes it; any change that does not unpublish or
+//!   republish what it touched shows up as a stale answer. The inode cache is tiny, so
+//!   published inodes outlive their cache entries.
+//! - A concurrency test keeps a name moving between two inodes by rename while readers look it
+//!   up without the lock: whichever inode the name leads to has exactly two names then, so a
+//!   reader that saw the name from one operation and the link count from another fails.
+mod common;
+use common::*;
+use idxfs_engine::fs::{Attr, SetAttr, RENAME_EXCHANGE};
+use idxfs_engine::testutil::Rng;
+use idxfs_engine::{Error, Fs, OpenOptions};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// An inode as the model has it.
+#[derive(Debug, Clone, PartialEq)]
+struct Ino {
+    dir: bool,
+    nlink: u32,
+    mode: u32,
+    size: u64,
+}
+
+#[derive(Default)]
+struct Model {
+    /// (directory, name) -> inode.
+    names: BTreeMap<(u64, Vec<u8>), u64>,
+    inodes: BTreeMap<u64, Ino>,
+    /// Every inode number ever seen: freed ones must read as gone.
+    seen: Vec<u64>,
+}
+
+impl Model {
+    /// Drops one name of `ino` (the caller removed it from `names`).
+    fn unlink(&mut self, ino: u64) {
+        let Some(i) = self.inodes.get_mut(&ino) else {
+            panic!("model: unlink of unknown inode {ino}")
+        };
+        if i.dir {
+            self.inodes.remove(&ino);
+            return;
+        }
+        i.nlink -= 1;
+        if i.nlink == 0 {
+            self.inodes.remove(&ino);
+        }
+    }
+
+    /// Every name and inode read back from `fs`, compared with the model.
+    fn check(&self, fs: &Fs, dirs: &[u64], names: &[Vec<u8>], step: usize) {
+        for &d in dirs {
+            for n in names {
+                let got = fs.lookup(d, n).map(|a| a.ino).ok();
+                let want = self.names.get(&(d, n.clone())).copied();
+                assert_eq!(
+                    got,
+                    want,
+                    "step {step}: lookup {d}/{}",
+                    String::from_utf8_lossy(n)
+                );
+            }
+        }
+        for &ino in &self.seen {
+            let got = fs.getattr(ino).ok().map(|a| self.view(&a));
+            let want = self.inodes.get(&ino).cloned();
+            assert_eq!(got, want, "step {step}: getattr {ino}");
+        }
+    }
+
+    fn view(&self, a: &Attr) -> Ino {
+        Ino {
+            dir: a.mode & 0o170000 == 0o040000,
+            nlink: a.nlink,
+            mode: a.mode & 0o7777,
+            size: a.size,
+        }
+    }
+}
+
+#[test]
+fn lock_free_reads_follow_every_change() {
+    let (mut rng, _) = Rng::from_env("lock_free_reads_follow_every_change");
+    let dev = Arc::new(idxfs_blockdev::MemDevice::new(64 << 20));
+    idxfs_engine::Fs::mkfs(dev.clone(), &Default::default()).expect("mkfs");
+    let fs = Fs::open(
+        dev.clone(),
+        OpenOptions {
+            inode_cache_entries: 16,
+            ..opts()
+        },
+    )
+    .expect("open");
+    let mut m = Model::default();
+    let mut dirs = vec![ROOT];
+    m.inodes.insert(
+        ROOT,
+        Ino {
+            dir: true,
+            nlink: 2,
+            mode: 0o755,
+            size: 0,
+        },
+    );
+    for d in [b"d1".as_slice(), b"d2"] {
+        let a = fs.mkdir(ROOT, d, 0o755, ME).expect("mkdir");
+        dirs.push(a.ino);
+        m.names.insert((ROOT, d.to_vec()), a.ino);
+        m.inodes.insert(
+            a.ino,
+            Ino {
+                dir: true,
+                nlink: 2,
+                mode: 0o755,
+                size: 0,
+            },
+        );
+        m.seen.push(a.ino);
+    }
+    m.inodes.get_mut(&ROOT).expect("root").nlink = 4;
+    m.inodes.get_mut(&ROOT).expect("root").size = 2;
+    let names: Vec<Vec<u8>> = (0..6).map(|i| format!("n{i}").into_bytes()).collect();
+    let file_dirs = dirs.clone();
+    let pick = |rng: &mut Rng| {
+        let d = file_dirs[rng.below(file_dirs.len() as u64) as usize];
+        (d, names[rng.below(names.len() as u64) as usize].clone())
+    };
+    for step in 0..3000 {
+        let (d, n) = pick(&mut rng);
+        let at = m.names.get(&(d, n.clone())).copied();
+        let is_dir = |m: &Model, i: u64| m.inodes.get(&i).is_some_and(|x| x.dir);
+        match rng.below(8) {
+            0 | 1 => {
+                let r = fs.create(d, &n, 0o644, ME);
+                match at {
+                    Some(_) => assert!(matches!(r, Err(Error::Exists)), "{step}: {r:?}"),
+                    None => {
+                        let a = r.expect("create");
+                        m.names.insert((d, n.clone()), a.ino);
+                        m.inodes.insert(
+                            a.ino,
+                            Ino {
+                                dir: false,
+                                nlink: 1,
+                                mode: 0o644,
+                                size: 0,
+                            },
+                        );
+                        m.seen.push(a.ino);
+                        m.inodes.get_mut(&d).expect("dir").size += 1;
+                    }
+                }
+            }
+            2 => {
+                // A hard link of a file named elsewhere.
+                let (d2, n2) = pick(&mut rng);
+                let src = m.names.get(&(d2, n2)).copied();
+                if let (Some(src), None) = (src, at) {
+                    if !is_dir(&m, src) {
+                        fs.link(src, d, &n).expect("link");
+                        m.names.insert((d, n.clone()), src);
+                        m.inodes.get_mut(&src).expect("src").nlink += 1;
+                        m.inodes.get_mut(&d).expect("dir").size += 1;
+                    }
+                }
+            }
+            3 => {
+                if let Some(i) = at.filter(|&i| !is_dir(&m, i)) {
+                    fs.unlink(d, &n).expect("unlink");
+                    m.names.remove(&(d, n.clone()));
+                    m.unlink(i);
+                    m.inodes.get_mut(&d).expect("dir").size -= 1;
+                }
+            }
+            4 | 5 => {
+                // Rename, over an existing file or not, or exchange.
+                let (d2, n2) = pick(&mut rng);
+                let to = m.names.get(&(d2, n2.clone())).copied();
+                let Some(src) = at.filter(|&i| !is_dir(&m, i)) else {
+                    continue;
+                };
+                if (d, &n) == (d2, &n2) || to.is_some_and(|t| is_dir(&m, t) || t == src) {
+                    continue;
+                }
+                let exchange = to.is_some() && rng.chance(50);
+                let flags = if exchange { RENAME_EXCHANGE } else { 0 };
+                fs.rename(d, &n, d2, &n2, flags).expect("rename");
+                if exchange {
+                    let t = to.expect("target");
+                    m.names.insert((d, n.clone()), t);
+                    m.names.insert((d2, n2.clone()), src);
+                } else {
+                    m.names.remove(&(d, n.clone()));
+                    m.inodes.get_mut(&d).expect("dir").size -= 1;
+                    if let Some(t) = to {
+                        m.unlink(t);
+                    } else {
+                        m.inodes.get_mut(&d2).expect("dir").size += 1;
+                    }
+                    m.names.insert((d2, n2.clone()), src);
+                }
+            }
+            6 => {
+                if let Some(i) = at {
+                    let mode = 0o600 | rng.below(0o100) as u32;
+                    let set = SetAttr {
+                        mode: Some(mode),
+                        ..Default::default()
+                    };
+                    fs.setattr(i, &set).expect("chmod");
+                    m.inodes.get_mut(&i).expect("inode").mode = mode;
+                }
+            }
+            _ => {
+                if let Some(i) = at.filter(|&i| !is_dir(&m, i)) {
+                    let len = rng.below(9000) as usize;
+                    fs.write(i, 0, &vec![7u8; len]).expect("write");
+                    let x = m.inodes.get_mut(&i).expect("inode");
+                    x.size = x.size.max(len as u64);
+                }
+            }
+        }
+        if step % 500 == 0 {
+            fs.sync().expect("sync");
+        }
+        m.check(&fs, &dirs, &names, step);
+    }
+    let c = fs.counters();
+    assert!(
+        c.lookup_lock_free.load(Ordering::Relaxed) > 0
+            && c.getattr_lock_free.load(Ordering::Relaxed) > 0,
+        "nothing was read without the lock: the test tested the locked path only"
+    );
+    fs.close().expect("close");
+    assert_clean(&dev);
+}
+
+#[test]
+fn a_lookup_sees_a_name_and_its_link_count_from_one_state() {
+    let (dev, fs) = mem_fs(64 << 20);
+    let fs = Arc::new(fs);
+    let a = fs.create(ROOT, b"keep-a", 0o644, ME).expect("a").ino;
+    let b = fs.create(ROOT, b"keep-b", 0o644, ME).expect("b").ino;
+    fs.link(a, ROOT, b"cur").expect("link");
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (fs, stop) = (fs.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut seen = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for name in [b"cur".as_slice(), b"tmp"] {
+                        // Whatever "cur" or "tmp" names has exactly two names: its own and it.
+                        if let Ok(at) = fs.lookup(ROOT, name) {
+                            assert_eq!(
+                                at.nlink,
+                                2,
+                                "{} -> {} seen with the link count of another state",
+                                String::from_utf8_lossy(name),
+                                at.ino
+                            );
+                            seen += 1;
+                        }
+                    }
+                }
+                seen
+            })
+        })
+        .collect();
+    // "cur" moves between a and b: link the other as "tmp", rename it over "cur".
+    let n = if cfg!(debug_assertions) { 3000 } else { 20000 };
+    for i in 0..n {
+        let other = if i % 2 == 0 { b } else { a };
+        fs.link(other, ROOT, b"tmp").expect("link tmp");
+        fs.rename(ROOT, b"tmp", ROOT, b"cur", 0).expect("rename");
+        if i % 1000 == 0 {
+            fs.sync().expect("sync");
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let seen: u64 = readers.into_iter().map(|r| r.join().expect("reader")).sum();
+    assert!(seen > 0, "the readers saw nothing");
+    assert!(
+        fs.counters().lookup_lock_free.load(Ordering::Relaxed) > 0,
+        "no lookup took the lock-free path"
+    );
+    let fs = Arc::into_inner(fs).expect("readers are done");
+    fs.close().expect("close");
+    assert_clean(&dev);
+}
