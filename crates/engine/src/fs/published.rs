@@ -13,9 +13,9 @@
 //! When the operation lets go of the lock (`Locked`'s drop), every published inode it changed
 //! is published again (a new immutable copy stored in a [`BoxedMap`]: an XArray of boxes freed
 //! through epochs), every inode it freed and every name it removed is unpublished. A sequence
-//! count, odd while a publish is under way, makes each publish one step for readers: a reader
-//! that saw an even count before and the same count after its reads saw a state between two
-//! operations, never one half-way through a publish. So a lookup cannot find a name a rename
+//! count (`idxfs_index::SeqCount`, whose protocol loom checks) makes each publish one step for
+//! readers: a reader whose reads no publish overlapped saw a state between two operations,
+//! never one half-way through a publish. So a lookup cannot find a name a rename
 //! removed together with the new link count of its inode, nor a getattr a new link count with
 //! an old directory time. A reader that races a publish retries a few times, then takes the
 //! lock.
@@ -40,7 +40,7 @@
 //! Allocation failure of an XArray node unpublishes the entry instead, so its readers take the
 //! lock: nothing aborts, nothing is stale.
 use idxfs_format::items::{InodeItem, S_IFDIR, S_IFMT};
-use idxfs_index::BoxedMap;
+use idxfs_index::{BoxedMap, SeqCount};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// A directory entry as a lookup found it.
@@ -86,8 +86,8 @@ pub struct Published {
     /// the whole name.
     names: ClockMap<Box<[Name]>>,
     name_bits: u32,
-    /// Odd while a publish is under way.
-    seq: AtomicU64,
+    /// Makes each publish one step for readers.
+    seq: SeqCount,
     /// False: nothing is published, every read takes the lock (`bench_locked_reads`).
     enabled: bool,
 }
@@ -100,7 +100,7 @@ impl Published {
             inodes: ClockMap::new(limit),
             names: ClockMap::new(limit),
             name_bits: (2 * limit).next_power_of_two().trailing_zeros(),
-            seq: AtomicU64::new(0),
+            seq: SeqCount::new(),
             enabled,
         }
     }
@@ -110,26 +110,13 @@ impl Published {
         key >> (64 - self.name_bits)
     }
 
-    /// Runs `f` as a seqlock reader: its answer if no publish overlapped it, retried a few
-    /// times, else None (the caller takes the lock).
+    /// Runs `f` as a reader of one published state (`SeqCount`); None when nothing is
+    /// published or writes kept overlapping it: the caller takes the lock.
     fn read<R>(&self, f: impl Fn() -> Option<R>) -> Option<R> {
         if !self.enabled {
             return None;
         }
-        for _ in 0..16 {
-            let before = self.seq.load(Ordering::Acquire);
-            if before & 1 == 1 {
-                std::hint::spin_loop();
-                continue;
-            }
-            let r = f();
-            // Order the reads before the second read of the count (the seqlock reader's fence).
-            std::sync::atomic::fence(Ordering::Acquire);
-            if self.seq.load(Ordering::Relaxed) == before {
-                return r;
-            }
-        }
-        None
+        self.seq.read(16, f).flatten()
     }
 
     /// The item of `ino` as the last finished operation left it; None when not published (or
@@ -205,7 +192,13 @@ impl Published {
         if inodes.is_empty() && names.is_empty() && read.inodes.is_empty() && read.name.is_none() {
             return;
         }
-        self.seq.fetch_add(1, Ordering::AcqRel);
+        self.seq.write(|| self.apply(inodes, names, read));
+        self.inodes.sweep();
+        self.names.sweep();
+    }
+
+    /// The stores of one publish (inside the sequence count's write).
+    fn apply(&self, inodes: Vec<(u64, Option<InodeItem>)>, names: Vec<u64>, read: Read) {
         for (ino, item) in inodes {
             match item {
                 Some(it) => self.inodes.set(ino, it),
@@ -224,9 +217,6 @@ impl Published {
         if let Some(n) = read.name {
             self.rebucket(name_key(n.dir, &n.name), Some(n));
         }
-        self.seq.fetch_add(1, Ordering::Release);
-        self.inodes.sweep();
-        self.names.sweep();
     }
 }
 
