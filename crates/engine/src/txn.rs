@@ -44,13 +44,12 @@ use zerocopy::IntoBytes;
 /// Step 2: rewrite the block-group and bitmap items of every changed group.
 pub fn persist_space(store: &mut Store, space: &mut Tree) -> Result<()> {
     for _round in 0..64 {
-        let dirty = store.alloc.dirty_groups();
+        let dirty = store.alloc.take_dirty_groups();
         if dirty.is_empty() {
             return Ok(());
         }
         for gi in dirty {
-            let g = &mut store.alloc.groups[gi];
-            g.dirty = false;
+            let g = &store.alloc.groups[gi];
             let (start, len) = (g.start, g.len);
             let item = BlockGroupItem {
                 used_blocks: g.used_count.into(),

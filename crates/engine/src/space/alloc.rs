@@ -8,11 +8,13 @@
 //!   only after the commit that freed it is durable.
 //!
 //! Groups carry a kind (metadata or data) once first used, so tree nodes cluster together and
-//! whole-tree passes read nearly sequential blocks. The full block-group design of seed 004 (an
-//! ordered index with the lowest cached, readers never contending) is a later issue; the
-//! on-disk items for it are already in place.
+//! whole-tree passes read nearly sequential blocks. Groups a transaction changed are kept in
+//! an ordered set with the first cached (seed 001's `FirstMap`), which the commit drains in
+//! group order. Not built yet: seed 004's table (the lowest group with free space cached,
+//! readers never contending) in place of the linear search from the cursor below.
 use super::bitmap::Bitmap;
 use crate::counters::Counters;
+use idxfs_index::first_map::FirstMap;
 use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,8 +34,6 @@ pub struct Group {
     pub busy: Bitmap,
     pub used_count: u64,
     pub flags: u64,
-    /// Changed since the last commit: its items must be rewritten.
-    pub dirty: bool,
 }
 
 pub struct Allocator {
@@ -47,6 +47,10 @@ pub struct Allocator {
     pinned: Vec<(u64, u64)>,
     /// Freed by the transaction a commit is writing: reusable once that commit is durable.
     committing: Vec<(u64, u64)>,
+    /// Groups changed since the last commit: their items must be rewritten. Ordered with the
+    /// first cached (seed 001), so a commit takes them in group order without looking at
+    /// the groups nothing changed (a device has thousands; a commit usually changes a few).
+    dirty: FirstMap<usize, ()>,
     counters: Arc<Counters>,
 }
 
@@ -64,7 +68,6 @@ impl Allocator {
                 busy: Bitmap::new(len),
                 used_count: 0,
                 flags: 0,
-                dirty: true,
             });
             start += len;
         }
@@ -77,8 +80,12 @@ impl Allocator {
             cursor: [0; 3],
             pinned: Vec::new(),
             committing: Vec::new(),
+            dirty: FirstMap::new(),
             counters,
         };
+        for gi in 0..a.groups.len() {
+            a.dirty.insert(gi, ());
+        }
         a.mark_used(0, idxfs_format::SUPER_COPIES);
         a
     }
@@ -94,7 +101,7 @@ impl Allocator {
         g.busy = used.clone();
         g.used = used;
         g.flags = flags;
-        g.dirty = false;
+        self.dirty.remove(&index);
     }
 
     pub fn group_of(&self, block: u64) -> usize {
@@ -122,7 +129,7 @@ impl Allocator {
                 g.busy.set(i, true);
                 self.busy_total += 1;
             }
-            g.dirty = true;
+            self.dirty.insert(gi, ());
             self.used_total += 1;
         }
     }
@@ -186,7 +193,7 @@ impl Allocator {
         }
         g.used_count += n;
         g.flags |= kind as u64;
-        g.dirty = true;
+        self.dirty.insert(gi, ());
         self.busy_total += n;
         self.used_total += n;
         Counters::inc(&self.counters.blocks_allocated);
@@ -228,7 +235,7 @@ impl Allocator {
             }
         }
         g.used_count -= n;
-        g.dirty = true;
+        self.dirty.insert(gi, ());
         self.used_total -= n;
         if now {
             self.busy_total -= n;
@@ -281,13 +288,11 @@ impl Allocator {
             .sum()
     }
 
-    pub fn dirty_groups(&self) -> Vec<usize> {
-        self.groups
-            .iter()
-            .enumerate()
-            .filter(|(_, g)| g.dirty)
-            .map(|(i, _)| i)
-            .collect()
+    /// Takes the groups changed since the last call, in group order, and marks them clean.
+    pub fn take_dirty_groups(&mut self) -> Vec<usize> {
+        let mut out = Vec::with_capacity(self.dirty.len());
+        self.dirty.drain_ordered(|gi, ()| out.push(gi));
+        out
     }
 
     pub fn is_used(&self, block: u64) -> bool {
@@ -336,6 +341,26 @@ mod tests {
         while a.alloc(1, 64, Kind::Data).is_some() {}
         assert_eq!(a.free_blocks(), 0);
         assert!(a.is_used(s), "the unpinned range was handed out again");
+    }
+
+    #[test]
+    fn only_changed_groups_are_taken_in_order() {
+        let mut a = Allocator::new(64 * 8, 64, Arc::new(Counters::default()));
+        assert_eq!(
+            a.take_dirty_groups(),
+            (0..8).collect::<Vec<_>>(),
+            "mkfs: all"
+        );
+        assert!(a.take_dirty_groups().is_empty(), "taking marks them clean");
+        a.load_group(3, Bitmap::new(64), 0);
+        assert!(a.take_dirty_groups().is_empty(), "a loaded group is clean");
+        let (d, _) = a.alloc(1, 1, Kind::Data).expect("data");
+        let (m, _) = a.alloc(1, 1, Kind::Meta).expect("meta");
+        a.free(d, 1, true).expect("free");
+        let mut want = vec![a.group_of(d), a.group_of(m)];
+        want.sort_unstable();
+        want.dedup();
+        assert_eq!(a.take_dirty_groups(), want);
     }
 
     #[test]
