@@ -93,7 +93,8 @@ pub struct Published {
 }
 
 impl Published {
-    /// `limit`: most inodes, and most names, kept published.
+    /// `limit`: most inodes, and most name slots (of up to `BUCKET` names each), kept
+    /// published after a sweep.
     pub fn new(limit: usize, enabled: bool) -> Published {
         let limit = limit.max(16);
         Published {
