@@ -68,6 +68,21 @@ impl<K: Ord + Copy, V> FirstMap<K, V> {
         self.map.get_key_value(&k)
     }
 
+    /// The smallest key at or after `k`: one descent. With [`FirstMap::first_key`] for the
+    /// wrap-around, a circular search from `k` costs two lookups however many keys lie
+    /// outside the map.
+    pub fn next_key_from(&self, k: K) -> Option<K> {
+        if self.first.is_some_and(|f| k <= f) {
+            return self.first;
+        }
+        self.map.range(k..).next().map(|(k, _)| *k)
+    }
+
+    /// The keys at or after `k`, in order.
+    pub fn keys_from(&self, k: K) -> impl Iterator<Item = K> + '_ {
+        self.map.range(k..).map(|(k, _)| *k)
+    }
+
     /// Removes and returns the smallest entry.
     pub fn pop_first(&mut self) -> Option<(K, V)> {
         let e = self.map.pop_first()?;
@@ -100,6 +115,11 @@ mod tests {
             m.insert(k, k * 2);
         }
         assert_eq!(m.first(), Some((&10, &20)));
+        assert_eq!(m.next_key_from(0), Some(10));
+        assert_eq!(m.next_key_from(21), Some(50));
+        assert_eq!(m.next_key_from(50), Some(50));
+        assert_eq!(m.next_key_from(71), None);
+        assert_eq!(m.keys_from(55).collect::<Vec<_>>(), vec![60, 70]);
         assert_eq!(m.remove(&10), Some(20));
         assert_eq!(m.first_key(), Some(20));
         assert_eq!(m.pop_first(), Some((20, 40)));

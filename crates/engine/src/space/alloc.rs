@@ -8,10 +8,20 @@
 //!   only after the commit that freed it is durable.
 //!
 //! Groups carry a kind (metadata or data) once first used, so tree nodes cluster together and
-//! whole-tree passes read nearly sequential blocks. Groups a transaction changed are kept in
-//! an ordered set with the first cached (seed 001's `FirstMap`), which the commit drains in
-//! group order. Not built yet: seed 004's table (the lowest group with free space cached,
-//! readers never contending) in place of the linear search from the cursor below.
+//! whole-tree passes read nearly sequential blocks.
+//!
+//! Finding space (seeds 001 and 004): for each kind, the groups with a free block that the
+//! kind may use are an ordered set with the lowest cached (`room`). An allocation looks up the
+//! first such group at or after the kind's cursor (one descent of the set; a second from the
+//! lowest when the search wraps) and takes a run there, so full groups and groups of the other kind are never
+//! visited, however many thousands the device has. A group whose free blocks are too
+//! fragmented for the run asked for is skipped by a bitmap scan; only those are visited beyond
+//! the first. A block's group is `block / group_blocks`: groups are uniform, which is the
+//! direct path of `idxfs_index::bgtable::BlockGroupTable` without its epoch pin, needless here
+//! because every caller holds the operation lock.
+//!
+//! Groups a transaction changed are kept in an ordered set with the first cached (seed 001's
+//! `FirstMap`), which the commit drains in group order.
 use super::bitmap::Bitmap;
 use crate::counters::Counters;
 use idxfs_index::first_map::FirstMap;
@@ -33,7 +43,28 @@ pub struct Group {
     pub used: Bitmap,
     pub busy: Bitmap,
     pub used_count: u64,
+    /// Set bits of `busy`: `len - busy_count` blocks may be handed out.
+    pub busy_count: u64,
     pub flags: u64,
+    /// The `room` sets this group is filed in (bit `kind_slot`).
+    filed: u8,
+}
+
+impl Group {
+    /// Whether an allocation of `kind` may look here: a free block, and the group unclaimed
+    /// or already holding that kind.
+    fn has_room_for(&self, kind: Kind) -> bool {
+        self.busy_count < self.len && (self.flags == 0 || self.flags & kind as u64 != 0)
+    }
+}
+
+const KINDS: [Kind; 2] = [Kind::Meta, Kind::Data];
+
+fn slot(kind: Kind) -> usize {
+    match kind {
+        Kind::Meta => 0,
+        Kind::Data => 1,
+    }
 }
 
 pub struct Allocator {
@@ -43,6 +74,8 @@ pub struct Allocator {
     busy_total: u64,
     used_total: u64,
     cursor: [u64; 3],
+    /// Per kind (`slot`): the groups with room for it (`Group::has_room_for`), lowest cached.
+    room: [FirstMap<usize, ()>; 2],
     /// Freed by the running transaction, referenced by the last committed state.
     pinned: Vec<(u64, u64)>,
     /// Freed by the transaction a commit is writing: reusable once that commit is durable.
@@ -67,7 +100,9 @@ impl Allocator {
                 used: Bitmap::new(len),
                 busy: Bitmap::new(len),
                 used_count: 0,
+                busy_count: 0,
                 flags: 0,
+                filed: 0,
             });
             start += len;
         }
@@ -78,6 +113,7 @@ impl Allocator {
             busy_total: 0,
             used_total: 0,
             cursor: [0; 3],
+            room: [FirstMap::new(), FirstMap::new()],
             pinned: Vec::new(),
             committing: Vec::new(),
             dirty: FirstMap::new(),
@@ -85,6 +121,7 @@ impl Allocator {
         };
         for gi in 0..a.groups.len() {
             a.dirty.insert(gi, ());
+            a.refile(gi);
         }
         a.mark_used(0, idxfs_format::SUPER_COPIES);
         a
@@ -96,12 +133,32 @@ impl Allocator {
         assert_eq!(used.len(), g.len);
         let n = used.count_ones();
         self.used_total = self.used_total - g.used_count + n;
-        self.busy_total = self.busy_total - g.busy.count_ones() + n;
+        self.busy_total = self.busy_total - g.busy_count + n;
         g.used_count = n;
+        g.busy_count = n;
         g.busy = used.clone();
         g.used = used;
         g.flags = flags;
         self.dirty.remove(&index);
+        self.refile(index);
+    }
+
+    /// Files group `gi` in the `room` sets it belongs to now: called after every change to
+    /// its `busy_count` or `flags`.
+    fn refile(&mut self, gi: usize) {
+        let g = &mut self.groups[gi];
+        for kind in KINDS {
+            let bit = 1u8 << slot(kind);
+            let want = g.has_room_for(kind);
+            if want != (g.filed & bit != 0) {
+                if want {
+                    self.room[slot(kind)].insert(gi, ());
+                } else {
+                    self.room[slot(kind)].remove(&gi);
+                }
+                g.filed ^= bit;
+            }
+        }
     }
 
     pub fn group_of(&self, block: u64) -> usize {
@@ -127,53 +184,70 @@ impl Allocator {
             g.used_count += 1;
             if !g.busy.get(i) {
                 g.busy.set(i, true);
+                g.busy_count += 1;
                 self.busy_total += 1;
             }
             self.dirty.insert(gi, ());
             self.used_total += 1;
+            self.refile(gi);
         }
     }
 
     /// Allocates a run of between `min` and `max` blocks inside one group, first fit from the
-    /// kind's cursor. Returns (start, length).
+    /// kind's cursor among the groups with room for the kind, then (when that kind has run
+    /// out) among the other kind's groups. Returns (start, length).
     pub fn alloc(&mut self, min: u64, max: u64, kind: Kind) -> Option<(u64, u64)> {
+        let (start, n) = self.find(min, max, kind)?;
+        self.take(start, n, kind);
+        self.cursor[kind as usize] = start + n;
+        Some((start, n))
+    }
+
+    /// Where [`Allocator::alloc`] would allocate, taking nothing.
+    pub fn find(&self, min: u64, max: u64, kind: Kind) -> Option<(u64, u64)> {
         assert!(min >= 1 && min <= max);
         if self.free_blocks() < min {
             return None;
         }
-        let ngroups = self.groups.len();
         let cur = self.cursor[kind as usize];
-        let first = self.group_of(cur).min(ngroups.saturating_sub(1));
-        // Pass 0: groups of this kind or unclaimed; pass 1: any group (mixed use when one kind
-        // has run out).
-        for pass in 0..2 {
-            for step in 0..=ngroups {
-                let gi = (first + step) % ngroups;
-                let g = &self.groups[gi];
-                let ok_kind = g.flags == 0 || g.flags & kind as u64 != 0;
-                if (pass == 0 && !ok_kind) || g.len - g.used_count < min {
-                    continue;
-                }
-                let from = if step == 0 && cur >= g.start {
-                    cur - g.start
-                } else {
-                    0
-                };
-                if let Some((s, n)) = find_run(&g.busy, from, min, max) {
-                    let start = g.start + s;
-                    self.take(start, n, kind);
-                    self.cursor[kind as usize] = start + n;
-                    return Some((start, n));
-                }
-                if step == 0 && from > 0 {
-                    // The cursor's group may still have room before the cursor.
-                    if let Some((s, n)) = find_run(&self.groups[gi].busy, 0, min, max) {
-                        let start = self.groups[gi].start + s;
-                        self.take(start, n, kind);
-                        self.cursor[kind as usize] = start + n;
-                        return Some((start, n));
-                    }
-                }
+        let other = match kind {
+            Kind::Meta => Kind::Data,
+            Kind::Data => Kind::Meta,
+        };
+        // The second search is mixed use: only groups the first could not look in.
+        self.search(slot(kind), cur, min, max, |_| true)
+            .or_else(|| self.search(slot(other), cur, min, max, |g| !g.has_room_for(kind)))
+    }
+
+    /// The kind's cursor: its searches start at this block.
+    pub fn cursor(&self, kind: Kind) -> u64 {
+        self.cursor[kind as usize]
+    }
+
+    /// The first run of `min..=max` free blocks in the groups of `room[set]` that `pick`
+    /// accepts, circularly from block `cur`'s group (from `cur` itself inside that group).
+    fn search(
+        &self,
+        set: usize,
+        cur: u64,
+        min: u64,
+        max: u64,
+        pick: impl Fn(&Group) -> bool,
+    ) -> Option<(u64, u64)> {
+        let room = &self.room[set];
+        let first = self.group_of(cur);
+        let wrapped = room.keys_from(0).take_while(|&gi| gi < first);
+        for gi in room.keys_from(first).chain(wrapped) {
+            let g = &self.groups[gi];
+            debug_assert!(g.filed & (1 << set) != 0 && g.busy_count < g.len);
+            if g.len - g.busy_count < min || !pick(g) {
+                continue;
+            }
+            let from = if gi == first { cur - g.start } else { 0 };
+            let run = find_run(&g.busy, from, min, max)
+                .or_else(|| (from > 0).then(|| find_run(&g.busy, 0, min, max)).flatten());
+            if let Some((s, n)) = run {
+                return Some((g.start + s, n));
             }
         }
         None
@@ -192,8 +266,10 @@ impl Allocator {
             g.used.set(i, true);
         }
         g.used_count += n;
+        g.busy_count += n;
         g.flags |= kind as u64;
         self.dirty.insert(gi, ());
+        self.refile(gi);
         self.busy_total += n;
         self.used_total += n;
         Counters::inc(&self.counters.blocks_allocated);
@@ -235,7 +311,11 @@ impl Allocator {
             }
         }
         g.used_count -= n;
+        if now {
+            g.busy_count -= n;
+        }
         self.dirty.insert(gi, ());
+        self.refile(gi);
         self.used_total -= n;
         if now {
             self.busy_total -= n;
@@ -273,9 +353,11 @@ impl Allocator {
                 debug_assert!(g.busy.get(i));
                 if !g.used.get(i) {
                     g.busy.set(i, false);
+                    g.busy_count -= 1;
                     self.busy_total -= 1;
                 }
             }
+            self.refile(gi);
         }
     }
 
@@ -301,7 +383,8 @@ impl Allocator {
     }
 }
 
-fn find_run(bm: &Bitmap, from: u64, min: u64, max: u64) -> Option<(u64, u64)> {
+/// The first run of `min..=max` clear bits at or after `from`: (index, length).
+pub fn find_run(bm: &Bitmap, from: u64, min: u64, max: u64) -> Option<(u64, u64)> {
     let mut at = from;
     while let Some(z) = bm.next_zero(at) {
         let run = bm.zero_run(z, max);
@@ -361,6 +444,71 @@ mod tests {
         want.sort_unstable();
         want.dedup();
         assert_eq!(a.take_dirty_groups(), want);
+    }
+
+    /// Every group filed exactly where `has_room_for` says, with counts that match its bitmaps.
+    fn check_index(a: &Allocator) {
+        for (gi, g) in a.groups.iter().enumerate() {
+            assert_eq!(g.busy_count, g.busy.count_ones(), "group {gi} busy count");
+            assert_eq!(g.used_count, g.used.count_ones(), "group {gi} used count");
+            for kind in KINDS {
+                let filed = a.room[slot(kind)].get(&gi).is_some();
+                assert_eq!(filed, g.has_room_for(kind), "group {gi} {kind:?} filing");
+            }
+        }
+        let busy: u64 = a.groups.iter().map(|g| g.busy_count).sum();
+        assert_eq!(a.free_blocks(), a.total_blocks - busy);
+    }
+
+    /// Whether any group has a free run of `min` blocks (what a full scan would find).
+    fn any_run(a: &Allocator, min: u64) -> bool {
+        a.groups
+            .iter()
+            .any(|g| find_run(&g.busy, 0, min, min).is_some())
+    }
+
+    /// Random allocations, frees and commits over many small groups: the `room` sets stay
+    /// exact, and an allocation fails only when no group anywhere has the run.
+    #[test]
+    fn indexed_search_finds_what_a_full_scan_finds() {
+        let (mut rng, seed) = crate::testutil::Rng::from_env("alloc_index");
+        let mut a = Allocator::new(64 * 40 + 17, 64, Arc::new(Counters::default()));
+        let mut held: Vec<(u64, u64)> = Vec::new();
+        let mut committing = false;
+        for step in 0..20_000 {
+            match rng.below(10) {
+                0..=4 => {
+                    let kind = if rng.below(3) == 0 {
+                        Kind::Data
+                    } else {
+                        Kind::Meta
+                    };
+                    let min = 1 + rng.below(8);
+                    let max = min + rng.below(8);
+                    match a.alloc(min, max, kind) {
+                        Some((s, n)) => {
+                            assert!((min..=max).contains(&n), "seed {seed} step {step}");
+                            held.push((s, n));
+                        }
+                        None => assert!(!any_run(&a, min), "seed {seed} step {step}: missed"),
+                    }
+                }
+                5..=7 if !held.is_empty() => {
+                    let (s, n) = held.swap_remove(rng.below(held.len() as u64) as usize);
+                    a.free(s, n, rng.below(2) == 0).expect("free");
+                }
+                8 if !committing => {
+                    a.start_commit();
+                    committing = true;
+                }
+                9 if committing => {
+                    a.commit_done();
+                    committing = false;
+                }
+                _ => {}
+            }
+            check_index(&a);
+        }
     }
 
     #[test]
