@@ -6,10 +6,13 @@
 //! one, and of two readers that take the lock for every read (the same-run baseline of the
 //! lock-free path). Through the mount (when idxfs is among the file systems): stat latency
 //! idle and while a thread creates and fsyncs, beside the FUSE round trip of an empty daemon;
-//! fs_mark with 2 threads against 1. Every ratio comes from this one run. Performance only:
-//! nothing is asserted.
+//! fs_mark with 2 threads against 1. fsync beside other work: on a device whose flush takes
+//! 200 µs, one thread creating, writing 4 KiB and fsyncing each file while another creates
+//! files, and two such fsyncing threads, with the log batch written and flushed outside the
+//! operation lock against under it (`OpenOptions::bench_log_under_lock`, the same-run
+//! baseline). Every ratio comes from this one run. Performance only: nothing is asserted.
 use crate::bench_env::{self, cpath, FsKind, Target};
-use idxfs_blockdev::MemDevice;
+use idxfs_blockdev::{BlockDevice, MemDevice};
 use idxfs_engine::fs::{Attr, Owner};
 use idxfs_engine::{Fs, MkfsOptions, OpenOptions};
 use serde_json::{json, Value};
@@ -399,6 +402,140 @@ fn fs_mark_rate(base: &Path, threads: u64, total: u64) -> Result<f64, String> {
     Ok((total / threads * threads) as f64 / start.elapsed().as_secs_f64())
 }
 
+/// A memory device whose flush takes `delay`, as a disk's cache flush does: what the fsync
+/// log's flush costs other threads depends on it, and a memory device's flush costs nothing.
+struct SlowFlush {
+    inner: MemDevice,
+    delay: Duration,
+}
+
+impl BlockDevice for SlowFlush {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        self.inner.read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, off)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        std::thread::sleep(self.delay);
+        self.inner.flush()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+}
+
+const FLUSH_DELAY: Duration = Duration::from_micros(200);
+
+/// For `dur`: `fsyncers` threads each create a file, write 4 KiB and fsync it, over and over,
+/// while `creators` threads create empty files, on a device with slow flushes. Returns
+/// (fsyncs/s, creates/s of the creators).
+fn fsync_beside(
+    under_lock: bool,
+    fsyncers: u64,
+    creators: u64,
+    dur: Duration,
+) -> Result<(f64, f64), String> {
+    let dev = Arc::new(SlowFlush {
+        inner: MemDevice::new_prefaulted(1 << 30),
+        delay: FLUSH_DELAY,
+    });
+    Fs::mkfs(dev.clone(), &MkfsOptions::default()).map_err(|e| e.to_string())?;
+    let opts = OpenOptions {
+        bench_log_under_lock: under_lock,
+        ..OpenOptions::default()
+    };
+    let fs = Fs::open(dev, opts).map_err(|e| e.to_string())?;
+    // A mount appends to a log only after its own first commit.
+    fs.sync().map_err(|e| e.to_string())?;
+    let stop = AtomicBool::new(false);
+    let data = vec![7u8; 4096];
+    let (syncs, made) = std::thread::scope(|s| {
+        let run = |k: u64, fsync: bool| {
+            let (fs, stop, data) = (&fs, &stop, &data);
+            s.spawn(move || -> Result<u64, String> {
+                let e = |e: idxfs_engine::Error| e.to_string();
+                let tag = if fsync { "s" } else { "c" };
+                let dir = fs
+                    .mkdir(
+                        idxfs_format::ROOT_INO,
+                        format!("{tag}{k}").as_bytes(),
+                        0o755,
+                        Owner::default(),
+                    )
+                    .map_err(e)?;
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let a = fs
+                        .create(dir.ino, format!("f{i}").as_bytes(), 0o644, Owner::default())
+                        .map_err(e)?;
+                    if fsync {
+                        fs.write(a.ino, 0, data).map_err(e)?;
+                        fs.fsync(a.ino).map_err(e)?;
+                    }
+                    i += 1;
+                }
+                Ok(i)
+            })
+        };
+        let hs: Vec<_> = (0..fsyncers)
+            .map(|k| (true, run(k, true)))
+            .chain((0..creators).map(|k| (false, run(k, false))))
+            .collect();
+        std::thread::sleep(dur);
+        stop.store(true, Ordering::Relaxed);
+        let (mut syncs, mut made) = (0, 0);
+        for (fsync, h) in hs {
+            let n = h.join().map_err(|_| "thread panicked".to_string())??;
+            if fsync {
+                syncs += n;
+            } else {
+                made += n;
+            }
+        }
+        Ok::<_, String>((syncs, made))
+    })?;
+    fs.close().map_err(|e| e.to_string())?;
+    let secs = dur.as_secs_f64();
+    Ok((syncs as f64 / secs, made as f64 / secs))
+}
+
+/// The fsync rows: each case with the batch written under the lock, then outside it.
+fn fsync_rows(dur: Duration) -> Result<(String, Value), String> {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "fsync beside other work (device flush {} us; log batch written under the lock / \
+         outside it):",
+        FLUSH_DELAY.as_micros()
+    );
+    let (s1u, c1u) = fsync_beside(true, 1, 1, dur)?;
+    let (s1o, c1o) = fsync_beside(false, 1, 1, dur)?;
+    let _ = writeln!(
+        o,
+        "  1 fsyncing + 1 creating thread: creates/s {c1u:.0} / {c1o:.0} ({:.2}x), fsyncs/s \
+         {s1u:.0} / {s1o:.0} ({:.2}x)",
+        c1o / c1u,
+        s1o / s1u
+    );
+    let (s2u, _) = fsync_beside(true, 2, 0, dur)?;
+    let (s2o, _) = fsync_beside(false, 2, 0, dur)?;
+    let _ = writeln!(
+        o,
+        "  2 fsyncing threads: fsyncs/s {s2u:.0} / {s2o:.0} ({:.2}x)",
+        s2o / s2u
+    );
+    let json = json!({
+        "flush_us": FLUSH_DELAY.as_micros() as u64,
+        "one_fsyncer_one_creator": {
+            "under_lock": {"fsyncs": s1u, "creates": c1u},
+            "outside": {"fsyncs": s1o, "creates": c1o},
+        },
+        "two_fsyncers": {"under_lock": s2u, "outside": s2o},
+    });
+    Ok((o, json))
+}
+
 /// The `concurrency` workload of `idxfs bench`: `secs` per measurement, `files` read.
 pub fn run(
     base: &Path,
@@ -408,7 +545,9 @@ pub fn run(
     with_mount: bool,
 ) -> Result<(String, Value), String> {
     let (mut text, lib) = library(secs, files, creates_n)?;
-    let mut json = json!({ "library": lib });
+    let (t, f) = fsync_rows(Duration::from_secs_f64(secs))?;
+    text.push_str(&t);
+    let mut json = json!({ "library": lib, "fsync": f });
     if with_mount {
         let (t, m) = mount(base, secs, files, creates_n)?;
         text.push_str(&t);

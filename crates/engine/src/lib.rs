@@ -13,6 +13,7 @@ pub mod fs;
 pub mod fsck;
 pub mod inode_cache;
 pub mod log;
+pub mod log_io;
 pub mod space;
 pub mod testutil;
 pub mod txn;

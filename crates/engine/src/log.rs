@@ -12,6 +12,8 @@
 //! What keeps a batch true until that commit:
 //! - Data before names: file data is written to newly allocated blocks before the items that
 //!   point at it exist; a batch flushes first when data was written since the last flush.
+//! - The batch is built under the operation lock and written and flushed without it; how
+//!   concurrent batches keep the chain sound is in `crate::log_io`.
 //! - No block a batch may name is reused before the commit: once a batch is written, freeing
 //!   data allocated in the same transaction pins it (`Log::written`), as freeing committed
 //!   data always does. Log blocks are freed only by the commit, pinned too.
@@ -30,6 +32,7 @@ use crate::btree::Tree;
 use crate::counters::Counters;
 use crate::error::Result;
 use crate::fs::Inner;
+use crate::log_io::{LogBatch, LogIo, LogSync};
 use crate::space::Kind;
 use idxfs_format::items::{decode_extent, EXTENT_INLINE};
 use idxfs_format::log::{
@@ -39,6 +42,7 @@ use idxfs_format::log::{
 use idxfs_format::superblock::RootPtr;
 use idxfs_format::{ensure, Corrupt, ItemType, Key, BLOCK_SIZE, MAX_INO, ROOT_INO, SUPER_COPIES};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Most distinct items one batch logs; past it an fsync commits instead, which writes each
 /// changed node once (cheaper than logging that many items one by one).
@@ -56,8 +60,14 @@ pub struct Log {
     seq: u64,
     /// Every block of the chain, `next` included: the commit frees them.
     blocks: Vec<u64>,
-    /// A batch went out in this transaction (see the module notes on freeing data).
+    /// A batch was built in this transaction (see the module notes on freeing data).
     written: bool,
+    /// The order and durability of batches written outside the lock (`log_io`); one for
+    /// the mount's life.
+    pub io: Arc<LogIo>,
+    /// The last batch numbered before the commit in flight froze: its reap waits until
+    /// every batch up to it has ended, so no late write lands on a log block it releases.
+    pub fence: u64,
 }
 
 impl Log {
@@ -68,14 +78,14 @@ impl Log {
 }
 
 impl Inner {
-    /// fsync through the log. Ok(true): every change of the running transaction is durable;
-    /// Ok(false): no log to append to (or the change is too large for one), so the caller
-    /// commits. An error fails the file system, as a failed commit does (so nothing appends
-    /// to the log again): the keys taken for the batch are gone, so no later batch could be
-    /// complete.
-    pub(crate) fn log_sync(&mut self) -> Result<bool> {
+    /// fsync through the log, the part under the lock: builds the batch (see `log_io` for
+    /// the part after it). `LogSync::Commit`: no log to append to (or the change is too large
+    /// for one batch), so the caller commits. An error fails the file system, as a failed
+    /// commit does (so nothing appends to the log again): the keys taken for the batch are
+    /// gone, so no later batch could be complete.
+    pub(crate) fn log_build(&mut self) -> Result<LogSync> {
         let Some(first) = self.log.next else {
-            return Ok(false);
+            return Ok(LogSync::Commit);
         };
         let r = self.log_batch(first);
         if let Err(e) = &r {
@@ -84,26 +94,30 @@ impl Inner {
         r
     }
 
-    fn log_batch(&mut self, first: u64) -> Result<bool> {
+    fn log_batch(&mut self, first: u64) -> Result<LogSync> {
         if self.incompat_wanted != 0 {
             // An item needs a feature bit the committed superblock lacks: only a commit may
             // make it durable (`Inner::require_incompat`).
-            return Ok(false);
+            return Ok(LogSync::Commit);
         }
         // What a commit would write first: orphan items and cached inode changes.
         self.write_new_orphans()?;
         self.write_back_inodes()?;
         if self.store.changed_keys_overflow {
-            return Ok(false);
+            return Ok(LogSync::Commit);
         }
         if self.store.changed_keys.is_empty() {
-            return Ok(true);
+            // Earlier batches may still be on their way: this fsync's changes are in them.
+            return Ok(LogSync::Wait {
+                upto: self.log.io.issued(),
+                flush_data: std::mem::take(&mut self.store.data_unflushed),
+            });
         }
         let mut keys = std::mem::take(&mut self.store.changed_keys);
         keys.sort_unstable();
         keys.dedup();
         if keys.len() > MAX_BATCH_ITEMS {
-            return Ok(false);
+            return Ok(LogSync::Commit);
         }
         let tree = self.fs_tree;
         let mut payload = Vec::new();
@@ -131,49 +145,40 @@ impl Inner {
                     for &b in &chain[1..] {
                         self.store.alloc.free(b, 1, true)?;
                     }
-                    return Ok(false);
+                    return Ok(LogSync::Commit);
                 }
             }
         }
-        if self.store.data_unflushed {
-            self.store.dev.flush()?;
-            self.store.data_unflushed = false;
-        }
         let bs = BLOCK_SIZE as usize;
-        let mut buf = vec![0u8; nblocks * bs];
-        for (i, (chunk, out)) in payload
-            .chunks(LOG_PAYLOAD)
-            .zip(buf.chunks_mut(bs))
-            .enumerate()
-        {
+        // Each block encoded where it goes; contiguous blocks go out in one write.
+        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+        for (i, chunk) in payload.chunks(LOG_PAYLOAD).enumerate() {
             let at = LogExpect {
                 fsid: self.store.fsid,
                 generation: self.log.generation,
                 seq: self.log.seq + i as u64,
                 block: chain[i],
             };
-            encode_log_block(&at, chain[i + 1], i + 1 == nblocks, chunk, out);
-        }
-        // Contiguous blocks go out in one write.
-        let mut i = 0;
-        while i < nblocks {
-            let mut j = i + 1;
-            while j < nblocks && chain[j] == chain[j - 1] + 1 {
-                j += 1;
+            let mut out = vec![0u8; bs];
+            encode_log_block(&at, chain[i + 1], i + 1 == nblocks, chunk, &mut out);
+            match runs.last_mut() {
+                Some((start, buf)) if *start + (buf.len() / bs) as u64 == chain[i] => {
+                    buf.extend_from_slice(&out)
+                }
+                _ => runs.push((chain[i], out)),
             }
-            self.store
-                .dev
-                .write_at(&buf[i * bs..j * bs], chain[i] * BLOCK_SIZE)?;
-            i = j;
         }
-        self.store.dev.flush()?;
         self.log.seq += nblocks as u64;
         self.log.next = Some(chain[nblocks]);
         self.log.blocks.extend_from_slice(&chain[1..]);
         self.log.written = true;
         Counters::inc(&self.store.counters.log_batches);
-        Counters::add(&self.store.counters.log_blocks, nblocks as u64);
-        Ok(true)
+        let flush_data = std::mem::take(&mut self.store.data_unflushed);
+        Ok(LogSync::Write(LogBatch::new(
+            self.log.io.clone(),
+            flush_data,
+            runs,
+        )))
     }
 
     /// Commit, before the space tree is written: the chain's blocks are free in the new
@@ -192,17 +197,19 @@ impl Inner {
     /// committed state uses it). None when no block is free: fsync then commits.
     pub(crate) fn log_start(&mut self, gen: u64) -> RootPtr {
         self.store.clear_changed_keys();
-        self.log = Log::default();
+        let io = self.log.io.clone();
+        let fence = io.issued();
+        self.log = Log {
+            io,
+            fence,
+            ..Log::default()
+        };
         let Some((b, _)) = self.store.alloc.alloc(1, 1, Kind::Meta) else {
             return RootPtr::default();
         };
-        self.log = Log {
-            next: Some(b),
-            generation: gen,
-            seq: 0,
-            blocks: vec![b],
-            written: false,
-        };
+        self.log.next = Some(b);
+        self.log.generation = gen;
+        self.log.blocks = vec![b];
         RootPtr {
             block: b.into(),
             generation: gen.into(),
@@ -286,10 +293,7 @@ pub(crate) fn replay(inner: &mut Inner) -> Result<u64> {
         // frees it, as it would have been in the mount that named it (so free space reads
         // the same before and after that commit).
         reserve(inner, &[(head, 1)])?;
-        inner.log = Log {
-            blocks: vec![head],
-            ..Log::default()
-        };
+        inner.log.blocks = vec![head];
         return Ok(0);
     }
     // Each record is an item's state at its fsync: the last one wins.
@@ -364,10 +368,7 @@ pub(crate) fn replay(inner: &mut Inner) -> Result<u64> {
         inner.inode_count = inode_count;
     }
     // The chain's blocks stay used until the commit after the replay is durable.
-    inner.log = Log {
-        blocks: chain,
-        ..Log::default()
-    };
+    inner.log.blocks = chain;
     inner.changed = true;
     inner.store.clear_changed_keys();
     Counters::add(

@@ -470,6 +470,9 @@ impl Inner {
     fn finish_flight(&mut self, r: Result<()>) -> Result<()> {
         match r {
             Ok(()) => {
+                // The blocks of the chain the commit released become reusable now: first
+                // every log batch built before the freeze must have ended (`log_io`).
+                self.log.io.wait_ended(self.log.fence);
                 reap_store(&mut self.store);
                 Ok(())
             }

@@ -26,12 +26,15 @@
 //!   without it (`crate::txn`): operations go on in the next transaction meanwhile. Only an
 //!   fsync (whose log the frozen superblock names), a second commit, and an operation that
 //!   needs the space the commit will release wait for it.
+//! - An fsync (and an operation under `-o sync`/`dirsync`) builds its log batch under the
+//!   lock, then writes and flushes it without the lock (`crate::log_io`): other operations
+//!   go on, and concurrent fsyncs share a flush. It returns once its batch and every batch
+//!   before it in the chain are durable.
 //! - Everything else still serializes on the one lock, each operation whole: first reads,
-//!   ".." and misses, readdir, reads and writes (data I/O included), readlink, xattrs,
-//!   statfs and the fsync log's write and flush. The trees change nodes in place within a
-//!   transaction, so a reader of them beside a writer would need a published root per
-//!   operation; that, per-file locks for data I/O, and the log's flush outside the lock are
-//!   not built yet (see the README's table).
+//!   ".." and misses, readdir, reads and writes (data I/O included), readlink, xattrs and
+//!   statfs. The trees change nodes in place within a transaction, so a reader of them
+//!   beside a writer would need a published root per operation; that and per-file locks for
+//!   data I/O are not built yet (see the README's table), so two writers never overlap.
 mod create;
 mod dir;
 mod file;
@@ -57,6 +60,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::counters::Counters;
 use crate::error::{Error, Result};
 use crate::inode_cache::InodeCache;
+use crate::log_io::LogSync;
 use crate::space::Allocator;
 use crate::txn;
 use idxfs_blockdev::BlockDevice;
@@ -129,6 +133,10 @@ pub struct OpenOptions {
     /// published), to measure what the lock-free path gains (`idxfs bench concurrency`).
     #[doc(hidden)]
     pub bench_locked_reads: bool,
+    /// Benchmark only: an fsync writes and flushes its log batch holding the operation lock
+    /// (as before `log_io`), to measure what writing it without the lock gains.
+    #[doc(hidden)]
+    pub bench_log_under_lock: bool,
     /// Testing only: commit after every freeing batch, as a device too full for the next
     /// batch's reservation makes it, so crash tests see the states between batches.
     #[doc(hidden)]
@@ -149,6 +157,7 @@ impl Default for OpenOptions {
             name_hash: idxfs_format::hash::name_hash,
             bench_hash_index_only: false,
             bench_locked_reads: false,
+            bench_log_under_lock: false,
             test_commit_between_batches: false,
         }
     }
@@ -200,6 +209,10 @@ struct Shared {
     published: published::Published,
     /// The same as `Inner::flight`, for waiting without the lock.
     flight: Arc<txn::Flight>,
+    /// The same as `Inner::log.io`: fsync batches are written and flushed without the lock.
+    log_io: Arc<crate::log_io::LogIo>,
+    /// The image, for the fsync log's I/O without the lock.
+    dev: Arc<dyn BlockDevice>,
     stop: Mutex<bool>,
     wake: Condvar,
     counters: Arc<Counters>,
@@ -349,6 +362,7 @@ impl Fs {
                 clock: Arc::new(SystemClock),
                 dirty_nodes_limit: usize::MAX,
                 hash_index_only: false,
+                log_under_lock: false,
                 commit_between_batches: false,
             },
             failed: None,
@@ -410,6 +424,7 @@ impl Fs {
                 clock: opts.clock.clone(),
                 dirty_nodes_limit: opts.dirty_nodes_limit.clamp(64, (cache_nodes / 2).max(64)),
                 hash_index_only: opts.bench_hash_index_only,
+                log_under_lock: opts.bench_log_under_lock,
                 commit_between_batches: opts.test_commit_between_batches,
             },
             failed: None,
@@ -460,6 +475,8 @@ impl Fs {
                 !opts.bench_locked_reads,
             ),
             flight: inner.flight.clone(),
+            log_io: inner.log.io.clone(),
+            dev: inner.store.dev.clone(),
             inner: Mutex::new(inner),
             stop: Mutex::new(false),
             wake: Condvar::new(),
@@ -510,6 +527,7 @@ impl Fs {
             g.changed = true;
         }
         let mut over_bound = false;
+        let mut log = LogSync::Commit;
         match &r {
             Err(e) if g.store.mod_seq != g.op_checkpoint || e.is_fatal() => {
                 let why = format!("{e}");
@@ -517,13 +535,14 @@ impl Fs {
             }
             Ok(_) => {
                 if changed && g.policy.sync.covers(durable) {
-                    g.make_durable()?;
+                    log = g.make_durable()?;
                 }
                 over_bound = g.after_op()?;
             }
             Err(_) => {}
         }
         drop(g);
+        self.shared.finish_log(log, None)?;
         if over_bound {
             self.shared.commit_beside(true)?;
         }
@@ -552,12 +571,19 @@ impl Fs {
         // The log this appends to is named by the superblock of a commit in flight: wait for
         // it without the lock (others go on), so the wait under the lock below is short.
         self.shared.flight.wait_written();
-        let mut g = self.lock();
-        if g.policy.read_only {
-            return Ok(());
-        }
-        g.durable_ok()?;
-        g.make_durable()
+        let log = {
+            let mut g = self.lock();
+            if g.policy.read_only {
+                return Ok(());
+            }
+            g.durable_ok()?;
+            let log = g.make_durable()?;
+            if g.policy.log_under_lock {
+                return self.shared.finish_log(log, Some(g));
+            }
+            log
+        };
+        self.shared.finish_log(log, None)
     }
 
     /// Changes what a remount may change: read-only or writable, the atime policy and the
@@ -777,6 +803,18 @@ impl Shared {
         }
     }
 
+    /// The part of an fsync after the lock (`log_io`): the batch's write and the flush that
+    /// makes it durable, with every batch before it. A failure stops the file system.
+    /// `held`: the lock, still held (`OpenOptions::bench_log_under_lock` only).
+    fn finish_log(&self, log: LogSync, held: Option<Locked<'_>>) -> Result<()> {
+        let r = log.finish(self.dev.as_ref(), &self.log_io, &self.counters);
+        if let Err(e) = &r {
+            held.unwrap_or_else(|| self.lock())
+                .fail(format!("fsync log write failed: {e}"));
+        }
+        r
+    }
+
     /// Commits with the frozen transaction written outside the lock (see `txn`), and returns
     /// once it is durable. `bound_only`: only if dirty nodes are still past their bound (another
     /// thread may have committed them meanwhile).
@@ -910,17 +948,22 @@ impl Inner {
         }
     }
 
-    /// Makes every change of the running transaction durable: an fsync log batch, or a
-    /// commit when there is no log to append to (or the batch would be too large).
-    fn make_durable(&mut self) -> Result<()> {
+    /// Makes every change of the running transaction durable: an fsync log batch, built here
+    /// and written by the caller once it lets go of the lock (`Shared::finish_log`), or a
+    /// commit, done here, when there is no log to append to (or the batch would be too
+    /// large).
+    fn make_durable(&mut self) -> Result<LogSync> {
         // The log is named by the superblock of the last commit, which may still be in flight:
         // a batch may not return before that superblock is durable.
         self.reap_wait()?;
-        if self.log_sync()? {
-            return Ok(());
+        match self.log_build()? {
+            LogSync::Commit => {
+                Counters::inc(&self.store.counters.log_fallback_commits);
+                self.commit()?;
+                Ok(LogSync::Commit)
+            }
+            log => Ok(log),
         }
-        Counters::inc(&self.store.counters.log_fallback_commits);
-        self.commit()
     }
 
     /// Marks the running operation's state whole: an error after this point and before any

@@ -19,6 +19,8 @@ pub(crate) struct Policy {
     pub dirty_nodes_limit: usize,
     /// `OpenOptions::bench_hash_index_only`.
     pub hash_index_only: bool,
+    /// `OpenOptions::bench_log_under_lock`.
+    pub log_under_lock: bool,
     /// `OpenOptions::test_commit_between_batches`.
     pub commit_between_batches: bool,
 }
