@@ -3,7 +3,7 @@
 //! An fsync builds its batch under the lock (`Inner::log_build`: which items, their values,
 //! the chain blocks, the encoded blocks), numbers it, and lets go of the lock; the data
 //! flush, the batch's write and the flush that makes it durable run without it
-//! ([`LogBatch::write`]), so other operations, and other fsyncs' batches, go on meanwhile.
+//! ([`LogSync::finish`]), so other operations, and other fsyncs' batches, go on meanwhile.
 //!
 //! Batches are numbered in chain order (1, 2, ...; the numbering runs on across commits).
 //! What keeps the chain sound when batches are written concurrently:

@@ -13,8 +13,8 @@
 //! Finding space (seeds 001 and 004): for each kind, the groups with a free block that the
 //! kind may use are an ordered set with the lowest cached (`room`). An allocation looks up the
 //! first such group at or after the kind's cursor (one descent of the set; a second from the
-//! lowest when the search wraps) and takes a run there, so full groups and groups of the other kind are never
-//! visited, however many thousands the device has. A group whose free blocks are too
+//! lowest when the search wraps) and takes a run there, so full groups and groups of the
+//! other kind are never visited, however many thousands the device has. A group whose free blocks are too
 //! fragmented for the run asked for is skipped by a bitmap scan; only those are visited beyond
 //! the first. A block's group is `block / group_blocks`: groups are uniform, which is the
 //! direct path of `idxfs_index::bgtable::BlockGroupTable` without its epoch pin, needless here
@@ -46,7 +46,7 @@ pub struct Group {
     /// Set bits of `busy`: `len - busy_count` blocks may be handed out.
     pub busy_count: u64,
     pub flags: u64,
-    /// The `room` sets this group is filed in (bit `kind_slot`).
+    /// The `room` sets this group is filed in (bit `slot(kind)`).
     filed: u8,
 }
 
