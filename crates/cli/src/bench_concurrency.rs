@@ -7,7 +7,7 @@
 //! lock-free path). Through the mount (when idxfs is among the file systems): stat latency
 //! idle and while a thread creates and fsyncs, beside the FUSE round trip of an empty daemon;
 //! fs_mark with 2 threads against 1. fsync beside other work: on a device whose flush takes
-//! 200 µs, one thread creating, writing 4 KiB and fsyncing each file while another creates
+//! `FLUSH_DELAY`, one thread creating, writing 4 KiB and fsyncing each file while another creates
 //! files, and two such fsyncing threads, with the log batch written and flushed outside the
 //! operation lock against under it (`OpenOptions::bench_log_under_lock`, the same-run
 //! baseline). Every ratio comes from this one run. Performance only: nothing is asserted.

@@ -10,7 +10,8 @@ use idxfs_engine::{Fs, MkfsOptions};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-fn recording_fs(bytes: u64) -> (Arc<RecordingDevice>, Fs) {
+/// A fresh image of `bytes` on a device that records every write from here on.
+fn recording_device(bytes: u64) -> Arc<RecordingDevice> {
     let base = Arc::new(MemDevice::new(bytes));
     Fs::mkfs(
         base.clone(),
@@ -21,7 +22,11 @@ fn recording_fs(bytes: u64) -> (Arc<RecordingDevice>, Fs) {
         },
     )
     .expect("mkfs");
-    let rec = Arc::new(RecordingDevice::new(base.snapshot()));
+    Arc::new(RecordingDevice::new(base.snapshot()))
+}
+
+fn recording_fs(bytes: u64) -> (Arc<RecordingDevice>, Fs) {
+    let rec = recording_device(bytes);
     let fs = Fs::open(rec.clone(), opts()).expect("open");
     (rec, fs)
 }
@@ -369,17 +374,7 @@ impl idxfs_blockdev::BlockDevice for Jitter {
 #[test]
 fn concurrent_fsyncs_survive_every_crash_whatever_order_their_batches_land_in() {
     let (mut rng, seed) = Rng::from_env("concurrent fsync crash");
-    let base = Arc::new(MemDevice::new(16 << 20));
-    Fs::mkfs(
-        base.clone(),
-        &MkfsOptions {
-            node_size: 4096,
-            uuid: Some([6; 16]),
-            ..Default::default()
-        },
-    )
-    .expect("mkfs");
-    let rec = Arc::new(RecordingDevice::new(base.snapshot()));
+    let rec = recording_device(16 << 20);
     let dev = Arc::new(Jitter {
         inner: rec.clone(),
         seed: seed.into(),

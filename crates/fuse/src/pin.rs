@@ -1,10 +1,9 @@
 //! Worker threads pinned one per CPU.
 //!
-//! A FUSE request is a handoff between the caller's thread and a worker, and back. Measured on
-//! this 2-core VM with the workers free to move, the scheduler kept stacking them and the
-//! callers so that most handoffs woke an idle CPU; with worker `i` pinned to the `i`-th
-//! allowed CPU, fs_mark (2 threads) ran 10-18% faster, `rm` of 10,000 files 40% faster and
-//! `cp -a` of 20,000 files about 25% faster (commit 751122e). This is the layout
+//! A FUSE request is a handoff between the caller's thread and a worker, and back. With the
+//! workers free to move, the scheduler kept stacking them and the callers so that most
+//! handoffs woke an idle CPU; with worker `i` pinned to the `i`-th allowed CPU, fs_mark, `rm`
+//! and `cp -a` ran faster (docs/benchmarks.md). This is the layout
 //! FUSE-over-io_uring builds in (a queue and a worker per CPU); over /dev/fuse the kernel still
 //! hands a request to whichever worker waits longest, so it is only part of that win.
 //!
