@@ -10,7 +10,10 @@
 //! `FLUSH_DELAY`, one thread creating, writing 4 KiB and fsyncing each file while another creates
 //! files, and two such fsyncing threads, with the log batch written and flushed outside the
 //! operation lock against under it (`OpenOptions::bench_log_under_lock`, the same-run
-//! baseline). Every ratio comes from this one run. Performance only: nothing is asserted.
+//! baseline). Data I/O beside other work: on a device whose every read and write takes
+//! `IO_DELAY`, writers overwriting 64 KiB pieces of their own files (2 threads against 1), and
+//! a reader beside a writer, with the device I/O outside the operation lock against under it
+//! (`OpenOptions::bench_data_under_lock`). Every ratio comes from this one run. Performance only: nothing is asserted.
 use crate::bench_env::{self, cpath, FsKind, Target};
 use idxfs_blockdev::{BlockDevice, MemDevice};
 use idxfs_engine::fs::{Attr, Owner};
@@ -536,6 +539,160 @@ fn fsync_rows(dur: Duration) -> Result<(String, Value), String> {
     Ok((o, json))
 }
 
+/// A memory device whose reads and writes each take `IO_DELAY`, as a fast SSD's do: what
+/// doing data I/O under the operation lock costs other threads depends on it.
+struct SlowIo {
+    inner: MemDevice,
+}
+
+/// Per read or write of `SlowIo`: about an NVMe drive's 64 KiB access.
+const IO_DELAY: Duration = Duration::from_micros(50);
+
+impl BlockDevice for SlowIo {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        std::thread::sleep(IO_DELAY);
+        self.inner.read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
+        std::thread::sleep(IO_DELAY);
+        self.inner.write_at(buf, off)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+}
+
+/// Bytes per read or write of the data rows, and the file each thread works in.
+const DATA_IO: usize = 64 << 10;
+const DATA_FILE: u64 = 32 << 20;
+
+/// For `dur`: `writers` threads overwrite 64 KiB pieces of a file of their own and `readers`
+/// threads read 64 KiB pieces of one, at pseudo-random offsets, on a device with slow I/O.
+/// `under_lock`: every read and write whole under the operation lock (the same-run
+/// baseline). Returns (MB/s written, MB/s read).
+fn data_beside(
+    under_lock: bool,
+    writers: u64,
+    readers: u64,
+    dur: Duration,
+) -> Result<(f64, f64), String> {
+    let e = |e: idxfs_engine::Error| e.to_string();
+    let dev = Arc::new(SlowIo {
+        inner: MemDevice::new_prefaulted(1 << 30),
+    });
+    Fs::mkfs(dev.clone(), &MkfsOptions::default()).map_err(e)?;
+    let opts = OpenOptions {
+        bench_data_under_lock: under_lock,
+        ..OpenOptions::default()
+    };
+    let fs = Fs::open(dev, opts).map_err(e)?;
+    let piece = vec![5u8; DATA_IO];
+    let mut files = Vec::new();
+    for k in 0..writers + readers {
+        let a = fs
+            .create(
+                idxfs_format::ROOT_INO,
+                format!("d{k}").as_bytes(),
+                0o644,
+                Owner::default(),
+            )
+            .map_err(e)?;
+        for at in (0..DATA_FILE).step_by(DATA_IO) {
+            fs.write(a.ino, at, &piece).map_err(e)?;
+        }
+        files.push(a.ino);
+    }
+    fs.sync().map_err(e)?;
+    let stop = AtomicBool::new(false);
+    let (written, read) = std::thread::scope(|s| {
+        let hs: Vec<_> = files
+            .iter()
+            .enumerate()
+            .map(|(k, &ino)| {
+                let (fs, stop, piece) = (&fs, &stop, &piece);
+                let write = (k as u64) < writers;
+                s.spawn(move || -> Result<(bool, u64), String> {
+                    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ k as u64;
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let at = x % (DATA_FILE / DATA_IO as u64) * DATA_IO as u64;
+                        if write {
+                            fs.write(ino, at, piece).map_err(e)?;
+                        } else {
+                            fs.read(ino, at, DATA_IO).map_err(e)?;
+                        }
+                        n += 1;
+                    }
+                    Ok((write, n))
+                })
+            })
+            .collect();
+        std::thread::sleep(dur);
+        stop.store(true, Ordering::Relaxed);
+        let (mut written, mut read) = (0, 0);
+        for h in hs {
+            match h.join().map_err(|_| "thread panicked".to_string())?? {
+                (true, n) => written += n,
+                (false, n) => read += n,
+            }
+        }
+        Ok::<_, String>((written, read))
+    })?;
+    fs.close().map_err(e)?;
+    let mb = |n: u64| (n * DATA_IO as u64) as f64 / 1e6 / dur.as_secs_f64();
+    Ok((mb(written), mb(read)))
+}
+
+/// The data rows: each case with reads and writes whole under the lock, then with their
+/// device I/O outside it.
+fn data_rows(dur: Duration) -> Result<(String, Value), String> {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "data I/O beside other work (64 KiB pieces, device {} us per I/O; under the lock / \
+         outside it):",
+        IO_DELAY.as_micros()
+    );
+    let (w1u, _) = data_beside(true, 1, 0, dur)?;
+    let (w1o, _) = data_beside(false, 1, 0, dur)?;
+    let (w2u, _) = data_beside(true, 2, 0, dur)?;
+    let (w2o, _) = data_beside(false, 2, 0, dur)?;
+    let _ = writeln!(
+        o,
+        "  writers in their own files, MB/s: 1 thread {w1u:.0} / {w1o:.0}, 2 threads {w2u:.0} / \
+         {w2o:.0} (2 against 1: {:.2}x / {:.2}x)",
+        w2u / w1u,
+        w2o / w1o
+    );
+    let (wu, ru) = data_beside(true, 1, 1, dur)?;
+    let (wo, ro) = data_beside(false, 1, 1, dur)?;
+    let _ = writeln!(
+        o,
+        "  1 reader beside 1 writer, MB/s: read {ru:.0} / {ro:.0} ({:.2}x), written {wu:.0} / \
+         {wo:.0} ({:.2}x)",
+        ro / ru,
+        wo / wu
+    );
+    let json = json!({
+        "io_delay_us": IO_DELAY.as_micros() as u64,
+        "writers_mb_s": {
+            "under_lock": {"1": w1u, "2": w2u},
+            "outside": {"1": w1o, "2": w2o},
+        },
+        "reader_beside_writer_mb_s": {
+            "under_lock": {"read": ru, "written": wu},
+            "outside": {"read": ro, "written": wo},
+        },
+    });
+    Ok((o, json))
+}
+
 /// The `concurrency` workload of `idxfs bench`: `secs` per measurement, `files` read.
 pub fn run(
     base: &Path,
@@ -547,7 +704,9 @@ pub fn run(
     let (mut text, lib) = library(secs, files, creates_n)?;
     let (t, f) = fsync_rows(Duration::from_secs_f64(secs))?;
     text.push_str(&t);
-    let mut json = json!({ "library": lib, "fsync": f });
+    let (t, d) = data_rows(Duration::from_secs_f64(secs))?;
+    text.push_str(&t);
+    let mut json = json!({ "library": lib, "fsync": f, "data": d });
     if with_mount {
         let (t, m) = mount(base, secs, files, creates_n)?;
         text.push_str(&t);

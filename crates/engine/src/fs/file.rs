@@ -19,6 +19,7 @@ use crate::btree::Change;
 use crate::counters::Counters;
 use crate::error::{Error, Result};
 use crate::space::Kind;
+use idxfs_blockdev::BlockDevice;
 use idxfs_format::items::{
     decode_extent, ExtentItem, InodeItem, OrphanKind, EXTENT_INLINE, EXTENT_REGULAR, S_IFDIR,
     S_IFLNK, S_IFMT, S_IFREG,
@@ -46,6 +47,24 @@ pub fn inline_symlink_max(node_size: u32) -> usize {
     max_item_size(node_size) - idxfs_format::items::EXTENT_ITEM_SIZE
 }
 
+/// A read's bytes as the tree mapped them: inline data and holes already in `buf`, and the
+/// blocks still to read from the device.
+pub(crate) struct ReadMap {
+    pub buf: Vec<u8>,
+    /// (offset in `buf`, length, device byte offset).
+    pub pieces: Vec<(usize, usize, u64)>,
+}
+
+impl ReadMap {
+    /// Reads the mapped blocks into the buffer and returns it.
+    pub fn fill(mut self, dev: &dyn BlockDevice) -> Result<Vec<u8>> {
+        for &(at, len, disk) in &self.pieces {
+            dev.read_at(&mut self.buf[at..at + len], disk)?;
+        }
+        Ok(self.buf)
+    }
+}
+
 /// One extent as found in the tree.
 #[derive(Debug, Clone)]
 pub(crate) struct Ext {
@@ -55,6 +74,17 @@ pub(crate) struct Ext {
 }
 
 impl Ext {
+    /// Whether two lists name the same extents (same place in the file and on disk, same
+    /// generation and kind): data is never changed in place, so the same bytes.
+    pub fn same(a: &[Ext], b: &[Ext]) -> bool {
+        a.len() == b.len()
+            && a.iter().zip(b).all(|(x, y)| {
+                x.offset == y.offset
+                    && x.item.as_bytes() == y.item.as_bytes()
+                    && x.inline == y.inline
+            })
+    }
+
     pub fn len_bytes(&self) -> u64 {
         if self.item.kind == EXTENT_INLINE {
             self.inline.len() as u64
@@ -130,27 +160,45 @@ impl Inner {
 
     /// Reads up to `len` bytes at `off`, clamped to the file size.
     pub fn read_data(&mut self, ino: Ino, it: &InodeItem, off: u64, len: usize) -> Result<Vec<u8>> {
+        self.map_read(ino, it, off, len)?
+            .fill(self.store.dev.as_ref())
+    }
+
+    /// What a read of up to `len` bytes at `off` (clamped to the file size) returns, as the
+    /// tree maps it now: inline bytes and holes filled, the blocks still to read.
+    pub(crate) fn map_read(
+        &mut self,
+        ino: Ino,
+        it: &InodeItem,
+        off: u64,
+        len: usize,
+    ) -> Result<ReadMap> {
         let size = it.size.get();
+        let mut map = ReadMap {
+            buf: Vec::new(),
+            pieces: Vec::new(),
+        };
         if off >= size {
-            return Ok(Vec::new());
+            return Ok(map);
         }
         let end = size.min(off.saturating_add(len as u64));
-        let mut buf = vec![0u8; (end - off) as usize];
+        map.buf = vec![0u8; (end - off) as usize];
         for e in self.extents(ino, off, end)? {
             let (a, b) = (e.offset.max(off), e.end().min(end));
             if a >= b {
                 continue;
             }
-            let dst = &mut buf[(a - off) as usize..(b - off) as usize];
+            let at = (a - off) as usize;
             if e.item.kind == EXTENT_INLINE {
-                dst.copy_from_slice(&e.inline[(a - e.offset) as usize..(b - e.offset) as usize]);
+                map.buf[at..(b - off) as usize]
+                    .copy_from_slice(&e.inline[(a - e.offset) as usize..(b - e.offset) as usize]);
             } else if e.item.kind == EXTENT_REGULAR {
                 let disk = e.item.disk_block.get() * BS + (a - e.offset);
-                self.store.dev.read_at(dst, disk)?;
+                map.pieces.push((at, (b - a) as usize, disk));
             }
             // Prealloc extents read as zeros: the buffer already is.
         }
-        Ok(buf)
+        Ok(map)
     }
 
     /// Whether `ino` (item `it`) keeps its data inline. Checks what the image says before
@@ -187,7 +235,7 @@ impl Inner {
         }
         let now = e.generation.get() == self.store.generation && !self.log.frees_must_wait();
         let n = e.blocks.get();
-        self.store.alloc.free(e.disk_block.get(), n, now)?;
+        self.store.alloc.free_data(e.disk_block.get(), n, now)?;
         Ok(n)
     }
 
@@ -232,7 +280,7 @@ impl Inner {
             let now =
                 e.item.generation.get() == self.store.generation && !self.log.frees_must_wait();
             if tail > head {
-                self.store.alloc.free(eb + head, tail - head, now)?;
+                self.store.alloc.free_data(eb + head, tail - head, now)?;
                 freed += tail - head;
             }
             let key = extent_key(ino, e.offset);
@@ -493,7 +541,7 @@ impl Inner {
     /// takes in the one after on the same terms. A merged extent keeps the older generation,
     /// so freeing any part of it later waits for a commit (never too early), and stays inside
     /// one block group, as every allocation does (blocks are freed group by group).
-    fn insert_extent(
+    pub(super) fn insert_extent(
         &mut self,
         ino: Ino,
         file_off: u64,
@@ -668,62 +716,6 @@ pub(crate) fn check_regular(it: &InodeItem) -> Result<()> {
 }
 
 impl Fs {
-    /// Reads up to `len` bytes at `off`; short at end of file.
-    pub fn read(&self, ino: Ino, off: u64, len: usize) -> Result<Vec<u8>> {
-        let mut g = self.lock();
-        let it = g.inode(ino)?;
-        check_regular(&it)?;
-        let data = g.read_data(ino, &it, off, len)?;
-        g.touch_atime(ino, &it);
-        Ok(data)
-    }
-
-    /// Writes `data` at `off`; returns bytes written (all of them, or an error). Sets the
-    /// modification and change times.
-    pub fn write(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
-        self.write_impl(ino, off, data, true)
-    }
-
-    /// `write` that leaves the modification and change times alone: for a front end whose
-    /// kernel keeps those times itself and sends them with setattr (FUSE's writeback cache,
-    /// where a write request may arrive after the times it should not override).
-    pub fn write_keep_times(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
-        self.write_impl(ino, off, data, false)
-    }
-
-    fn write_impl(&self, ino: Ino, off: u64, data: &[u8], times: bool) -> Result<usize> {
-        if off
-            .checked_add(data.len() as u64)
-            .is_none_or(|e| e > MAX_FILE_SIZE)
-        {
-            return Err(Error::FileTooBig);
-        }
-        if data.is_empty() {
-            return Ok(0);
-        }
-        self.write_op(0, Reserve::Grow, super::Durable::Data, |g| {
-            let it = g.inode(ino)?;
-            check_regular(&it)?;
-            // Existing extents in the range are cut at its edges and removed.
-            let touched = g
-                .extents(
-                    ino,
-                    off / BS * BS,
-                    (off + data.len() as u64).div_ceil(BS) * BS,
-                )?
-                .len() as u64;
-            g.reserve_write(data.len() as u64, touched)?;
-            g.write_data(ino, off, data)?;
-            if !times {
-                g.modify_inode(ino, |i| {
-                    i.mtime = it.mtime;
-                    i.ctime = it.ctime;
-                })?;
-            }
-            Ok(data.len())
-        })
-    }
-
     /// Sets a regular file's size.
     pub fn truncate(&self, ino: Ino, size: u64) -> Result<Attr> {
         if size > MAX_FILE_SIZE {

@@ -30,12 +30,18 @@
 //!   lock, then writes and flushes it without the lock (`crate::log_io`): other operations
 //!   go on, and concurrent fsyncs share a flush. It returns once its batch and every batch
 //!   before it in the chain are durable.
+//! - A read maps its range under the lock and reads the device without it; a write claims
+//!   its blocks under the lock, writes them without it, and links them under it
+//!   (`data_io`). Blocks a reader outside the lock may still read are not handed out again
+//!   until it is done (`crate::space::read_fence`).
 //! - Everything else still serializes on the one lock, each operation whole: first reads,
-//!   ".." and misses, readdir, reads and writes (data I/O included), readlink, xattrs and
-//!   statfs. The trees change nodes in place within a transaction, so a reader of them
-//!   beside a writer would need a published root per operation; that and per-file locks for
-//!   data I/O are not built yet (see the README's table), so two writers never overlap.
+//!   ".." and misses, readdir, readlink, xattrs, statfs, and every tree change (a write's
+//!   included). The trees change nodes in place within a transaction, so a reader of them
+//!   beside a writer would need a published root per operation; that is not built yet (see
+//!   the README's table), so the tree changes of two writers never overlap, though their
+//!   data I/O does.
 mod create;
+mod data_io;
 mod dir;
 mod file;
 mod layout;
@@ -137,6 +143,10 @@ pub struct OpenOptions {
     /// (as before `log_io`), to measure what writing it without the lock gains.
     #[doc(hidden)]
     pub bench_log_under_lock: bool,
+    /// Every read and write runs whole under the operation lock, data I/O included, as
+    /// before `data_io`: the same-run baseline for what moving it out gains
+    /// (`idxfs bench concurrency`).
+    pub bench_data_under_lock: bool,
     /// Testing only: commit after every freeing batch, as a device too full for the next
     /// batch's reservation makes it, so crash tests see the states between batches.
     #[doc(hidden)]
@@ -158,6 +168,7 @@ impl Default for OpenOptions {
             bench_hash_index_only: false,
             bench_locked_reads: false,
             bench_log_under_lock: false,
+            bench_data_under_lock: false,
             test_commit_between_batches: false,
         }
     }
@@ -363,6 +374,7 @@ impl Fs {
                 dirty_nodes_limit: usize::MAX,
                 hash_index_only: false,
                 log_under_lock: false,
+                data_under_lock: false,
                 commit_between_batches: false,
             },
             failed: None,
@@ -425,6 +437,7 @@ impl Fs {
                 dirty_nodes_limit: opts.dirty_nodes_limit.clamp(64, (cache_nodes / 2).max(64)),
                 hash_index_only: opts.bench_hash_index_only,
                 log_under_lock: opts.bench_log_under_lock,
+                data_under_lock: opts.bench_data_under_lock,
                 commit_between_batches: opts.test_commit_between_batches,
             },
             failed: None,
@@ -796,6 +809,7 @@ impl Shared {
             }
         };
         g.reap();
+        g.store.alloc.release_held();
         Locked {
             g,
             published: &self.published,

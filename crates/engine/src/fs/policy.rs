@@ -21,6 +21,8 @@ pub(crate) struct Policy {
     pub hash_index_only: bool,
     /// `OpenOptions::bench_log_under_lock`.
     pub log_under_lock: bool,
+    /// `OpenOptions::bench_data_under_lock`.
+    pub data_under_lock: bool,
     /// `OpenOptions::test_commit_between_batches`.
     pub commit_between_batches: bool,
 }

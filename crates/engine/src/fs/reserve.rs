@@ -138,11 +138,17 @@ impl Inner {
     /// bytes moving out, one for a partial block.
     pub(crate) fn reserve_write(&mut self, len: u64, touched: u64) -> Result<()> {
         let data = len.div_ceil(BLOCK_SIZE) + 2;
+        self.reserve_nodes(self.write_nodes(len, touched), data, Reserve::Grow)
+    }
+
+    /// The nodes of `reserve_write`: what linking a write's blocks may allocate, for a write
+    /// whose data blocks are already claimed (`data_io`).
+    pub(crate) fn write_nodes(&self, len: u64, touched: u64) -> u64 {
+        let data = len.div_ceil(BLOCK_SIZE) + 2;
         let path = self.fs_tree.level as u64 + 1;
         let copies = (touched + 2) * path;
         let merges = (touched + 2) * path;
-        let nodes = copies + merges + self.run_nodes(data + 2, (data + 2) * EXTENT_BYTES);
-        self.reserve_nodes(nodes, data, Reserve::Grow)
+        copies + merges + self.run_nodes(data + 2, (data + 2) * EXTENT_BYTES)
     }
 
     /// Refuses with NoSpace unless `nodes` new nodes and `data_blocks` of data (and the commit

@@ -22,9 +22,19 @@
 //!
 //! Groups a transaction changed are kept in an ordered set with the first cached (seed 001's
 //! `FirstMap`), which the commit drains in group order.
+//!
+//! Two more states let file data move without the operation lock (`crate::fs::data_io`):
+//! - *claimed*: busy but not used. A write takes its blocks so (`claim`), writes them without
+//!   the lock, and links them under it (`install`) or gives them back (`unclaim`). A commit
+//!   frozen in between records them free: nothing it writes references them, so a crash
+//!   leaves them free, and the fsync log never names them before `install`.
+//! - *held*: freed data blocks a reader outside the lock may still be reading
+//!   (`super::read_fence`), busy until every reader that entered before the free has left.
 use super::bitmap::Bitmap;
+use super::read_fence::ReadFence;
 use crate::counters::Counters;
 use idxfs_index::first_map::FirstMap;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,10 +86,18 @@ pub struct Allocator {
     cursor: [u64; 3],
     /// Per kind (`slot`): the groups with room for it (`Group::has_room_for`), lowest cached.
     room: [FirstMap<usize, ()>; 2],
-    /// Freed by the running transaction, referenced by the last committed state.
-    pinned: Vec<(u64, u64)>,
+    /// Freed by the running transaction, referenced by the last committed state: (start,
+    /// length, file data).
+    pinned: Vec<(u64, u64, bool)>,
     /// Freed by the transaction a commit is writing: reusable once that commit is durable.
-    committing: Vec<(u64, u64)>,
+    committing: Vec<(u64, u64, bool)>,
+    /// Readers of data outside the operation lock.
+    fence: Arc<ReadFence>,
+    /// Freed data blocks a reader may still read: (fence stamp, start, length), stamps in
+    /// ascending order.
+    held: VecDeque<(u64, u64, u64)>,
+    /// Blocks claimed and not yet installed or given back.
+    claimed: u64,
     /// Groups changed since the last commit: their items must be rewritten. Ordered with the
     /// first cached (seed 001), so a commit takes them in group order without looking at
     /// the groups nothing changed (a device has thousands; a commit usually changes a few).
@@ -116,6 +134,9 @@ impl Allocator {
             room: [FirstMap::new(), FirstMap::new()],
             pinned: Vec::new(),
             committing: Vec::new(),
+            fence: Arc::new(ReadFence::default()),
+            held: VecDeque::new(),
+            claimed: 0,
             dirty: FirstMap::new(),
             counters,
         };
@@ -198,9 +219,65 @@ impl Allocator {
     /// out) among the other kind's groups. Returns (start, length).
     pub fn alloc(&mut self, min: u64, max: u64, kind: Kind) -> Option<(u64, u64)> {
         let (start, n) = self.find(min, max, kind)?;
-        self.take(start, n, kind);
+        self.take(start, n, kind, true);
         self.cursor[kind as usize] = start + n;
         Some((start, n))
+    }
+
+    /// `alloc` that leaves the run unused as far as a commit is concerned (see the module
+    /// docs): for data written outside the lock, then `install`ed or `unclaim`ed.
+    pub fn claim(&mut self, min: u64, max: u64) -> Option<(u64, u64)> {
+        let (start, n) = self.find(min, max, Kind::Data)?;
+        self.take(start, n, Kind::Data, false);
+        self.cursor[Kind::Data as usize] = start + n;
+        self.claimed += n;
+        Some((start, n))
+    }
+
+    /// A claimed run is now referenced by the running transaction: the next commit records it.
+    pub fn install(&mut self, start: u64, n: u64) {
+        let gi = self.group_of(start);
+        let g = &mut self.groups[gi];
+        for b in start..start + n {
+            let i = b - g.start;
+            assert!(
+                g.busy.get(i) && !g.used.get(i),
+                "installing unclaimed block {b}"
+            );
+            g.used.set(i, true);
+        }
+        g.used_count += n;
+        self.used_total += n;
+        self.claimed -= n;
+        self.dirty.insert(gi, ());
+    }
+
+    /// Gives back a claimed run nothing references (no reader can have mapped it).
+    pub fn unclaim(&mut self, start: u64, n: u64) {
+        let gi = self.group_of(start);
+        let g = &mut self.groups[gi];
+        for b in start..start + n {
+            let i = b - g.start;
+            assert!(
+                g.busy.get(i) && !g.used.get(i),
+                "unclaiming unclaimed block {b}"
+            );
+            g.busy.set(i, false);
+        }
+        g.busy_count -= n;
+        self.busy_total -= n;
+        self.claimed -= n;
+        self.refile(gi);
+    }
+
+    /// Blocks claimed and neither installed nor given back.
+    pub fn claimed_blocks(&self) -> u64 {
+        self.claimed
+    }
+
+    /// The fence readers of data outside the lock enter.
+    pub fn fence(&self) -> &Arc<ReadFence> {
+        &self.fence
     }
 
     /// Where [`Allocator::alloc`] would allocate, taking nothing.
@@ -253,7 +330,8 @@ impl Allocator {
         None
     }
 
-    fn take(&mut self, start: u64, n: u64, kind: Kind) {
+    /// Marks a found run busy, and used unless it is a claim.
+    fn take(&mut self, start: u64, n: u64, kind: Kind, used: bool) {
         let gi = self.group_of(start);
         let g = &mut self.groups[gi];
         for b in start..start + n {
@@ -263,15 +341,17 @@ impl Allocator {
                 "allocating busy block {b}"
             );
             g.busy.set(i, true);
-            g.used.set(i, true);
+            g.used.set(i, used);
         }
-        g.used_count += n;
+        if used {
+            g.used_count += n;
+            self.used_total += n;
+        }
         g.busy_count += n;
         g.flags |= kind as u64;
         self.dirty.insert(gi, ());
         self.refile(gi);
         self.busy_total += n;
-        self.used_total += n;
         Counters::inc(&self.counters.blocks_allocated);
     }
 
@@ -279,6 +359,29 @@ impl Allocator {
     /// committed state references it and it may be reused at once; otherwise it is pinned until
     /// [`Allocator::commit_done`].
     pub fn free(&mut self, start: u64, n: u64, now: bool) -> Result<(), idxfs_format::Corrupt> {
+        self.free_range(start, n, now, false)
+    }
+
+    /// `free` for file data, which a reader outside the lock may be reading: with a reader
+    /// inside the fence, blocks free at once are held until it has left, and pinned ones are
+    /// held when their commit is done (`release_held`). Tree nodes and log blocks are only
+    /// read under the lock, and pool slots nothing references: those never wait.
+    pub fn free_data(
+        &mut self,
+        start: u64,
+        n: u64,
+        now: bool,
+    ) -> Result<(), idxfs_format::Corrupt> {
+        self.free_range(start, n, now, true)
+    }
+
+    fn free_range(
+        &mut self,
+        start: u64,
+        n: u64,
+        now: bool,
+        data: bool,
+    ) -> Result<(), idxfs_format::Corrupt> {
         // Check before changing anything: a block the image's trees reference but its bitmap
         // calls free (or a range past a group) is corruption, reported, never a panic.
         let gi = self.group_of(start);
@@ -303,6 +406,13 @@ impl Allocator {
                 "marked used (referenced by the tree)",
             ));
         }
+        // A data block a reader outside the lock may still read stays busy until it is done.
+        let stamp = if now && data {
+            self.fence.stamp()
+        } else {
+            None
+        };
+        let now = now && stamp.is_none();
         for b in start..start + n {
             let i = b - g.start;
             g.used.set(i, false);
@@ -317,11 +427,14 @@ impl Allocator {
         self.dirty.insert(gi, ());
         self.refile(gi);
         self.used_total -= n;
-        if now {
+        if let Some(stamp) = stamp {
+            self.held.push_back((stamp, start, n));
+            Counters::inc(&self.counters.blocks_held_for_readers);
+        } else if now {
             self.busy_total -= n;
             Counters::inc(&self.counters.blocks_freed_now);
         } else {
-            self.pinned.push((start, n));
+            self.pinned.push((start, n, data));
             Counters::inc(&self.counters.blocks_pinned);
         }
         Ok(())
@@ -345,28 +458,54 @@ impl Allocator {
             let c = &mut self.cursor[Kind::Meta as usize];
             *c = (*c).min(low);
         }
-        for (start, n) in std::mem::take(&mut self.committing) {
-            let gi = self.group_of(start);
-            let g = &mut self.groups[gi];
-            for b in start..start + n {
-                let i = b - g.start;
-                debug_assert!(g.busy.get(i));
-                if !g.used.get(i) {
-                    g.busy.set(i, false);
-                    g.busy_count -= 1;
-                    self.busy_total -= 1;
+        let stamp = self.fence.stamp();
+        for (start, n, data) in std::mem::take(&mut self.committing) {
+            match stamp {
+                Some(s) if data => {
+                    self.held.push_back((s, start, n));
+                    Counters::inc(&self.counters.blocks_held_for_readers);
                 }
+                _ => self.unbusy(start, n),
             }
-            self.refile(gi);
         }
     }
 
-    /// Blocks freed but not yet reusable: by the running transaction and by a commit in flight.
+    /// Makes the blocks of a freed range that nothing uses again free for allocation.
+    fn unbusy(&mut self, start: u64, n: u64) {
+        let gi = self.group_of(start);
+        let g = &mut self.groups[gi];
+        for b in start..start + n {
+            let i = b - g.start;
+            debug_assert!(g.busy.get(i));
+            if !g.used.get(i) {
+                g.busy.set(i, false);
+                g.busy_count -= 1;
+                self.busy_total -= 1;
+            }
+        }
+        self.refile(gi);
+    }
+
+    /// Frees the held blocks whose readers have all left (`read_fence`); cheap when none are
+    /// held. Called whenever the operation lock is taken.
+    pub fn release_held(&mut self) {
+        while let Some(&(stamp, start, n)) = self.held.front() {
+            if !self.fence.passed(stamp) {
+                break;
+            }
+            self.held.pop_front();
+            self.unbusy(start, n);
+        }
+    }
+
+    /// Blocks freed but not yet reusable: by the running transaction, by a commit in flight,
+    /// and held for readers.
     pub fn pinned_blocks(&self) -> u64 {
         self.pinned
             .iter()
             .chain(&self.committing)
             .map(|p| p.1)
+            .chain(self.held.iter().map(|h| h.2))
             .sum()
     }
 

@@ -1,0 +1,339 @@
+//! File data I/O without the operation lock.
+//!
+//! A read maps its range under the lock (the inode, its extents, inline bytes: `map_read`),
+//! enters the read fence (`crate::space::read_fence`), lets go of the lock, and then reads
+//! the blocks. Whatever frees those blocks meanwhile, they are not handed out again until the
+//! reader has left the fence. Data blocks are never written in place (writes are
+//! copy-on-write), so the read returns the file's bytes as of the moment it mapped them.
+//!
+//! A write that goes to blocks runs in three steps:
+//! 1. Under the lock (`plan_write`): the checks, the reservation, and the new blocks claimed
+//!    (`Allocator::claim`: busy, but not recorded as used by a commit frozen before step 3).
+//!    When the write leaves part of its first or last block alone, that block is mapped
+//!    (its other bytes go into the new block) and the fence entered.
+//! 2. Without the lock (`WritePlan::write_blocks`): the edge blocks read, the new blocks
+//!    written.
+//! 3. Under the lock, as one operation through `write_op` (sync modes, stopping after an
+//!    error): the blocks installed and linked in place of what the range held, the size and
+//!    times set (`install_write`).
+//!
+//! Step 3 first checks that nothing step 1 relied on has changed: the inode is the same one
+//! (its generation), still neither inline nor being trimmed, and, for a write with edge
+//! blocks, the size is the same and each edge block maps the same extents. Same extents
+//! mean the same bytes: blocks are not written in place, and the ones an edge maps are not
+//! reused while the writer is inside the fence. When something changed, the write gives its
+//! blocks back and runs again whole under the lock (`data_write_conflicts`), so two writers
+//! sharing a block never lose each other's bytes. A write of whole blocks needs no check:
+//! whatever happened to its range in between, linking its blocks there is the same as the
+//! write running after it.
+//!
+//! Writes that stay inline, or move inline bytes out to a block, run whole under the lock:
+//! they copy a few bytes between items, and have no block I/O to move out.
+//!
+//! What still serializes: the steps under the lock, so the tree changes of two writers never
+//! overlap; their device I/O does, and so does a reader's with everything.
+//! `OpenOptions::bench_data_under_lock` runs every read and write whole under the lock, the
+//! same-run baseline of `idxfs bench concurrency`.
+use super::file::{check_regular, inline_max, Ext, ReadMap, MAX_EXTENT_BLOCKS, MAX_FILE_SIZE};
+use super::{Durable, Fs, Inner, Ino, Reserve};
+use crate::counters::Counters;
+use crate::error::{Error, Result};
+use crate::space::read_fence::ReadTicket;
+use idxfs_blockdev::BlockDevice;
+use idxfs_format::items::InodeItem;
+use idxfs_format::BLOCK_SIZE;
+
+const BS: u64 = BLOCK_SIZE;
+
+/// A write between its steps (module docs).
+pub(crate) struct WritePlan {
+    ino: Ino,
+    /// The inode's generation: step 3 refuses a reused inode number.
+    generation: u64,
+    off: u64,
+    len: u64,
+    /// The file's size at step 1 (what the edge blocks were read against).
+    size: u64,
+    /// The claimed runs, in file order; empty once installed or given back.
+    runs: Vec<(u64, u64)>,
+    /// The first and last blocks where the write leaves bytes alone.
+    edges: Vec<Edge>,
+    /// Inside the read fence while an edge maps blocks, until step 3 is done.
+    _inside: Option<ReadTicket>,
+}
+
+/// A block the write covers in part, as step 1 found it.
+struct Edge {
+    /// Its index in the file.
+    block: u64,
+    /// Its bytes, to read in step 2.
+    map: Option<ReadMap>,
+    /// The extents over it: unchanged at step 3, or the write runs again.
+    exts: Vec<Ext>,
+}
+
+impl WritePlan {
+    fn first_block(&self) -> u64 {
+        self.off / BS
+    }
+
+    fn end_block(&self) -> u64 {
+        (self.off + self.len).div_ceil(BS)
+    }
+
+    /// Step 2: reads the edge blocks and writes the new blocks, without the lock.
+    fn write_blocks(&mut self, dev: &dyn BlockDevice, data: &[u8]) -> Result<()> {
+        let b0 = self.first_block();
+        let n = ((self.end_block() - b0) * BS) as usize;
+        let head = (self.off - b0 * BS) as usize;
+        let aligned;
+        let buf: &[u8] = if self.edges.is_empty() && head == 0 && data.len() == n {
+            data
+        } else {
+            let mut b = vec![0u8; n];
+            for e in &mut self.edges {
+                if let Some(map) = e.map.take() {
+                    let bytes = map.fill(dev)?;
+                    let at = ((e.block - b0) * BS) as usize;
+                    b[at..at + bytes.len()].copy_from_slice(&bytes);
+                }
+            }
+            b[head..head + data.len()].copy_from_slice(data);
+            aligned = b;
+            &aligned
+        };
+        let mut at = 0usize;
+        for &(s, len) in &self.runs {
+            let len = (len * BS) as usize;
+            dev.write_at(&buf[at..at + len], s * BS)?;
+            at += len;
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    /// Whether a write ending at `end` goes to blocks and may run in steps: the file is not
+    /// inline and will not be, and no trim is pending that growing it would have to finish.
+    fn write_goes_to_blocks(&mut self, ino: Ino, it: &InodeItem, end: u64) -> Result<bool> {
+        let size = it.size.get();
+        if end > size && self.trimming(ino) {
+            return Ok(false);
+        }
+        if self.is_inline(ino, it)? {
+            return Ok(false);
+        }
+        let empty = size == 0 && !self.has_extent_from(ino, 0)?;
+        Ok(!(empty && end <= inline_max(self.store.node_size) as u64))
+    }
+
+    /// Step 1 (module docs); None: the write runs whole under the lock.
+    fn plan_write(&mut self, ino: Ino, off: u64, len: u64) -> Result<Option<WritePlan>> {
+        let it = self.inode(ino)?;
+        check_regular(&it)?;
+        let end = off + len;
+        if self.policy.data_under_lock || !self.write_goes_to_blocks(ino, &it, end)? {
+            return Ok(None);
+        }
+        let size = it.size.get();
+        let (b0, b1) = (off / BS, end.div_ceil(BS));
+        let mut edges = Vec::new();
+        let mut edge_at = |g: &mut Inner, block: u64| -> Result<()> {
+            edges.push(Edge {
+                block,
+                map: Some(g.map_read(ino, &it, block * BS, BS as usize)?),
+                exts: g.extents(ino, block * BS, (block + 1) * BS)?,
+            });
+            Ok(())
+        };
+        if !off.is_multiple_of(BS) {
+            edge_at(self, b0)?;
+        }
+        // The last block's bytes past the write exist only below the size; a first block that
+        // is also the last was read whole already.
+        if !end.is_multiple_of(BS) && end < size && (b1 - 1 != b0 || off.is_multiple_of(BS)) {
+            edge_at(self, b1 - 1)?;
+        }
+        let touched = self.extents(ino, b0 * BS, b1 * BS)?.len() as u64;
+        self.reserve_write(len, touched)?;
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        let mut got = 0;
+        while got < b1 - b0 {
+            let Some((s, n)) = self
+                .store
+                .alloc
+                .claim(1, (b1 - b0 - got).min(MAX_EXTENT_BLOCKS))
+            else {
+                self.unclaim(&runs);
+                return Err(Error::NoSpace);
+            };
+            runs.push((s, n));
+            got += n;
+        }
+        let reads = edges
+            .iter()
+            .any(|e| e.map.as_ref().is_some_and(|m| !m.pieces.is_empty()));
+        Ok(Some(WritePlan {
+            ino,
+            generation: it.generation.get(),
+            off,
+            len,
+            size,
+            runs,
+            edges,
+            _inside: reads.then(|| self.store.alloc.fence().enter()),
+        }))
+    }
+
+    fn unclaim(&mut self, runs: &[(u64, u64)]) {
+        for &(s, n) in runs {
+            self.store.alloc.unclaim(s, n);
+        }
+    }
+
+    /// Step 3 (module docs). Ok(false): something the plan relied on changed; its blocks
+    /// are left claimed for the caller to give back.
+    fn install_write(&mut self, p: &mut WritePlan, times: bool) -> Result<bool> {
+        let ino = p.ino;
+        let it = self.inode(ino)?;
+        if it.generation.get() != p.generation {
+            return Err(Error::NotFound);
+        }
+        check_regular(&it)?;
+        let (b0, b1) = (p.first_block(), p.end_block());
+        let end = p.off + p.len;
+        if !self.write_goes_to_blocks(ino, &it, end)? {
+            return Ok(false);
+        }
+        if !p.edges.is_empty() && it.size.get() != p.size {
+            return Ok(false);
+        }
+        for e in &p.edges {
+            let now = self.extents(ino, e.block * BS, (e.block + 1) * BS)?;
+            if !Ext::same(&now, &e.exts) {
+                return Ok(false);
+            }
+        }
+        let touched = self.extents(ino, b0 * BS, b1 * BS)?.len() as u64;
+        let nodes = self.write_nodes(p.len, touched);
+        self.reserve_nodes(nodes, 0, Reserve::Grow)?;
+        // Nothing below can be refused: every node it may need is in the pool.
+        let runs = std::mem::take(&mut p.runs);
+        for &(s, n) in &runs {
+            self.store.alloc.install(s, n);
+        }
+        self.store.data_unflushed = true;
+        self.punch_now(ino, b0 * BS, b1 * BS)?;
+        let gen = self.store.generation;
+        let mut fo = b0 * BS;
+        for &(s, n) in &runs {
+            self.insert_extent(ino, fo, s, n, gen)?;
+            fo += n * BS;
+        }
+        let now = self.now();
+        self.modify_inode(ino, |i| {
+            i.size = i.size.get().max(end).into();
+            i.alloc_bytes = (i.alloc_bytes.get() + (b1 - b0) * BS).into();
+            if times {
+                i.mtime = now;
+                i.ctime = now;
+            }
+        })?;
+        Ok(true)
+    }
+}
+
+impl Fs {
+    /// Reads up to `len` bytes at `off`; short at end of file.
+    pub fn read(&self, ino: Ino, off: u64, len: usize) -> Result<Vec<u8>> {
+        let (map, _inside) = {
+            let mut g = self.lock();
+            let it = g.inode(ino)?;
+            check_regular(&it)?;
+            let map = g.map_read(ino, &it, off, len)?;
+            g.touch_atime(ino, &it);
+            if map.pieces.is_empty() || g.policy.data_under_lock {
+                return map.fill(g.store.dev.as_ref());
+            }
+            Counters::inc(&g.store.counters.data_reads_beside);
+            let inside = g.store.alloc.fence().enter();
+            (map, inside)
+        };
+        map.fill(self.shared.dev.as_ref())
+    }
+
+    /// Writes `data` at `off`; returns bytes written (all of them, or an error). Sets the
+    /// modification and change times.
+    pub fn write(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
+        self.write_impl(ino, off, data, true)
+    }
+
+    /// `write` that leaves the modification and change times alone: for a front end whose
+    /// kernel keeps those times itself and sends them with setattr (FUSE's writeback cache,
+    /// where a write request may arrive after the times it should not override).
+    pub fn write_keep_times(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
+        self.write_impl(ino, off, data, false)
+    }
+
+    fn write_impl(&self, ino: Ino, off: u64, data: &[u8], times: bool) -> Result<usize> {
+        if off
+            .checked_add(data.len() as u64)
+            .is_none_or(|e| e > MAX_FILE_SIZE)
+        {
+            return Err(Error::FileTooBig);
+        }
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let plan = {
+            let mut g = self.lock();
+            g.writable()?;
+            g.plan_write(ino, off, data.len() as u64)?
+        };
+        if let Some(mut plan) = plan {
+            let r = plan
+                .write_blocks(self.shared.dev.as_ref(), data)
+                .and_then(|()| {
+                    self.write_op(0, Reserve::Grow, Durable::Data, |g| {
+                        g.install_write(&mut plan, times)
+                    })
+                });
+            if !plan.runs.is_empty() {
+                let mut g = self.lock();
+                g.unclaim(&plan.runs);
+                if r.as_ref().is_ok_and(|done| !done) {
+                    Counters::inc(&g.store.counters.data_write_conflicts);
+                }
+            }
+            match r {
+                Ok(true) => {
+                    Counters::inc(&self.shared.counters.data_writes_beside);
+                    return Ok(data.len());
+                }
+                Ok(false) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.write_op(0, Reserve::Grow, Durable::Data, |g| {
+            let it = g.inode(ino)?;
+            check_regular(&it)?;
+            // Existing extents in the range are cut at its edges and removed.
+            let touched = g
+                .extents(
+                    ino,
+                    off / BS * BS,
+                    (off + data.len() as u64).div_ceil(BS) * BS,
+                )?
+                .len() as u64;
+            g.reserve_write(data.len() as u64, touched)?;
+            g.write_data(ino, off, data)?;
+            if !times {
+                g.modify_inode(ino, |i| {
+                    i.mtime = it.mtime;
+                    i.ctime = it.ctime;
+                })?;
+            }
+            Ok(data.len())
+        })
+    }
+}

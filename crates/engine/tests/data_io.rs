@@ -1,0 +1,463 @@
+//! File data I/O outside the operation lock (`fs/data_io.rs`): what a reader or writer in the
+//! middle of its device I/O may see other operations do, forced step by step at a device
+//! gate, then random concurrent reads and writes checked against models.
+mod common;
+use common::{assert_clean, opts, ME, ROOT};
+use idxfs_blockdev::{BlockDevice, MemDevice, RecordingDevice, Tear};
+use idxfs_engine::testutil::Rng;
+use idxfs_engine::{Fs, MkfsOptions, OpenOptions};
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const BS: usize = 4096;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Io {
+    Read,
+    Write,
+}
+
+/// An armed gate: what it waits for, and (told when held, told to go on).
+type Armed = Option<(Io, usize, Sender<()>, Receiver<()>)>;
+
+/// Holds the next read or write of exactly `len` bytes until told to go on. Node I/O comes in
+/// multiples of the 16 KiB node size, so a length that is not one picks out file data.
+struct Gate {
+    inner: Arc<RecordingDevice>,
+    armed: Mutex<Armed>,
+}
+
+impl Gate {
+    /// Arms the gate: returns (told when the I/O is held, tell it to go on).
+    fn arm(&self, io: Io, len: usize) -> (Receiver<()>, Sender<()>) {
+        assert!(!len.is_multiple_of(16384), "node I/O could match");
+        let (held_tx, held_rx) = channel();
+        let (go_tx, go_rx) = channel();
+        *self.armed.lock().expect("gate") = Some((io, len, held_tx, go_rx));
+        (held_rx, go_tx)
+    }
+
+    fn pass(&self, io: Io, len: usize) {
+        let mut a = self.armed.lock().expect("gate");
+        if a.as_ref().is_some_and(|x| x.0 == io && x.1 == len) {
+            let (_, _, held, go) = a.take().expect("armed");
+            drop(a);
+            let _ = held.send(());
+            let _ = go.recv();
+        }
+    }
+}
+
+impl BlockDevice for Gate {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        self.pass(Io::Read, buf.len());
+        self.inner.read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+        self.pass(Io::Write, buf.len());
+        self.inner.write_at(buf, off)
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.inner.flush()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+}
+
+fn gated_fs(bytes: u64, o: OpenOptions) -> (Arc<RecordingDevice>, Arc<Gate>, Arc<Fs>) {
+    let base = Arc::new(MemDevice::new(bytes));
+    Fs::mkfs(base.clone(), &MkfsOptions::default()).expect("mkfs");
+    let rec = Arc::new(RecordingDevice::new(base.snapshot()));
+    let gate = Arc::new(Gate {
+        inner: rec.clone(),
+        armed: Mutex::new(None),
+    });
+    let fs = Fs::open(gate.clone(), o).expect("open");
+    (rec, gate, Arc::new(fs))
+}
+
+/// Waits for `rx` with a bound, so that a step that deadlocks fails instead of hanging.
+fn within<T>(rx: &Receiver<T>, what: &str) -> T {
+    rx.recv_timeout(Duration::from_secs(20))
+        .unwrap_or_else(|_| panic!("{what}: no progress in 20 s (waiting under the lock?)"))
+}
+
+/// A reader holds the mapping of blocks that an overwrite frees and other writes then fill the
+/// device with: the blocks must not be handed out before the reader is done.
+#[test]
+fn blocks_freed_under_a_reader_are_not_reused_until_it_is_done() {
+    let (_rec, gate, fs) = gated_fs(8 << 20, opts());
+    // One block: the read is one device read of that length.
+    let len = BS;
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
+    fs.write(f, 0, &vec![0xaa; len]).expect("write");
+    let (held, go) = gate.arm(Io::Read, len);
+    let (done_tx, done_rx) = channel();
+    let reader = {
+        let fs = fs.clone();
+        std::thread::spawn(move || {
+            let r = fs.read(f, 0, len);
+            let _ = done_tx.send(());
+            r
+        })
+    };
+    within(&held, "the read reaching the device");
+    // Same transaction: without readers, the overwritten blocks would be free at once.
+    fs.write(f, 0, &vec![0xbb; len])
+        .expect("overwrite beside the read");
+    let g = fs.create(ROOT, b"g", 0o644, ME).expect("create").ino;
+    let mut at = 0u64;
+    while fs.write(g, at, &vec![0xcc; len]).is_ok() {
+        at += len as u64;
+    }
+    let c = fs.counters().snapshot();
+    let held_ranges = c
+        .iter()
+        .find(|(n, _)| *n == "blocks_held_for_readers")
+        .map(|x| x.1);
+    assert!(
+        held_ranges.is_some_and(|n| n > 0),
+        "nothing was held: {c:?}"
+    );
+    go.send(()).expect("go");
+    within(&done_rx, "the read");
+    let got = reader.join().expect("reader").expect("read");
+    assert!(
+        got.iter().all(|&b| b == 0xaa),
+        "the read returned bytes that were never in its file"
+    );
+    // Once the reader left, its blocks come back: the device takes one more write.
+    fs.write(g, at, &vec![0xcc; len])
+        .expect("the held blocks are free again");
+    assert_eq!(fs.read(f, 0, len).expect("read"), vec![0xbb; len]);
+    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("fs still shared"));
+    fs.close().expect("close");
+}
+
+/// A commit frozen while a write is between claiming its blocks and linking them records those
+/// blocks free: a crash then leaves no block used that nothing references.
+#[test]
+fn a_commit_beside_a_writes_device_io_records_its_blocks_free() {
+    let (rec, gate, fs) = gated_fs(32 << 20, opts());
+    let len = 5 * BS;
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
+    fs.sync().expect("sync");
+    let (held, go) = gate.arm(Io::Write, len);
+    let writer = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.write(f, 0, &vec![0xab; len]))
+    };
+    within(&held, "the write reaching the device");
+    let (synced_tx, synced_rx) = channel();
+    {
+        let fs = fs.clone();
+        std::thread::spawn(move || {
+            let _ = synced_tx.send(fs.sync());
+        });
+    }
+    within(&synced_rx, "a commit beside the write").expect("sync");
+    let crash = rec.crash_image(rec.event_count(), Tear::None);
+    let dev = Arc::new(MemDevice::from_bytes(crash.bytes));
+    assert_clean(&dev);
+    go.send(()).expect("go");
+    assert_eq!(writer.join().expect("writer").expect("write"), len);
+    fs.sync().expect("sync");
+    assert_eq!(fs.read(f, 0, len).expect("read"), vec![0xab; len]);
+    let dev = Arc::new(MemDevice::from_bytes(
+        rec.crash_image(rec.event_count(), Tear::None).bytes,
+    ));
+    assert_clean(&dev);
+    let fs2 = Fs::open(dev, opts()).expect("open");
+    assert_eq!(fs2.read(f, 0, len).expect("read"), vec![0xab; len]);
+}
+
+/// Two writes into one block, the first held at its device write while the second finishes:
+/// the first must carry the second's bytes, not the ones it read before.
+#[test]
+fn two_writes_into_one_block_keep_each_others_bytes() {
+    let (_rec, gate, fs) = gated_fs(32 << 20, opts());
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
+    fs.write(f, 0, &vec![0x11; 2 * BS]).expect("write");
+    let (held, go) = gate.arm(Io::Write, BS);
+    let first = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.write(f, 100, &[0xaa; 100]))
+    };
+    within(&held, "the first write reaching the device");
+    let (done_tx, done_rx) = channel();
+    {
+        let fs = fs.clone();
+        std::thread::spawn(move || {
+            let _ = done_tx.send(fs.write(f, 1000, &[0xbb; 100]));
+        });
+    }
+    within(&done_rx, "a second write beside the first").expect("second write");
+    go.send(()).expect("go");
+    first.join().expect("first").expect("first write");
+    let mut want = vec![0x11; 2 * BS];
+    want[100..200].fill(0xaa);
+    want[1000..1100].fill(0xbb);
+    assert_eq!(fs.read(f, 0, 2 * BS).expect("read"), want);
+    let c = fs.counters().snapshot();
+    let conflicts = c
+        .iter()
+        .find(|(n, _)| *n == "data_write_conflicts")
+        .map(|x| x.1);
+    assert_eq!(
+        conflicts,
+        Some(1),
+        "the first write ran again under the lock"
+    );
+}
+
+/// Delays data-sized I/O at random, so reads and writes outside the lock overlap other
+/// operations far more than on a memory device.
+struct Jitter {
+    inner: MemDevice,
+    seed: AtomicU64,
+}
+
+impl Jitter {
+    /// Reads nap longer than writes: a reader outside the lock then sees many operations
+    /// free and reallocate blocks while it reads.
+    fn nap(&self, len: usize, read: bool) {
+        if len.is_multiple_of(16384) {
+            return;
+        }
+        let s = self
+            .seed
+            .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
+        let x = (s ^ (s >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9) >> 58;
+        if x < 24 {
+            let unit = if read { 60 } else { 8 };
+            std::thread::sleep(Duration::from_micros(x * unit));
+        }
+    }
+}
+
+impl BlockDevice for Jitter {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        self.nap(buf.len(), true);
+        self.inner.read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+        self.nap(buf.len(), false);
+        self.inner.write_at(buf, off)
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.inner.flush()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+}
+
+const SLOT: u64 = 50;
+const WRITERS: u64 = 3;
+const SHARED_LEN: u64 = 40_000;
+
+/// Bytes writer `t` writes carry its tag in the top two bits (never 0): a byte of another
+/// file, or of a block handed out again too early, shows up as the wrong tag.
+fn tagged(t: u64, rng: &mut Rng) -> u8 {
+    (t << 6) as u8 | (1 + rng.below(63)) as u8
+}
+
+/// Whether `t` owns byte `at` of a shared file: 50-byte slots dealt round robin, so most
+/// blocks are shared by every writer and most writes leave bytes of others in their block.
+fn owns(t: u64, at: u64) -> bool {
+    (at / SLOT) % WRITERS == t
+}
+
+/// One writer: unaligned writes into its own slots of the shared files, reading back what
+/// it owns (and checking every other byte carries its owner's tag or is zero), and writes,
+/// truncates and reads of a file of its own against a model. Returns its models.
+fn writer(
+    fs: &Fs,
+    t: u64,
+    shared: &[u64],
+    own: u64,
+    seed: u64,
+    steps: u64,
+) -> (Vec<Vec<u8>>, Vec<u8>) {
+    let mut rng = Rng::new(seed ^ (t + 1).wrapping_mul(0x2545_f491_4f6c_dd1d));
+    let mut models = vec![vec![0u8; SHARED_LEN as usize]; shared.len()];
+    let mut mine: Vec<u8> = Vec::new();
+    for step in 0..steps {
+        let ctx = format!("seed {seed} writer {t} step {step}");
+        match rng.below(10) {
+            0..=4 => {
+                let i = rng.below(shared.len() as u64) as usize;
+                let slot = rng.below(SHARED_LEN / SLOT / WRITERS) * WRITERS + t;
+                let a = slot * SLOT + rng.below(SLOT);
+                let b = a + 1 + rng.below(slot * SLOT + SLOT - a);
+                let bytes: Vec<u8> = (a..b).map(|_| tagged(t, &mut rng)).collect();
+                fs.write(shared[i], a, &bytes)
+                    .unwrap_or_else(|e| panic!("{ctx}: {e:?} ({:?})", fs.failure()));
+                models[i][a as usize..b as usize].copy_from_slice(&bytes);
+            }
+            5 => {
+                let i = rng.below(shared.len() as u64) as usize;
+                let got = fs
+                    .read(shared[i], 0, SHARED_LEN as usize)
+                    .unwrap_or_else(|e| panic!("{ctx}: {e:?} ({:?})", fs.failure()));
+                for (at, &byte) in got.iter().enumerate() {
+                    let at = at as u64;
+                    if owns(t, at) {
+                        assert_eq!(
+                            byte, models[i][at as usize],
+                            "{ctx}: own byte {at} of shared {i}"
+                        );
+                    } else {
+                        assert!(
+                            byte == 0 || (byte >> 6) as u64 == (at / SLOT) % WRITERS,
+                            "{ctx}: byte {at} of shared {i} is {byte:#x}, not its owner's"
+                        );
+                    }
+                }
+            }
+            6 | 7 => {
+                let off = rng.below(6 * BS as u64);
+                let len = [1, 300, BS as u64, 3 * BS as u64 + 7][rng.below(4) as usize];
+                let bytes: Vec<u8> = (0..len).map(|_| tagged(3, &mut rng)).collect();
+                fs.write(own, off, &bytes)
+                    .unwrap_or_else(|e| panic!("{ctx}: {e:?} ({:?})", fs.failure()));
+                let end = (off + len) as usize;
+                if mine.len() < end {
+                    mine.resize(end, 0);
+                }
+                mine[off as usize..end].copy_from_slice(&bytes);
+            }
+            8 => {
+                let size = rng.below(7 * BS as u64) as usize;
+                fs.truncate(own, size as u64)
+                    .unwrap_or_else(|e| panic!("{ctx}: {e:?} ({:?})", fs.failure()));
+                mine.resize(size, 0);
+            }
+            _ => {
+                let got = fs
+                    .read(own, 0, 16 * BS)
+                    .unwrap_or_else(|e| panic!("{ctx}: {e:?} ({:?})", fs.failure()));
+                assert!(got == mine, "{ctx}: own file differs from its model");
+                if rng.below(4) == 0 {
+                    fs.fsync(own)
+                        .unwrap_or_else(|e| panic!("{ctx}: {e:?} ({:?})", fs.failure()));
+                }
+            }
+        }
+    }
+    (models, mine)
+}
+
+/// Writers share blocks of two files and each has a file of its own, on a device that delays
+/// data I/O, with commits every few milliseconds: every read matches the models, and so does
+/// the image after a remount, which fsck finds clean.
+#[test]
+fn concurrent_reads_and_writes_match_their_models() {
+    let (mut rng, seed) = Rng::from_env("data_io");
+    let steps = std::env::var("IDXFS_DATA_IO_STEPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3000);
+    let mem = MemDevice::new(16 << 20);
+    let dev = Arc::new(Jitter {
+        inner: mem,
+        seed: AtomicU64::new(rng.next_u64()),
+    });
+    Fs::mkfs(dev.clone(), &MkfsOptions::default()).expect("mkfs");
+    let o = OpenOptions {
+        commit_interval: Some(Duration::from_millis(3)),
+        ..opts()
+    };
+    let fs = Arc::new(Fs::open(dev.clone(), o).expect("open"));
+    // A nearly full device: the allocator wraps around every few hundred blocks, so blocks
+    // freed a moment ago are what it hands out next.
+    let mut ballast = Vec::new();
+    'fill: loop {
+        let name = format!("ballast{}", ballast.len());
+        let Ok(b) = fs.create(ROOT, name.as_bytes(), 0o644, ME) else {
+            break;
+        };
+        ballast.push(name);
+        for at in 0..4 {
+            if fs.write(b.ino, at << 16, &[0x77; 1 << 16]).is_err() {
+                break 'fill;
+            }
+        }
+    }
+    for name in ballast.iter().rev().take(8) {
+        fs.unlink(ROOT, name.as_bytes()).expect("unlink");
+    }
+    fs.sync().expect("sync");
+    eprintln!("statfs {:?}", fs.statfs());
+    fs.sync().expect("sync");
+    let shared: Vec<u64> = (0..2)
+        .map(|i| {
+            let f = fs
+                .create(ROOT, format!("s{i}").as_bytes(), 0o644, ME)
+                .expect("create");
+            fs.truncate(f.ino, SHARED_LEN).expect("truncate");
+            f.ino
+        })
+        .collect();
+    let own: Vec<u64> = (0..WRITERS)
+        .map(|t| {
+            fs.create(ROOT, format!("own{t}").as_bytes(), 0o644, ME)
+                .expect("create")
+                .ino
+        })
+        .collect();
+    let threads: Vec<_> = (0..WRITERS)
+        .map(|t| {
+            let (fs, shared, own) = (fs.clone(), shared.clone(), own[t as usize]);
+            std::thread::spawn(move || writer(&fs, t, &shared, own, seed, steps))
+        })
+        .collect();
+    let results: Vec<_> = threads
+        .into_iter()
+        .map(|h| h.join().expect("writer panicked"))
+        .collect();
+    // Each shared byte is what its owner last wrote.
+    let mut want = vec![vec![0u8; SHARED_LEN as usize]; shared.len()];
+    for (t, (models, _)) in results.iter().enumerate() {
+        for (i, m) in models.iter().enumerate() {
+            for at in 0..SHARED_LEN {
+                if owns(t as u64, at) {
+                    want[i][at as usize] = m[at as usize];
+                }
+            }
+        }
+    }
+    let check = |fs: &Fs, when: &str| {
+        for (i, &f) in shared.iter().enumerate() {
+            let got = fs.read(f, 0, SHARED_LEN as usize).expect("read");
+            assert!(
+                got == want[i],
+                "seed {seed} {when}: shared file {i} differs"
+            );
+        }
+        for (t, (_, mine)) in results.iter().enumerate() {
+            let got = fs.read(own[t], 0, 16 * BS).expect("read");
+            assert!(
+                &got == mine,
+                "seed {seed} {when}: file of writer {t} differs"
+            );
+        }
+    };
+    check(&fs, "before the remount");
+    let c = fs.counters().snapshot();
+    eprintln!(
+        "seed {seed}: {:?}",
+        c.iter()
+            .filter(|(n, _)| n.starts_with("data_") || *n == "blocks_held_for_readers")
+            .collect::<Vec<_>>()
+    );
+    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("fs still shared"));
+    fs.close().expect("close");
+    assert_clean(&dev);
+    let fs = Fs::open(dev.clone(), opts()).expect("reopen");
+    check(&fs, "after the remount");
+}
