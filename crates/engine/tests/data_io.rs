@@ -20,8 +20,9 @@ enum Io {
     Write,
 }
 
-/// An armed gate: what it waits for, and (told when held, told to go on).
-type Armed = Option<(Io, usize, Sender<()>, Receiver<()>)>;
+/// An armed gate: what it waits for (a length, or any that is not a node's), and (told when
+/// held, told to go on).
+type Armed = Option<(Io, Option<usize>, Sender<()>, Receiver<()>)>;
 
 /// Holds the next read or write of exactly `len` bytes until told to go on. Node I/O comes in
 /// multiples of the 16 KiB node size, so a length that is not one picks out file data.
@@ -32,8 +33,11 @@ struct Gate {
 
 impl Gate {
     /// Arms the gate: returns (told when the I/O is held, tell it to go on).
-    fn arm(&self, io: Io, len: usize) -> (Receiver<()>, Sender<()>) {
-        assert!(!len.is_multiple_of(16384), "node I/O could match");
+    fn arm(&self, io: Io, len: Option<usize>) -> (Receiver<()>, Sender<()>) {
+        assert!(
+            len.is_none_or(|l| !l.is_multiple_of(16384)),
+            "node I/O could match"
+        );
         let (held_tx, held_rx) = channel();
         let (go_tx, go_rx) = channel();
         *self.armed.lock().expect("gate") = Some((io, len, held_tx, go_rx));
@@ -42,7 +46,10 @@ impl Gate {
 
     fn pass(&self, io: Io, len: usize) {
         let mut a = self.armed.lock().expect("gate");
-        if a.as_ref().is_some_and(|x| x.0 == io && x.1 == len) {
+        let hit = |x: &(Io, Option<usize>, _, _)| {
+            x.0 == io && x.1.map_or(!len.is_multiple_of(16384), |l| l == len)
+        };
+        if a.as_ref().is_some_and(hit) {
             let (_, _, held, go) = a.take().expect("armed");
             drop(a);
             let _ = held.send(());
@@ -95,7 +102,7 @@ fn blocks_freed_under_a_reader_are_not_reused_until_it_is_done() {
     let len = BS;
     let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
     fs.write(f, 0, &vec![0xaa; len]).expect("write");
-    let (held, go) = gate.arm(Io::Read, len);
+    let (held, go) = gate.arm(Io::Read, Some(len));
     let (done_tx, done_rx) = channel();
     let reader = {
         let fs = fs.clone();
@@ -138,6 +145,50 @@ fn blocks_freed_under_a_reader_are_not_reused_until_it_is_done() {
     fs.close().expect("close");
 }
 
+/// On a full device, a write that needs blocks held for a reader waits for the reader and
+/// gets them, instead of failing with ENOSPC while they are about to be free.
+#[test]
+fn a_write_that_needs_blocks_held_for_a_reader_waits_for_it() {
+    // Large enough that an unlink fits in the global reserve (on a few MiB it does not).
+    let (_rec, gate, fs) = gated_fs(256 << 20, opts());
+    let len = 63 * BS;
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
+    fs.write(f, 0, &vec![0xaa; len]).expect("write");
+    let g = fs.create(ROOT, b"g", 0o644, ME).expect("create").ino;
+    let mut at = 0u64;
+    for piece in [64 * BS, BS] {
+        while fs.write(g, at, &vec![0xcc; piece]).is_ok() {
+            at += piece as u64;
+        }
+    }
+    fs.sync().expect("sync");
+    let (held, go) = gate.arm(Io::Read, None);
+    let reader = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.read(f, 0, len))
+    };
+    within(&held, "the read reaching the device");
+    // Nothing holds f but the reader's mapping: its blocks are held, not free.
+    fs.unlink(ROOT, b"f").expect("unlink");
+    fs.sync().expect("sync");
+    let (done_tx, done_rx) = channel();
+    {
+        let fs = fs.clone();
+        std::thread::spawn(move || {
+            let _ = done_tx.send(fs.write(g, at, &vec![0xdd; 16 * BS]));
+        });
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    if let Ok(r) = done_rx.try_recv() {
+        panic!("the write finished ({r:?}) while the only space it could have was held for the reader: {:?}", fs.statfs());
+    }
+    go.send(()).expect("go");
+    within(&done_rx, "the write after the reader left").expect("write");
+    let got = reader.join().expect("reader").expect("read");
+    assert!(got.iter().all(|&b| b == 0xaa), "the reader saw other bytes");
+    assert_eq!(fs.read(g, at, 16 * BS).expect("read"), vec![0xdd; 16 * BS]);
+}
+
 /// A commit frozen while a write is between claiming its blocks and linking them records those
 /// blocks free: a crash then leaves no block used that nothing references.
 #[test]
@@ -146,7 +197,7 @@ fn a_commit_beside_a_writes_device_io_records_its_blocks_free() {
     let len = 5 * BS;
     let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
     fs.sync().expect("sync");
-    let (held, go) = gate.arm(Io::Write, len);
+    let (held, go) = gate.arm(Io::Write, Some(len));
     let writer = {
         let fs = fs.clone();
         std::thread::spawn(move || fs.write(f, 0, &vec![0xab; len]))
@@ -182,7 +233,7 @@ fn two_writes_into_one_block_keep_each_others_bytes() {
     let (_rec, gate, fs) = gated_fs(32 << 20, opts());
     let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
     fs.write(f, 0, &vec![0x11; 2 * BS]).expect("write");
-    let (held, go) = gate.arm(Io::Write, BS);
+    let (held, go) = gate.arm(Io::Write, Some(BS));
     let first = {
         let fs = fs.clone();
         std::thread::spawn(move || fs.write(f, 100, &[0xaa; 100]))

@@ -27,6 +27,10 @@
 //! whatever happened to its range in between, linking its blocks there is the same as the
 //! write running after it.
 //!
+//! A write refused for space in step 1 or 3 runs whole under the lock too: there `write_op`
+//! waits, without the lock, for readers holding freed blocks (step 3 cannot: it is inside
+//! the fence itself).
+//!
 //! Writes that stay inline, or move inline bytes out to a block, run whole under the lock:
 //! they copy a few bytes between items, and have no block I/O to move out.
 //!
@@ -288,16 +292,19 @@ impl Fs {
         let plan = {
             let mut g = self.lock();
             g.writable()?;
-            g.plan_write(ino, off, data.len() as u64)?
+            match g.plan_write(ino, off, data.len() as u64) {
+                // Whole under the lock below, which waits for held space (`write_op`).
+                Err(Error::NoSpace) => None,
+                r => r?,
+            }
         };
         if let Some(mut plan) = plan {
-            let r = plan
-                .write_blocks(self.shared.dev.as_ref(), data)
-                .and_then(|()| {
-                    self.write_op(0, Reserve::Grow, Durable::Data, |g| {
-                        g.install_write(&mut plan, times)
-                    })
-                });
+            let io = plan.write_blocks(self.shared.dev.as_ref(), data);
+            // Once: a wait for readers must not wait for this write's own ticket.
+            let r = io.and_then(|()| {
+                let mut install = |g: &mut Inner| g.install_write(&mut plan, times);
+                self.write_op_once(0, Reserve::Grow, Durable::Data, &mut install, &mut None)
+            });
             if !plan.runs.is_empty() {
                 let mut g = self.lock();
                 g.unclaim(&plan.runs);
@@ -305,12 +312,15 @@ impl Fs {
                     Counters::inc(&g.store.counters.data_write_conflicts);
                 }
             }
+            // Out of the fence before the write runs again below (which may wait for it).
+            drop(plan);
             match r {
                 Ok(true) => {
                     Counters::inc(&self.shared.counters.data_writes_beside);
                     return Ok(data.len());
                 }
-                Ok(false) => {}
+                // Changed meanwhile, or refused for space: again, whole under the lock.
+                Ok(false) | Err(Error::NoSpace) => {}
                 Err(e) => return Err(e),
             }
         }

@@ -216,6 +216,8 @@ pub(crate) struct Inner {
 
 struct Shared {
     inner: Mutex<Inner>,
+    /// The same as the allocator's: waited on without the lock (`write_op`).
+    fence: Arc<crate::space::read_fence::ReadFence>,
     /// Inode attributes as the last finished operation left them, for lock-free getattr.
     published: published::Published,
     /// The same as `Inner::flight`, for waiting without the lock.
@@ -228,6 +230,11 @@ struct Shared {
     wake: Condvar,
     counters: Arc<Counters>,
 }
+
+/// Times an operation refused for space waits for readers holding freed blocks and runs
+/// again, and how long each wait may take (readers outside the lock are in device I/O).
+const SPACE_HELD_TRIES: usize = 2;
+const SPACE_HELD_WAIT: Duration = Duration::from_secs(2);
 
 /// A mounted idxfs image.
 pub struct Fs {
@@ -488,6 +495,7 @@ impl Fs {
                 !opts.bench_locked_reads,
             ),
             flight: inner.flight.clone(),
+            fence: inner.store.alloc.fence().clone(),
             log_io: inner.log.io.clone(),
             dev: inner.store.dev.clone(),
             inner: Mutex::new(inner),
@@ -521,17 +529,47 @@ impl Fs {
     /// Runs a mutating operation: refuses on a read-only or failed file system, reserves space
     /// for `items` item changes, turns an error after a change since the last checkpoint
     /// into a stopped file system, and makes the operation durable before it returns when the
-    /// mount's sync mode covers `durable`.
+    /// mount's sync mode covers `durable`. An operation refused for space before any change,
+    /// while freed blocks wait for readers outside the lock (`crate::space::read_fence`),
+    /// waits for those readers without the lock and runs again.
     pub(crate) fn write_op<R>(
         &self,
         items: u64,
         kind: Reserve,
         durable: Durable,
-        f: impl FnOnce(&mut Inner) -> Result<R>,
+        mut f: impl FnMut(&mut Inner) -> Result<R>,
+    ) -> Result<R> {
+        for _ in 0..SPACE_HELD_TRIES {
+            let mut held = None;
+            let r = self.write_op_once(items, kind, durable, &mut f, &mut held);
+            match held {
+                Some(stamp) if self.shared.fence.wait_passed(stamp, SPACE_HELD_WAIT) => {}
+                _ => return r,
+            }
+        }
+        self.write_op_once(items, kind, durable, &mut f, &mut None)
+    }
+
+    /// One run of `write_op`. `held`: set when it was refused for space before any change
+    /// while blocks were held for readers: the fence stamp that frees them all.
+    pub(crate) fn write_op_once<R>(
+        &self,
+        items: u64,
+        kind: Reserve,
+        durable: Durable,
+        f: &mut impl FnMut(&mut Inner) -> Result<R>,
+        held: &mut Option<u64>,
     ) -> Result<R> {
         let mut g = self.lock();
         g.writable()?;
-        g.reserve(items, kind)?;
+        let refused = |g: &Inner, e: &Error| match e {
+            Error::NoSpace => g.store.alloc.held_until(),
+            _ => None,
+        };
+        if let Err(e) = g.reserve(items, kind) {
+            *held = refused(&g, &e);
+            return Err(e);
+        }
         let seq = g.store.mod_seq;
         g.op_checkpoint = seq;
         let r = f(&mut g);
@@ -552,6 +590,7 @@ impl Fs {
                 }
                 over_bound = g.after_op()?;
             }
+            Err(e) if !changed => *held = refused(&g, e),
             Err(_) => {}
         }
         drop(g);

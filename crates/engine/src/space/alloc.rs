@@ -486,6 +486,11 @@ impl Allocator {
         self.refile(gi);
     }
 
+    /// The stamp after which every block held now may be reused, if any is held.
+    pub fn held_until(&self) -> Option<u64> {
+        self.held.back().map(|h| h.0)
+    }
+
     /// Frees the held blocks whose readers have all left (`read_fence`); cheap when none are
     /// held. Called whenever the operation lock is taken.
     pub fn release_held(&mut self) {
@@ -597,6 +602,11 @@ mod tests {
         }
         let busy: u64 = a.groups.iter().map(|g| g.busy_count).sum();
         assert_eq!(a.free_blocks(), a.total_blocks - busy);
+        // Busy but unused: claimed, pinned, or held for readers; nothing else.
+        assert_eq!(
+            busy - a.used_blocks(),
+            a.claimed_blocks() + a.pinned_blocks()
+        );
     }
 
     /// Whether any group has a free run of `min` blocks (what a full scan would find).
@@ -606,16 +616,45 @@ mod tests {
             .any(|g| find_run(&g.busy, 0, min, min).is_some())
     }
 
-    /// Random allocations, frees and commits over many small groups: the `room` sets stay
-    /// exact, and an allocation fails only when no group anywhere has the run.
+    /// Random allocations, claims, frees (of data, too, with readers inside the fence) and
+    /// commits over many small groups: the `room` sets stay exact, every busy block is
+    /// accounted for, and an allocation fails only when no group anywhere has the run.
     #[test]
     fn indexed_search_finds_what_a_full_scan_finds() {
         let (mut rng, seed) = crate::testutil::Rng::from_env("alloc_index");
         let mut a = Allocator::new(64 * 40 + 17, 64, Arc::new(Counters::default()));
         let mut held: Vec<(u64, u64)> = Vec::new();
+        let mut claims: Vec<(u64, u64)> = Vec::new();
+        let mut readers = Vec::new();
         let mut committing = false;
         for step in 0..20_000 {
-            match rng.below(10) {
+            match rng.below(14) {
+                10 => {
+                    if let Some(c) = a.claim(1, 1 + rng.below(8)) {
+                        claims.push(c);
+                    }
+                }
+                11 if !claims.is_empty() => {
+                    let (s, n) = claims.swap_remove(rng.below(claims.len() as u64) as usize);
+                    if rng.below(2) == 0 {
+                        a.install(s, n);
+                        held.push((s, n));
+                    } else {
+                        a.unclaim(s, n);
+                    }
+                }
+                12 => {
+                    if readers.len() < 3 && rng.below(2) == 0 {
+                        readers.push(a.fence().enter());
+                    } else if !readers.is_empty() {
+                        readers.swap_remove(rng.below(readers.len() as u64) as usize);
+                    }
+                    a.release_held();
+                }
+                13 if !held.is_empty() => {
+                    let (s, n) = held.swap_remove(rng.below(held.len() as u64) as usize);
+                    a.free_data(s, n, rng.below(2) == 0).expect("free");
+                }
                 0..=4 => {
                     let kind = if rng.below(3) == 0 {
                         Kind::Data

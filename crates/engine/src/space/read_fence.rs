@@ -18,11 +18,14 @@
 //! with the lowest cached (seed 001's `FirstMap`), so that check is one load; entering and
 //! leaving are an insert or a remove under the fence's own lock, never the operation lock.
 use idxfs_index::first_map::FirstMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 #[derive(Default)]
 pub struct ReadFence {
     inside: Mutex<Inside>,
+    /// Signalled whenever a reader leaves.
+    left: Condvar,
 }
 
 #[derive(Default)]
@@ -72,6 +75,27 @@ impl ReadFence {
         self.inside().readers.first_key().is_none_or(|f| f >= stamp)
     }
 
+    /// Waits (never with the operation lock held: a writer inside may need it to finish)
+    /// until `stamp` has passed or `limit` is over; whether it passed.
+    pub fn wait_passed(&self, stamp: u64, limit: Duration) -> bool {
+        let end = Instant::now() + limit;
+        let mut s = self.inside();
+        loop {
+            if s.readers.first_key().is_none_or(|f| f >= stamp) {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= end {
+                return false;
+            }
+            s = self
+                .left
+                .wait_timeout(s, end - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
     /// Readers inside now.
     pub fn readers(&self) -> usize {
         self.inside().readers.len()
@@ -82,6 +106,7 @@ impl Drop for ReadTicket {
     fn drop(&mut self) {
         let removed = self.fence.inside().readers.remove(&self.no);
         debug_assert!(removed.is_some(), "ticket {} left twice", self.no);
+        self.fence.left.notify_all();
     }
 }
 
