@@ -205,3 +205,33 @@ fn a_truncate_of_many_extents_is_finished_after_a_crash() {
         "some crash images had a trim left to finish"
     );
 }
+
+/// A device of a few MiB, filled: a truncate and an unlink still work (the global reserve's
+/// 0.5% share of such a device is less than one delete reserves, so it is never less than
+/// that).
+#[test]
+fn small_full_file_systems_truncate_and_remove_their_files() {
+    for mib in [4u64, 8, 16, 64] {
+        let (dev, fs) = mem_fs(mib << 20);
+        let f = fs.create(ROOT, b"f", 0o644, ME).expect("create");
+        let mut at = 0u64;
+        for piece in [16 * BS, BS] {
+            while fs.write(f.ino, at, &vec![1u8; piece as usize]).is_ok() {
+                at += piece;
+            }
+        }
+        assert!(at > 0, "{mib} MiB: nothing fit");
+        fs.sync().expect("sync");
+        let g = fs.create(ROOT, b"g", 0o644, ME);
+        fs.truncate(f.ino, at / 2)
+            .unwrap_or_else(|e| panic!("{mib} MiB: truncate of a full device: {e}"));
+        fs.unlink(ROOT, b"f")
+            .unwrap_or_else(|e| panic!("{mib} MiB: unlink on a full device: {e}"));
+        if g.is_ok() {
+            fs.unlink(ROOT, b"g").expect("unlink g");
+        }
+        assert!(fs.failure().is_none());
+        fs.close().expect("close");
+        assert_clean(&dev);
+    }
+}

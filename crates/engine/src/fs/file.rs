@@ -726,7 +726,7 @@ impl Fs {
             check_regular(&it)?;
             // The edges, a one-block rewrite of the last partial block, the size, and the
             // first batch; later batches reserve for themselves.
-            g.reserve_blocks(8, 2, Reserve::Shrink)?;
+            g.reserve_blocks(super::reserve::DELETE_ITEMS, 2, Reserve::Shrink)?;
             let it = g.truncate(ino, size)?;
             Ok(Attr::from_item(ino, &it))
         })

@@ -46,6 +46,8 @@ const EXTENT_BYTES: u64 = (idxfs_format::items::EXTENT_ITEM_SIZE + ITEM_HEADER_S
 /// Item changes the margin of `statfs` covers besides a run: more than the largest single
 /// operation (a 1 MiB write over a few old extents, a fallocate) changes.
 const MARGIN_ITEMS: u64 = 8;
+/// Item changes the largest reservation of a delete covers: a truncate's (an unlink's is 6).
+pub(crate) const DELETE_ITEMS: u64 = 8;
 /// Largest write request a front end sends (FUSE's max_write), for the margin.
 const MARGIN_WRITE_BYTES: u64 = 1 << 20;
 
@@ -90,9 +92,19 @@ impl Inner {
         nodes + 1
     }
 
-    /// Blocks kept for deletes, so a full file system can always be emptied.
+    /// Blocks kept for deletes, so a full file system can always be emptied: 0.5% of the
+    /// device and 16 nodes, but never less than the largest reservation a delete makes when
+    /// the pools are empty (on a device of a few MiB, the share alone is less).
     pub fn global_reserve(&self) -> u64 {
-        16 * self.bpn() + self.store.total_blocks / 200
+        let share = 16 * self.bpn() + self.store.total_blocks / 200;
+        share.max(self.delete_need())
+    }
+
+    /// Blocks the largest reservation of a delete takes from free space (a truncate's: its
+    /// `DELETE_ITEMS` item changes, two data blocks, and the commit after them).
+    fn delete_need(&self) -> u64 {
+        let later = self.commit_need().div_ceil(self.bpn()) + 4 * (self.fs_tree.level as u64 + 1);
+        (DELETE_ITEMS * self.item_nodes() + later) * self.bpn() + 2
     }
 
     /// Blocks only privileged callers may grow into.
