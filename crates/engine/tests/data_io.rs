@@ -265,6 +265,37 @@ fn two_writes_into_one_block_keep_each_others_bytes() {
     );
 }
 
+/// A write that ends inside the file's last block, past the size, held at its device write
+/// while another write lands further into that block: the first must not wipe the second's
+/// bytes with the zeros it has past its end.
+#[test]
+fn a_write_into_the_last_block_keeps_a_later_write_past_it() {
+    let (_rec, gate, fs) = gated_fs(32 << 20, opts());
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
+    fs.write(f, 0, &vec![0x11; BS + 4]).expect("write");
+    let (held, go) = gate.arm(Io::Write, Some(BS));
+    let first = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.write(f, BS as u64, &[0xaa; 100]))
+    };
+    within(&held, "the first write reaching the device");
+    let (done_tx, done_rx) = channel();
+    {
+        let fs = fs.clone();
+        std::thread::spawn(move || {
+            let _ = done_tx.send(fs.write(f, BS as u64 + 200, &[0xbb; 100]));
+        });
+    }
+    within(&done_rx, "a second write beside the first").expect("second write");
+    go.send(()).expect("go");
+    first.join().expect("first").expect("first write");
+    let mut want = vec![0x11; BS + 300];
+    want[BS..BS + 100].fill(0xaa);
+    want[BS + 100..BS + 200].fill(0);
+    want[BS + 200..].fill(0xbb);
+    assert_eq!(fs.read(f, 0, 2 * BS).expect("read"), want);
+}
+
 /// Delays data-sized I/O at random, so reads and writes outside the lock overlap other
 /// operations far more than on a memory device.
 struct Jitter {
@@ -307,7 +338,7 @@ impl BlockDevice for Jitter {
     }
 }
 
-const SLOT: u64 = 50;
+const SLOT: u64 = 64;
 const WRITERS: u64 = 3;
 const SHARED_LEN: u64 = 40_000;
 
@@ -317,7 +348,7 @@ fn tagged(t: u64, rng: &mut Rng) -> u8 {
     (t << 6) as u8 | (1 + rng.below(63)) as u8
 }
 
-/// Whether `t` owns byte `at` of a shared file: 50-byte slots dealt round robin, so most
+/// Whether `t` owns byte `at` of a shared file: 64-byte slots dealt round robin, so most
 /// blocks are shared by every writer and most writes leave bytes of others in their block.
 fn owns(t: u64, at: u64) -> bool {
     (at / SLOT) % WRITERS == t
@@ -337,14 +368,25 @@ fn writer(
     let mut rng = Rng::new(seed ^ (t + 1).wrapping_mul(0x2545_f491_4f6c_dd1d));
     let mut models = vec![vec![0u8; SHARED_LEN as usize]; shared.len()];
     let mut mine: Vec<u8> = Vec::new();
+    // The writer's next slot in the first shared file: the writers fill it front to back,
+    // side by side, so most of their writes there land past its size, in its last block.
+    let mut next = 0;
     for step in 0..steps {
         let ctx = format!("seed {seed} writer {t} step {step}");
         match rng.below(10) {
             0..=4 => {
                 let i = rng.below(shared.len() as u64) as usize;
-                let slot = rng.below(SHARED_LEN / SLOT / WRITERS) * WRITERS + t;
-                let a = slot * SLOT + rng.below(SLOT);
-                let b = a + 1 + rng.below(slot * SLOT + SLOT - a);
+                let slots = SHARED_LEN / SLOT / WRITERS;
+                let (a, b) = if i == 0 && next < slots {
+                    // Whole slots: one in 64 starts a block, ending in it past the size.
+                    next += 1;
+                    let slot = (next - 1) * WRITERS + t;
+                    (slot * SLOT, slot * SLOT + SLOT)
+                } else {
+                    let slot = rng.below(slots) * WRITERS + t;
+                    let a = slot * SLOT + rng.below(SLOT);
+                    (a, a + 1 + rng.below(slot * SLOT + SLOT - a))
+                };
                 let bytes: Vec<u8> = (a..b).map(|_| tagged(t, &mut rng)).collect();
                 fs.write(shared[i], a, &bytes)
                     .unwrap_or_else(|e| panic!("{ctx}: {e:?} ({:?})", fs.failure()));
@@ -355,8 +397,9 @@ fn writer(
                 let got = fs
                     .read(shared[i], 0, SHARED_LEN as usize)
                     .unwrap_or_else(|e| panic!("{ctx}: {e:?} ({:?})", fs.failure()));
-                for (at, &byte) in got.iter().enumerate() {
-                    let at = at as u64;
+                for at in 0..SHARED_LEN {
+                    // Past the size reads as zeros.
+                    let byte = got.get(at as usize).copied().unwrap_or(0);
                     if owns(t, at) {
                         assert_eq!(
                             byte, models[i][at as usize],
@@ -403,6 +446,49 @@ fn writer(
     (models, mine)
 }
 
+/// Two writers extend one file block by block in step, one at the start of each new block and
+/// one further into it, on a device that delays data I/O: every round, both writes' bytes are
+/// there (a write past the size that reads nothing must still notice the other).
+#[test]
+fn writers_extending_one_block_side_by_side_keep_both() {
+    let (mut rng, seed) = Rng::from_env("data_io_extend");
+    let dev = Arc::new(Jitter {
+        inner: MemDevice::new(64 << 20),
+        seed: AtomicU64::new(rng.next_u64()),
+    });
+    Fs::mkfs(dev.clone(), &MkfsOptions::default()).expect("mkfs");
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
+    // Past the inline limit, so every write below goes to blocks.
+    fs.write(f, 0, &vec![0x11; BS]).expect("write");
+    const ROUNDS: u64 = 400;
+    let step = std::sync::Barrier::new(2);
+    std::thread::scope(|s| {
+        for (at, byte) in [(0u64, 0xaau8), (200, 0xbb)] {
+            let (fs, step) = (&fs, &step);
+            s.spawn(move || {
+                for k in 1..=ROUNDS {
+                    step.wait();
+                    fs.write(f, k * BS as u64 + at, &[byte; 100])
+                        .expect("write");
+                }
+            });
+        }
+    });
+    let got = fs.read(f, 0, (ROUNDS as usize + 1) * BS).expect("read");
+    for k in 1..=ROUNDS as usize {
+        let b = &got[k * BS..(k * BS + 300).min(got.len())];
+        assert!(
+            b[..100].iter().all(|&x| x == 0xaa)
+                && b[100..200].iter().all(|&x| x == 0)
+                && b[200..].iter().all(|&x| x == 0xbb),
+            "seed {seed}: block {k} lost a write"
+        );
+    }
+    fs.close().expect("close");
+    assert_clean(&dev);
+}
+
 /// Writers share blocks of two files and each has a file of its own, on a device that delays
 /// data I/O, with commits every few milliseconds: every read matches the models, and so does
 /// the image after a remount, which fsck finds clean.
@@ -447,11 +533,10 @@ fn concurrent_reads_and_writes_match_their_models() {
     fs.sync().expect("sync");
     let shared: Vec<u64> = (0..2)
         .map(|i| {
-            let f = fs
-                .create(ROOT, format!("s{i}").as_bytes(), 0o644, ME)
-                .expect("create");
-            fs.truncate(f.ino, SHARED_LEN).expect("truncate");
-            f.ino
+            // Empty: the writers grow them, each write past the size moving it.
+            fs.create(ROOT, format!("s{i}").as_bytes(), 0o644, ME)
+                .expect("create")
+                .ino
         })
         .collect();
     let own: Vec<u64> = (0..WRITERS)
@@ -485,8 +570,10 @@ fn concurrent_reads_and_writes_match_their_models() {
     let check = |fs: &Fs, when: &str| {
         for (i, &f) in shared.iter().enumerate() {
             let got = fs.read(f, 0, SHARED_LEN as usize).expect("read");
+            // The size is the end of the furthest write: written bytes are never zero.
+            let size = want[i].iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
             assert!(
-                got == want[i],
+                got == want[i][..size],
                 "seed {seed} {when}: shared file {i} differs"
             );
         }

@@ -70,7 +70,7 @@ pub(crate) struct WritePlan {
 struct Edge {
     /// Its index in the file.
     block: u64,
-    /// Its bytes, to read in step 2.
+    /// Its bytes, to read in step 2 (None: none below the size, past the write).
     map: Option<ReadMap>,
     /// The extents over it: unchanged at step 3, or the write runs again.
     exts: Vec<Ext>,
@@ -90,7 +90,7 @@ impl WritePlan {
         let b0 = self.first_block();
         let n = ((self.end_block() - b0) * BS) as usize;
         let head = (self.off - b0 * BS) as usize;
-        let aligned;
+        let assembled;
         let buf: &[u8] = if self.edges.is_empty() && head == 0 && data.len() == n {
             data
         } else {
@@ -103,8 +103,8 @@ impl WritePlan {
                 }
             }
             b[head..head + data.len()].copy_from_slice(data);
-            aligned = b;
-            &aligned
+            assembled = b;
+            &assembled
         };
         let mut at = 0usize;
         for &(s, len) in &self.runs {
@@ -142,21 +142,27 @@ impl Inner {
         let size = it.size.get();
         let (b0, b1) = (off / BS, end.div_ceil(BS));
         let mut edges = Vec::new();
-        let mut edge_at = |g: &mut Inner, block: u64| -> Result<()> {
+        let mut edge_at = |g: &mut Inner, block: u64, read: bool| -> Result<()> {
             edges.push(Edge {
                 block,
-                map: Some(g.map_read(ino, &it, block * BS, BS as usize)?),
+                map: if read {
+                    Some(g.map_read(ino, &it, block * BS, BS as usize)?)
+                } else {
+                    None
+                },
                 exts: g.extents(ino, block * BS, (block + 1) * BS)?,
             });
             Ok(())
         };
         if !off.is_multiple_of(BS) {
-            edge_at(self, b0)?;
+            edge_at(self, b0, true)?;
         }
-        // The last block's bytes past the write exist only below the size; a first block that
-        // is also the last was read whole already.
-        if !end.is_multiple_of(BS) && end < size && (b1 - 1 != b0 || off.is_multiple_of(BS)) {
-            edge_at(self, b1 - 1)?;
+        // The last block's bytes past the write exist only below the size, so it is read only
+        // then; but it is an edge either way: another write past this one's end (which moves
+        // the size) must make this one run again, or the zeros it puts there would win. A
+        // first block that is also the last was read whole already.
+        if !end.is_multiple_of(BS) && (b1 - 1 != b0 || off.is_multiple_of(BS)) {
+            edge_at(self, b1 - 1, end < size)?;
         }
         let touched = self.extents(ino, b0 * BS, b1 * BS)?.len() as u64;
         self.reserve_write(len, touched)?;
