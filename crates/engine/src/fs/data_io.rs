@@ -9,11 +9,14 @@
 //! A write that goes to blocks runs in three steps:
 //! 1. Under the lock (`plan_write`): the checks, the reservation, and the new blocks claimed
 //!    (`Allocator::claim`: busy, but not recorded as used by a commit frozen before step 3).
-//!    When the write leaves part of its first or last block alone, that block is mapped
-//!    (its other bytes go into the new block) and the fence entered.
+//!    When the write leaves part of its first or last block alone, that block is an *edge*:
+//!    mapped (its other bytes go into the new block) and the fence entered. A last block
+//!    whose bytes past the write lie past the size is not read, but is an edge all the same:
+//!    a write further into it meanwhile moves the size, and this one must then not put its
+//!    zeros over it.
 //! 2. Without the lock (`WritePlan::write_blocks`): the edge blocks read, the new blocks
 //!    written.
-//! 3. Under the lock, as one operation through `write_op` (sync modes, stopping after an
+//! 3. Under the lock, as one operation (`write_op_once`: sync modes, stopping after an
 //!    error): the blocks installed and linked in place of what the range held, the size and
 //!    times set (`install_write`).
 //!

@@ -146,6 +146,7 @@ pub struct OpenOptions {
     /// Every read and write runs whole under the operation lock, data I/O included, as
     /// before `data_io`: the same-run baseline for what moving it out gains
     /// (`idxfs bench concurrency`).
+    #[doc(hidden)]
     pub bench_data_under_lock: bool,
     /// Testing only: commit after every freeing batch, as a device too full for the next
     /// batch's reservation makes it, so crash tests see the states between batches.
