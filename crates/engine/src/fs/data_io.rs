@@ -237,21 +237,7 @@ impl Inner {
         }
         self.store.data_unflushed = true;
         self.punch_now(ino, b0 * BS, b1 * BS)?;
-        let gen = self.store.generation;
-        let mut fo = b0 * BS;
-        for &(s, n) in &runs {
-            self.insert_extent(ino, fo, s, n, gen)?;
-            fo += n * BS;
-        }
-        let now = self.now();
-        self.modify_inode(ino, |i| {
-            i.size = i.size.get().max(end).into();
-            i.alloc_bytes = (i.alloc_bytes.get() + (b1 - b0) * BS).into();
-            if times {
-                i.mtime = now;
-                i.ctime = now;
-            }
-        })?;
+        self.link_runs(ino, b0, &runs, end, times)?;
         Ok(true)
     }
 }

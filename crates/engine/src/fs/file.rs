@@ -514,17 +514,35 @@ impl Inner {
         } else {
             self.punch_now(ino, b0 * BS, b1 * BS)?;
         }
+        self.link_runs(ino, b0, &runs, end, true)
+    }
+
+    /// Links new blocks (`runs`, in file order) as the file's data from block `b0`, where the
+    /// range's old extents are gone already, then sets the size to at least `end`, counts the
+    /// blocks, and with `times` sets the modification and change times. Returns the inode.
+    pub(super) fn link_runs(
+        &mut self,
+        ino: Ino,
+        b0: u64,
+        runs: &[(u64, u64)],
+        end: u64,
+        times: bool,
+    ) -> Result<InodeItem> {
+        let gen = self.store.generation;
         let mut fo = b0 * BS;
-        for &(s, n) in &runs {
+        for &(s, n) in runs {
             self.insert_extent(ino, fo, s, n, gen)?;
             fo += n * BS;
         }
+        let blocks: u64 = runs.iter().map(|r| r.1).sum();
         let now = self.now();
         self.modify_inode(ino, |i| {
             i.size = i.size.get().max(end).into();
-            i.alloc_bytes = (i.alloc_bytes.get() + nblocks * BS).into();
-            i.mtime = now;
-            i.ctime = now;
+            i.alloc_bytes = (i.alloc_bytes.get() + blocks * BS).into();
+            if times {
+                i.mtime = now;
+                i.ctime = now;
+            }
         })
     }
 
@@ -541,7 +559,7 @@ impl Inner {
     /// takes in the one after on the same terms. A merged extent keeps the older generation,
     /// so freeing any part of it later waits for a commit (never too early), and stays inside
     /// one block group, as every allocation does (blocks are freed group by group).
-    pub(super) fn insert_extent(
+    fn insert_extent(
         &mut self,
         ino: Ino,
         file_off: u64,
