@@ -236,38 +236,40 @@ impl Allocator {
 
     /// A claimed run is now referenced by the running transaction: the next commit records it.
     pub fn install(&mut self, start: u64, n: u64) {
-        let gi = self.group_of(start);
-        let g = &mut self.groups[gi];
-        for b in start..start + n {
-            let i = b - g.start;
-            assert!(
-                g.busy.get(i) && !g.used.get(i),
-                "installing unclaimed block {b}"
-            );
-            g.used.set(i, true);
-        }
-        g.used_count += n;
-        self.used_total += n;
-        self.claimed -= n;
-        self.dirty.insert(gi, ());
+        self.end_claim(start, n, true);
     }
 
     /// Gives back a claimed run nothing references (no reader can have mapped it).
     pub fn unclaim(&mut self, start: u64, n: u64) {
+        self.end_claim(start, n, false);
+    }
+
+    /// Ends a claim: the run becomes used (`install`) or free again.
+    fn end_claim(&mut self, start: u64, n: u64, install: bool) {
         let gi = self.group_of(start);
         let g = &mut self.groups[gi];
         for b in start..start + n {
             let i = b - g.start;
             assert!(
                 g.busy.get(i) && !g.used.get(i),
-                "unclaiming unclaimed block {b}"
+                "ending a claim of unclaimed block {b}"
             );
-            g.busy.set(i, false);
+            if install {
+                g.used.set(i, true);
+            } else {
+                g.busy.set(i, false);
+            }
         }
-        g.busy_count -= n;
-        self.busy_total -= n;
+        if install {
+            g.used_count += n;
+            self.used_total += n;
+            self.dirty.insert(gi, ());
+        } else {
+            g.busy_count -= n;
+            self.busy_total -= n;
+            self.refile(gi);
+        }
         self.claimed -= n;
-        self.refile(gi);
     }
 
     /// Blocks claimed and neither installed nor given back.
