@@ -1,10 +1,11 @@
 //! `idxfs bench concurrency`: what one writer costs the readers, and what a second thread adds.
 //!
 //! Through the library: getattr and lookup latency (p50, p99, max) idle, then while another
-//! thread creates files with fsyncs every 64 creates and a commit every 4,096; creates with two
+//! thread creates files with fsyncs every 64 creates and a commit every 4,096, and the same for
+//! getxattr of a name files lack (the ACL `ls -l` asks for) and statfs; creates with two
 //! threads in two directories against one; getattr throughput of two reader threads against
-//! one, and of two readers that take the lock for every read (the same-run baseline of the
-//! lock-free path). Through the mount (when idxfs is among the file systems): stat latency
+//! one, and getattr, getxattr and statfs throughput of two readers against two that take the
+//! lock for every read (the same-run baseline of the lock-free path). Through the mount (when idxfs is among the file systems): stat latency
 //! idle and while a thread creates and fsyncs, beside the FUSE round trip of an empty daemon;
 //! fs_mark with 2 threads against 1. fsync beside other work: on a device whose flush takes
 //! `FLUSH_DELAY`, one thread creating, writing 4 KiB and fsyncing each file while another creates
@@ -75,9 +76,25 @@ fn populate(fs: &Fs, name: &[u8], n: u64) -> Result<(Attr, Files), String> {
     Ok((dir, files))
 }
 
-/// getattr and lookup latencies for `dur`, one reader thread.
-fn read_lat(fs: &Fs, dir: u64, files: &[(Vec<u8>, u64)], dur: Duration) -> (Lat, Lat) {
-    let (mut ga, mut lk) = (Vec::new(), Vec::new());
+/// The xattr `ls -l` asks every file for (its ACL), which files rarely have.
+const ACL_XATTR: &[u8] = b"system.posix_acl_access";
+
+/// Latencies of the reads one reader thread makes for `dur`, on random files in turn.
+struct ReadLat {
+    getattr: Lat,
+    lookup: Lat,
+    /// getxattr of a name the file does not have (`ACL_XATTR`).
+    getxattr: Lat,
+    statfs: Lat,
+}
+
+fn read_lat(fs: &Fs, dir: u64, files: &[(Vec<u8>, u64)], dur: Duration) -> ReadLat {
+    let mut r = ReadLat {
+        getattr: Lat(Vec::new()),
+        lookup: Lat(Vec::new()),
+        getxattr: Lat(Vec::new()),
+        statfs: Lat(Vec::new()),
+    };
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     let end = Instant::now() + dur;
     while Instant::now() < end {
@@ -91,11 +108,17 @@ fn read_lat(fs: &Fs, dir: u64, files: &[(Vec<u8>, u64)], dur: Duration) -> (Lat,
             let t2 = Instant::now();
             let _ = fs.lookup(dir, name);
             let t3 = Instant::now();
-            ga.push((t2 - t).as_nanos() as u64);
-            lk.push((t3 - t2).as_nanos() as u64);
+            let _ = fs.getxattr(*ino, ACL_XATTR);
+            let t4 = Instant::now();
+            let _ = fs.statfs();
+            let t5 = Instant::now();
+            r.getattr.0.push((t2 - t).as_nanos() as u64);
+            r.lookup.0.push((t3 - t2).as_nanos() as u64);
+            r.getxattr.0.push((t4 - t3).as_nanos() as u64);
+            r.statfs.0.push((t5 - t4).as_nanos() as u64);
         }
     }
-    (Lat(ga), Lat(lk))
+    r
 }
 
 /// Creates files in a new directory until `stop`, fsyncing the directory every 64 creates and
@@ -160,8 +183,17 @@ fn creates(fs: &Fs, tag: &str, threads: u64, per: u64) -> Result<f64, String> {
     Ok((threads * per) as f64 / t.elapsed().as_secs_f64())
 }
 
-/// getattr calls per second of `threads` reader threads for `dur`.
-fn readers(fs: &Fs, files: &[(Vec<u8>, u64)], threads: u64, dur: Duration) -> f64 {
+/// What the reader threads of `readers` call.
+#[derive(Clone, Copy)]
+enum ReadOp {
+    Getattr,
+    /// getxattr of `ACL_XATTR`, which no file has.
+    Getxattr,
+    Statfs,
+}
+
+/// Calls per second of `threads` reader threads for `dur`, each calling `op` on random files.
+fn readers(fs: &Fs, files: &[(Vec<u8>, u64)], threads: u64, dur: Duration, op: ReadOp) -> f64 {
     let total: u64 = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|k| {
@@ -174,7 +206,12 @@ fn readers(fs: &Fs, files: &[(Vec<u8>, u64)], threads: u64, dur: Duration) -> f6
                             x ^= x << 13;
                             x ^= x >> 7;
                             x ^= x << 17;
-                            let _ = fs.getattr(files[(x % files.len() as u64) as usize].1);
+                            let ino = files[(x % files.len() as u64) as usize].1;
+                            let _ = match op {
+                                ReadOp::Getattr => fs.getattr(ino).map(drop),
+                                ReadOp::Getxattr => fs.getxattr(ino, ACL_XATTR).map(drop),
+                                ReadOp::Statfs => fs.statfs().map(drop),
+                            };
                         }
                         n += 256;
                     }
@@ -198,11 +235,17 @@ fn lat_row(o: &mut String, label: &str, l: [f64; 3], idle: Option<[f64; 3]>) {
     );
 }
 
-/// getattr/s of 1 and 2 readers on a file system whose reads all take the lock.
-fn locked_readers(files: u64, dur: Duration) -> Result<(f64, f64), String> {
+/// Calls/s of 1 and 2 readers on a file system whose reads all take the lock: getattr, then
+/// 2 readers of getxattr and of statfs.
+fn locked_readers(files: u64, dur: Duration) -> Result<[f64; 4], String> {
     let fs = lib_fs(1 << 30, true)?;
     let (_, names) = populate(&fs, b"r", files)?;
-    let r = (readers(&fs, &names, 1, dur), readers(&fs, &names, 2, dur));
+    let r = [
+        readers(&fs, &names, 1, dur, ReadOp::Getattr),
+        readers(&fs, &names, 2, dur, ReadOp::Getattr),
+        readers(&fs, &names, 2, dur, ReadOp::Getxattr),
+        readers(&fs, &names, 2, dur, ReadOp::Statfs),
+    ];
     fs.close().map_err(|e| e.to_string())?;
     Ok(r)
 }
@@ -212,9 +255,9 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
     let fs = lib_fs(4 << 30, false)?;
     let (dir, names) = populate(&fs, b"r", files)?;
     let dur = Duration::from_secs_f64(secs);
-    let (mut ga0, mut lk0) = read_lat(&fs, dir.ino, &names, dur);
+    let mut idle = read_lat(&fs, dir.ino, &names, dur);
     let stop = AtomicBool::new(false);
-    let ((mut ga1, mut lk1), made) = std::thread::scope(|s| {
+    let (mut load, made) = std::thread::scope(|s| {
         let w = s.spawn(|| writer(&fs, b"w", &stop));
         // Let the writer start before measuring.
         std::thread::sleep(Duration::from_millis(50));
@@ -226,17 +269,34 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
     let c = fs.counters();
     let lock_free = c.getattr_lock_free.load(Ordering::Relaxed);
     let lookups_free = c.lookup_lock_free.load(Ordering::Relaxed);
-    let getattrs = (ga0.0.len() + ga1.0.len()) as u64;
-    let lookups = (lk0.0.len() + lk1.0.len()) as u64;
+    let getattrs = (idle.getattr.0.len() + load.getattr.0.len()) as u64;
+    let lookups = (idle.lookup.0.len() + load.lookup.0.len()) as u64;
+    let xattrs_free = c.xattr_lock_free.load(Ordering::Relaxed);
+    let statfs_free = c.statfs_lock_free.load(Ordering::Relaxed);
+    let xattrs = (idle.getxattr.0.len() + load.getxattr.0.len()) as u64;
+    let statfses = (idle.statfs.0.len() + load.statfs.0.len()) as u64;
     let commits = c.commits.load(Ordering::Relaxed);
     let batches = c.log_batches.load(Ordering::Relaxed);
     let one = creates(&fs, "one", 1, creates_n)?;
     let two = creates(&fs, "two", 2, creates_n / 2)?;
-    let r1 = readers(&fs, &names, 1, dur);
-    let r2 = readers(&fs, &names, 2, dur);
+    let r1 = readers(&fs, &names, 1, dur, ReadOp::Getattr);
+    let r2 = readers(&fs, &names, 2, dur, ReadOp::Getattr);
+    let x2 = readers(&fs, &names, 2, dur, ReadOp::Getxattr);
+    let s2 = readers(&fs, &names, 2, dur, ReadOp::Statfs);
     fs.close().map_err(|e| e.to_string())?;
-    let (l1r, l2r) = locked_readers(files, dur)?;
-    let (g0, l0, g1, l1) = (ga0.summary(), lk0.summary(), ga1.summary(), lk1.summary());
+    let [l1r, l2r, lx2, ls2] = locked_readers(files, dur)?;
+    let (g0, l0, g1, l1) = (
+        idle.getattr.summary(),
+        idle.lookup.summary(),
+        load.getattr.summary(),
+        load.lookup.summary(),
+    );
+    let (x0, x1, s0, s1) = (
+        idle.getxattr.summary(),
+        load.getxattr.summary(),
+        idle.statfs.summary(),
+        load.statfs.summary(),
+    );
     let mut o = String::new();
     let _ = writeln!(
         o,
@@ -246,7 +306,8 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
     let _ = writeln!(
         o,
         "answered without the lock: getattr {lock_free} of {getattrs}, lookup {lookups_free} \
-         of {lookups} (the rest: first reads, which publish)"
+         of {lookups}, getxattr {xattrs_free} of {xattrs}, statfs {statfs_free} of \
+         {statfses} (the rest: first reads, which publish)"
     );
     let _ = writeln!(
         o,
@@ -257,6 +318,15 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
     lat_row(&mut o, "getattr, writer creating+fsyncing", g1, Some(g0));
     lat_row(&mut o, "lookup, idle", l0, None);
     lat_row(&mut o, "lookup, writer creating+fsyncing", l1, Some(l0));
+    lat_row(&mut o, "getxattr (absent ACL), idle", x0, None);
+    lat_row(
+        &mut o,
+        "getxattr (absent ACL), writer creating+fsyncing",
+        x1,
+        Some(x0),
+    );
+    lat_row(&mut o, "statfs, idle", s0, None);
+    lat_row(&mut o, "statfs, writer creating+fsyncing", s1, Some(s0));
     let _ = writeln!(
         o,
         "creates/s: 1 thread {one:.0}, 2 threads in 2 directories {two:.0} ({:.2}x)",
@@ -271,6 +341,13 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
         l2r / l1r,
         r2 / l2r
     );
+    let _ = writeln!(
+        o,
+        "2 readers, lock-free against every read under the lock: getxattr/s (absent ACL) \
+         {x2:.0} against {lx2:.0} ({:.2}x); statfs/s {s2:.0} against {ls2:.0} ({:.2}x)",
+        x2 / lx2,
+        s2 / ls2
+    );
     let json = json!({
         "getattr_locked_1_reader": l1r, "getattr_locked_2_readers": l2r,
         "getattr_lock_free": lock_free, "lookup_lock_free": lookups_free,
@@ -278,6 +355,10 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
         "getattr_idle_us": g0, "getattr_load_us": g1, "lookup_idle_us": l0, "lookup_load_us": l1,
         "creates_1_thread": one, "creates_2_threads": two,
         "getattr_1_reader": r1, "getattr_2_readers": r2,
+        "getxattr_lock_free": xattrs_free, "statfs_lock_free": statfs_free,
+        "getxattr_idle_us": x0, "getxattr_load_us": x1, "statfs_idle_us": s0,
+        "statfs_load_us": s1, "getxattr_2_readers": x2, "getxattr_locked_2_readers": lx2,
+        "statfs_2_readers": s2, "statfs_locked_2_readers": ls2,
     });
     Ok((o, json))
 }

@@ -1,10 +1,11 @@
-//! getattr and lookup answered without the lock (`fs/published.rs`): never stale, never a
-//! half-applied operation.
+//! getattr, lookup, readlink, getxattr, listxattr and statfs answered without the lock
+//! (`fs/published.rs`): never stale, never a half-applied operation.
 //!
-//! - A model test reads every name and inode back after every operation, so each one is
-//!   published before the next operation changes it; any change that does not unpublish or
-//!   republish what it touched shows up as a stale answer. The inode cache is tiny, so
-//!   published inodes outlive their cache entries.
+//! - A model test reads every name, inode, symlink target and xattr back after every
+//!   operation, so each one is published before the next operation changes it; any change
+//!   that does not unpublish or republish what it touched shows up as a stale answer. The
+//!   inode cache is tiny, so published inodes outlive their cache entries. statfs read
+//!   without the lock must equal statfs computed under it.
 //! - A concurrency test keeps a name moving between two inodes by rename while readers look it
 //!   up without the lock: whichever inode the name leads to has exactly two names then, so a
 //!   reader that saw the name from one operation and the link count from another fails.
@@ -33,7 +34,14 @@ struct Model {
     inodes: BTreeMap<u64, Ino>,
     /// Every inode number ever seen: freed ones must read as gone.
     seen: Vec<u64>,
+    /// Symlink targets.
+    links: BTreeMap<u64, Vec<u8>>,
+    /// Each inode's xattrs.
+    xattrs: BTreeMap<u64, BTreeMap<Vec<u8>, Vec<u8>>>,
 }
+
+/// The xattr names the test uses.
+const XATTR_NAMES: [&[u8]; 3] = [b"user.a", b"user.b", b"user.c"];
 
 impl Model {
     /// Drops one name of `ino` (the caller removed it from `names`).
@@ -41,13 +49,13 @@ impl Model {
         let Some(i) = self.inodes.get_mut(&ino) else {
             panic!("model: unlink of unknown inode {ino}")
         };
-        if i.dir {
-            self.inodes.remove(&ino);
-            return;
+        if !i.dir {
+            i.nlink -= 1;
         }
-        i.nlink -= 1;
-        if i.nlink == 0 {
+        if i.dir || i.nlink == 0 {
             self.inodes.remove(&ino);
+            self.links.remove(&ino);
+            self.xattrs.remove(&ino);
         }
     }
 
@@ -69,7 +77,47 @@ impl Model {
             let got = fs.getattr(ino).ok().map(|a| self.view(&a));
             let want = self.inodes.get(&ino).cloned();
             assert_eq!(got, want, "step {step}: getattr {ino}");
+            if want.is_none() {
+                assert!(
+                    fs.listxattr(ino).is_err(),
+                    "step {step}: xattrs of freed {ino}"
+                );
+                assert!(
+                    fs.readlink(ino).is_err(),
+                    "step {step}: readlink of freed {ino}"
+                );
+                continue;
+            }
+            let xs = self.xattrs.get(&ino).cloned().unwrap_or_default();
+            let mut names = fs.listxattr(ino).expect("listxattr");
+            names.sort();
+            assert_eq!(
+                names,
+                xs.keys().cloned().collect::<Vec<_>>(),
+                "step {step}: listxattr {ino}"
+            );
+            for n in XATTR_NAMES {
+                match (fs.getxattr(ino, n), xs.get(n)) {
+                    (Ok(v), Some(w)) => assert!(v == *w, "step {step}: getxattr {ino} value"),
+                    (Err(Error::NoData), None) => {}
+                    (got, want) => panic!(
+                        "step {step}: getxattr {ino} {}: {:?} bytes, want {:?}",
+                        String::from_utf8_lossy(n),
+                        got.map(|v| v.len()),
+                        want.map(|v| v.len())
+                    ),
+                }
+            }
+            match self.links.get(&ino) {
+                Some(t) => assert!(
+                    fs.readlink(ino).expect("readlink") == *t,
+                    "step {step}: readlink {ino}"
+                ),
+                None => assert!(fs.readlink(ino).is_err(), "step {step}: readlink of {ino}"),
+            }
         }
+        let free = fs.statfs().expect("statfs");
+        assert_eq!(free, fs.statfs_under_lock(), "step {step}: stale statfs");
     }
 
     fn view(&self, a: &Attr) -> Ino {
@@ -133,9 +181,20 @@ fn lock_free_reads_follow_every_change() {
         let (d, n) = pick(&mut rng);
         let at = m.names.get(&(d, n.clone())).copied();
         let is_dir = |m: &Model, i: u64| m.inodes.get(&i).is_some_and(|x| x.dir);
-        match rng.below(8) {
+        let is_file = |m: &Model, i: u64| !is_dir(m, i) && !m.links.contains_key(&i);
+        match rng.below(10) {
             0 | 1 => {
-                let r = fs.create(d, &n, 0o644, ME);
+                // A file, or a symlink (some targets too long to publish, some in a block).
+                let target = rng.chance(30).then(|| {
+                    let len = [1 + rng.below(200), 1 + rng.below(4095)][rng.below(2) as usize];
+                    (0..len)
+                        .map(|i| b'a' + ((i + step as u64) % 26) as u8)
+                        .collect::<Vec<_>>()
+                });
+                let r = match &target {
+                    Some(t) => fs.symlink(d, &n, t, ME),
+                    None => fs.create(d, &n, 0o644, ME),
+                };
                 match at {
                     Some(_) => assert!(matches!(r, Err(Error::Exists)), "{step}: {r:?}"),
                     None => {
@@ -146,12 +205,37 @@ fn lock_free_reads_follow_every_change() {
                             Ino {
                                 dir: false,
                                 nlink: 1,
-                                mode: 0o644,
-                                size: 0,
+                                mode: if target.is_some() { 0o777 } else { 0o644 },
+                                size: target.as_ref().map_or(0, |t| t.len() as u64),
                             },
                         );
+                        if let Some(t) = target {
+                            m.links.insert(a.ino, t);
+                        }
                         m.seen.push(a.ino);
                         m.inodes.get_mut(&d).expect("dir").size += 1;
+                    }
+                }
+            }
+            8 => {
+                // An xattr set: small, large enough to take the set past what is published,
+                // or long enough to live in chunks.
+                if let Some(i) = at {
+                    let name = XATTR_NAMES[rng.below(3) as usize];
+                    let len = [rng.below(100), 900, 5000][rng.below(3) as usize] as usize;
+                    let v = vec![(step % 251) as u8; len];
+                    fs.setxattr(i, name, &v, 0).expect("setxattr");
+                    m.xattrs.entry(i).or_default().insert(name.to_vec(), v);
+                }
+            }
+            9 => {
+                if let Some(i) = at {
+                    let name = XATTR_NAMES[rng.below(3) as usize];
+                    let had = m.xattrs.entry(i).or_default().remove(name).is_some();
+                    match fs.removexattr(i, name) {
+                        Ok(()) => assert!(had, "{step}: removed an xattr never set"),
+                        Err(Error::NoData) => assert!(!had, "{step}: xattr lost"),
+                        Err(e) => panic!("{step}: removexattr: {e:?}"),
                     }
                 }
             }
@@ -216,7 +300,7 @@ fn lock_free_reads_follow_every_change() {
                 }
             }
             _ => {
-                if let Some(i) = at.filter(|&i| !is_dir(&m, i)) {
+                if let Some(i) = at.filter(|&i| is_file(&m, i)) {
                     let len = rng.below(9000) as usize;
                     fs.write(i, 0, &vec![7u8; len]).expect("write");
                     let x = m.inodes.get_mut(&i).expect("inode");
@@ -230,11 +314,18 @@ fn lock_free_reads_follow_every_change() {
         m.check(&fs, &dirs, &names, step);
     }
     let c = fs.counters();
-    assert!(
-        c.lookup_lock_free.load(Ordering::Relaxed) > 0
-            && c.getattr_lock_free.load(Ordering::Relaxed) > 0,
-        "nothing was read without the lock: the test tested the locked path only"
-    );
+    for (what, n) in [
+        ("lookup", &c.lookup_lock_free),
+        ("getattr", &c.getattr_lock_free),
+        ("readlink", &c.readlink_lock_free),
+        ("xattr", &c.xattr_lock_free),
+        ("statfs", &c.statfs_lock_free),
+    ] {
+        assert!(
+            n.load(Ordering::Relaxed) > 0,
+            "no {what} was answered without the lock: the test tested the locked path only"
+        );
+    }
     fs.close().expect("close");
     assert_clean(&dev);
 }
@@ -287,6 +378,73 @@ fn a_lookup_sees_a_name_and_its_link_count_from_one_state() {
     assert!(
         fs.counters().lookup_lock_free.load(Ordering::Relaxed) > 0,
         "no lookup took the lock-free path"
+    );
+    let fs = Arc::into_inner(fs).expect("readers are done");
+    fs.close().expect("close");
+    assert_clean(&dev);
+}
+
+#[test]
+fn an_xattr_read_without_the_lock_is_never_older_than_a_finished_change() {
+    let (dev, fs) = mem_fs(64 << 20);
+    let fs = Arc::new(fs);
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("f").ino;
+    fs.setxattr(f, b"user.v", &0u64.to_le_bytes(), 0)
+        .expect("setxattr");
+    // The last value whose setxattr has returned.
+    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (fs, stop, done) = (fs.clone(), stop.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut last = 0;
+                let mut reads = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let floor = done.load(Ordering::Acquire);
+                    let v = fs.getxattr(f, b"user.v").expect("getxattr");
+                    let v = u64::from_le_bytes(v.try_into().expect("8 bytes"));
+                    assert!(v >= floor, "read {v} after {floor} was set and returned");
+                    assert!(v >= last, "read {v} after reading {last}");
+                    last = v;
+                    let names = fs.listxattr(f).expect("listxattr");
+                    assert!(names.iter().any(|n| n == b"user.v"), "user.v missing");
+                    let s = fs.statfs().expect("statfs");
+                    assert!(s.blocks_avail <= s.blocks_free && s.blocks_free <= s.blocks);
+                    assert!(s.files_free <= s.files);
+                    reads += 1;
+                }
+                reads
+            })
+        })
+        .collect();
+    let n: u64 = if cfg!(debug_assertions) { 2000 } else { 20000 };
+    for i in 1..=n {
+        fs.setxattr(f, b"user.v", &i.to_le_bytes(), 0)
+            .expect("setxattr");
+        done.store(i, Ordering::Release);
+        // Other xattrs come and go, and files with data, so statfs's counts move.
+        let name = format!("user.x{}", i % 3).into_bytes();
+        if i % 2 == 0 {
+            fs.setxattr(f, &name, b"x", 0).expect("setxattr x");
+        } else {
+            let _ = fs.removexattr(f, &name);
+        }
+        if i % 64 == 0 {
+            let g = fs.create(ROOT, b"g", 0o644, ME).expect("g").ino;
+            fs.write(g, 0, &[1u8; 20000]).expect("write g");
+            fs.unlink(ROOT, b"g").expect("unlink g");
+        }
+        if i % 5000 == 0 {
+            fs.sync().expect("sync");
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let reads: u64 = readers.into_iter().map(|r| r.join().expect("reader")).sum();
+    assert!(reads > 0, "the readers read nothing");
+    assert!(
+        fs.counters().xattr_lock_free.load(Ordering::Relaxed) > 0,
+        "no xattr read took the lock-free path"
     );
     let fs = Arc::into_inner(fs).expect("readers are done");
     fs.close().expect("close");

@@ -108,6 +108,7 @@ impl Fs {
                     name: name.into(),
                     ino,
                 }),
+                ..Default::default()
             });
         }
         Ok(Attr::from_item(ino, &it))
@@ -220,8 +221,21 @@ impl Fs {
         })
     }
 
+    /// A symlink's target: without the lock once read (`published`; targets never change).
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
-        self.lock().read_link(ino)
+        if let Some(t) = self.shared.published.readlink(ino) {
+            Counters::inc(&self.shared.counters.readlink_lock_free);
+            return Ok(t);
+        }
+        let mut g = self.lock();
+        let t = g.read_link(ino)?;
+        if t.len() <= published::VALUE_BYTES_MAX {
+            g.publish_read(published::Read {
+                link: Some((ino, t.clone().into())),
+                ..Default::default()
+            });
+        }
+        Ok(t)
     }
 
     /// Adds a hard link `newparent/newname` to `ino`.

@@ -18,10 +18,12 @@
 //! does (a request that cannot be done is refused before its first change).
 //!
 //! What runs beside what:
-//! - getattr and lookup take no lock once what they read was read before (`published`: the
-//!   inode, and for a lookup the directory and the name). They answer as the last finished
-//!   operation left things, so they never wait for a writer or a commit, and any number of
-//!   readers run in parallel. The first read of each takes the lock and publishes it.
+//! - getattr, lookup, readlink, getxattr and listxattr take no lock once what they read was
+//!   read before (`published`: the inode; for a lookup the directory and the name; the
+//!   symlink target; the inode's xattrs when all are small and inline), and statfs takes none
+//!   once any operation has ended. They answer as the last finished operation left things,
+//!   so they never wait for a writer or a commit, and any number of readers run in parallel.
+//!   The first read of each takes the lock and publishes it.
 //! - A commit freezes its transaction under the lock and writes its nodes and superblock
 //!   without it (`crate::txn`): operations go on in the next transaction meanwhile. Only an
 //!   fsync (whose log the frozen superblock names), a second commit, and an operation that
@@ -35,8 +37,8 @@
 //!   (`data_io`). Blocks a reader outside the lock may still read are not handed out again
 //!   until it is done (`crate::space::read_fence`).
 //! - Everything else still serializes on the one lock, each operation whole: first reads,
-//!   ".." and misses, readdir, readlink, xattrs, statfs, and every tree change (a write's
-//!   included). The trees change nodes in place within a transaction, so a reader of them
+//!   ".." and misses, readdir, long xattrs and symlink targets, and every tree change (a
+//!   write's included). The trees change nodes in place within a transaction, so a reader of them
 //!   beside a writer would need a published root per operation; that is not built yet (see
 //!   the README's table), so the tree changes of two writers never overlap, though their
 //!   data I/O does.
@@ -227,6 +229,8 @@ struct Shared {
     log_io: Arc<crate::log_io::LogIo>,
     /// The image, for the fsync log's I/O without the lock.
     dev: Arc<dyn BlockDevice>,
+    /// The image's size in blocks (fixed for a mount).
+    total_blocks: u64,
     stop: Mutex<bool>,
     wake: Condvar,
     counters: Arc<Counters>,
@@ -499,6 +503,7 @@ impl Fs {
             fence: inner.store.alloc.fence().clone(),
             log_io: inner.log.io.clone(),
             dev: inner.store.dev.clone(),
+            total_blocks: inner.store.total_blocks,
             inner: Mutex::new(inner),
             stop: Mutex::new(false),
             wake: Condvar::new(),
@@ -730,28 +735,50 @@ impl Fs {
         // Read under the lock, so current: the next getattr of it takes no lock.
         g.publish_read(published::Read {
             inodes: vec![(ino, it)],
-            name: None,
+            ..Default::default()
         });
         Ok(Attr::from_item(ino, &it))
     }
 
+    /// The file system's size and what is free, as the last finished operation left them:
+    /// without the lock once any operation has ended (`published`).
     pub fn statfs(&self) -> Result<StatFs> {
-        let g = self.lock();
-        let space = g.space_report();
-        // f_bavail is what an unprivileged caller may use, whoever asks (as on ext4: root
-        // may go on into the root reserve).
-        let avail = space.avail;
-        // An inode takes about 1/16 of a block of items (inode item, entries, back reference).
-        let files_free = (idxfs_format::MAX_INO - g.next_ino).min(avail * 16);
-        Ok(StatFs {
+        let c = match self.shared.published.statfs() {
+            Some(c) => {
+                Counters::inc(&self.shared.counters.statfs_lock_free);
+                c
+            }
+            None => {
+                let mut g = self.lock();
+                let c = g.space_counts();
+                g.publish_read(published::Read {
+                    space: Some(c),
+                    ..Default::default()
+                });
+                c
+            }
+        };
+        Ok(self.statfs_of(c))
+    }
+
+    /// Testing only: statfs computed under the lock, never the published counts, to check
+    /// those against.
+    #[doc(hidden)]
+    pub fn statfs_under_lock(&self) -> StatFs {
+        let c = self.lock().space_counts();
+        self.statfs_of(c)
+    }
+
+    fn statfs_of(&self, c: published::SpaceCounts) -> StatFs {
+        StatFs {
             block_size: BLOCK_SIZE as u32,
-            blocks: g.store.total_blocks,
-            blocks_free: space.free,
-            blocks_avail: avail,
-            files: g.inode_count + files_free,
-            files_free,
+            blocks: self.shared.total_blocks,
+            blocks_free: c.blocks_free,
+            blocks_avail: c.blocks_avail,
+            files: c.files,
+            files_free: c.files_free,
             name_max: NAME_MAX as u32,
-        })
+        }
     }
 
     /// Test and tool access to the whole engine state under the lock.
@@ -828,6 +855,7 @@ impl Drop for Locked<'_> {
         let changed = published::Changes {
             inodes: self.g.inodes.take_changed(),
             names_removed: std::mem::take(&mut self.g.names_removed),
+            space: self.published.space_live().then(|| self.g.space_counts()),
         };
         self.published
             .publish(changed, std::mem::take(&mut self.read));
@@ -1053,6 +1081,22 @@ impl Inner {
             self.write_back_inodes()?;
         }
         Ok(self.store.dirty_nodes > self.policy.dirty_nodes_limit)
+    }
+
+    /// What statfs reports that operations change.
+    pub(crate) fn space_counts(&self) -> published::SpaceCounts {
+        let space = self.space_report();
+        // f_bavail is what an unprivileged caller may use, whoever asks (as on ext4: root
+        // may go on into the root reserve).
+        let avail = space.avail;
+        // An inode takes about 1/16 of a block of items (inode item, entries, back reference).
+        let files_free = (idxfs_format::MAX_INO - self.next_ino).min(avail * 16);
+        published::SpaceCounts {
+            blocks_free: space.free,
+            blocks_avail: avail,
+            files: self.inode_count + files_free,
+            files_free,
+        }
     }
 
     /// Reads an inode (cache first).

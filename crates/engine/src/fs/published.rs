@@ -1,12 +1,20 @@
-//! Inode attributes and directory entries published for readers that take no lock (seed 000's
-//! lock-free read path on the engine's hottest reads, getattr and lookup).
+//! Inode attributes, directory entries, symlink targets, xattrs and statfs's counts published
+//! for readers that take no lock (seed 000's lock-free read path on the engine's hottest
+//! reads: getattr, lookup, readlink, getxattr, listxattr, statfs).
 //!
 //! What is published, and when:
 //! - an *inode* when a getattr or lookup first finds it unpublished (and takes the lock to
 //!   read it), so only inodes someone reads cost a copy here: a create does not publish the
 //!   inode it makes;
 //! - a *name* (directory, name -> inode) when a lookup under the lock found it. Only names:
-//!   "." and "..", misses, and names in unpublished directories take the lock.
+//!   "." and "..", misses, and names in unpublished directories take the lock;
+//! - a *symlink target* when a readlink under the lock read it, and an inode's *xattrs*,
+//!   all of them, when a getxattr or listxattr under the lock read them (so a name the inode
+//!   lacks is answered too). Both only up to `VALUE_BYTES_MAX` bytes, and xattrs only when
+//!   every value is inline. Any change to the inode unpublishes both: every xattr change
+//!   sets the inode's ctime, so no operation can change them unseen;
+//! - *statfs's counts* when a statfs under the lock computed them, and again whenever an
+//!   operation moves them while statfs keeps reading them (see `Published::space`).
 //!
 //! The inode cache and the directory indexes change only under the operation lock, and an
 //! operation may change several inodes and names (a rename: up to four inodes, two names).
@@ -60,21 +68,48 @@ pub fn name_key(dir: u64, name: &[u8]) -> u64 {
     h ^ (h >> 31)
 }
 
+/// An inode's extended attributes, every one: (name, value).
+pub type Xattrs = Box<[(Box<[u8]>, Box<[u8]>)]>;
+
+/// Most bytes of names and values an inode's published xattrs hold, and of a published
+/// symlink target: longer ones are read under the lock. The sets are bounded by entries (as
+/// many as inodes, a quarter as many targets), so this bounds their memory; most files have
+/// no xattrs, whose published set is empty.
+pub const VALUE_BYTES_MAX: usize = 1024;
+
+/// What statfs reports that changes: the rest is fixed for a mount.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpaceCounts {
+    pub blocks_free: u64,
+    pub blocks_avail: u64,
+    pub files: u64,
+    pub files_free: u64,
+}
+
 /// What an operation changed, to be published as one step.
 #[derive(Default)]
 pub struct Changes {
     /// Inodes and their items now; None: freed (or dropped right after the change), so
-    /// unpublished.
+    /// unpublished. Each one's symlink target and xattrs are unpublished too.
     pub inodes: Vec<(u64, Option<InodeItem>)>,
     /// Keys (`name_key`) of names the operation removed.
     pub names_removed: Vec<u64>,
+    /// statfs's counts as the operation left them, while they are published
+    /// (`Published::space_live`; computing them is not free).
+    pub space: Option<SpaceCounts>,
 }
 
-/// Read: also publish inodes not published yet, and this name.
+/// Read: also publish inodes not published yet, and this name, symlink target or xattr set.
 #[derive(Default)]
 pub struct Read {
     pub inodes: Vec<(u64, InodeItem)>,
     pub name: Option<Name>,
+    /// A symlink's target (at most `VALUE_BYTES_MAX`).
+    pub link: Option<(u64, Box<[u8]>)>,
+    /// Every xattr of an inode (at most `VALUE_BYTES_MAX` of names and values).
+    pub xattrs: Option<(u64, Xattrs)>,
+    /// statfs's counts, computed for a statfs.
+    pub space: Option<SpaceCounts>,
 }
 
 pub struct Published {
@@ -86,6 +121,23 @@ pub struct Published {
     /// the whole name.
     names: ClockMap<Box<[Name]>>,
     name_bits: u32,
+    /// Symlink targets. A target never changes, but any change to its inode unpublishes it
+    /// with the inode's xattrs, so the rule that keeps them true is one and simple.
+    links: ClockMap<Box<[u8]>>,
+    /// Each inode's xattrs, whole, so an absent name is answered without the lock too (the
+    /// common case: `ls -l` asks every file for its ACL and security label). Every change
+    /// to an xattr changes its inode's ctime, which unpublishes the set.
+    xattrs: ClockMap<Xattrs>,
+    /// statfs's counts (`SpaceCounts`, in field order), valid while `space_set`. They move
+    /// with almost every operation, and computing and storing them would cost each one as
+    /// much as its other publishing, so they are kept published only while statfs is asked:
+    /// a statfs under the lock publishes them, and every operation that moves them publishes
+    /// them again if a statfs read them since the last publish (`space_used`), else
+    /// unpublishes them. So a statfs between every two operations never takes the lock, and
+    /// one now and then costs one operation the counts and takes the lock itself.
+    space: [AtomicU64; 4],
+    space_set: AtomicBool,
+    space_used: AtomicBool,
     /// Makes each publish one step for readers.
     seq: SeqCount,
     /// False: nothing is published, every read takes the lock (`bench_locked_reads`).
@@ -101,6 +153,12 @@ impl Published {
             inodes: ClockMap::new(limit),
             names: ClockMap::new(limit),
             name_bits: (2 * limit).next_power_of_two().trailing_zeros(),
+            // Symlinks are few beside files; xattrs are asked of every file `ls -l` lists.
+            links: ClockMap::new(limit / 4),
+            xattrs: ClockMap::new(limit),
+            space: Default::default(),
+            space_set: AtomicBool::new(false),
+            space_used: AtomicBool::new(false),
             seq: SeqCount::new(),
             enabled,
         }
@@ -143,6 +201,68 @@ impl Published {
         })
     }
 
+    /// The target of symlink `ino`; None when not published.
+    pub fn readlink(&self, ino: u64) -> Option<Vec<u8>> {
+        self.read(|| self.links.get(ino, |t| t.to_vec()))
+    }
+
+    /// The value of xattr `name` of `ino` (None inside: the inode has no such xattr); None
+    /// when the inode's xattrs are not published.
+    pub fn getxattr(&self, ino: u64, name: &[u8]) -> Option<Option<Vec<u8>>> {
+        self.read(|| {
+            self.xattrs.get(ino, |xs| {
+                xs.iter()
+                    .find(|(n, _)| **n == *name)
+                    .map(|(_, v)| v.to_vec())
+            })
+        })
+    }
+
+    /// The names of every xattr of `ino`; None when not published.
+    pub fn listxattr(&self, ino: u64) -> Option<Vec<Vec<u8>>> {
+        self.read(|| {
+            self.xattrs
+                .get(ino, |xs| xs.iter().map(|(n, _)| n.to_vec()).collect())
+        })
+    }
+
+    /// statfs's counts as the last finished operation left them; None before the first
+    /// operation ends.
+    pub fn statfs(&self) -> Option<SpaceCounts> {
+        self.read(|| {
+            if !self.space_set.load(Ordering::Relaxed) {
+                return None;
+            }
+            if !self.space_used.load(Ordering::Relaxed) {
+                self.space_used.store(true, Ordering::Relaxed);
+            }
+            let [a, b, c, d] = &self.space;
+            Some(SpaceCounts {
+                blocks_free: a.load(Ordering::Relaxed),
+                blocks_avail: b.load(Ordering::Relaxed),
+                files: c.load(Ordering::Relaxed),
+                files_free: d.load(Ordering::Relaxed),
+            })
+        })
+    }
+
+    /// Whether statfs's counts are published: an operation that ends computes them for
+    /// `Changes::space` only then.
+    pub fn space_live(&self) -> bool {
+        self.enabled && self.space_set.load(Ordering::Relaxed)
+    }
+
+    /// The counts published now (the lock holder's read: only it stores them).
+    fn space_now(&self) -> Option<SpaceCounts> {
+        let [a, b, c, d] = &self.space;
+        self.space_set.load(Ordering::Relaxed).then(|| SpaceCounts {
+            blocks_free: a.load(Ordering::Relaxed),
+            blocks_avail: b.load(Ordering::Relaxed),
+            files: c.load(Ordering::Relaxed),
+            files_free: d.load(Ordering::Relaxed),
+        })
+    }
+
     /// Replaces the bucket of the names with `name_key` `key`: without the names of that key,
     /// plus `add` (whose key it is). Two different names with one 64-bit key both go: what is
     /// unpublished is only looked up under the lock again.
@@ -180,6 +300,16 @@ impl Published {
         if !self.enabled {
             return;
         }
+        let dropped: Vec<u64> = if self.links.is_empty() && self.xattrs.is_empty() {
+            Vec::new()
+        } else {
+            changed
+                .inodes
+                .iter()
+                .map(|&(ino, _)| ino)
+                .filter(|&ino| self.links.contains(ino) || self.xattrs.contains(ino))
+                .collect()
+        };
         let inodes: Vec<_> = changed
             .inodes
             .into_iter()
@@ -190,12 +320,54 @@ impl Published {
             .into_iter()
             .filter(|&k| self.names.contains(self.slot(k)))
             .collect();
-        if inodes.is_empty() && names.is_empty() && read.inodes.is_empty() && read.name.is_none() {
+        // New counts: those a statfs read (it publishes them), else the operation's when
+        // they moved: stored if a statfs read the last ones, else unpublished (`space`).
+        let space = match (read.space, changed.space) {
+            (Some(c), _) => {
+                // Read just now: the next operation that moves them publishes them again.
+                self.space_used.store(true, Ordering::Relaxed);
+                Some(Some(c))
+            }
+            (None, Some(c)) if self.space_now() != Some(c) => {
+                Some(self.space_used.swap(false, Ordering::Relaxed).then_some(c))
+            }
+            _ => None,
+        };
+        let read_nothing = read.inodes.is_empty()
+            && read.name.is_none()
+            && read.link.is_none()
+            && read.xattrs.is_none();
+        if inodes.is_empty()
+            && names.is_empty()
+            && dropped.is_empty()
+            && space.is_none()
+            && read_nothing
+        {
             return;
         }
-        self.seq.write(|| self.apply(inodes, names, read));
+        self.seq.write(|| {
+            for &ino in &dropped {
+                self.links.remove(ino);
+                self.xattrs.remove(ino);
+            }
+            match space {
+                Some(Some(c)) => {
+                    let [a, b, x, d] = &self.space;
+                    a.store(c.blocks_free, Ordering::Relaxed);
+                    b.store(c.blocks_avail, Ordering::Relaxed);
+                    x.store(c.files, Ordering::Relaxed);
+                    d.store(c.files_free, Ordering::Relaxed);
+                    self.space_set.store(true, Ordering::Relaxed);
+                }
+                Some(None) => self.space_set.store(false, Ordering::Relaxed),
+                None => {}
+            }
+            self.apply(inodes, names, read)
+        });
         self.inodes.sweep();
         self.names.sweep();
+        self.links.sweep();
+        self.xattrs.sweep();
     }
 
     /// The stores of one publish (inside the sequence count's write).
@@ -217,6 +389,17 @@ impl Published {
         }
         if let Some(n) = read.name {
             self.rebucket(name_key(n.dir, &n.name), Some(n));
+        }
+        // Read under the lock after every change this publish carries: current.
+        if let Some((ino, t)) = read.link {
+            debug_assert!(t.len() <= VALUE_BYTES_MAX);
+            self.links.set(ino, t);
+        }
+        if let Some((ino, xs)) = read.xattrs {
+            debug_assert!(
+                xs.iter().map(|(n, v)| n.len() + v.len()).sum::<usize>() <= VALUE_BYTES_MAX
+            );
+            self.xattrs.set(ino, xs);
         }
     }
 }
@@ -266,6 +449,10 @@ impl<T: Send + Sync + 'static> ClockMap<T> {
 
     fn contains(&self, key: u64) -> bool {
         self.map.contains(key)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.map.is_empty()
     }
 
     /// Publishes `val` at `key`, its reference bit kept from the value it replaces (clear
@@ -337,7 +524,7 @@ mod tests {
         let p = Published::new(64, true);
         let read = |ino: u64| Read {
             inodes: vec![(ino, item(0o100644, 1))],
-            name: None,
+            ..Default::default()
         };
         for ino in 1..=64 {
             p.publish(Changes::default(), read(ino));
@@ -357,6 +544,49 @@ mod tests {
     }
 
     #[test]
+    fn statfs_counts_stay_published_while_statfs_reads_them() {
+        let p = Published::new(64, true);
+        let counts = |free| SpaceCounts {
+            blocks_free: free,
+            blocks_avail: free / 2,
+            files: 10,
+            files_free: 5,
+        };
+        let op = |free| Changes {
+            space: p.space_live().then(|| counts(free)),
+            ..Default::default()
+        };
+        assert_eq!(p.statfs(), None, "nothing published yet");
+        assert!(!p.space_live());
+        p.publish(
+            Changes::default(),
+            Read {
+                space: Some(counts(100)),
+                ..Default::default()
+            },
+        );
+        // Read under the lock just now: the next operation that moves them republishes.
+        p.publish(op(90), Read::default());
+        assert_eq!(p.statfs(), Some(counts(90)));
+        p.publish(op(80), Read::default());
+        assert_eq!(
+            p.statfs(),
+            Some(counts(80)),
+            "read between operations: kept"
+        );
+        p.publish(op(80), Read::default());
+        assert_eq!(p.statfs(), Some(counts(80)), "unchanged: kept");
+        p.publish(op(70), Read::default());
+        p.publish(op(60), Read::default());
+        assert_eq!(
+            p.statfs(),
+            None,
+            "moved twice unread: unpublished, not stale"
+        );
+        assert!(!p.space_live(), "operations no longer compute them");
+    }
+
+    #[test]
     fn a_lookup_needs_the_directory_the_name_and_the_inode() {
         let p = Published::new(64, true);
         let name = |ino| Name {
@@ -369,6 +599,7 @@ mod tests {
             Read {
                 inodes: vec![(1, item(0o040755, 2)), (5, item(0o100644, 1))],
                 name: Some(name(5)),
+                ..Default::default()
             },
         );
         assert_eq!(p.lookup(1, b"a").map(|(i, _)| i), Some(5));
@@ -377,8 +608,8 @@ mod tests {
         // Removing the name unpublishes it; freeing the inode too.
         p.publish(
             Changes {
-                inodes: vec![],
                 names_removed: vec![name_key(1, b"a")],
+                ..Default::default()
             },
             Read::default(),
         );
@@ -386,14 +617,14 @@ mod tests {
         p.publish(
             Changes::default(),
             Read {
-                inodes: vec![],
                 name: Some(name(5)),
+                ..Default::default()
             },
         );
         p.publish(
             Changes {
                 inodes: vec![(5, None)],
-                names_removed: vec![],
+                ..Default::default()
             },
             Read::default(),
         );

@@ -10,8 +10,10 @@
 //! Limits, as Linux's: names up to 255 bytes, values up to 65,536 bytes, and the names of one
 //! inode (with a NUL each, as listxattr returns them) up to 65,536 bytes; past that a new name
 //! gets ENOSPC, as a full xattr block does on ext4.
+use super::published::{self, Xattrs};
 use super::{Durable, Fs, Inner, Ino, Reserve, XATTR_CREATE, XATTR_REPLACE};
 use crate::btree::{Change, LeafHint};
+use crate::counters::Counters;
 use crate::error::{Error, Result};
 use idxfs_format::items::{
     decode_xattrs, encode_xattrs, xattr_entry_size, XattrEntry, XattrValue, XATTR_CHUNKS_MAX,
@@ -129,6 +131,42 @@ impl Inner {
         Ok(self.xattr_names(ino)?.iter().map(|n| n.len() + 1).sum())
     }
 
+    /// Every xattr of `ino`, when each value is inline and names and values together fit
+    /// `published::VALUE_BYTES_MAX`: the set getxattr and listxattr publish; else None.
+    fn xattr_set(&mut self, ino: Ino) -> Result<Option<Xattrs>> {
+        let tree = self.fs_tree;
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        let mut fits = true;
+        let mut err = None;
+        tree.scan(
+            &mut self.store,
+            Key::new(ino, ItemType::Xattr, 0),
+            Key::new(ino, ItemType::Xattr, u64::MAX),
+            |k, v| {
+                match decode_xattrs(v, format_args!("xattr {k}")) {
+                    Ok(xs) => {
+                        for x in xs {
+                            let XattrValue::Inline(v) = x.value else {
+                                fits = false;
+                                break;
+                            };
+                            bytes += x.name.len() + v.len();
+                            out.push((x.name.into_boxed_slice(), v.into_boxed_slice()));
+                        }
+                    }
+                    Err(e) => err = Some(e),
+                }
+                fits &= bytes <= published::VALUE_BYTES_MAX;
+                Ok(err.is_none() && fits)
+            },
+        )?;
+        match err {
+            Some(e) => Err(e.into()),
+            None => Ok(fits.then(|| out.into_boxed_slice())),
+        }
+    }
+
     fn xattr_names(&mut self, ino: Ino) -> Result<Vec<Vec<u8>>> {
         let tree = self.fs_tree;
         let mut out = Vec::new();
@@ -153,10 +191,27 @@ impl Inner {
 }
 
 impl Fs {
+    /// An xattr's value: without the lock when the inode's xattrs are published (read
+    /// before, all inline and small), else under it, which publishes them if they may be.
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
         check_name(name)?;
+        if let Some(v) = self.shared.published.getxattr(ino, name) {
+            Counters::inc(&self.shared.counters.xattr_lock_free);
+            return v.ok_or(Error::NoData);
+        }
         let mut g = self.lock();
         g.inode(ino)?;
+        if let Some(set) = g.xattr_set(ino)? {
+            let v = set
+                .iter()
+                .find(|(n, _)| **n == *name)
+                .map(|(_, v)| v.to_vec());
+            g.publish_read(published::Read {
+                xattrs: Some((ino, set)),
+                ..Default::default()
+            });
+            return v.ok_or(Error::NoData);
+        }
         let (_, xs) = g.xattr_item(ino, name)?;
         let x = xs
             .into_iter()
@@ -168,9 +223,22 @@ impl Fs {
         }
     }
 
+    /// The names of an inode's xattrs, published as getxattr's are.
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        if let Some(names) = self.shared.published.listxattr(ino) {
+            Counters::inc(&self.shared.counters.xattr_lock_free);
+            return Ok(names);
+        }
         let mut g = self.lock();
         g.inode(ino)?;
+        if let Some(set) = g.xattr_set(ino)? {
+            let names = set.iter().map(|(n, _)| n.to_vec()).collect();
+            g.publish_read(published::Read {
+                xattrs: Some((ino, set)),
+                ..Default::default()
+            });
+            return Ok(names);
+        }
         g.xattr_names(ino)
     }
 
