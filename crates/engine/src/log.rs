@@ -95,7 +95,7 @@ impl Inner {
     }
 
     fn log_batch(&mut self, first: u64) -> Result<LogSync> {
-        if self.incompat_wanted != 0 {
+        if self.txn.incompat_wanted != 0 {
             // An item needs a feature bit the committed superblock lacks: only a commit may
             // make it durable (`Inner::require_incompat`).
             return Ok(LogSync::Commit);
@@ -130,8 +130,8 @@ impl Inner {
         }
         encode_log_record(
             &LogRecord::Counters {
-                next_ino: self.next_ino,
-                inode_count: self.inode_count,
+                next_ino: self.txn.next_ino,
+                inode_count: self.txn.inode_count,
             },
             &mut payload,
         );
@@ -273,7 +273,7 @@ pub fn read_chain(
 /// Replays the log the superblock names, if any, over the just-opened trees. Returns how many
 /// batches were applied; the caller commits when there were any.
 pub(crate) fn replay(inner: &mut Inner) -> Result<u64> {
-    let head = inner.sb.log_root.block.get();
+    let head = inner.txn.sb.log_root.block.get();
     if head == 0 {
         return Ok(0);
     }
@@ -284,7 +284,7 @@ pub(crate) fn replay(inner: &mut Inner) -> Result<u64> {
     } = read_chain(
         inner.store.dev.as_ref(),
         inner.store.fsid,
-        inner.sb.generation.get(),
+        inner.txn.sb.generation.get(),
         head,
         total,
     )?;
@@ -359,17 +359,17 @@ pub(crate) fn replay(inner: &mut Inner) -> Result<u64> {
     }
     if let Some((next_ino, inode_count)) = counters {
         ensure!(
-            next_ino > ROOT_INO && next_ino <= MAX_INO && next_ino >= inner.next_ino,
+            next_ino > ROOT_INO && next_ino <= MAX_INO && next_ino >= inner.txn.next_ino,
             "fsync log next inode",
             next_ino,
-            format!("in {}..={MAX_INO}", inner.next_ino)
+            format!("in {}..={MAX_INO}", inner.txn.next_ino)
         );
-        inner.next_ino = next_ino;
-        inner.inode_count = inode_count;
+        inner.txn.next_ino = next_ino;
+        inner.txn.inode_count = inode_count;
     }
     // The chain's blocks stay used until the commit after the replay is durable.
     inner.log.blocks = chain;
-    inner.changed = true;
+    inner.txn.changed = true;
     inner.store.clear_changed_keys();
     Counters::add(
         &inner.store.counters.log_replayed_batches,

@@ -357,6 +357,41 @@ impl Posting<'_> {
     }
 }
 
+/// The transaction side of a mounted image: the last committed superblock, what the running
+/// transaction changes of it, and the commit in flight.
+pub(crate) struct TxnState {
+    /// The superblock of the last commit (of the one in flight, once it is frozen).
+    pub sb: Superblock,
+    /// The running transaction has changes.
+    pub changed: bool,
+    /// The next inode number to hand out, and the inodes that exist (the superblock's, as the
+    /// running transaction has them).
+    pub next_ino: u64,
+    pub inode_count: u64,
+    /// Incompat bits the next commit adds to the superblock: an item needing them exists in
+    /// the running transaction (`Inner::require_incompat`).
+    pub incompat_wanted: u64,
+    /// Nodes of the space tree: every commit may copy each once (`fs::reserve`).
+    pub space_nodes: u64,
+    /// The commit being written outside the lock, if any.
+    pub flight: Arc<Flight>,
+}
+
+impl TxnState {
+    /// The state of an image whose last commit wrote `sb`.
+    pub fn new(sb: Superblock) -> TxnState {
+        TxnState {
+            sb,
+            changed: false,
+            next_ino: sb.next_ino.get(),
+            inode_count: sb.inode_count.get(),
+            incompat_wanted: 0,
+            space_nodes: 0,
+            flight: Default::default(),
+        }
+    }
+}
+
 impl Inner {
     /// Commits the running transaction and returns once it is durable, all under the caller's
     /// lock (mkfs, open, close, fsync's fallback, operations that need pinned space back).
@@ -364,14 +399,14 @@ impl Inner {
         let Some(frozen) = self.commit_begin()? else {
             return Ok(());
         };
-        let flight = self.flight.clone();
+        let flight = self.txn.flight.clone();
         Posting(&flight, false).post(frozen.write());
         self.reap_wait()
     }
 
     /// Steps 1-3: waits for a commit in flight, then freezes the running transaction.
     /// None when nothing changed. The caller writes the result (`Frozen::write`), posts it to
-    /// `self.flight`, and reaps.
+    /// `self.txn.flight`, and reaps.
     pub(crate) fn commit_begin(&mut self) -> Result<Option<Frozen>> {
         self.reap_wait()?;
         if let Some(why) = &self.failed {
@@ -379,10 +414,10 @@ impl Inner {
                 "file system stopped after an error: {why}"
             ))));
         }
-        if !self.changed
+        if !self.txn.changed
             && self.inodes.dirty_count() == 0
-            && self.orphans.pending_len() == 0
-            && self.incompat_wanted == 0
+            && self.lives.orphans.pending_len() == 0
+            && self.txn.incompat_wanted == 0
         {
             return Ok(None);
         }
@@ -393,7 +428,7 @@ impl Inner {
         self.store.mod_seq = seq;
         match r {
             Ok(f) => {
-                self.flight.begin();
+                self.txn.flight.begin();
                 Ok(Some(f))
             }
             Err(e) => {
@@ -412,7 +447,7 @@ impl Inner {
         self.store.release_node_pool()?;
         persist_space(&mut self.store, &mut self.space_tree)?;
         let gen = self.store.generation;
-        let mut sb = self.sb;
+        let mut sb = self.txn.sb;
         sb.generation = gen.into();
         sb.copy_index = (gen % SUPER_COPIES).into();
         let root = |t: &Tree| RootPtr {
@@ -423,23 +458,23 @@ impl Inner {
         };
         sb.fs_root = root(&self.fs_tree);
         sb.space_root = root(&self.space_tree);
-        sb.next_ino = self.next_ino.into();
-        sb.inode_count = self.inode_count.into();
+        sb.next_ino = self.txn.next_ino.into();
+        sb.inode_count = self.txn.inode_count.into();
         sb.used_blocks = self.store.alloc.used_blocks().into();
         let nodes = freeze_store(&mut self.store);
         // After used_blocks: the committed bitmaps call the log's first block free. After the
         // freeze: the block is the next transaction's, so it stays busy until that commits.
         sb.log_root = self.log_start(gen);
-        let mut incompat = sb.incompat.get() | self.incompat_wanted;
+        let mut incompat = sb.incompat.get() | self.txn.incompat_wanted;
         if sb.log_root.block.get() != 0 {
             incompat |= idxfs_format::versions::INCOMPAT_LOG;
         }
         sb.incompat = incompat.into();
         // The frozen superblock is the one every later step builds on; nothing durable
         // depends on it before `reap` (an fsync waits for the flight first).
-        self.sb = sb;
-        self.incompat_wanted = 0;
-        self.changed = false;
+        self.txn.sb = sb;
+        self.txn.incompat_wanted = 0;
+        self.txn.changed = false;
         Ok(Frozen {
             nodes,
             sb,
@@ -453,7 +488,7 @@ impl Inner {
 
     /// Step 6 for a commit whose write finished, if one did; never waits.
     pub(crate) fn reap(&mut self) {
-        if let Some(r) = self.flight.take(false) {
+        if let Some(r) = self.txn.flight.take(false) {
             let _ = self.finish_flight(r);
         }
     }
@@ -461,7 +496,7 @@ impl Inner {
     /// Waits for a commit in flight and reaps it; Err when it failed (the file system has
     /// stopped then).
     pub(crate) fn reap_wait(&mut self) -> Result<()> {
-        match self.flight.take(true) {
+        match self.txn.flight.take(true) {
             Some(r) => self.finish_flight(r),
             None => Ok(()),
         }

@@ -36,7 +36,7 @@ impl Inner {
         if found.is_some() {
             return Err(Error::Exists);
         }
-        if self.next_ino >= MAX_INO {
+        if self.txn.next_ino >= MAX_INO {
             return Err(Error::NoSpace);
         }
         let is_dir = mode & S_IFMT == S_IFDIR;
@@ -51,10 +51,10 @@ impl Inner {
                 mode |= S_ISGID;
             }
         }
-        let ino = self.next_ino;
+        let ino = self.txn.next_ino;
         let plan = self.plan_entry(parent, name, ino, hash_item_len, true)?;
-        self.next_ino += 1;
-        self.inode_count += 1;
+        self.txn.next_ino += 1;
+        self.txn.inode_count += 1;
         let now = self.now();
         let mut it = new_inode_item(mode, owner, rdev, self.store.generation, now);
         if is_dir {

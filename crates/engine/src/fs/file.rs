@@ -386,9 +386,9 @@ impl Inner {
         }
         // An unlinked inode (an orphan already) is freed whole later; anything else records
         // what is left to do.
-        if !self.orphans.is_free(ino) {
+        if !self.lives.orphans.is_free(ino) {
             self.require_incompat(idxfs_format::versions::INCOMPAT_ORPHAN_TRIM);
-            self.orphans.add(ino, OrphanKind::Trim);
+            self.lives.orphans.add(ino, OrphanKind::Trim);
             Counters::inc(&self.store.counters.trim_orphans);
         }
         self.checkpoint();
@@ -403,7 +403,7 @@ impl Inner {
         if !self.punch_batched(ino, from, u64::MAX)? {
             return Ok(false);
         }
-        if self.orphans.kind(ino) == Some(OrphanKind::Trim) {
+        if self.lives.orphans.kind(ino) == Some(OrphanKind::Trim) {
             self.drop_orphan(ino)?;
         }
         Ok(true)
@@ -692,7 +692,7 @@ impl Inner {
             return;
         }
         if self.modify_inode(ino, |i| i.atime = now).is_ok() {
-            self.changed = true;
+            self.txn.changed = true;
         }
     }
 

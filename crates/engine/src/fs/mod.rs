@@ -184,25 +184,13 @@ pub(crate) struct Inner {
     pub fs_tree: Tree,
     pub space_tree: Tree,
     pub inodes: InodeCache,
-    pub sb: Superblock,
-    pub next_ino: u64,
-    pub inode_count: u64,
+    /// The last committed superblock, what the running transaction changes of it, and the
+    /// commit in flight (`crate::txn`).
+    pub txn: txn::TxnState,
     /// Set when the file system stopped writing after an error; the first cause.
     pub failed: Option<String>,
-    /// The running transaction has changes.
-    pub changed: bool,
-    /// Pin counts of inodes a front end still holds (see `orphan`).
-    pub pins: pins::Pins,
-    /// Orphans: inodes being freed, or trimmed, across operations (see `orphan`).
-    pub orphans: orphan::Orphans,
-    /// Inodes whose last name an operation removed while nothing held them, too large to
-    /// free in one batch: freed in batches once the operation returns.
-    pub release: Vec<Ino>,
-    /// Nodes of the space tree: every commit may copy each once (`reserve`).
-    pub space_nodes: u64,
-    /// Incompat bits the next commit adds to the superblock: an item needing them exists in
-    /// the running transaction (`require_incompat`).
-    pub incompat_wanted: u64,
+    /// Pins, orphans, and inodes waiting to be freed (see `orphan`).
+    pub lives: orphan::Lives,
     /// `store.mod_seq` at the running operation's last checkpoint (see the module notes).
     pub op_checkpoint: u64,
     /// The leaf the last inode-order directory entry went into: creates number inodes in
@@ -210,8 +198,6 @@ pub(crate) struct Inner {
     pub dir_ino_hint: crate::btree::LeafHint,
     /// The running transaction's fsync log chain (`crate::log`).
     pub log: crate::log::Log,
-    /// The commit being written outside the lock, if any (`crate::txn`).
-    pub flight: Arc<txn::Flight>,
     /// Names the running operation removed, as `published::name_key`s: unpublished when it
     /// lets go of the lock.
     pub names_removed: Vec<u64>,
@@ -223,7 +209,7 @@ struct Shared {
     fence: Arc<crate::space::read_fence::ReadFence>,
     /// Inode attributes as the last finished operation left them, for lock-free getattr.
     published: published::Published,
-    /// The same as `Inner::flight`, for waiting without the lock.
+    /// The same as `Inner::txn.flight`, for waiting without the lock.
     flight: Arc<txn::Flight>,
     /// The same as `Inner::log.io`: fsync batches are written and flushed without the lock.
     log_io: Arc<crate::log_io::LogIo>,
@@ -369,14 +355,14 @@ impl Fs {
             inode_count: 1.into(),
             reserved: Default::default(),
         };
+        let mut txn = txn::TxnState::new(sb);
+        txn.changed = true;
         let mut inner = Inner {
             store,
             fs_tree,
             space_tree,
             inodes: InodeCache::new(1024),
-            sb,
-            next_ino: FIRST_FREE_INO,
-            inode_count: 1,
+            txn,
             policy: policy::Policy {
                 read_only: false,
                 atime: Atime::NoAtime,
@@ -390,21 +376,15 @@ impl Fs {
                 commit_between_batches: false,
             },
             failed: None,
-            changed: true,
-            pins: Default::default(),
-            orphans: Default::default(),
-            release: Vec::new(),
-            space_nodes: 0,
-            incompat_wanted: 0,
+            lives: Default::default(),
             op_checkpoint: 0,
             dir_ino_hint: Default::default(),
             log: Default::default(),
-            flight: Default::default(),
             names_removed: Vec::new(),
         };
         inner.commit()?;
         // Write the second copy too, so a fresh image has both slots valid.
-        inner.changed = true;
+        inner.txn.changed = true;
         inner.commit()
     }
 
@@ -438,8 +418,7 @@ impl Fs {
             space_tree: tree(&sb.space_root, TREE_SPACE),
             store,
             inodes: InodeCache::new(opts.inode_cache_entries),
-            next_ino: sb.next_ino.get(),
-            inode_count: sb.inode_count.get(),
+            txn: txn::TxnState::new(sb),
             policy: policy::Policy {
                 read_only: opts.read_only || sb.unknown_compat_ro(),
                 atime: opts.atime,
@@ -453,22 +432,15 @@ impl Fs {
                 commit_between_batches: opts.test_commit_between_batches,
             },
             failed: None,
-            changed: false,
-            pins: Default::default(),
-            orphans: Default::default(),
-            release: Vec::new(),
-            space_nodes: 0,
-            incompat_wanted: 0,
+            lives: Default::default(),
             op_checkpoint: 0,
             dir_ino_hint: Default::default(),
             log: Default::default(),
-            flight: Default::default(),
             names_removed: Vec::new(),
-            sb,
         };
         let space_tree = inner.space_tree;
         txn::load_space(&mut inner.store, &space_tree)?;
-        inner.space_nodes = space_tree.count_nodes(&mut inner.store)?;
+        inner.txn.space_nodes = space_tree.count_nodes(&mut inner.store)?;
         let used = inner.store.alloc.used_blocks();
         if used != sb.used_blocks.get() {
             return Err(idxfs_format::Corrupt::new(
@@ -499,7 +471,7 @@ impl Fs {
                 opts.inode_cache_entries,
                 !opts.bench_locked_reads,
             ),
-            flight: inner.flight.clone(),
+            flight: inner.txn.flight.clone(),
             fence: inner.store.alloc.fence().clone(),
             log_io: inner.log.io.clone(),
             dev: inner.store.dev.clone(),
@@ -581,7 +553,7 @@ impl Fs {
         let r = f(&mut g);
         let changed = g.store.mod_seq != seq;
         if changed {
-            g.changed = true;
+            g.txn.changed = true;
         }
         let mut over_bound = false;
         let mut log = LogSync::Commit;
@@ -660,7 +632,7 @@ impl Fs {
                 if !g.store.dev.writable() {
                     return Err(Error::Invalid("the image was opened read-only"));
                 }
-                if g.sb.unknown_compat_ro() {
+                if g.txn.sb.unknown_compat_ro() {
                     return Err(Error::NotSupported(
                         "writing: the image has read-only features this version does not know",
                     ));
@@ -700,7 +672,7 @@ impl Fs {
 
     /// Nothing holds an inode of a closing file system: drop all pins and free the orphans.
     fn release_all(&self) -> Result<()> {
-        self.lock().pins.clear();
+        self.lock().lives.pins.clear();
         self.reclaim_orphans().map(|_| ())
     }
 
@@ -1059,8 +1031,8 @@ impl Inner {
     /// logging (`log_sync`), so no durable state ever holds such an item without the bit
     /// that keeps older readers away.
     pub fn require_incompat(&mut self, bit: u64) {
-        if self.sb.incompat.get() & bit == 0 {
-            self.incompat_wanted |= bit;
+        if self.txn.sb.incompat.get() & bit == 0 {
+            self.txn.incompat_wanted |= bit;
         }
     }
 
@@ -1090,11 +1062,11 @@ impl Inner {
         // may go on into the root reserve).
         let avail = space.avail;
         // An inode takes about 1/16 of a block of items (inode item, entries, back reference).
-        let files_free = (idxfs_format::MAX_INO - self.next_ino).min(avail * 16);
+        let files_free = (idxfs_format::MAX_INO - self.txn.next_ino).min(avail * 16);
         published::SpaceCounts {
             blocks_free: space.free,
             blocks_avail: avail,
-            files: self.inode_count + files_free,
+            files: self.txn.inode_count + files_free,
             files_free,
         }
     }
@@ -1106,7 +1078,7 @@ impl Inner {
             return Ok(*it);
         }
         Counters::inc(&self.store.counters.inode_cache_misses);
-        if ino == 0 || ino >= self.next_ino {
+        if ino == 0 || ino >= self.txn.next_ino {
             return Err(Error::NotFound);
         }
         let tree = self.fs_tree;

@@ -30,6 +30,18 @@ fn orphan_key(ino: Ino) -> Key {
     Key::new(ORPHAN_OBJECTID, ItemType::Orphan, ino)
 }
 
+/// When the mount's inodes may go: who holds them, which are orphans, which wait to be freed.
+#[derive(Default)]
+pub(crate) struct Lives {
+    /// Pin counts of inodes a front end still holds.
+    pub pins: super::pins::Pins,
+    /// Inodes being freed, or trimmed, across operations.
+    pub orphans: Orphans,
+    /// Inodes whose last name an operation removed while nothing held them, too large to
+    /// free in one batch: freed in batches once the operation returns.
+    pub release: Vec<Ino>,
+}
+
 /// The orphans this mount knows: those with an item in the fs tree, and those whose item
 /// (new, or of a new kind) the next commit writes.
 #[derive(Debug, Default)]
@@ -75,20 +87,20 @@ impl Orphans {
 
 impl Inner {
     pub(crate) fn trimming(&self, ino: Ino) -> bool {
-        self.orphans.kind(ino) == Some(OrphanKind::Trim)
+        self.lives.orphans.kind(ino) == Some(OrphanKind::Trim)
     }
 
     /// The last name of `ino` is gone (its nlink is already 0). Freed now when nothing holds
     /// it and one batch takes all of it (nearly every file); else an orphan, freed in batches
     /// once released (`Fs::release_orphans` after this operation, for one nothing holds).
     pub(crate) fn unlinked(&mut self, ino: Ino) -> Result<()> {
-        if !self.pins.contains(ino) {
+        if !self.lives.pins.contains(ino) {
             if self.free_inode_batch(ino)? {
                 return Ok(());
             }
-            self.release.push(ino);
+            self.lives.release.push(ino);
         }
-        self.orphans.add(ino, OrphanKind::Free);
+        self.lives.orphans.add(ino, OrphanKind::Free);
         Ok(())
     }
 
@@ -125,8 +137,8 @@ impl Inner {
             return Ok(false);
         }
         self.inodes.remove(ino);
-        self.inode_count -= 1;
-        if self.orphans.kind(ino).is_some() {
+        self.txn.inode_count -= 1;
+        if self.lives.orphans.kind(ino).is_some() {
             self.drop_orphan(ino)?;
         }
         Ok(true)
@@ -134,8 +146,8 @@ impl Inner {
 
     /// Forgets `ino`'s orphan: the pending record, and the item if one was written.
     pub(crate) fn drop_orphan(&mut self, ino: Ino) -> Result<()> {
-        self.orphans.pending.remove(&ino);
-        if self.orphans.stored.remove(&ino).is_some() {
+        self.lives.orphans.pending.remove(&ino);
+        if self.lives.orphans.stored.remove(&ino).is_some() {
             self.fs_tree.delete(&mut self.store, &orphan_key(ino))?;
         }
         Ok(())
@@ -145,9 +157,9 @@ impl Inner {
     /// batch).
     pub(crate) fn write_new_orphans(&mut self) -> Result<()> {
         let mut hint = crate::btree::LeafHint::default();
-        while let Some((ino, kind)) = self.orphans.pending.pop_first() {
+        while let Some((ino, kind)) = self.lives.orphans.pending.pop_first() {
             let v = kind.encode();
-            match self.orphans.stored.insert(ino, kind) {
+            match self.lives.orphans.stored.insert(ino, kind) {
                 None => {
                     let had =
                         self.fs_tree
@@ -208,14 +220,14 @@ impl Inner {
                 )
                 .into());
             }
-            self.orphans.stored.insert(ino, kind);
+            self.lives.orphans.stored.insert(ino, kind);
         }
         Ok(())
     }
 
     pub(crate) fn pin_all(&mut self, inos: &[Ino]) {
         for &ino in inos {
-            if !self.pins.add(ino) {
+            if !self.lives.pins.add(ino) {
                 Counters::inc(&self.store.counters.pin_alloc_failures);
             }
         }
@@ -223,7 +235,7 @@ impl Inner {
 
     /// True when `ino` is an orphan nobody pins any more.
     fn is_free_orphan(&mut self, ino: Ino) -> bool {
-        !self.pins.contains(ino) && self.orphans.is_free(ino)
+        !self.lives.pins.contains(ino) && self.lives.orphans.is_free(ino)
     }
 }
 
@@ -250,7 +262,7 @@ impl Fs {
             let mut g = self.lock();
             let mut free = Vec::new();
             for &(ino, n) in list {
-                if g.pins.drop_pins(ino, n) == Some(true) && g.is_free_orphan(ino) {
+                if g.lives.pins.drop_pins(ino, n) == Some(true) && g.is_free_orphan(ino) {
                     free.push(ino);
                 }
             }
@@ -270,7 +282,7 @@ impl Fs {
             if g.writable().is_err() {
                 return Ok(0);
             }
-            g.orphans.all()
+            g.lives.orphans.all()
         };
         let mut done = 0;
         for (ino, kind) in list {
@@ -319,7 +331,7 @@ impl Fs {
     /// succeeded whatever happens here: an error stopped the file system (and is kept as its
     /// cause), and an orphan not freed now is freed at the next close or open.
     pub(crate) fn release_orphans(&self) {
-        let list = std::mem::take(&mut self.lock().release);
+        let list = std::mem::take(&mut self.lock().lives.release);
         if !list.is_empty() {
             let _ = self.free_orphans(&list);
         }
@@ -329,6 +341,7 @@ impl Fs {
     pub fn orphans(&self) -> Result<Vec<Ino>> {
         Ok(self
             .lock()
+            .lives
             .orphans
             .all()
             .into_iter()

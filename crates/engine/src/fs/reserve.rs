@@ -115,7 +115,7 @@ impl Inner {
     /// Blocks every commit may need whatever changed: each space tree node copied once, and
     /// the next transaction's first log block.
     fn commit_base(&self) -> u64 {
-        (self.space_nodes + 2) * self.bpn() + 1
+        (self.txn.space_nodes + 2) * self.bpn() + 1
     }
 
     /// Worst case blocks the commit of the running transaction still needs.
@@ -123,7 +123,7 @@ impl Inner {
         let bpn = self.bpn();
         // A dirty inode's item changes in place: a copied path, no split.
         let inodes = self.inodes.dirty_count() as u64 * (self.fs_tree.level as u64 + 1) * bpn;
-        let n = self.orphans.pending_len() as u64;
+        let n = self.lives.orphans.pending_len() as u64;
         let orphans = self.run_nodes(n, n * (ITEM_HEADER_SIZE as u64 + 1)) * bpn;
         inodes + orphans + self.commit_base()
     }
@@ -179,7 +179,7 @@ impl Inner {
             return Ok(());
         }
         // Blocks freed by this transaction come back once it commits.
-        if self.store.alloc.pinned_blocks() > 0 || self.changed {
+        if self.store.alloc.pinned_blocks() > 0 || self.txn.changed {
             self.commit()?;
             if self.space_fits(nodes, data_blocks, kind) {
                 return Ok(());
