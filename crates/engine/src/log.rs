@@ -5,7 +5,7 @@
 //! the changes are: 100 creates in a directory of a million names touch about 100 leaves of
 //! the name-hash index. An fsync instead appends one batch to the log (format: `log.rs` of the
 //! format crate): the current value, or absence, of each fs-tree item whose key changed since
-//! the last batch (`Store::changed_keys`), and the inode counters. Its cost follows what
+//! the last batch (`ChangedKeys`), and the inode counters. Its cost follows what
 //! changed, never the size of a directory. The next commit makes all of it part of the trees
 //! and starts an empty log.
 //!
@@ -48,6 +48,39 @@ use std::sync::Arc;
 /// changed node once (cheaper than logging that many items one by one).
 const MAX_BATCH_ITEMS: usize = 1 << 16;
 
+/// Keys of fs-tree items changed since the last fsync batch or commit, repeats included: what
+/// the next batch logs. The trees report each change through `Store::note_change`.
+#[derive(Debug, Default)]
+pub struct ChangedKeys {
+    keys: Vec<Key>,
+    /// More than `KEYS_MAX` changed: the next fsync commits instead.
+    overflow: bool,
+}
+
+impl ChangedKeys {
+    /// Keys kept for the next fsync (about 6 MiB); a transaction that changes more without
+    /// an fsync is cheaper to commit than to log.
+    const KEYS_MAX: usize = 1 << 18;
+
+    /// Notes that the item `key` of tree `owner` changed; only the fs tree is logged.
+    #[inline]
+    pub fn note(&mut self, owner: u64, key: Key) {
+        if owner == idxfs_format::TREE_FS {
+            if self.keys.len() < Self::KEYS_MAX {
+                self.keys.push(key);
+            } else {
+                self.overflow = true;
+            }
+        }
+    }
+
+    /// Forgets the keys: a commit or an fsync batch took them.
+    pub fn clear(&mut self) {
+        self.keys.clear();
+        self.overflow = false;
+    }
+}
+
 /// The running transaction's log chain.
 #[derive(Debug, Default)]
 pub struct Log {
@@ -68,6 +101,10 @@ pub struct Log {
     /// The last batch numbered before the commit in flight froze: its reap waits until
     /// every batch up to it has ended, so no late write lands on a log block it releases.
     pub fence: u64,
+    /// File data was written since the last device flush: a batch that may name it flushes
+    /// first, so the data is durable before anything points at it. A commit's flush covers
+    /// it (the commit starts a new `Log`).
+    pub data_unflushed: bool,
 }
 
 impl Log {
@@ -103,17 +140,17 @@ impl Inner {
         // What a commit would write first: orphan items and cached inode changes.
         self.write_new_orphans()?;
         self.write_back_inodes()?;
-        if self.store.changed_keys_overflow {
+        if self.store.changed.overflow {
             return Ok(LogSync::Commit);
         }
-        if self.store.changed_keys.is_empty() {
+        if self.store.changed.keys.is_empty() {
             // Earlier batches may still be on their way: this fsync's changes are in them.
             return Ok(LogSync::Wait {
                 upto: self.log.io.issued(),
-                flush_data: std::mem::take(&mut self.store.data_unflushed),
+                flush_data: std::mem::take(&mut self.log.data_unflushed),
             });
         }
-        let mut keys = std::mem::take(&mut self.store.changed_keys);
+        let mut keys = std::mem::take(&mut self.store.changed.keys);
         keys.sort_unstable();
         keys.dedup();
         if keys.len() > MAX_BATCH_ITEMS {
@@ -173,7 +210,7 @@ impl Inner {
         self.log.blocks.extend_from_slice(&chain[1..]);
         self.log.written = true;
         Counters::inc(&self.store.counters.log_batches);
-        let flush_data = std::mem::take(&mut self.store.data_unflushed);
+        let flush_data = std::mem::take(&mut self.log.data_unflushed);
         Ok(LogSync::Write(LogBatch::new(
             self.log.io.clone(),
             flush_data,
@@ -196,9 +233,11 @@ impl Inner {
     /// space tree was written, so the committed bitmaps call it free (nothing in the
     /// committed state uses it). None when no block is free: fsync then commits.
     pub(crate) fn log_start(&mut self, gen: u64) -> RootPtr {
-        self.store.clear_changed_keys();
+        self.store.changed.clear();
         let io = self.log.io.clone();
         let fence = io.issued();
+        // A new chain, with no data unflushed: the commit's flush (its step 4) covers the data
+        // written before its freeze, which is now.
         self.log = Log {
             io,
             fence,
@@ -370,7 +409,7 @@ pub(crate) fn replay(inner: &mut Inner) -> Result<u64> {
     // The chain's blocks stay used until the commit after the replay is durable.
     inner.log.blocks = chain;
     inner.txn.changed = true;
-    inner.store.clear_changed_keys();
+    inner.store.changed.clear();
     Counters::add(
         &inner.store.counters.log_replayed_batches,
         batches.len() as u64,

@@ -239,8 +239,6 @@ pub fn freeze_store(store: &mut Store) -> Vec<(u64, Arc<Node>)> {
     store.generation += 1;
     store.dirty_nodes = 0;
     store.alloc.start_commit();
-    // Data written before now is flushed by step 4's flush.
-    store.data_unflushed = false;
     nodes
 }
 

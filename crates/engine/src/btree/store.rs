@@ -7,6 +7,7 @@ use super::cache::NodeCache;
 use super::node::Node;
 use crate::counters::Counters;
 use crate::error::{Error, Result};
+use crate::log::ChangedKeys;
 use crate::space::{Allocator, Kind};
 use idxfs_blockdev::BlockDevice;
 use idxfs_format::node::Expect;
@@ -30,14 +31,10 @@ pub struct Store {
     pub shape_seq: u64,
     /// Nodes changed in the running transaction (exact: kept by alloc_node, cow and frees).
     pub dirty_nodes: usize,
-    /// Keys of fs-tree items changed since the last fsync batch or commit, repeats included:
-    /// what the next fsync logs (`crate::log`). At most [`Store::CHANGED_KEYS_MAX`]; past it
-    /// `changed_keys_overflow` is set and the next fsync commits instead.
-    pub changed_keys: Vec<Key>,
-    pub changed_keys_overflow: bool,
-    /// File data was written since the last device flush: a log batch that may name it flushes
-    /// first, so the data is durable before anything points at it.
-    pub data_unflushed: bool,
+    /// Where the trees report each item they change: the fsync log's record of what its next
+    /// batch covers (`crate::log::ChangedKeys`). The store only carries it, since every
+    /// tree call has the store and nothing else in hand.
+    pub changed: ChangedKeys,
     /// Node slots (`blocks_per_node` contiguous blocks each) taken from the allocator ahead of
     /// need: free blocks alone do not promise a node, so a reservation takes the slots its
     /// operation and the next commit may allocate (`fill_node_pool`), and node allocations
@@ -78,35 +75,17 @@ impl Store {
             mod_seq: 0,
             shape_seq: 0,
             dirty_nodes: 0,
-            changed_keys: Vec::new(),
-            changed_keys_overflow: false,
-            data_unflushed: false,
+            changed: ChangedKeys::default(),
             node_pool: Vec::new(),
             reserve_pool: Vec::new(),
             scratch: vec![0; node_size as usize],
         }
     }
 
-    /// Changed keys kept for the next fsync (about 6 MiB); a transaction that changes more
-    /// without an fsync is cheaper to commit than to log.
-    pub const CHANGED_KEYS_MAX: usize = 1 << 18;
-
     /// Notes that the item `key` of tree `owner` changed (inserted, changed or deleted).
     #[inline]
     pub fn note_change(&mut self, owner: u64, key: Key) {
-        if owner == idxfs_format::TREE_FS {
-            if self.changed_keys.len() < Self::CHANGED_KEYS_MAX {
-                self.changed_keys.push(key);
-            } else {
-                self.changed_keys_overflow = true;
-            }
-        }
-    }
-
-    /// Forgets the changed keys: a commit or an fsync batch took them.
-    pub fn clear_changed_keys(&mut self) {
-        self.changed_keys.clear();
-        self.changed_keys_overflow = false;
+        self.changed.note(owner, key);
     }
 
     pub fn blocks_per_node(&self) -> u64 {

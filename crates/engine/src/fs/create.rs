@@ -180,7 +180,7 @@ impl Fs {
                     let _ = g.store.alloc.free(b, 1, true);
                     return Err(e.into());
                 }
-                g.store.data_unflushed = true;
+                g.log.data_unflushed = true;
                 Some(b)
             };
             let made = g.make_node(parent, name, S_IFLNK | 0o777, owner, 0);

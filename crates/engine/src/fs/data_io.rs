@@ -235,7 +235,7 @@ impl Inner {
         for &(s, n) in &runs {
             self.store.alloc.install(s, n);
         }
-        self.store.data_unflushed = true;
+        self.log.data_unflushed = true;
         self.punch_now(ino, b0 * BS, b1 * BS)?;
         self.link_runs(ino, b0, &runs, end, times)?;
         Ok(true)

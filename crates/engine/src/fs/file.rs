@@ -507,7 +507,7 @@ impl Inner {
             }
             at += len;
         }
-        self.store.data_unflushed = true;
+        self.log.data_unflushed = true;
         if inline {
             // b0 == 0: the new block 0 holds the inline bytes now.
             self.fs_tree.delete(&mut self.store, &extent_key(ino, 0))?;
