@@ -20,10 +20,10 @@
 //! What runs beside what:
 //! - getattr, lookup, readlink, getxattr and listxattr take no lock once what they read was
 //!   read before (`published`: the inode; for a lookup the directory and the name; the
-//!   symlink target; the inode's xattrs when all are small and inline), and statfs takes none
-//!   once any operation has ended. They answer as the last finished operation left things,
-//!   so they never wait for a writer or a commit, and any number of readers run in parallel.
-//!   The first read of each takes the lock and publishes it.
+//!   symlink target; the inode's xattrs when all are small and inline), and so does statfs
+//!   while it is asked between operations. They answer as the last finished operation left
+//!   things, so they never wait for a writer or a commit, and any number of readers run in
+//!   parallel. The first read of each takes the lock and publishes it.
 //! - A commit freezes its transaction under the lock and writes its nodes and superblock
 //!   without it (`crate::txn`): operations go on in the next transaction meanwhile. Only an
 //!   fsync (whose log the frozen superblock names), a second commit, and an operation that
@@ -38,10 +38,10 @@
 //!   until it is done (`crate::space::read_fence`).
 //! - Everything else still serializes on the one lock, each operation whole: first reads,
 //!   ".." and misses, readdir, long xattrs and symlink targets, and every tree change (a
-//!   write's included). The trees change nodes in place within a transaction, so a reader of them
-//!   beside a writer would need a published root per operation; that is not built yet (see
-//!   the README's table), so the tree changes of two writers never overlap, though their
-//!   data I/O does.
+//!   write's included). The trees change nodes in place within a transaction, so a reader
+//!   of them beside a writer would need a published root per operation; that is not built
+//!   yet (see the README's table), so the tree changes of two writers never overlap, though
+//!   their data I/O does.
 mod create;
 mod data_io;
 mod dir;
@@ -207,7 +207,8 @@ struct Shared {
     inner: Mutex<Inner>,
     /// The same as the allocator's: waited on without the lock (`write_op`).
     fence: Arc<crate::space::read_fence::ReadFence>,
-    /// Inode attributes as the last finished operation left them, for lock-free getattr.
+    /// What the last finished operation left (inodes, names, symlink targets, xattrs,
+    /// statfs's counts), for the reads that take no lock.
     published: published::Published,
     /// The same as `Inner::txn.flight`, for waiting without the lock.
     flight: Arc<txn::Flight>,
@@ -713,7 +714,7 @@ impl Fs {
     }
 
     /// The file system's size and what is free, as the last finished operation left them:
-    /// without the lock once any operation has ended (`published`).
+    /// without the lock while statfs is asked between operations (`published`).
     pub fn statfs(&self) -> Result<StatFs> {
         let c = match self.shared.published.statfs() {
             Some(c) => {

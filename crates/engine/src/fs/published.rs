@@ -226,8 +226,8 @@ impl Published {
         })
     }
 
-    /// statfs's counts as the last finished operation left them; None before the first
-    /// operation ends.
+    /// statfs's counts as the last finished operation left them; None when they are not
+    /// published (no statfs read them lately: see `Published::space`).
     pub fn statfs(&self) -> Option<SpaceCounts> {
         self.read(|| {
             if !self.space_set.load(Ordering::Relaxed) {
