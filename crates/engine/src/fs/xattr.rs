@@ -134,58 +134,51 @@ impl Inner {
     /// Every xattr of `ino`, when each value is inline and names and values together fit
     /// `published::VALUE_BYTES_MAX`: the set getxattr and listxattr publish; else None.
     fn xattr_set(&mut self, ino: Ino) -> Result<Option<Xattrs>> {
-        let tree = self.fs_tree;
         let mut out = Vec::new();
         let mut bytes = 0;
         let mut fits = true;
-        let mut err = None;
-        tree.scan(
-            &mut self.store,
-            Key::new(ino, ItemType::Xattr, 0),
-            Key::new(ino, ItemType::Xattr, u64::MAX),
-            |k, v| {
-                match decode_xattrs(v, format_args!("xattr {k}")) {
-                    Ok(xs) => {
-                        for x in xs {
-                            let XattrValue::Inline(v) = x.value else {
-                                fits = false;
-                                break;
-                            };
-                            bytes += x.name.len() + v.len();
-                            out.push((x.name.into_boxed_slice(), v.into_boxed_slice()));
-                        }
-                    }
-                    Err(e) => err = Some(e),
+        self.each_xattr(ino, |x| {
+            match x.value {
+                XattrValue::Inline(v) => {
+                    bytes += x.name.len() + v.len();
+                    out.push((x.name.into_boxed_slice(), v.into_boxed_slice()));
+                    fits = bytes <= published::VALUE_BYTES_MAX;
                 }
-                fits &= bytes <= published::VALUE_BYTES_MAX;
-                Ok(err.is_none() && fits)
-            },
-        )?;
-        match err {
-            Some(e) => Err(e.into()),
-            None => Ok(fits.then(|| out.into_boxed_slice())),
-        }
+                XattrValue::Chunked { .. } => fits = false,
+            }
+            fits
+        })?;
+        Ok(fits.then(|| out.into_boxed_slice()))
     }
 
     fn xattr_names(&mut self, ino: Ino) -> Result<Vec<Vec<u8>>> {
-        let tree = self.fs_tree;
         let mut out = Vec::new();
+        self.each_xattr(ino, |x| {
+            out.push(x.name);
+            true
+        })?;
+        Ok(out)
+    }
+
+    /// Calls `f` with each xattr entry of `ino`, in name-hash order, until it returns false.
+    fn each_xattr(&mut self, ino: Ino, mut f: impl FnMut(XattrEntry) -> bool) -> Result<()> {
+        let tree = self.fs_tree;
         let mut err = None;
         tree.scan(
             &mut self.store,
             Key::new(ino, ItemType::Xattr, 0),
             Key::new(ino, ItemType::Xattr, u64::MAX),
-            |k, v| {
-                match decode_xattrs(v, format_args!("xattr {k}")) {
-                    Ok(xs) => out.extend(xs.into_iter().map(|x| x.name)),
-                    Err(e) => err = Some(e),
+            |k, v| match decode_xattrs(v, format_args!("xattr {k}")) {
+                Ok(xs) => Ok(xs.into_iter().all(&mut f)),
+                Err(e) => {
+                    err = Some(e);
+                    Ok(false)
                 }
-                Ok(err.is_none())
             },
         )?;
         match err {
             Some(e) => Err(e.into()),
-            None => Ok(out),
+            None => Ok(()),
         }
     }
 }
