@@ -7,7 +7,7 @@ use idxfs_format::items::{
     decode_block_group, decode_dir_entries, decode_ext_refs, decode_extent, decode_inode,
     decode_names, decode_orphan, decode_xattrs, XattrValue, EXTENT_INLINE,
 };
-use idxfs_format::node::{internal_capacity, leaf_capacity, Expect, KEY_PTR_SIZE};
+use idxfs_format::node::{internal_capacity, leaf_capacity, Expect, KeyRange, KEY_PTR_SIZE};
 use idxfs_format::superblock::{RootPtr, Superblock};
 use idxfs_format::{ItemType, Key, BLOCK_SIZE, TREE_FS, TREE_SPACE};
 use std::collections::BTreeMap;
@@ -210,6 +210,8 @@ fn dump_tree(
             level: Some(level),
             fsid: sb.uuid,
             total_blocks: total,
+            // A dump shows what is there, in or out of place.
+            range: KeyRange::ANY,
         };
         let node = Node::decode(&buf, &exp)?;
         let cap = if node.is_leaf() {

@@ -21,7 +21,7 @@ use idxfs_format::items::{
     decode_names, decode_orphan, decode_xattrs, dtype_of_mode, OrphanKind, XattrValue,
     EXTENT_INLINE, EXTENT_REGULAR, S_IFDIR, S_IFLNK, S_IFMT,
 };
-use idxfs_format::node::Expect;
+use idxfs_format::node::{Expect, KeyRange};
 use idxfs_format::superblock::{RootPtr, Superblock};
 use idxfs_format::versions::{INCOMPAT_EXT_REF, INCOMPAT_ORPHAN_TRIM, INCOMPAT_XATTR_CHUNKS};
 use idxfs_format::{
@@ -261,6 +261,9 @@ impl Checker<'_> {
                 level: Some(level),
                 fsid: self.sb.uuid,
                 total_blocks: self.sb.total_blocks.get(),
+                // fsck checks the range below, naming each key out of place, and goes on
+                // reading the node's subtree.
+                range: KeyRange::ANY,
             };
             let node = match Node::decode(&buf, &exp) {
                 Ok(n) => n,

@@ -84,6 +84,29 @@ pub struct Expect {
     pub level: Option<u8>,
     pub fsid: [u8; 16],
     pub total_blocks: u64,
+    /// Where the parent places the node in its tree's key order (btrfs checks the same on
+    /// every read: `btrfs_verify_level_key`). A node whose keys lie outside it is corrupt even
+    /// with a good checksum, and merging it with a sibling would put keys out of order.
+    pub range: KeyRange,
+}
+
+/// The keys a node may hold, as the pointers above it say.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyRange {
+    /// The parent's key for the node, which the node's first key equals (the low-key
+    /// invariant); None for a root, or when not known (fsck, dump).
+    pub first: Option<Key>,
+    /// Every key of the node sorts below this: the next key right of it in the nearest
+    /// ancestor that has one (None: the node is rightmost, or the bound is not known).
+    pub below: Option<Key>,
+}
+
+impl KeyRange {
+    /// No bound: a root, or a node read without knowing its parent.
+    pub const ANY: KeyRange = KeyRange {
+        first: None,
+        below: None,
+    };
 }
 
 /// A node whose bytes passed [`check`]; item accessors cannot fail after that.
@@ -143,6 +166,9 @@ pub fn check<'a>(bytes: &'a [u8], exp: &Expect) -> Result<Checked<'a>, Corrupt> 
     let n = h.nritems.get() as usize;
     let size = bytes.len();
     let c = Checked { header: h, bytes };
+    // The first and (after the loop) last key, for the range check at the end.
+    let mut first: Option<Key> = None;
+    let mut prev: Option<Key> = None;
     if h.level == 0 {
         ensure!(
             NODE_HEADER_SIZE + n * ITEM_HEADER_SIZE <= size,
@@ -151,7 +177,6 @@ pub fn check<'a>(bytes: &'a [u8], exp: &Expect) -> Result<Checked<'a>, Corrupt> 
             format!("<= {}", (size - NODE_HEADER_SIZE) / ITEM_HEADER_SIZE)
         );
         let mut end = size;
-        let mut prev: Option<Key> = None;
         let floor = NODE_HEADER_SIZE + n * ITEM_HEADER_SIZE;
         for i in 0..n {
             let ih = c.item_header(i);
@@ -182,6 +207,7 @@ pub fn check<'a>(bytes: &'a [u8], exp: &Expect) -> Result<Checked<'a>, Corrupt> 
                     format!("> {p}")
                 );
             }
+            first = first.or(Some(key));
             prev = Some(key);
         }
     } else {
@@ -192,7 +218,6 @@ pub fn check<'a>(bytes: &'a [u8], exp: &Expect) -> Result<Checked<'a>, Corrupt> 
             n,
             format!("<= {}", (size - NODE_HEADER_SIZE) / KEY_PTR_SIZE)
         );
-        let mut prev: Option<Key> = None;
         let node_blocks = size as u64 / BLOCK_SIZE;
         for i in 0..n {
             let kp = c.key_ptr(i);
@@ -225,8 +250,25 @@ pub fn check<'a>(bytes: &'a [u8], exp: &Expect) -> Result<Checked<'a>, Corrupt> 
                     format!("> {p}")
                 );
             }
+            first = first.or(Some(key));
             prev = Some(key);
         }
+    }
+    if let Some(want) = exp.range.first {
+        ensure!(
+            first == Some(want),
+            what("first key"),
+            first.map_or_else(|| "none (empty node)".to_string(), |k| k.to_string()),
+            format!("{want} (its parent's key for it)")
+        );
+    }
+    if let (Some(below), Some(last)) = (exp.range.below, prev) {
+        ensure!(
+            last < below,
+            what("last key"),
+            last,
+            format!("< {below} (the next key right of it in its parent or above)")
+        );
     }
     Ok(c)
 }
@@ -392,6 +434,7 @@ mod tests {
             level: None,
             fsid: [7; 16],
             total_blocks: 1000,
+            range: KeyRange::ANY,
         }
     }
 
@@ -426,6 +469,32 @@ mod tests {
             .expect_err("wrong generation")
             .what
             .contains("generation"));
+    }
+
+    #[test]
+    fn a_node_outside_its_parents_range_is_corrupt() {
+        let keys: Vec<Key> = (10..20).map(|i| Key::new(i, ItemType::Inode, 0)).collect();
+        let mut buf = vec![0u8; 4096];
+        encode_leaf(&mut buf, &id(), keys.iter().map(|k| (k, &[][..])));
+        let within = |first: u64, below: Option<u64>| Expect {
+            range: KeyRange {
+                first: Some(Key::new(first, ItemType::Inode, 0)),
+                below: below.map(|b| Key::new(b, ItemType::Inode, 0)),
+            },
+            ..exp()
+        };
+        check(&buf, &within(10, Some(20))).expect("inside its range");
+        check(&buf, &within(10, None)).expect("rightmost");
+        let err = check(&buf, &within(9, Some(20))).expect_err("first key differs");
+        assert!(err.what.contains("first key"), "{err}");
+        let err = check(&buf, &within(10, Some(19))).expect_err("last key too high");
+        assert!(err.what.contains("last key"), "{err}");
+        // An empty leaf below a parent has no first key to match.
+        let mut empty = vec![0u8; 4096];
+        encode_leaf(&mut empty, &id(), std::iter::empty());
+        check(&empty, &exp()).expect("an empty root leaf");
+        let err = check(&empty, &within(10, None)).expect_err("an empty child");
+        assert!(err.what.contains("first key"), "{err}");
     }
 
     #[test]

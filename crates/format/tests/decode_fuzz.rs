@@ -23,6 +23,7 @@ fn exp() -> Expect {
         level: None,
         fsid: [7; 16],
         total_blocks: 100_000,
+        range: node::KeyRange::ANY,
     }
 }
 

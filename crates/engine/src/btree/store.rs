@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::log::ChangedKeys;
 use crate::space::{Allocator, Kind};
 use idxfs_blockdev::BlockDevice;
-use idxfs_format::node::Expect;
+use idxfs_format::node::{Expect, KeyRange};
 use idxfs_format::{Key, BLOCK_SIZE};
 use std::sync::Arc;
 
@@ -92,13 +92,16 @@ impl Store {
         self.node_size as u64 / BLOCK_SIZE
     }
 
-    /// Makes sure the node at `block` is cached, reading and validating it if needed.
+    /// Makes sure the node at `block` is cached, reading and validating it if needed: a
+    /// node read from disk must also lie in `range`, where its parent places it. A cached
+    /// node was checked when read, and the tree's changes keep every node inside its range.
     pub fn load(
         &mut self,
         block: u64,
         generation: u64,
         owner: u64,
         level: Option<u8>,
+        range: KeyRange,
     ) -> Result<()> {
         if self.cache.contains(block) {
             Counters::inc(&self.counters.node_cache_hits);
@@ -113,6 +116,7 @@ impl Store {
             level,
             fsid: self.fsid,
             total_blocks: self.total_blocks,
+            range,
         };
         let decoded = r
             .map_err(Error::Io)
@@ -248,6 +252,7 @@ impl Store {
         generation: u64,
         owner: u64,
         level: Option<u8>,
+        range: KeyRange,
     ) -> Result<u64> {
         match self.cache.get(block) {
             Some(n) if n.generation == self.generation => {
@@ -255,7 +260,7 @@ impl Store {
                 return Ok(block);
             }
             Some(_) => {}
-            None => self.load(block, generation, owner, level)?,
+            None => self.load(block, generation, owner, level, range)?,
         }
         self.cow(block)
     }

@@ -25,7 +25,7 @@ use super::store::Store;
 use crate::counters::Counters;
 use crate::error::{Error, Result};
 use idxfs_format::node::{
-    internal_capacity, leaf_capacity, ITEM_HEADER_SIZE, KEY_PTR_SIZE, MAX_LEVEL,
+    internal_capacity, leaf_capacity, KeyRange, ITEM_HEADER_SIZE, KEY_PTR_SIZE, MAX_LEVEL,
 };
 use idxfs_format::Key;
 
@@ -97,8 +97,9 @@ impl Tree {
     /// node from the root down; returns the leaf block for `key`.
     fn descend(&self, store: &mut Store, key: &Key, mut on_pick: impl FnMut(usize)) -> Result<u64> {
         let (mut block, mut gen, mut level) = (self.root.block, self.root.generation, self.level);
+        let mut range = KeyRange::ANY;
         loop {
-            store.load(block, gen, self.owner, Some(level))?;
+            store.load(block, gen, self.owner, Some(level), range)?;
             let n = store.node(block);
             if n.is_leaf() {
                 return Ok(block);
@@ -106,6 +107,7 @@ impl Tree {
             let i = n.child_index(key);
             on_pick(i);
             let p = n.ptrs()[i];
+            range = child_range(n, i, range.below);
             block = p.block;
             gen = p.generation;
             level -= 1;
@@ -159,6 +161,7 @@ impl Tree {
             self.root.generation,
             self.owner,
             Some(self.level),
+            KeyRange::ANY,
         )?;
         self.root = Ptr {
             block: root,
@@ -174,12 +177,11 @@ impl Tree {
                 return Ok((path, bound));
             }
             let i = pick(n, path.len());
-            if let Some(k) = n.keys.get(i + 1) {
-                bound = Some(*k);
-            }
+            let range = child_range(n, i, bound);
+            bound = range.below;
             let p = n.ptrs()[i];
             let level = n.level - 1;
-            let c = store.load_cow(p.block, p.generation, self.owner, Some(level))?;
+            let c = store.load_cow(p.block, p.generation, self.owner, Some(level), range)?;
             if c != p.block || p.generation != gen {
                 store.node_mut(block).ptrs_mut()[i] = Ptr {
                     block: c,
@@ -673,8 +675,15 @@ impl Tree {
             if !n.is_leaf() && n.len() == 1 {
                 let child = n.ptrs()[0];
                 let level = n.level - 1;
+                let range = child_range(n, 0, None);
                 store.shape_seq += 1;
-                store.load(child.block, child.generation, self.owner, Some(level))?;
+                store.load(
+                    child.block,
+                    child.generation,
+                    self.owner,
+                    Some(level),
+                    range,
+                )?;
                 store.free_node(block)?;
                 self.root = child;
                 self.level -= 1;
@@ -705,7 +714,9 @@ impl Tree {
         let sib_i = if li == pi { ri } else { li };
         let sp = store.node(pb).ptrs()[sib_i];
         let level = store.node(block).level;
-        store.load(sp.block, sp.generation, self.owner, Some(level))?;
+        let below = path_below(store, path, d - 1);
+        let range = child_range(store.node(pb), sib_i, below);
+        store.load(sp.block, sp.generation, self.owner, Some(level), range)?;
         if used + store.node(sp.block).used > cap / 4 * 3 {
             return Ok(());
         }
@@ -785,18 +796,21 @@ impl Tree {
         to: Key,
         mut f: impl FnMut(&Key, &[u8]) -> Result<bool>,
     ) -> Result<()> {
-        let mut stack: Vec<(u64, usize)> = Vec::with_capacity(self.level as usize + 1);
+        // (internal node, child taken, what the node's keys sort below)
+        let mut stack: Vec<(u64, usize, Option<Key>)> = Vec::with_capacity(self.level as usize + 1);
         let (mut block, mut gen, mut level) = (self.root.block, self.root.generation, self.level);
+        let mut range = KeyRange::ANY;
         // Descend to the first leaf that may hold `from`.
         loop {
-            store.load(block, gen, self.owner, Some(level))?;
+            store.load(block, gen, self.owner, Some(level), range)?;
             let n = store.node(block);
             if n.is_leaf() {
                 break;
             }
             let i = n.child_index(&from);
             let p = n.ptrs()[i];
-            stack.push((block, i));
+            stack.push((block, i, range.below));
+            range = child_range(n, i, range.below);
             block = p.block;
             gen = p.generation;
             level -= 1;
@@ -817,7 +831,7 @@ impl Tree {
             }
             // Next leaf: climb to the first ancestor with a next child, then down its left edge.
             loop {
-                let Some((b, i)) = stack.pop() else {
+                let Some((b, i, below)) = stack.pop() else {
                     return Ok(());
                 };
                 let n = store.node(b);
@@ -827,16 +841,18 @@ impl Tree {
                     }
                     let p = n.ptrs()[i + 1];
                     let lvl = n.level - 1;
-                    stack.push((b, i + 1));
+                    let mut range = child_range(n, i + 1, below);
+                    stack.push((b, i + 1, below));
                     let (mut cb, mut cg, mut cl) = (p.block, p.generation, lvl);
                     loop {
-                        store.load(cb, cg, self.owner, Some(cl))?;
+                        store.load(cb, cg, self.owner, Some(cl), range)?;
                         let c = store.node(cb);
                         if c.is_leaf() {
                             break;
                         }
                         let p0 = c.ptrs()[0];
-                        stack.push((cb, 0));
+                        stack.push((cb, 0, range.below));
+                        range = child_range(c, 0, range.below);
                         cb = p0.block;
                         cg = p0.generation;
                         cl -= 1;
@@ -872,18 +888,22 @@ impl Tree {
     /// from their parents' pointers.
     pub fn count_nodes(&self, store: &mut Store) -> Result<u64> {
         let mut count = 0;
-        let mut stack = vec![(self.root, self.level)];
-        while let Some((p, level)) = stack.pop() {
+        let mut stack = vec![(self.root, self.level, KeyRange::ANY)];
+        while let Some((p, level, range)) = stack.pop() {
             count += 1;
             if level == 0 {
                 continue;
             }
-            store.load(p.block, p.generation, self.owner, Some(level))?;
-            let ptrs: Vec<Ptr> = store.node(p.block).ptrs().to_vec();
+            store.load(p.block, p.generation, self.owner, Some(level), range)?;
+            let n = store.node(p.block);
             if level == 1 {
-                count += ptrs.len() as u64;
+                count += n.len() as u64;
             } else {
-                stack.extend(ptrs.into_iter().map(|c| (c, level - 1)));
+                let children = n.ptrs().iter().enumerate();
+                let children: Vec<_> = children
+                    .map(|(i, c)| (*c, level - 1, child_range(n, i, range.below)))
+                    .collect();
+                stack.extend(children);
             }
         }
         Ok(count)
@@ -895,17 +915,34 @@ impl Tree {
         store: &mut Store,
         mut f: impl FnMut(&mut Store, u64, &Node) -> Result<()>,
     ) -> Result<()> {
-        let mut stack = vec![(self.root, self.level)];
-        while let Some((p, level)) = stack.pop() {
-            store.load(p.block, p.generation, self.owner, Some(level))?;
+        let mut stack = vec![(self.root, self.level, KeyRange::ANY)];
+        while let Some((p, level, range)) = stack.pop() {
+            store.load(p.block, p.generation, self.owner, Some(level), range)?;
             let n = store.node(p.block).clone();
-            for cp in n.ptrs().iter().rev() {
-                stack.push((*cp, level - 1));
+            for (i, cp) in n.ptrs().iter().enumerate().rev() {
+                stack.push((*cp, level - 1, child_range(&n, i, range.below)));
             }
             f(store, p.block, &n)?;
         }
         Ok(())
     }
+}
+
+/// Where internal node `n`, whose keys sort below `below`, places its child `i`.
+fn child_range(n: &Node, i: usize, below: Option<Key>) -> KeyRange {
+    KeyRange {
+        first: n.keys.get(i).copied(),
+        below: n.keys.get(i + 1).copied().or(below),
+    }
+}
+
+/// What the keys of node path[d] sort below: the key right of it in the nearest ancestor
+/// that has one (None: the node is rightmost in the tree).
+fn path_below(store: &mut Store, path: &Path, d: usize) -> Option<Key> {
+    path.get(..d)?
+        .iter()
+        .rev()
+        .find_map(|&(b, i)| store.node(b).keys.get(i + 1).copied())
 }
 
 /// A resumable ordered cursor: returns items in batches and re-seeks by key, so it stays valid
