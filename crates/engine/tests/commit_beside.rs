@@ -248,6 +248,39 @@ fn worker(fs: &Fs, t: u64, own: u64, shared: u64, seed: u64, steps: u64) -> Mode
             }
             7 if i % 7 == 0 => fs.fsync(own).expect("fsync"),
             8 if i % 13 == 0 => fs.sync().expect("sync"),
+            9 if i % 3 == 0 => {
+                // This thread's names in `dir`, listed in runs resumed by cookie (without the
+                // lock where an earlier listing was published): only it changes them, so they
+                // are its model's, while the others change theirs in the same directory.
+                let mine = format!("t{t}-").into_bytes();
+                let mut got = Vec::new();
+                let (run, mut cookie) = (1 + rng.below(16) as usize, 0);
+                loop {
+                    let mut taken = 0;
+                    fs.readdir(dir, cookie, |e| {
+                        if taken == run {
+                            return false;
+                        }
+                        taken += 1;
+                        cookie = e.cookie;
+                        if e.name.starts_with(&mine) {
+                            got.push(e.name.clone());
+                        }
+                        true
+                    })
+                    .expect("readdir");
+                    if taken < run {
+                        break;
+                    }
+                }
+                got.sort();
+                let want: Vec<Vec<u8>> = model
+                    .keys()
+                    .filter(|(d, _)| *d == dir)
+                    .map(|(_, n)| n.clone())
+                    .collect();
+                assert_eq!(got, want, "thread {t}: listing of {dir}");
+            }
             _ => {
                 // Reads: what this thread wrote is what it reads back.
                 if let Some(v) = model.get(&key) {

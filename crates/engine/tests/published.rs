@@ -1,11 +1,13 @@
-//! getattr, lookup, readlink, getxattr, listxattr and statfs answered without the lock
-//! (`fs/published.rs`): never stale, never a half-applied operation.
+//! getattr, lookup, readlink, getxattr, listxattr, statfs and readdir answered without the
+//! lock (`fs/published.rs`): never stale, never a half-applied operation.
 //!
-//! - A model test reads every name, inode, symlink target and xattr back after every
-//!   operation, so each one is published before the next operation changes it; any change
-//!   that does not unpublish or republish what it touched shows up as a stale answer. The
-//!   inode cache is tiny, so published inodes outlive their cache entries. statfs read
-//!   without the lock must equal statfs computed under it.
+//! - A model test reads every name, inode, symlink target, xattr and directory listing back
+//!   after every operation, so each one is published before the next operation changes it;
+//!   any change that does not unpublish or republish what it touched shows up as a stale
+//!   answer. The inode cache is tiny, so published inodes outlive their cache entries.
+//!   statfs read without the lock must equal statfs computed under it. Listings are read in
+//!   runs of a random length, each resumed from the last cookie, so a listing is published
+//!   in several runs and read back across them.
 //! - A concurrency test keeps a name moving between two inodes by rename while readers look it
 //!   up without the lock: whichever inode the name leads to has exactly two names then, so a
 //!   reader that saw the name from one operation and the link count from another fails.
@@ -59,8 +61,58 @@ impl Model {
         }
     }
 
+    /// The directory that names `dir` (the root's is itself).
+    fn parent(&self, dir: u64) -> u64 {
+        if dir == ROOT {
+            return ROOT;
+        }
+        match self.names.iter().find(|(_, &i)| i == dir) {
+            Some(((p, _), _)) => *p,
+            None => panic!("model: directory {dir} has no name"),
+        }
+    }
+
+    /// Directory `dir` listed by readdir in runs of up to `run` entries, each resumed from
+    /// the last entry's cookie, against the model: (name, inode) sorted, "." and ".." first.
+    fn check_listing(&self, fs: &Fs, dir: u64, run: usize, step: usize) {
+        let mut got: Vec<(Vec<u8>, u64)> = Vec::new();
+        let mut cookie = 0;
+        loop {
+            let mut taken = 0;
+            fs.readdir(dir, cookie, |e| {
+                if taken == run {
+                    return false;
+                }
+                taken += 1;
+                got.push((e.name.clone(), e.ino));
+                cookie = e.cookie;
+                true
+            })
+            .expect("readdir");
+            if taken < run {
+                break;
+            }
+        }
+        let want_dots = [(b".".to_vec(), dir), (b"..".to_vec(), self.parent(dir))];
+        assert_eq!(
+            got.get(..2),
+            Some(&want_dots[..]),
+            "step {step}: dots of {dir}"
+        );
+        let mut rest = got.split_off(2);
+        rest.sort();
+        let mut want: Vec<(Vec<u8>, u64)> = self
+            .names
+            .iter()
+            .filter(|((d, _), _)| *d == dir)
+            .map(|((_, n), &i)| (n.clone(), i))
+            .collect();
+        want.sort();
+        assert_eq!(rest, want, "step {step}: listing of {dir} in runs of {run}");
+    }
+
     /// Every name and inode read back from `fs`, compared with the model.
-    fn check(&self, fs: &Fs, dirs: &[u64], names: &[Vec<u8>], step: usize) {
+    fn check(&self, fs: &Fs, dirs: &[u64], names: &[Vec<u8>], step: usize, run: usize) {
         for &d in dirs {
             for n in names {
                 let got = fs.lookup(d, n).map(|a| a.ino).ok();
@@ -118,6 +170,11 @@ impl Model {
         }
         let free = fs.statfs().expect("statfs");
         assert_eq!(free, fs.statfs_under_lock(), "step {step}: stale statfs");
+        for (&ino, i) in &self.inodes {
+            if i.dir {
+                self.check_listing(fs, ino, run, step);
+            }
+        }
     }
 
     fn view(&self, a: &Attr) -> Ino {
@@ -182,7 +239,65 @@ fn lock_free_reads_follow_every_change() {
         let at = m.names.get(&(d, n.clone())).copied();
         let is_dir = |m: &Model, i: u64| m.inodes.get(&i).is_some_and(|x| x.dir);
         let is_file = |m: &Model, i: u64| !is_dir(m, i) && !m.links.contains_key(&i);
-        match rng.below(10) {
+        match rng.below(13) {
+            10 => {
+                // A directory beside the files (its own listing, and a parent's link).
+                if at.is_none() {
+                    let a = fs.mkdir(d, &n, 0o755, ME).expect("mkdir");
+                    m.names.insert((d, n.clone()), a.ino);
+                    m.inodes.insert(
+                        a.ino,
+                        Ino {
+                            dir: true,
+                            nlink: 2,
+                            mode: 0o755,
+                            size: 0,
+                        },
+                    );
+                    m.seen.push(a.ino);
+                    let p = m.inodes.get_mut(&d).expect("dir");
+                    p.size += 1;
+                    p.nlink += 1;
+                }
+            }
+            11 => {
+                // rmdir of an empty one (a full one must refuse).
+                if let Some(i) = at.filter(|&i| is_dir(&m, i) && !dirs.contains(&i)) {
+                    let empty = !m.names.keys().any(|(p, _)| *p == i);
+                    match fs.rmdir(d, &n) {
+                        Ok(()) => {
+                            assert!(empty, "{step}: rmdir of a full directory");
+                            m.names.remove(&(d, n.clone()));
+                            m.unlink(i);
+                            let p = m.inodes.get_mut(&d).expect("dir");
+                            p.size -= 1;
+                            p.nlink -= 1;
+                        }
+                        Err(Error::NotEmpty) => assert!(!empty, "{step}: rmdir refused"),
+                        Err(e) => panic!("{step}: rmdir: {e:?}"),
+                    }
+                }
+            }
+            12 => {
+                // A directory moved to a free name, maybe in another directory: its ".."
+                // changes.
+                let (d2, n2) = pick(&mut rng);
+                let Some(src) = at.filter(|&i| is_dir(&m, i) && !dirs.contains(&i)) else {
+                    continue;
+                };
+                if m.names.contains_key(&(d2, n2.clone())) {
+                    continue;
+                }
+                fs.rename(d, &n, d2, &n2, 0).expect("rename dir");
+                m.names.remove(&(d, n.clone()));
+                m.names.insert((d2, n2.clone()), src);
+                let from = m.inodes.get_mut(&d).expect("dir");
+                from.size -= 1;
+                from.nlink -= 1;
+                let to = m.inodes.get_mut(&d2).expect("dir");
+                to.size += 1;
+                to.nlink += 1;
+            }
             0 | 1 => {
                 // A file, or a symlink (some targets too long to publish, some in a block).
                 let target = rng.chance(30).then(|| {
@@ -311,7 +426,7 @@ fn lock_free_reads_follow_every_change() {
         if step % 500 == 0 {
             fs.sync().expect("sync");
         }
-        m.check(&fs, &dirs, &names, step);
+        m.check(&fs, &dirs, &names, step, 1 + rng.below(4) as usize);
     }
     let c = fs.counters();
     for (what, n) in [
@@ -320,6 +435,7 @@ fn lock_free_reads_follow_every_change() {
         ("readlink", &c.readlink_lock_free),
         ("xattr", &c.xattr_lock_free),
         ("statfs", &c.statfs_lock_free),
+        ("readdir", &c.readdir_lock_free),
     ] {
         assert!(
             n.load(Ordering::Relaxed) > 0,
@@ -445,6 +561,109 @@ fn an_xattr_read_without_the_lock_is_never_older_than_a_finished_change() {
     assert!(
         fs.counters().xattr_lock_free.load(Ordering::Relaxed) > 0,
         "no xattr read took the lock-free path"
+    );
+    let fs = Arc::into_inner(fs).expect("readers are done");
+    fs.close().expect("close");
+    assert_clean(&dev);
+}
+
+/// Readers list a directory in runs (each resumed from its last cookie) while a writer adds a
+/// name at a time to it and churns others: a listing has no name twice, every name present
+/// for the whole listing once, and every name whose create returned before it started, so a
+/// run read without the lock is never older than a finished change.
+#[test]
+fn a_listing_read_without_the_lock_is_never_older_than_a_finished_change() {
+    let (dev, fs) = mem_fs(64 << 20);
+    let fs = Arc::new(fs);
+    let d = fs.mkdir(ROOT, b"d", 0o755, ME).expect("mkdir").ino;
+    for i in 0..40 {
+        fs.create(d, format!("keep-{i}").as_bytes(), 0o644, ME)
+            .expect("keep");
+    }
+    // Names gen-0 ..= gen-(done - 1) exist: their creates returned.
+    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    // Listings finished by all readers.
+    let listed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let readers: Vec<_> = (0..2u64)
+        .map(|r| {
+            let (fs, stop, done) = (fs.clone(), stop.clone(), done.clone());
+            let listed = listed.clone();
+            std::thread::spawn(move || {
+                let mut rng = Rng::new(0x5eed + r);
+                let mut listings = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let floor = done.load(Ordering::Acquire);
+                    let mut seen = std::collections::BTreeSet::new();
+                    let mut cookie = 0;
+                    loop {
+                        let run = 1 + rng.below(50) as usize;
+                        let mut taken = 0;
+                        fs.readdir(d, cookie, |e| {
+                            if taken == run {
+                                return false;
+                            }
+                            taken += 1;
+                            cookie = e.cookie;
+                            assert!(
+                                seen.insert(e.name.clone()),
+                                "{} listed twice",
+                                String::from_utf8_lossy(&e.name)
+                            );
+                            true
+                        })
+                        .expect("readdir");
+                        if taken < run {
+                            break;
+                        }
+                    }
+                    for i in 0..40 {
+                        let n = format!("keep-{i}").into_bytes();
+                        assert!(seen.contains(&n), "keep-{i} missing from a listing");
+                    }
+                    for i in 0..floor {
+                        let n = format!("gen-{i}").into_bytes();
+                        assert!(
+                            seen.contains(&n),
+                            "gen-{i} missing from a listing begun after its create returned \
+                             ({floor} had)"
+                        );
+                    }
+                    listings += 1;
+                    listed.fetch_add(1, Ordering::Relaxed);
+                }
+                listings
+            })
+        })
+        .collect();
+    // Both readers under way before the writer starts.
+    let start = std::time::Instant::now();
+    while listed.load(Ordering::Relaxed) < 2 {
+        assert!(start.elapsed().as_secs() < 60, "the readers never listed");
+        std::thread::yield_now();
+    }
+    let n = if cfg!(debug_assertions) { 400 } else { 2500 };
+    for i in 0..n {
+        // Now and then a pause, in which readers list what they published.
+        if i % 100 == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        fs.create(d, format!("gen-{i}").as_bytes(), 0o644, ME)
+            .expect("gen");
+        done.store(i + 1, Ordering::Release);
+        fs.create(d, b"tmp", 0o644, ME).expect("tmp");
+        fs.rename(d, b"tmp", d, b"tmp2", 0).expect("rename");
+        fs.unlink(d, b"tmp2").expect("unlink");
+        if i % 500 == 0 {
+            fs.sync().expect("sync");
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let listings: u64 = readers.into_iter().map(|r| r.join().expect("reader")).sum();
+    assert!(listings > 0, "the readers listed nothing");
+    assert!(
+        fs.counters().readdir_lock_free.load(Ordering::Relaxed) > 0,
+        "no readdir took the lock-free path"
     );
     let fs = Arc::into_inner(fs).expect("readers are done");
     fs.close().expect("close");

@@ -18,10 +18,11 @@
 //! does (a request that cannot be done is refused before its first change).
 //!
 //! What runs beside what:
-//! - getattr, lookup, readlink, getxattr and listxattr take no lock once what they read was
-//!   read before (`published`: the inode; for a lookup the directory and the name; the
-//!   symlink target; the inode's xattrs when all are small and inline), and so does statfs
-//!   while it is asked between operations. They answer as the last finished operation left
+//! - getattr, lookup, readlink, getxattr, listxattr and readdir take no lock once what they
+//!   read was read before (`published`: the inode; for a lookup the directory and the name;
+//!   the symlink target; the inode's xattrs when all are small and inline; the runs of a
+//!   directory's entries read since it last changed, up to 4,096 entries), and so does
+//!   statfs while it is asked between operations. They answer as the last finished operation left
 //!   things, so they never wait for a writer or a commit, and any number of readers run in
 //!   parallel. The first read of each takes the lock and publishes it.
 //! - A commit freezes its transaction under the lock and writes its nodes and superblock
@@ -37,7 +38,7 @@
 //!   (`data_io`). Blocks a reader outside the lock may still read are not handed out again
 //!   until it is done (`crate::space::read_fence`).
 //! - Everything else still serializes on the one lock, each operation whole: first reads,
-//!   ".." and misses, readdir, long xattrs and symlink targets, and every tree change (a
+//!   ".." and misses, readdirplus (its entries take pins), long xattrs and symlink targets, and every tree change (a
 //!   write's included). The trees change nodes in place within a transaction, so a reader
 //!   of them beside a writer would need a published root per operation; that is not built
 //!   yet (see the README's table), so the tree changes of two writers never overlap, though

@@ -1,6 +1,6 @@
 //! Inode attributes, directory entries, symlink targets, xattrs and statfs's counts published
 //! for readers that take no lock (seed 000's lock-free read path on the engine's hottest
-//! reads: getattr, lookup, readlink, getxattr, listxattr, statfs).
+//! reads: getattr, lookup, readlink, getxattr, listxattr, statfs, readdir).
 //!
 //! What is published, and when:
 //! - an *inode* when a getattr or lookup first finds it unpublished (and takes the lock to
@@ -14,7 +14,18 @@
 //!   every value is inline. Any change to the inode unpublishes both: every xattr change
 //!   sets the inode's ctime, so no operation can change them unseen;
 //! - *statfs's counts* when a statfs under the lock computed them, and again whenever an
-//!   operation moves them while statfs keeps reading them (see `Published::space`).
+//!   operation moves them while statfs keeps reading them (see `Published::space`);
+//! - a *run of a directory's entries* (a [`Page`]) when a readdir under the lock returned it,
+//!   with the directory's parent for "..": a directory's published listing is the runs read
+//!   since it last changed, up to `LISTING_ENTRIES_MAX` entries. Every entry added or removed
+//!   changes the directory's inode (size, times), and so does a rename that gives it a new
+//!   parent or an rmdir, so any change to the directory's inode unpublishes its listing, as
+//!   it does a symlink's target and xattrs. A readdir that finds its cookie in a run goes on
+//!   from run to run, and takes the lock where the listing has none. Runs taken at different
+//!   times may come from different states of the directory, as successive readdir calls
+//!   under the lock may: each run is the directory's entries in its cookie range at one
+//!   instant, and cookies are key offsets that never move (`readdir`), so an entry present
+//!   for the whole listing is still returned exactly once.
 //!
 //! The inode cache and the directory indexes change only under the operation lock, and an
 //! operation may change several inodes and names (a rename: up to four inodes, two names).
@@ -47,9 +58,11 @@
 //!
 //! Allocation failure of an XArray node unpublishes the entry instead, so its readers take the
 //! lock: nothing aborts, nothing is stale.
+use super::DirEntryOut;
 use idxfs_format::items::{InodeItem, S_IFDIR, S_IFMT};
 use idxfs_index::{BoxedMap, SeqCount};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// A directory entry as a lookup found it.
 pub struct Name {
@@ -76,6 +89,46 @@ pub type Xattrs = Box<[(Box<[u8]>, Box<[u8]>)]>;
 /// many as inodes, a quarter as many targets), so this bounds their memory; most files have
 /// no xattrs, whose published set is empty.
 pub const VALUE_BYTES_MAX: usize = 1024;
+
+/// Most entries one directory's published listing holds: a listing past it takes the lock
+/// for its later runs. With at most `limit / 256` listings this bounds their memory to about
+/// as many entries as the published names.
+pub const LISTING_ENTRIES_MAX: usize = 4096;
+
+/// A run of a directory's entries, in readdir's order, as one readdir under the lock read
+/// them: every entry whose key offset lies in `from..to`.
+#[derive(Debug)]
+pub struct Page {
+    /// The first key offset the run covers (a cookie past "." and "..").
+    pub from: u64,
+    /// The cookie after the run's last entry; with `end`, the run reaches the directory's end.
+    pub to: u64,
+    pub end: bool,
+    /// Each with its own cookie, strictly rising (one entry per key).
+    pub entries: Box<[DirEntryOut]>,
+}
+
+impl Page {
+    /// Whether a readdir resuming at key offset `at` (not before "..") reads from this run.
+    fn covers(&self, at: u64) -> bool {
+        self.from <= at && (self.end || at < self.to)
+    }
+
+    /// Where the key offsets the run covers end (exclusive; the largest for the last run).
+    fn reach(&self) -> u64 {
+        if self.end {
+            u64::MAX
+        } else {
+            self.to
+        }
+    }
+}
+
+/// A directory's published runs, disjoint and sorted, and its parent (for "..").
+struct Listing {
+    parent: u64,
+    pages: Box<[Arc<Page>]>,
+}
 
 /// What statfs reports that changes: the rest is fixed for a mount.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -110,6 +163,8 @@ pub struct Read {
     pub xattrs: Option<(u64, Xattrs)>,
     /// statfs's counts, computed for a statfs.
     pub space: Option<SpaceCounts>,
+    /// A run of directory `.0`'s entries, whose parent is `.1`.
+    pub page: Option<(u64, u64, Page)>,
 }
 
 pub struct Published {
@@ -128,6 +183,8 @@ pub struct Published {
     /// common case: `ls -l` asks every file for its ACL and security label). Every change
     /// to an xattr changes its inode's ctime, which unpublishes the set.
     xattrs: ClockMap<Xattrs>,
+    /// Directories' listings (`Page`s), by directory.
+    listings: ClockMap<Listing>,
     /// statfs's counts (`SpaceCounts`, in field order), valid while `space_set`. They move
     /// with almost every operation, and computing and storing them would cost each one as
     /// much as its other publishing, so they are kept published only while statfs is asked:
@@ -156,12 +213,19 @@ impl Published {
             // Symlinks are few beside files; xattrs are asked of every file `ls -l` lists.
             links: ClockMap::new(limit / 4),
             xattrs: ClockMap::new(limit),
+            listings: ClockMap::new(limit / 256),
             space: Default::default(),
             space_set: AtomicBool::new(false),
             space_used: AtomicBool::new(false),
             seq: SeqCount::new(),
             enabled,
         }
+    }
+
+    /// Whether anything is published (false: every read takes the lock, and what a read
+    /// under the lock would publish need not be gathered).
+    pub fn enabled(&self) -> bool {
+        self.enabled
     }
 
     /// The slot of a name with `name_key` `key`.
@@ -223,6 +287,18 @@ impl Published {
         self.read(|| {
             self.xattrs
                 .get(ino, |xs| xs.iter().map(|(n, _)| n.to_vec()).collect())
+        })
+    }
+
+    /// The parent of directory `dir` and its published run that a readdir resuming at key
+    /// offset `at` reads from; None when there is none.
+    pub fn readdir(&self, dir: u64, at: u64) -> Option<(u64, Arc<Page>)> {
+        self.read(|| {
+            self.listings.get(dir, |l| {
+                let i = l.pages.partition_point(|p| p.from <= at);
+                let p = l.pages.get(i.checked_sub(1)?)?;
+                p.covers(at).then(|| (l.parent, p.clone()))
+            })?
         })
     }
 
@@ -300,16 +376,21 @@ impl Published {
         if !self.enabled {
             return;
         }
-        let dropped: Vec<u64> = if self.links.is_empty() && self.xattrs.is_empty() {
-            Vec::new()
-        } else {
-            changed
-                .inodes
-                .iter()
-                .map(|&(ino, _)| ino)
-                .filter(|&ino| self.links.contains(ino) || self.xattrs.contains(ino))
-                .collect()
-        };
+        let dropped: Vec<u64> =
+            if self.links.is_empty() && self.xattrs.is_empty() && self.listings.is_empty() {
+                Vec::new()
+            } else {
+                changed
+                    .inodes
+                    .iter()
+                    .map(|&(ino, _)| ino)
+                    .filter(|&ino| {
+                        self.links.contains(ino)
+                            || self.xattrs.contains(ino)
+                            || self.listings.contains(ino)
+                    })
+                    .collect()
+            };
         let inodes: Vec<_> = changed
             .inodes
             .into_iter()
@@ -336,7 +417,8 @@ impl Published {
         let read_nothing = read.inodes.is_empty()
             && read.name.is_none()
             && read.link.is_none()
-            && read.xattrs.is_none();
+            && read.xattrs.is_none()
+            && read.page.is_none();
         if inodes.is_empty()
             && names.is_empty()
             && dropped.is_empty()
@@ -349,6 +431,7 @@ impl Published {
             for &ino in &dropped {
                 self.links.remove(ino);
                 self.xattrs.remove(ino);
+                self.listings.remove(ino);
             }
             match space {
                 Some(Some(c)) => {
@@ -368,6 +451,34 @@ impl Published {
         self.names.sweep();
         self.links.sweep();
         self.xattrs.sweep();
+        self.listings.sweep();
+    }
+
+    /// The listing of `dir` with `page` in it: the runs it overlaps give way (they were read
+    /// from the same state of the directory, or the listing would have been unpublished);
+    /// None when that would take it past `LISTING_ENTRIES_MAX`.
+    fn with_page(&self, dir: u64, parent: u64, page: Page) -> Option<Listing> {
+        let overlaps = |p: &Page| p.from < page.reach() && page.from < p.reach();
+        let mut pages: Vec<Arc<Page>> = self
+            .listings
+            .peek(dir, |l| {
+                l.pages
+                    .iter()
+                    .filter(|p| l.parent == parent && !overlaps(p))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        let entries: usize = pages.iter().map(|p| p.entries.len()).sum();
+        if entries + page.entries.len() > LISTING_ENTRIES_MAX {
+            return None;
+        }
+        let at = pages.partition_point(|p| p.from < page.from);
+        pages.insert(at, Arc::new(page));
+        Some(Listing {
+            parent,
+            pages: pages.into_boxed_slice(),
+        })
     }
 
     /// The stores of one publish (inside the sequence count's write).
@@ -400,6 +511,12 @@ impl Published {
                 xs.iter().map(|(n, v)| n.len() + v.len()).sum::<usize>() <= VALUE_BYTES_MAX
             );
             self.xattrs.set(ino, xs);
+        }
+        if let Some((dir, parent, page)) = read.page {
+            debug_assert!(page.entries.windows(2).all(|w| w[0].cookie < w[1].cookie));
+            if let Some(l) = self.with_page(dir, parent, page) {
+                self.listings.set(dir, l);
+            }
         }
     }
 }

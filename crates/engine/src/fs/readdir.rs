@@ -6,8 +6,15 @@
 //! and a key never changes while its entry exists, so an entry present for the whole listing is
 //! returned exactly once, whatever else is created, removed or renamed meanwhile, and entries
 //! come in inode-number order.
+//!
+//! Without the lock: a readdir whose cookie falls in a run of the directory's entries that an
+//! earlier readdir under the lock published (`published::Page`) answers from it, run after
+//! run, and takes the lock only where the published listing has no run. What a readdir under
+//! the lock returns is published as a run (up to `published::LISTING_ENTRIES_MAX` entries
+//! per directory). readdirplus stays under the lock: each entry it returns takes a pin on its
+//! inode (the kernel's lookup count), which only the lock holder may take.
 use super::dir::dir_ino_offset;
-use super::{Attr, DirEntryOut, Fs, Inner, Ino};
+use super::{published, Attr, DirEntryOut, Fs, Inner, Ino};
 use crate::counters::Counters;
 use crate::error::Result;
 use idxfs_format::items::{decode_dir_entries, decode_inode, InodeItem};
@@ -22,9 +29,77 @@ impl Fs {
         &self,
         dir: Ino,
         cookie: u64,
-        f: impl FnMut(&DirEntryOut) -> bool,
+        mut f: impl FnMut(&DirEntryOut) -> bool,
     ) -> Result<()> {
-        self.lock().readdir_in(dir, cookie, f)
+        let mut cookie = cookie;
+        let first = dir_ino_offset(1, 0);
+        while let Some((parent, page)) = self.shared.published.readdir(dir, cookie.max(first)) {
+            Counters::inc(&self.shared.counters.readdir_lock_free);
+            if cookie == 0 && !f(&dot(dir)) {
+                return Ok(());
+            }
+            if cookie <= 1 && !f(&dot_dot(parent)) {
+                return Ok(());
+            }
+            let from = cookie.max(first);
+            for e in page.entries.iter().filter(|e| e.cookie > from) {
+                if !f(e) {
+                    return Ok(());
+                }
+            }
+            if page.end {
+                return Ok(());
+            }
+            cookie = page.to;
+        }
+        let mut g = self.lock();
+        if !self.shared.published.enabled() {
+            return g.readdir_in(dir, cookie, f).map(drop);
+        }
+        // What `f` took, for the next readdir to find without the lock: the first
+        // `LISTING_ENTRIES_MAX` entries, and whether it took more.
+        let mut run: Vec<DirEntryOut> = Vec::new();
+        let mut past = false;
+        let scan = g.readdir_in(dir, cookie, |e| {
+            if !f(e) {
+                return false;
+            }
+            // "." and ".." (cookies 1 and 2) are not a run's: a reader makes them.
+            if e.cookie > 2 {
+                if run.len() < published::LISTING_ENTRIES_MAX {
+                    run.push(e.clone());
+                } else {
+                    past = true;
+                }
+            }
+            true
+        })?;
+        // A run holds every entry of its key range, each with its own cookie: only when
+        // every key read held one entry (fsck checks it).
+        if !scan.single {
+            return Ok(());
+        }
+        let end = scan.ended && !past;
+        let to = match (run.last(), end) {
+            (_, true) => u64::MAX,
+            (Some(e), false) => e.cookie,
+            (None, false) => return Ok(()),
+        };
+        let parent = match scan.parent {
+            Some(p) => p,
+            None => g.parent_of(dir)?,
+        };
+        let page = published::Page {
+            from: cookie.max(first),
+            to,
+            end,
+            entries: run.into_boxed_slice(),
+        };
+        g.publish_read(published::Read {
+            page: Some((dir, parent, page)),
+            ..Default::default()
+        });
+        Ok(())
     }
 
     /// readdir with each entry's attributes ("readdirplus"). Up to `limit` names are read from
@@ -163,35 +238,30 @@ impl Inner {
         dir: Ino,
         cookie: u64,
         mut f: impl FnMut(&DirEntryOut) -> bool,
-    ) -> Result<()> {
+    ) -> Result<Scan> {
         let g = self;
+        let mut scan = Scan {
+            ended: false,
+            single: true,
+            parent: None,
+        };
         if g.dir_inode(dir)?.nlink.get() == 0 {
             return Err(crate::error::Error::NotFound); // removed while open, like a dead dir
         }
-        if cookie == 0
-            && !f(&DirEntryOut {
-                ino: dir,
-                dtype: DT_DIR,
-                name: b".".to_vec(),
-                cookie: 1,
-            })
-        {
-            return Ok(());
+        if cookie == 0 && !f(&dot(dir)) {
+            return Ok(scan);
         }
         if cookie <= 1 {
             let parent = g.parent_of(dir)?;
-            if !f(&DirEntryOut {
-                ino: parent,
-                dtype: DT_DIR,
-                name: b"..".to_vec(),
-                cookie: 2,
-            }) {
-                return Ok(());
+            scan.parent = Some(parent);
+            if !f(&dot_dot(parent)) {
+                return Ok(scan);
             }
         }
         let start = cookie.max(dir_ino_offset(1, 0));
         let tree = g.fs_tree;
         let mut err = None;
+        let mut refused = false;
         tree.scan(
             &mut g.store,
             Key::new(dir, ItemType::DirIno, start),
@@ -205,6 +275,7 @@ impl Inner {
                     }
                 };
                 let n = es.len();
+                scan.single &= n == 1;
                 for (i, e) in es.into_iter().enumerate() {
                     // One entry per key (fsck checks it). Were there more, they would share the
                     // key's cookie until the last: a resume inside the item repeats earlier names
@@ -216,6 +287,7 @@ impl Inner {
                         name: e.name,
                         cookie,
                     }) {
+                        refused = true;
                         return Ok(false);
                     }
                 }
@@ -225,6 +297,35 @@ impl Inner {
         if let Some(e) = err {
             return Err(e.into());
         }
-        Ok(())
+        scan.ended = !refused;
+        Ok(scan)
+    }
+}
+
+/// How a readdir under the lock went, for publishing what it read.
+struct Scan {
+    /// Every entry from the cookie on was offered and taken: the directory ends here.
+    ended: bool,
+    /// Every key read held one entry (fsck checks it), so each entry has its own cookie.
+    single: bool,
+    /// The parent, when ".." was read.
+    parent: Option<Ino>,
+}
+
+fn dot(dir: Ino) -> DirEntryOut {
+    DirEntryOut {
+        ino: dir,
+        dtype: DT_DIR,
+        name: b".".to_vec(),
+        cookie: 1,
+    }
+}
+
+fn dot_dot(parent: Ino) -> DirEntryOut {
+    DirEntryOut {
+        ino: parent,
+        dtype: DT_DIR,
+        name: b"..".to_vec(),
+        cookie: 2,
     }
 }
