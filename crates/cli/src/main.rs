@@ -8,6 +8,7 @@ mod bench_hugedir;
 mod bench_mount;
 mod bench_suite;
 mod logging;
+mod mkfs;
 mod mount;
 
 /// The engine allocates many small values per operation; mimalloc's size classes avoid glibc's
@@ -18,7 +19,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Parser, Subcommand, ValueEnum};
 use idxfs_blockdev::{BlockDevice, FileDevice};
 use idxfs_engine::dump::{dump, Which};
-use idxfs_engine::{fsck, Fs, MkfsOptions};
+use idxfs_engine::{fsck, Fs};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -46,6 +47,10 @@ enum Cmd {
         /// B+tree node size in bytes (4096 to 65536, a power of two).
         #[arg(long, default_value_t = idxfs_format::DEFAULT_NODE_SIZE)]
         node_size: u32,
+        /// Format over a file system or data found on the target, and shrink an image file
+        /// to --size (never over a target in use: a mounted image or device).
+        #[arg(long, short = 'f')]
+        force: bool,
     },
     /// Check an image; exit 0 when clean, 1 when problems were found, 2 when it cannot be read.
     Fsck { image: PathBuf },
@@ -152,33 +157,6 @@ fn open_dev(path: &Path, writable: bool) -> Result<Arc<dyn BlockDevice>, String>
         .map_err(|e| format!("{}: {e}", path.display()))
 }
 
-pub(crate) fn mkfs_image(
-    image: &Path,
-    size: Option<u64>,
-    node_size: u32,
-) -> Result<Arc<dyn BlockDevice>, String> {
-    let dev: Arc<dyn BlockDevice> = match std::fs::metadata(image) {
-        Ok(m) if m.file_type().is_file() && size.is_some() => Arc::new(
-            FileDevice::create(image, size.unwrap_or(0))
-                .map_err(|e| format!("{}: {e}", image.display()))?,
-        ),
-        Ok(_) => open_dev(image, true)?,
-        Err(_) => Arc::new(
-            FileDevice::create(image, size.unwrap_or(1 << 30))
-                .map_err(|e| format!("{}: {e}", image.display()))?,
-        ),
-    };
-    Fs::mkfs(
-        dev.clone(),
-        &MkfsOptions {
-            node_size,
-            ..MkfsOptions::default()
-        },
-    )
-    .map_err(|e| format!("mkfs {}: {e}", image.display()))?;
-    Ok(dev)
-}
-
 /// Takes an advisory lock on the image: exclusive for a mount, shared for fsck, so neither
 /// runs while a server writes it. Waits up to `wait` (a previous server may still be committing
 /// after its unmount). The lock lasts as long as the returned file.
@@ -257,7 +235,12 @@ fn demo(image: Option<PathBuf>, files: u64) -> Result<(), String> {
         }
     };
     println!("mkfs {} (2 GiB)", path.display());
-    let dev = mkfs_image(&path, Some(2 << 30), idxfs_format::DEFAULT_NODE_SIZE)?;
+    let dev = mkfs::mkfs(&mkfs::MkfsArgs {
+        image: &path,
+        size: Some(2 << 30),
+        node_size: idxfs_format::DEFAULT_NODE_SIZE,
+        force: false,
+    })?;
     let fs =
         Fs::open(dev.clone(), idxfs_engine::OpenOptions::default()).map_err(|e| e.to_string())?;
     let owner = idxfs_engine::fs::Owner::default();
@@ -431,7 +414,14 @@ fn main() -> ExitCode {
             image,
             size,
             node_size,
-        } => mkfs_image(&image, size, node_size).map(|d| {
+            force,
+        } => mkfs::mkfs(&mkfs::MkfsArgs {
+            image: &image,
+            size,
+            node_size,
+            force,
+        })
+        .map(|d| {
             println!(
                 "{}: idxfs formatted, {} bytes, node size {node_size}",
                 image.display(),

@@ -94,7 +94,12 @@ fn serve_image(
     block_shutdown_signals();
     if let Some(size) = a.create {
         if !a.image.exists() {
-            crate::mkfs_image(a.image, Some(size), idxfs_format::DEFAULT_NODE_SIZE)?;
+            crate::mkfs::mkfs(&crate::mkfs::MkfsArgs {
+                image: a.image,
+                size: Some(size),
+                node_size: idxfs_format::DEFAULT_NODE_SIZE,
+                force: false,
+            })?;
         }
     }
     // One server per image: a second mount (or an old server still committing after its
