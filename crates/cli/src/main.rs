@@ -10,6 +10,7 @@ mod bench_suite;
 mod logging;
 mod mkfs;
 mod mount;
+mod sync;
 
 /// The engine allocates many small values per operation; mimalloc's size classes avoid glibc's
 /// consolidation slow paths, which took about a tenth of a million-file create run.
@@ -54,6 +55,9 @@ enum Cmd {
     },
     /// Check an image; exit 0 when clean, 1 when problems were found, 2 when it cannot be read.
     Fsck { image: PathBuf },
+    /// Make every change on the idxfs mount holding PATH durable (sync and sync -f cannot:
+    /// FUSE does not pass them on; an fsync of any file on the mount does the same).
+    Sync { path: PathBuf },
     /// Mount an image through FUSE and serve it in the foreground until unmounted
     /// (umount, or Ctrl-C/SIGTERM, which unmount it); the last changes are committed then.
     Mount {
@@ -308,8 +312,8 @@ pub(crate) fn tempdir_in_shm() -> Result<PathBuf, String> {
     Ok(p)
 }
 
-const SUBCOMMANDS: [&str; 8] = [
-    "mkfs", "fsck", "mount", "dump", "demo", "bench", "help", "--help",
+const SUBCOMMANDS: [&str; 9] = [
+    "mkfs", "fsck", "mount", "sync", "dump", "demo", "bench", "help", "--help",
 ];
 
 /// The other names and forms this binary answers to; `None` when it is the `idxfs` command.
@@ -427,6 +431,10 @@ fn main() -> ExitCode {
                 image.display(),
                 d.size()
             );
+            ExitCode::SUCCESS
+        }),
+        Cmd::Sync { path } => sync::sync(&path).map(|mp| {
+            println!("{}: every change is durable", mp.display());
             ExitCode::SUCCESS
         }),
         Cmd::Fsck { image } => match run_fsck(&image) {

@@ -88,3 +88,43 @@ fn dirsync_makes_directory_changes_durable_on_return() {
     m.unmount();
     m.assert_fsck_clean();
 }
+
+/// `sync` and `sync -f` never reach a FUSE server (the kernel sends FUSE_SYNCFS to virtiofs
+/// only), so `idxfs sync PATH` is what makes a default mount's changes durable: one fsync,
+/// and idxfs's fsync covers every change on the mount. The server is killed right after it
+/// returns; everything written anywhere before it is there after a remount.
+#[test]
+fn idxfs_sync_makes_every_change_on_the_mount_durable() {
+    let mut m = Mounted::new("256M", "");
+    fs::create_dir_all(m.path("a/b")).expect("mkdir");
+    let files: Vec<(String, Vec<u8>)> = (0..20)
+        .map(|i| {
+            let p = if i % 2 == 0 {
+                format!("a/f{i}")
+            } else {
+                format!("a/b/g{i}")
+            };
+            (p, vec![i as u8; 1000 * i])
+        })
+        .collect();
+    for (p, data) in &files {
+        fs::write(m.path(p), data).expect("write");
+    }
+    fs::rename(m.path("a/f0"), m.path("moved")).expect("rename");
+    // From a path deep in the mount: the whole mount is made durable.
+    let (code, out, err) = idxfs(&["sync", m.path("a/b").to_str().expect("utf8")]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("every change is durable"), "{out}");
+    m.kill();
+    m.mount("");
+    assert_eq!(fs::read(m.path("moved")).expect("moved"), files[0].1);
+    for (p, data) in &files[1..] {
+        assert_eq!(fs::read(m.path(p)).expect(p), *data, "{p}");
+    }
+    // Off idxfs: one line that says so, exit 1.
+    let (code, _, err) = idxfs(&["sync", "/proc"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("not idxfs"), "{err}");
+    m.unmount();
+    m.assert_fsck_clean();
+}
