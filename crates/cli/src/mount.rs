@@ -20,6 +20,23 @@ pub struct MountArgs<'a> {
     pub background: bool,
 }
 
+/// The mount point must be a directory that answers: each way it can fail says what to do.
+fn check_mountpoint(mp: &Path) -> Result<(), String> {
+    let d = mp.display();
+    match std::fs::metadata(mp) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(format!("mount point {d} is not a directory")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!(
+            "mount point {d} does not exist (make it first: mkdir -p {d})"
+        )),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Err(format!(
+            "mount point {d} still holds a mount whose server stopped (\"transport endpoint \
+             is not connected\"); unmount it first: umount {d}"
+        )),
+        Err(e) => Err(format!("mount point {d}: {e}")),
+    }
+}
+
 pub fn mount(a: &MountArgs) -> Result<(), String> {
     let mut cfg = MountConfig::default();
     for o in a.options {
@@ -33,10 +50,12 @@ pub fn mount(a: &MountArgs) -> Result<(), String> {
         return idxfs_fuse::remount::remount(&source, a.mountpoint, &cfg)
             .map_err(|e| format!("remount: {e}"));
     }
-    if !a.mountpoint.is_dir() {
+    check_mountpoint(a.mountpoint)?;
+    if a.create.is_none() && !a.image.exists() {
+        let i = a.image.display();
         return Err(format!(
-            "mount point {}: not a directory",
-            a.mountpoint.display()
+            "{i} does not exist (make it with `idxfs mkfs {i} --size 1G`, or mount with \
+             --create --size 1G)"
         ));
     }
     if a.background {
