@@ -27,6 +27,13 @@ pub trait BlockDevice: Send + Sync {
     fn writable(&self) -> bool {
         true
     }
+    /// Tells the device that `len` bytes at `offset` hold nothing any more: an image file
+    /// gives their space back (a hole), a block device may drop them (BLKDISCARD). Reads of
+    /// the range return unspecified bytes after it. Advisory: a device that cannot leaves the
+    /// bytes as they are and returns Ok.
+    fn discard(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 impl<T: BlockDevice + ?Sized> BlockDevice for std::sync::Arc<T> {
@@ -44,6 +51,9 @@ impl<T: BlockDevice + ?Sized> BlockDevice for std::sync::Arc<T> {
     }
     fn writable(&self) -> bool {
         (**self).writable()
+    }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        (**self).discard(offset, len)
     }
 }
 

@@ -71,6 +71,7 @@ enum Cmd {
         /// uring/nouring (FUSE over io_uring; default: when the kernel allows it),
         /// handoff/nohandoff (ring replies sent at SCHED_IDLE so callers wake on the same CPU;
         /// default on), threads=N, pin/nopin (/dev/fuse workers pinned one per CPU), writeback,
+        /// discard/nodiscard (freed blocks given back to an image file or device; default on),
         /// readdirplus=always|auto (auto: names-only listings skip attributes, but tar, cp and
         /// rm then look up every entry; default always).
         #[arg(short = 'o', value_name = "OPTIONS")]

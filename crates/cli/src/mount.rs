@@ -133,6 +133,7 @@ fn serve_image(
             read_only: cfg.read_only,
             atime: cfg.atime,
             sync: cfg.sync,
+            discard: cfg.discard,
             ..OpenOptions::default()
         },
     )

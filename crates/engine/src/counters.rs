@@ -50,6 +50,8 @@ counters! {
     blocks_freed_now: "blocks freed and reusable at once (allocated in the same transaction)",
     blocks_pinned: "blocks freed but held until the commit that frees them is durable",
     blocks_held_for_readers: "freed data ranges held until readers outside the lock left",
+    blocks_discarded: "freed blocks the device was told to drop (an image file's holes)",
+    discard_errors: "discards the device refused (the blocks were freed all the same)",
     data_reads_beside: "reads whose data I/O ran without the operation lock",
     data_writes_beside: "writes whose data I/O ran without the operation lock",
     data_write_conflicts: "such writes redone under the lock: their edge blocks changed meanwhile",

@@ -393,13 +393,20 @@ impl TxnState {
 impl Inner {
     /// Commits the running transaction and returns once it is durable, all under the caller's
     /// lock (mkfs, open, close, fsync's fallback, operations that need pinned space back).
+    /// The blocks the commit released are discarded before it returns (see
+    /// `space::discard`), so what it frees is free when it returns.
     pub fn commit(&mut self) -> Result<()> {
-        let Some(frozen) = self.commit_begin()? else {
-            return Ok(());
-        };
-        let flight = self.txn.flight.clone();
-        Posting(&flight, false).post(frozen.write());
-        self.reap_wait()
+        if let Some(frozen) = self.commit_begin()? {
+            let flight = self.txn.flight.clone();
+            Posting(&flight, false).post(frozen.write());
+            self.reap_wait()?;
+        }
+        let ranges = self.store.alloc.take_discards();
+        if !ranges.is_empty() {
+            crate::space::discard::send(self.store.dev.as_ref(), &ranges, &self.store.counters);
+            self.store.alloc.discarded(&ranges);
+        }
+        Ok(())
     }
 
     /// Steps 1-3: waits for a commit in flight, then freezes the running transaction.

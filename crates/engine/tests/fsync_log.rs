@@ -6,7 +6,7 @@ use common::digest::digest;
 use common::*;
 use idxfs_blockdev::{MemDevice, RecordingDevice, Tear};
 use idxfs_engine::testutil::Rng;
-use idxfs_engine::{Fs, MkfsOptions};
+use idxfs_engine::{Fs, MkfsOptions, OpenOptions};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -196,14 +196,26 @@ fn data_freed_after_an_fsync_is_not_reused_before_the_commit() {
 
 #[test]
 fn data_freed_with_no_fsync_since_it_was_written_is_reusable_at_once() {
-    let (_rec, fs) = recording_fs(16 << 20);
-    start_log(&fs);
-    let a = fs.create(ROOT, b"a", 0o644, ME).expect("create a");
-    fs.write(a.ino, 0, &[1u8; 64 << 10]).expect("write a");
-    let pinned = |fs: &Fs| fs.with_store(|s, _, _| s.alloc.pinned_blocks());
-    let before = pinned(&fs);
-    fs.truncate(a.ino, 0).expect("truncate a");
-    assert_eq!(pinned(&fs), before, "no batch names a's blocks");
+    // Without discard: with it, freed data always waits for the next commit, to be
+    // discarded then (`space::discard`), which the second half checks.
+    for discard in [false, true] {
+        let rec = recording_device(16 << 20);
+        let o = OpenOptions { discard, ..opts() };
+        let fs = Fs::open(rec.clone(), o).expect("open");
+        start_log(&fs);
+        let a = fs.create(ROOT, b"a", 0o644, ME).expect("create a");
+        fs.write(a.ino, 0, &[1u8; 64 << 10]).expect("write a");
+        let pinned = |fs: &Fs| fs.with_store(|s, _, _| s.alloc.pinned_blocks());
+        let before = pinned(&fs);
+        fs.truncate(a.ino, 0).expect("truncate a");
+        if discard {
+            assert_eq!(pinned(&fs) - before, 16, "a's blocks wait to be discarded");
+            fs.sync().expect("sync");
+            assert_eq!(pinned(&fs), 0, "discarded by the commit, then free");
+        } else {
+            assert_eq!(pinned(&fs), before, "no batch names a's blocks");
+        }
+    }
 }
 
 #[test]

@@ -22,6 +22,10 @@ pub struct MountConfig {
     /// requests (the kernel then keeps mtime/ctime and sends them by setattr on close). Off by
     /// default: for small files it adds requests (see the crate docs).
     pub writeback: bool,
+    /// Freed blocks are discarded once nothing can read them, so an image file gives their
+    /// space back (`-o discard`, the default; `nodiscard` keeps every block the image ever
+    /// used allocated). See `idxfs_engine::space::discard`.
+    pub discard: bool,
     /// FUSE worker threads reading /dev/fuse (each with its own cloned fd). None: 2, or 1
     /// beside io_uring, where only FORGET and INTERRUPT come that way.
     pub threads: Option<usize>,
@@ -75,6 +79,7 @@ impl Default for MountConfig {
             fsname: None,
             ttl: Duration::from_secs(3600),
             writeback: false,
+            discard: true,
             threads: None,
             pin: None,
             uring: None,
@@ -118,6 +123,8 @@ impl MountConfig {
                 "allow_other" => self.allow_other = true,
                 "writeback" => self.writeback = true,
                 "nowriteback" => self.writeback = false,
+                "discard" => self.discard = true,
+                "nodiscard" => self.discard = false,
                 "default_permissions" => self.default_permissions = true,
                 "fsname" => self.fsname = Some(need(value)?.to_string()),
                 "ttl" => {

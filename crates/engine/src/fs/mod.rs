@@ -130,6 +130,10 @@ pub struct OpenOptions {
     pub atime: Atime,
     /// Which operations are durable when they return (`-o sync`, `-o dirsync`).
     pub sync: SyncMode,
+    /// Tell the device about freed blocks once nothing can read them (`space::discard`):
+    /// an image file gives their space back. Freed file data is then reused only after the
+    /// next commit, not within its own transaction.
+    pub discard: bool,
     /// Testing only: a name hash other than the format's, to force collisions. An image written
     /// with it must be read and checked with it.
     pub name_hash: NameHash,
@@ -168,6 +172,7 @@ impl Default for OpenOptions {
             clock: Arc::new(SystemClock),
             atime: Atime::default(),
             sync: SyncMode::default(),
+            discard: true,
             name_hash: idxfs_format::hash::name_hash,
             bench_hash_index_only: false,
             bench_locked_reads: false,
@@ -395,7 +400,8 @@ impl Fs {
         let sb = read_superblocks(dev.as_ref())?;
         let counters = Arc::new(Counters::default());
         let total = sb.total_blocks.get();
-        let alloc = Allocator::new(total, sb.group_blocks.get(), counters.clone());
+        let mut alloc = Allocator::new(total, sb.group_blocks.get(), counters.clone());
+        alloc.set_discard(opts.discard);
         let cache_nodes = opts.cache_bytes / (sb.node_size.get() as usize * 2);
         let store = Store::new(
             dev,
@@ -886,11 +892,25 @@ impl Shared {
             }
             g.commit_begin()?
         };
-        let Some(frozen) = frozen else { return Ok(()) };
-        txn::Posting(&self.flight, false).post(frozen.write());
-        let mut g = self.lock();
-        g.reap_wait()?;
-        g.durable_ok()
+        if let Some(frozen) = frozen {
+            txn::Posting(&self.flight, false).post(frozen.write());
+            let mut g = self.lock();
+            g.reap_wait()?;
+            g.durable_ok()?;
+        }
+        self.discard_beside();
+        Ok(())
+    }
+
+    /// Sends the discards the allocator has waiting without the lock; their blocks stay busy
+    /// until it is done (`space::discard`).
+    fn discard_beside(&self) {
+        let ranges = self.lock().store.alloc.take_discards();
+        if ranges.is_empty() {
+            return;
+        }
+        crate::space::discard::send(self.dev.as_ref(), &ranges, &self.counters);
+        self.lock().store.alloc.discarded(&ranges);
     }
 }
 

@@ -30,6 +30,14 @@
 //!   leaves them free, and the fsync log never names them before `install`.
 //! - *held*: freed data blocks a reader outside the lock may still be reading
 //!   (`super::read_fence`), busy until every reader that entered before the free has left.
+//!
+//! With discard on (`set_discard`), a block that nothing can read any more (its commit is
+//! durable and its readers gone) does not become free at once: it waits, busy, until the
+//! device has been told to drop it (`take_discards`, then `discarded`), so an image file
+//! gives the space back and no allocation can hand the block out while the discard is in
+//! flight. File data freed in the running transaction is pinned then too, not reused at
+//! once, so it is discarded after the next commit like the rest (as ext4 frees blocks only
+//! when their transaction commits).
 use super::bitmap::Bitmap;
 use super::read_fence::ReadFence;
 use crate::counters::Counters;
@@ -102,7 +110,18 @@ pub struct Allocator {
     /// first cached (seed 001), so a commit takes them in group order without looking at
     /// the groups nothing changed (a device has thousands; a commit usually changes a few).
     dirty: FirstMap<usize, ()>,
+    discards: Discards,
     counters: Arc<Counters>,
+}
+
+/// Blocks on their way to the device's discard.
+#[derive(Default)]
+struct Discards {
+    on: bool,
+    /// Ranges no state references, busy until discarded: (start, length), each inside a group.
+    waiting: Vec<(u64, u64)>,
+    /// Blocks of ranges taken by `take_discards` and not yet `discarded`.
+    out: u64,
 }
 
 impl Allocator {
@@ -138,6 +157,7 @@ impl Allocator {
             held: VecDeque::new(),
             claimed: 0,
             dirty: FirstMap::new(),
+            discards: Discards::default(),
             counters,
         };
         for gi in 0..a.groups.len() {
@@ -357,6 +377,35 @@ impl Allocator {
         Counters::inc(&self.counters.blocks_allocated);
     }
 
+    /// Discards freed blocks before they are reused (see the module docs).
+    pub fn set_discard(&mut self, on: bool) {
+        self.discards.on = on;
+    }
+
+    /// Takes the ranges waiting for a discard; they stay busy until `discarded`.
+    pub fn take_discards(&mut self) -> Vec<(u64, u64)> {
+        let taken = std::mem::take(&mut self.discards.waiting);
+        self.discards.out += taken.iter().map(|r| r.1).sum::<u64>();
+        taken
+    }
+
+    /// The device was told to drop `ranges` (from `take_discards`), or tried: they are free.
+    pub fn discarded(&mut self, ranges: &[(u64, u64)]) {
+        for &(start, n) in ranges {
+            self.discards.out -= n;
+            self.unbusy(start, n);
+        }
+    }
+
+    /// A freed range that nothing references any more: free now, or once discarded.
+    fn release(&mut self, start: u64, n: u64) {
+        if self.discards.on {
+            self.discards.waiting.push((start, n));
+        } else {
+            self.unbusy(start, n);
+        }
+    }
+
     /// Frees a range. `now` = the range was allocated in the running transaction, so no
     /// committed state references it and it may be reused at once; otherwise it is pinned until
     /// [`Allocator::commit_done`].
@@ -408,6 +457,8 @@ impl Allocator {
                 "marked used (referenced by the tree)",
             ));
         }
+        // Data to discard waits for the next commit, like data the last one references.
+        let now = now && !(data && self.discards.on);
         // A data block a reader outside the lock may still read stays busy until it is done.
         let stamp = if now && data {
             self.fence.stamp()
@@ -472,7 +523,7 @@ impl Allocator {
                     self.held.push_back((s, start, n));
                     Counters::inc(&self.counters.blocks_held_for_readers);
                 }
-                _ => self.unbusy(start, n),
+                _ => self.release(start, n),
             }
         }
     }
@@ -506,12 +557,12 @@ impl Allocator {
                 break;
             }
             self.held.pop_front();
-            self.unbusy(start, n);
+            self.release(start, n);
         }
     }
 
     /// Blocks freed but not yet reusable: by the running transaction, by a commit in flight,
-    /// and held for readers. Those are every busy block that is neither used nor claimed (the
+    /// held for readers, and waiting for their discard. Those are every busy block that is neither used nor claimed (the
     /// allocator's states), so this costs nothing however many ranges are pinned: statfs's
     /// counts are recomputed each time an operation lets go of the lock (`fs::published`).
     pub fn pinned_blocks(&self) -> u64 {
@@ -525,7 +576,9 @@ impl Allocator {
             .chain(&self.committing)
             .map(|p| p.1)
             .chain(self.held.iter().map(|h| h.2))
-            .sum()
+            .chain(self.discards.waiting.iter().map(|d| d.1))
+            .sum::<u64>()
+            + self.discards.out
     }
 
     /// Takes the groups changed since the last call, in group order, and marks them clean.
