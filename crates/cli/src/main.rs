@@ -55,6 +55,9 @@ enum Cmd {
     },
     /// Check an image; exit 0 when clean, 1 when problems were found, 2 when it cannot be read.
     Fsck { image: PathBuf },
+    /// Give every free block of an unmounted image back (punch holes in an image file,
+    /// BLKDISCARD on a device): what `-o nodiscard` or an older idxfs left allocated.
+    Trim { image: PathBuf },
     /// Make every change on the idxfs mount holding PATH durable (sync and sync -f cannot:
     /// FUSE does not pass them on; an fsync of any file on the mount does the same).
     Sync { path: PathBuf },
@@ -197,6 +200,35 @@ pub(crate) fn lock_image(
     }
 }
 
+/// `idxfs trim IMAGE`: every free block discarded, the image not mounted meanwhile.
+fn run_trim(image: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let p = image.display();
+    let _lock = lock_image(image, true, std::time::Duration::ZERO)
+        .map_err(|_| format!("{p}: in use by an idxfs server (mounted); unmount it first"))?;
+    let held = || {
+        std::fs::metadata(image)
+            .map(|m| m.blocks() * 512)
+            .unwrap_or(0)
+    };
+    let before = held();
+    let fs = Fs::open(
+        open_dev(image, true)?,
+        idxfs_engine::OpenOptions {
+            commit_interval: None,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| format!("{p}: {e}"))?;
+    let blocks = fs.trim().map_err(|e| format!("trim {p}: {e}"))?;
+    fs.close().map_err(|e| format!("{p}: {e}"))?;
+    println!(
+        "{p}: {blocks} free blocks discarded; the image file held {before} bytes, now {}",
+        held()
+    );
+    Ok(())
+}
+
 fn run_fsck(image: &Path) -> Result<bool, String> {
     let _lock = lock_image(image, false, std::time::Duration::from_secs(10))?;
     let dev = open_dev(image, false)?;
@@ -313,8 +345,8 @@ pub(crate) fn tempdir_in_shm() -> Result<PathBuf, String> {
     Ok(p)
 }
 
-const SUBCOMMANDS: [&str; 9] = [
-    "mkfs", "fsck", "mount", "sync", "dump", "demo", "bench", "help", "--help",
+const SUBCOMMANDS: [&str; 10] = [
+    "mkfs", "fsck", "mount", "sync", "trim", "dump", "demo", "bench", "help", "--help",
 ];
 
 /// The other names and forms this binary answers to; `None` when it is the `idxfs` command.
@@ -434,6 +466,7 @@ fn main() -> ExitCode {
             );
             ExitCode::SUCCESS
         }),
+        Cmd::Trim { image } => run_trim(&image).map(|()| ExitCode::SUCCESS),
         Cmd::Sync { path } => sync::sync(&path).map(|mp| {
             println!("{}: every change is durable", mp.display());
             ExitCode::SUCCESS

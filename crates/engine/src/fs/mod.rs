@@ -762,6 +762,21 @@ impl Fs {
     }
 
     /// Test and tool access to the whole engine state under the lock.
+    /// Discards every free block (`idxfs trim`): what a mount with `nodiscard`, or an
+    /// older idxfs, left allocated in an image file goes back. Commits first, so what is
+    /// pinned is free; the device I/O runs under the lock (an explicit, whole pass).
+    /// Returns the blocks discarded.
+    pub fn trim(&self) -> Result<u64> {
+        let mut g = self.lock();
+        if g.policy.read_only {
+            return Err(Error::ReadOnly);
+        }
+        g.commit()?;
+        let ranges = g.store.alloc.free_ranges();
+        crate::space::discard::send(g.store.dev.as_ref(), &ranges, &g.store.counters);
+        Ok(ranges.iter().map(|r| r.1).sum())
+    }
+
     pub fn with_store<R>(&self, f: impl FnOnce(&mut Store, &Tree, &Tree) -> R) -> R {
         let mut g = self.lock();
         let (fs, sp) = (g.fs_tree, g.space_tree);

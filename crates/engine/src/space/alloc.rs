@@ -397,6 +397,20 @@ impl Allocator {
         }
     }
 
+    /// Every run of blocks free for allocation (neither used nor busy): a full trim's
+    /// discards, valid while the caller holds the operation lock.
+    pub fn free_ranges(&self) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        for g in &self.groups {
+            let mut at = 0;
+            while let Some((z, run)) = find_run(&g.busy, at, 1, g.len) {
+                out.push((g.start + z, run));
+                at = z + run;
+            }
+        }
+        out
+    }
+
     /// A freed range that nothing references any more: free now, or once discarded.
     fn release(&mut self, start: u64, n: u64) {
         if self.discards.on {
