@@ -253,26 +253,12 @@ fn worker(fs: &Fs, t: u64, own: u64, shared: u64, seed: u64, steps: u64) -> Mode
                 // lock where an earlier listing was published): only it changes them, so they
                 // are its model's, while the others change theirs in the same directory.
                 let mine = format!("t{t}-").into_bytes();
-                let mut got = Vec::new();
-                let (run, mut cookie) = (1 + rng.below(16) as usize, 0);
-                loop {
-                    let mut taken = 0;
-                    fs.readdir(dir, cookie, |e| {
-                        if taken == run {
-                            return false;
-                        }
-                        taken += 1;
-                        cookie = e.cookie;
-                        if e.name.starts_with(&mine) {
-                            got.push(e.name.clone());
-                        }
-                        true
-                    })
-                    .expect("readdir");
-                    if taken < run {
-                        break;
-                    }
-                }
+                let run = 1 + rng.below(16) as usize;
+                let mut got: Vec<Vec<u8>> = list_in_runs(fs, dir, || run)
+                    .into_iter()
+                    .filter(|e| e.name.starts_with(&mine))
+                    .map(|e| e.name)
+                    .collect();
                 got.sort();
                 let want: Vec<Vec<u8>> = model
                     .keys()

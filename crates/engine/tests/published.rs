@@ -75,24 +75,10 @@ impl Model {
     /// Directory `dir` listed by readdir in runs of up to `run` entries, each resumed from
     /// the last entry's cookie, against the model: (name, inode) sorted, "." and ".." first.
     fn check_listing(&self, fs: &Fs, dir: u64, run: usize, step: usize) {
-        let mut got: Vec<(Vec<u8>, u64)> = Vec::new();
-        let mut cookie = 0;
-        loop {
-            let mut taken = 0;
-            fs.readdir(dir, cookie, |e| {
-                if taken == run {
-                    return false;
-                }
-                taken += 1;
-                got.push((e.name.clone(), e.ino));
-                cookie = e.cookie;
-                true
-            })
-            .expect("readdir");
-            if taken < run {
-                break;
-            }
-        }
+        let mut got: Vec<(Vec<u8>, u64)> = list_in_runs(fs, dir, || run)
+            .into_iter()
+            .map(|e| (e.name, e.ino))
+            .collect();
         let want_dots = [(b".".to_vec(), dir), (b"..".to_vec(), self.parent(dir))];
         assert_eq!(
             got.get(..2),
@@ -595,27 +581,12 @@ fn a_listing_read_without_the_lock_is_never_older_than_a_finished_change() {
                 while !stop.load(Ordering::Relaxed) {
                     let floor = done.load(Ordering::Acquire);
                     let mut seen = std::collections::BTreeSet::new();
-                    let mut cookie = 0;
-                    loop {
-                        let run = 1 + rng.below(50) as usize;
-                        let mut taken = 0;
-                        fs.readdir(d, cookie, |e| {
-                            if taken == run {
-                                return false;
-                            }
-                            taken += 1;
-                            cookie = e.cookie;
-                            assert!(
-                                seen.insert(e.name.clone()),
-                                "{} listed twice",
-                                String::from_utf8_lossy(&e.name)
-                            );
-                            true
-                        })
-                        .expect("readdir");
-                        if taken < run {
-                            break;
-                        }
+                    for e in list_in_runs(&fs, d, || 1 + rng.below(50) as usize) {
+                        assert!(
+                            seen.insert(e.name.clone()),
+                            "{} listed twice",
+                            String::from_utf8_lossy(&e.name)
+                        );
                     }
                     for i in 0..40 {
                         let n = format!("keep-{i}").into_bytes();

@@ -71,3 +71,32 @@ pub fn assert_clean_with<D: BlockDevice + 'static>(dev: &Arc<D>, hash: NameHash)
         r.problems.join("\n")
     );
 }
+
+/// Lists `dir` in readdir calls of `run()` entries each, every call resumed from the last
+/// entry's cookie, as a front end with a small buffer reads it (so a listing is read, and
+/// published, in several runs): every entry, "." and ".." first.
+pub fn list_in_runs(
+    fs: &Fs,
+    dir: u64,
+    mut run: impl FnMut() -> usize,
+) -> Vec<idxfs_engine::fs::DirEntryOut> {
+    let mut got = Vec::new();
+    let mut cookie = 0;
+    loop {
+        let run = run();
+        let mut taken = 0;
+        fs.readdir(dir, cookie, |e| {
+            if taken == run {
+                return false;
+            }
+            taken += 1;
+            cookie = e.cookie;
+            got.push(e.clone());
+            true
+        })
+        .expect("readdir");
+        if taken < run {
+            return got;
+        }
+    }
+}
