@@ -41,7 +41,7 @@ counters! {
     lookup_lock_free: "lookups answered from the published names and inodes, without the lock",
     readlink_lock_free: "readlinks answered from the published symlink targets, without the lock",
     xattr_lock_free: "getxattr and listxattr answered from the published xattrs, without the lock",
-    readdir_lock_free: "readdir runs of entries answered from a published listing, without the lock",
+    readdir_lock_free: "readdir runs answered from a published listing, without the lock",
     statfs_lock_free: "statfs answered from the published counts, without the lock",
     inode_cache_misses: "inode lookups that read the fs tree",
     inode_scan_reads: "inode items readdirplus read by ordered scan (not one lookup each)",

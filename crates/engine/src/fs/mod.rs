@@ -38,11 +38,11 @@
 //!   (`data_io`). Blocks a reader outside the lock may still read are not handed out again
 //!   until it is done (`crate::space::read_fence`).
 //! - Everything else still serializes on the one lock, each operation whole: first reads,
-//!   ".." and misses, readdirplus (its entries take pins), long xattrs and symlink targets, and every tree change (a
-//!   write's included). The trees change nodes in place within a transaction, so a reader
-//!   of them beside a writer would need a published root per operation; that is not built
-//!   yet (see the README's table), so the tree changes of two writers never overlap, though
-//!   their data I/O does.
+//!   ".." and misses, readdirplus (its entries take pins), long xattrs and symlink targets,
+//!   and every tree change (a write's included). The trees change nodes in place within a
+//!   transaction, so a reader of them beside a writer would need a published root per
+//!   operation; that is not built yet (see the README's table), so the tree changes of two
+//!   writers never overlap, though their data I/O does.
 mod create;
 mod data_io;
 mod dir;

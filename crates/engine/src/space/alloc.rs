@@ -576,9 +576,10 @@ impl Allocator {
     }
 
     /// Blocks freed but not yet reusable: by the running transaction, by a commit in flight,
-    /// held for readers, and waiting for their discard. Those are every busy block that is neither used nor claimed (the
-    /// allocator's states), so this costs nothing however many ranges are pinned: statfs's
-    /// counts are recomputed each time an operation lets go of the lock (`fs::published`).
+    /// held for readers, and waiting for their discard. Those are every busy block that is
+    /// neither used nor claimed (the allocator's states), so this costs nothing however many
+    /// ranges are pinned: statfs's counts are recomputed each time an operation lets go of
+    /// the lock (`fs::published`).
     pub fn pinned_blocks(&self) -> u64 {
         self.busy_total - self.used_total - self.claimed
     }
