@@ -699,21 +699,43 @@ mod tests {
             .any(|g| find_run(&g.busy, 0, min, min).is_some())
     }
 
-    /// Random allocations, claims, frees (of data, too, with readers inside the fence) and
-    /// commits over many small groups: the `room` sets stay exact, every busy block is
-    /// accounted for, and an allocation fails only when no group anywhere has the run.
+    /// Random allocations, claims, frees (of data, too, with readers inside the fence),
+    /// commits and, with discard on, discards taken and finished, over many small groups: the
+    /// `room` sets stay exact, every busy block is accounted for, an allocation fails only
+    /// when no group anywhere has the run, and never hands out a block waiting for or in a
+    /// discard.
     #[test]
     fn indexed_search_finds_what_a_full_scan_finds() {
+        for discard in [false, true] {
+            random_states(discard);
+        }
+    }
+
+    fn random_states(discard: bool) {
         let (mut rng, seed) = crate::testutil::Rng::from_env("alloc_index");
         let mut a = Allocator::new(64 * 40 + 17, 64, Arc::new(Counters::default()));
+        a.set_discard(discard);
         let mut held: Vec<(u64, u64)> = Vec::new();
         let mut claims: Vec<(u64, u64)> = Vec::new();
         let mut readers = Vec::new();
+        let mut discarding: Vec<Vec<(u64, u64)>> = Vec::new();
+        let mut discarded = 0u64;
         let mut committing = false;
+        let at = |step| format!("seed {seed} step {step} discard {discard}");
+        // A range just handed out overlaps no range on its way to a discard.
+        let fresh = |a: &Allocator, out: &[Vec<(u64, u64)>], (s, n): (u64, u64), step| {
+            let mut pending = out.iter().flatten().chain(&a.discards.waiting);
+            assert!(
+                !pending.any(|&(d, m)| s < d + m && d < s + n),
+                "{}: {s}+{n} handed out while being discarded",
+                at(step)
+            );
+        };
         for step in 0..20_000 {
-            match rng.below(14) {
+            match rng.below(16) {
                 10 => {
                     if let Some(c) = a.claim(1, 1 + rng.below(8)) {
+                        fresh(&a, &discarding, c, step);
                         claims.push(c);
                     }
                 }
@@ -738,6 +760,12 @@ mod tests {
                     let (s, n) = held.swap_remove(rng.below(held.len() as u64) as usize);
                     a.free_data(s, n, rng.below(2) == 0).expect("free");
                 }
+                14 => discarding.push(a.take_discards()),
+                15 if !discarding.is_empty() => {
+                    let batch = discarding.swap_remove(rng.below(discarding.len() as u64) as usize);
+                    discarded += batch.iter().map(|r| r.1).sum::<u64>();
+                    a.discarded(&batch);
+                }
                 0..=4 => {
                     let kind = if rng.below(3) == 0 {
                         Kind::Data
@@ -748,10 +776,11 @@ mod tests {
                     let max = min + rng.below(8);
                     match a.alloc(min, max, kind) {
                         Some((s, n)) => {
-                            assert!((min..=max).contains(&n), "seed {seed} step {step}");
+                            assert!((min..=max).contains(&n), "{}", at(step));
+                            fresh(&a, &discarding, (s, n), step);
                             held.push((s, n));
                         }
-                        None => assert!(!any_run(&a, min), "seed {seed} step {step}: missed"),
+                        None => assert!(!any_run(&a, min), "{}: missed", at(step)),
                     }
                 }
                 5..=7 if !held.is_empty() => {
@@ -770,6 +799,11 @@ mod tests {
             }
             check_index(&a);
         }
+        assert_eq!(
+            discarded > 0,
+            discard,
+            "seed {seed}: blocks went through discards exactly when it is on"
+        );
     }
 
     #[test]
