@@ -238,6 +238,8 @@ pub struct Target {
     loopdev: Option<String>,
     daemon: Option<Child>,
     mounted: bool,
+    /// idxfs's mount options (`make_with`), kept for a remount (`cold`).
+    idxfs_opts: Option<String>,
 }
 
 impl Target {
@@ -245,6 +247,17 @@ impl Target {
     /// on a loop device; idxfs through this binary's `mount`; tmpfs directly). `inodes` sizes
     /// ext4's inode table.
     pub fn make(base: &Path, kind: FsKind, bytes: u64, inodes: u64) -> Result<Target, String> {
+        Target::make_with(base, kind, bytes, inodes, None)
+    }
+
+    /// `make`, with these mount options for idxfs (the kernel file systems take none).
+    pub fn make_with(
+        base: &Path,
+        kind: FsKind,
+        bytes: u64,
+        inodes: u64,
+        idxfs_opts: Option<&str>,
+    ) -> Result<Target, String> {
         let mp = base.join(format!("mnt-{}", kind.name()));
         std::fs::create_dir_all(&mp).map_err(|e| format!("{}: {e}", mp.display()))?;
         let mut t = Target {
@@ -254,6 +267,7 @@ impl Target {
             loopdev: None,
             daemon: None,
             mounted: false,
+            idxfs_opts: idxfs_opts.map(str::to_string),
         };
         if kind == FsKind::Tmpfs {
             run(Command::new("mount")
@@ -303,6 +317,9 @@ impl Target {
         cmd.arg("mount");
         // Mount options for A/B runs of one build, e.g. IDXFS_BENCH_MOUNT_OPTS=nohandoff.
         if let Some(o) = std::env::var_os("IDXFS_BENCH_MOUNT_OPTS").filter(|o| !o.is_empty()) {
+            cmd.arg("-o").arg(o);
+        }
+        if let Some(o) = &self.idxfs_opts {
             cmd.arg("-o").arg(o);
         }
         let child = cmd

@@ -9,12 +9,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-pub const WORKLOADS: [&str; 6] = [
+pub const WORKLOADS: [&str; 7] = [
     "fs_mark",
     "dir-fsync",
     "huge-dir",
     "nocow-write",
     "concurrency",
+    "apps",
     "micro",
 ];
 
@@ -37,7 +38,7 @@ impl Scale {
             _ => Err(format!("unknown scale {s:?} (test, small, full)")),
         }
     }
-    fn pick<T>(self, test: T, small: T, full: T) -> T {
+    pub(crate) fn pick<T>(self, test: T, small: T, full: T) -> T {
         match self {
             Scale::Test => test,
             Scale::Small => small,
@@ -61,14 +62,12 @@ struct Report {
     json: Value,
 }
 
+/// A table row: label, file system, value, CPU seconds, load.
+pub(crate) type Row = (String, FsKind, f64, f64, f64);
+
 /// "name value" rows -> a table with a ratio column against the best kernel file system.
 /// `higher_better` says which way the ratio points; the ratio is always > 1 when idxfs wins.
-fn ratio_table(
-    title: &str,
-    unit: &str,
-    rows: &[(String, FsKind, f64, f64, f64)],
-    higher_better: bool,
-) -> String {
+pub(crate) fn ratio_table(title: &str, unit: &str, rows: &[Row], higher_better: bool) -> String {
     // rows: (label, fs, value, cpu seconds, load)
     let best = rows
         .iter()
@@ -637,6 +636,10 @@ pub fn run(s: &Suite) -> Result<(), String> {
             "huge-dir" => huge_dir(s)?,
             "nocow-write" => nocow_write(s, &scratch.0)?,
             "concurrency" => concurrency(s, &scratch.0)?,
+            "apps" => {
+                let (table, json) = crate::bench_apps::apps(s.scale, &s.fs, &scratch.0)?;
+                Report { table, json }
+            }
             _ => micro(s)?,
         };
         println!("{}", r.table);

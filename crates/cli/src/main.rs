@@ -2,6 +2,7 @@
 //! non-zero. Also answers as `mkfs.idxfs` and `fsck.idxfs` (mkfs(8), fsck(8)) and in the form
 //! mount.fuse3 runs: `idxfs SOURCE MOUNTPOINT [-o OPTIONS]`.
 mod bench;
+mod bench_apps;
 mod bench_concurrency;
 mod bench_env;
 mod bench_hugedir;
@@ -109,7 +110,8 @@ enum Cmd {
     },
     /// Benchmarks (not tests), side by side with ext4, btrfs and XFS in the same run:
     /// `idxfs bench [WORKLOAD ...]` runs the seeds' workloads (fs_mark, dir-fsync, huge-dir,
-    /// nocow-write, concurrency, micro; all by default); the subcommands below are single measurements.
+    /// nocow-write, concurrency, apps, micro; all by default); the subcommands below are single
+    /// measurements.
     /// Needs root. See docs/benchmarks.md.
     #[command(args_conflicts_with_subcommands = true)]
     Bench {

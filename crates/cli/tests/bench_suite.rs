@@ -61,7 +61,14 @@ fn every_workload_runs_against_tmpfs_and_cleans_up() {
         &std::fs::read_to_string(out.path().join("bench.json")).expect("bench.json"),
     )
     .expect("valid JSON");
-    for w in ["fs_mark", "dir-fsync", "huge-dir", "nocow-write", "micro"] {
+    for w in [
+        "fs_mark",
+        "dir-fsync",
+        "huge-dir",
+        "nocow-write",
+        "apps",
+        "micro",
+    ] {
         assert!(
             json["workloads"][w].is_object(),
             "{w} missing from bench.json"
