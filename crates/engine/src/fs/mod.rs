@@ -22,9 +22,9 @@
 //!   read was read before (`published`: the inode; for a lookup the directory and the name;
 //!   the symlink target; the inode's xattrs when all are small and inline; the runs of a
 //!   directory's entries read since it last changed, up to 4,096 entries), and so does
-//!   statfs while it is asked between operations. They answer as the last finished operation left
-//!   things, so they never wait for a writer or a commit, and any number of readers run in
-//!   parallel. The first read of each takes the lock and publishes it.
+//!   statfs while it is asked between operations. They answer as the last finished
+//!   operation left things, so they never wait for a writer or a commit, and any number of
+//!   readers run in parallel. The first read of each takes the lock and publishes it.
 //! - A commit freezes its transaction under the lock and writes its nodes and superblock
 //!   without it (`crate::txn`): operations go on in the next transaction meanwhile. Only an
 //!   fsync (whose log the frozen superblock names), a second commit, and an operation that
