@@ -17,7 +17,7 @@ use idxfs_engine::fs::{Attr, SetAttr, RENAME_EXCHANGE};
 use idxfs_engine::testutil::Rng;
 use idxfs_engine::{Error, Fs, OpenOptions};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// An inode as the model has it.
@@ -432,56 +432,80 @@ fn lock_free_reads_follow_every_change() {
     assert_clean(&dev);
 }
 
+/// Runs `write` on this thread while 2 reader threads each call the body `reader(r)` makes,
+/// over and over, until `write` has returned (or panicked); returns the sum of what the bodies
+/// returned (the reads they made). `write` sees that sum as it grows, to wait for the readers.
+fn beside_readers<B: FnMut() -> u64>(
+    reader: impl Fn(u64) -> B + Sync,
+    write: impl FnOnce(&AtomicU64),
+) -> u64 {
+    /// Stops the readers however `write` ends, so the scope never waits for them forever.
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let stop = AtomicBool::new(false);
+    let reads = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        let (reader, stop, reads) = (&reader, &stop, &reads);
+        for r in 0..2 {
+            s.spawn(move || {
+                let mut body = reader(r);
+                while !stop.load(Ordering::Relaxed) {
+                    reads.fetch_add(body(), Ordering::Relaxed);
+                }
+            });
+        }
+        let _stop = Stop(stop);
+        write(reads);
+    });
+    reads.into_inner()
+}
+
 #[test]
 fn a_lookup_sees_a_name_and_its_link_count_from_one_state() {
     let (dev, fs) = mem_fs(64 << 20);
-    let fs = Arc::new(fs);
     let a = fs.create(ROOT, b"keep-a", 0o644, ME).expect("a").ino;
     let b = fs.create(ROOT, b"keep-b", 0o644, ME).expect("b").ino;
     fs.link(a, ROOT, b"cur").expect("link");
-    let stop = Arc::new(AtomicBool::new(false));
-    let readers: Vec<_> = (0..2)
-        .map(|_| {
-            let (fs, stop) = (fs.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let mut seen = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    for name in [b"cur".as_slice(), b"tmp"] {
-                        // Whatever "cur" or "tmp" names has exactly two names: its own and it.
-                        if let Ok(at) = fs.lookup(ROOT, name) {
-                            assert_eq!(
-                                at.nlink,
-                                2,
-                                "{} -> {} seen with the link count of another state",
-                                String::from_utf8_lossy(name),
-                                at.ino
-                            );
-                            seen += 1;
-                        }
-                    }
+    let reader = |_| {
+        || {
+            let mut seen = 0;
+            for name in [b"cur".as_slice(), b"tmp"] {
+                // Whatever "cur" or "tmp" names has exactly two names: its own and it.
+                if let Ok(at) = fs.lookup(ROOT, name) {
+                    assert_eq!(
+                        at.nlink,
+                        2,
+                        "{} -> {} seen with the link count of another state",
+                        String::from_utf8_lossy(name),
+                        at.ino
+                    );
+                    seen += 1;
                 }
-                seen
-            })
-        })
-        .collect();
-    // "cur" moves between a and b: link the other as "tmp", rename it over "cur".
-    let n = if cfg!(debug_assertions) { 3000 } else { 20000 };
-    for i in 0..n {
-        let other = if i % 2 == 0 { b } else { a };
-        fs.link(other, ROOT, b"tmp").expect("link tmp");
-        fs.rename(ROOT, b"tmp", ROOT, b"cur", 0).expect("rename");
-        if i % 1000 == 0 {
-            fs.sync().expect("sync");
+            }
+            seen
         }
-    }
-    stop.store(true, Ordering::Relaxed);
-    let seen: u64 = readers.into_iter().map(|r| r.join().expect("reader")).sum();
+    };
+    // "cur" moves between a and b: link the other as "tmp", rename it over "cur".
+    let seen = beside_readers(reader, |_| {
+        let n = if cfg!(debug_assertions) { 3000 } else { 20000 };
+        for i in 0..n {
+            let other = if i % 2 == 0 { b } else { a };
+            fs.link(other, ROOT, b"tmp").expect("link tmp");
+            fs.rename(ROOT, b"tmp", ROOT, b"cur", 0).expect("rename");
+            if i % 1000 == 0 {
+                fs.sync().expect("sync");
+            }
+        }
+    });
     assert!(seen > 0, "the readers saw nothing");
     assert!(
         fs.counters().lookup_lock_free.load(Ordering::Relaxed) > 0,
         "no lookup took the lock-free path"
     );
-    let fs = Arc::into_inner(fs).expect("readers are done");
     fs.close().expect("close");
     assert_clean(&dev);
 }
@@ -489,66 +513,57 @@ fn a_lookup_sees_a_name_and_its_link_count_from_one_state() {
 #[test]
 fn an_xattr_read_without_the_lock_is_never_older_than_a_finished_change() {
     let (dev, fs) = mem_fs(64 << 20);
-    let fs = Arc::new(fs);
     let f = fs.create(ROOT, b"f", 0o644, ME).expect("f").ino;
     fs.setxattr(f, b"user.v", &0u64.to_le_bytes(), 0)
         .expect("setxattr");
     // The last value whose setxattr has returned.
-    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let readers: Vec<_> = (0..2)
-        .map(|_| {
-            let (fs, stop, done) = (fs.clone(), stop.clone(), done.clone());
-            std::thread::spawn(move || {
-                let mut last = 0;
-                let mut reads = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let floor = done.load(Ordering::Acquire);
-                    let v = fs.getxattr(f, b"user.v").expect("getxattr");
-                    let v = u64::from_le_bytes(v.try_into().expect("8 bytes"));
-                    assert!(v >= floor, "read {v} after {floor} was set and returned");
-                    assert!(v >= last, "read {v} after reading {last}");
-                    last = v;
-                    let names = fs.listxattr(f).expect("listxattr");
-                    assert!(names.iter().any(|n| n == b"user.v"), "user.v missing");
-                    let s = fs.statfs().expect("statfs");
-                    assert!(s.blocks_avail <= s.blocks_free && s.blocks_free <= s.blocks);
-                    assert!(s.files_free <= s.files);
-                    reads += 1;
-                }
-                reads
-            })
-        })
-        .collect();
-    let n: u64 = if cfg!(debug_assertions) { 2000 } else { 20000 };
-    for i in 1..=n {
-        fs.setxattr(f, b"user.v", &i.to_le_bytes(), 0)
-            .expect("setxattr");
-        done.store(i, Ordering::Release);
-        // Other xattrs come and go, and files with data, so statfs's counts move.
-        let name = format!("user.x{}", i % 3).into_bytes();
-        if i % 2 == 0 {
-            fs.setxattr(f, &name, b"x", 0).expect("setxattr x");
-        } else {
-            let _ = fs.removexattr(f, &name);
+    let done = AtomicU64::new(0);
+    let reader = |_| {
+        let (fs, done) = (&fs, &done);
+        let mut last = 0;
+        move || {
+            let floor = done.load(Ordering::Acquire);
+            let v = fs.getxattr(f, b"user.v").expect("getxattr");
+            let v = u64::from_le_bytes(v.try_into().expect("8 bytes"));
+            assert!(v >= floor, "read {v} after {floor} was set and returned");
+            assert!(v >= last, "read {v} after reading {last}");
+            last = v;
+            let names = fs.listxattr(f).expect("listxattr");
+            assert!(names.iter().any(|n| n == b"user.v"), "user.v missing");
+            let s = fs.statfs().expect("statfs");
+            assert!(s.blocks_avail <= s.blocks_free && s.blocks_free <= s.blocks);
+            assert!(s.files_free <= s.files);
+            1
         }
-        if i % 64 == 0 {
-            let g = fs.create(ROOT, b"g", 0o644, ME).expect("g").ino;
-            fs.write(g, 0, &[1u8; 20000]).expect("write g");
-            fs.unlink(ROOT, b"g").expect("unlink g");
+    };
+    let reads = beside_readers(reader, |_| {
+        let n: u64 = if cfg!(debug_assertions) { 2000 } else { 20000 };
+        for i in 1..=n {
+            fs.setxattr(f, b"user.v", &i.to_le_bytes(), 0)
+                .expect("setxattr");
+            done.store(i, Ordering::Release);
+            // Other xattrs come and go, and files with data, so statfs's counts move.
+            let name = format!("user.x{}", i % 3).into_bytes();
+            if i % 2 == 0 {
+                fs.setxattr(f, &name, b"x", 0).expect("setxattr x");
+            } else {
+                let _ = fs.removexattr(f, &name);
+            }
+            if i % 64 == 0 {
+                let g = fs.create(ROOT, b"g", 0o644, ME).expect("g").ino;
+                fs.write(g, 0, &[1u8; 20000]).expect("write g");
+                fs.unlink(ROOT, b"g").expect("unlink g");
+            }
+            if i % 5000 == 0 {
+                fs.sync().expect("sync");
+            }
         }
-        if i % 5000 == 0 {
-            fs.sync().expect("sync");
-        }
-    }
-    stop.store(true, Ordering::Relaxed);
-    let reads: u64 = readers.into_iter().map(|r| r.join().expect("reader")).sum();
+    });
     assert!(reads > 0, "the readers read nothing");
     assert!(
         fs.counters().xattr_lock_free.load(Ordering::Relaxed) > 0,
         "no xattr read took the lock-free path"
     );
-    let fs = Arc::into_inner(fs).expect("readers are done");
     fs.close().expect("close");
     assert_clean(&dev);
 }
@@ -560,83 +575,70 @@ fn an_xattr_read_without_the_lock_is_never_older_than_a_finished_change() {
 #[test]
 fn a_listing_read_without_the_lock_is_never_older_than_a_finished_change() {
     let (dev, fs) = mem_fs(64 << 20);
-    let fs = Arc::new(fs);
     let d = fs.mkdir(ROOT, b"d", 0o755, ME).expect("mkdir").ino;
     for i in 0..40 {
         fs.create(d, format!("keep-{i}").as_bytes(), 0o644, ME)
             .expect("keep");
     }
     // Names gen-0 ..= gen-(done - 1) exist: their creates returned.
-    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    // Listings finished by all readers.
-    let listed = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let readers: Vec<_> = (0..2u64)
-        .map(|r| {
-            let (fs, stop, done) = (fs.clone(), stop.clone(), done.clone());
-            let listed = listed.clone();
-            std::thread::spawn(move || {
-                let mut rng = Rng::new(0x5eed + r);
-                let mut listings = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let floor = done.load(Ordering::Acquire);
-                    let mut seen = std::collections::BTreeSet::new();
-                    for e in list_in_runs(&fs, d, || 1 + rng.below(50) as usize) {
-                        assert!(
-                            seen.insert(e.name.clone()),
-                            "{} listed twice",
-                            String::from_utf8_lossy(&e.name)
-                        );
-                    }
-                    for i in 0..40 {
-                        let n = format!("keep-{i}").into_bytes();
-                        assert!(seen.contains(&n), "keep-{i} missing from a listing");
-                    }
-                    for i in 0..floor {
-                        let n = format!("gen-{i}").into_bytes();
-                        assert!(
-                            seen.contains(&n),
-                            "gen-{i} missing from a listing begun after its create returned \
-                             ({floor} had)"
-                        );
-                    }
-                    listings += 1;
-                    listed.fetch_add(1, Ordering::Relaxed);
-                }
-                listings
-            })
-        })
-        .collect();
-    // Both readers under way before the writer starts.
-    let start = std::time::Instant::now();
-    while listed.load(Ordering::Relaxed) < 2 {
-        assert!(start.elapsed().as_secs() < 60, "the readers never listed");
-        std::thread::yield_now();
-    }
-    let n = if cfg!(debug_assertions) { 400 } else { 2500 };
-    for i in 0..n {
-        // Now and then a pause, in which readers list what they published.
-        if i % 100 == 0 {
-            std::thread::sleep(std::time::Duration::from_millis(1));
+    let done = AtomicU64::new(0);
+    let reader = |r| {
+        let (fs, done) = (&fs, &done);
+        let mut rng = Rng::new(0x5eed + r);
+        move || {
+            let floor = done.load(Ordering::Acquire);
+            let mut seen = std::collections::BTreeSet::new();
+            for e in list_in_runs(fs, d, || 1 + rng.below(50) as usize) {
+                assert!(
+                    seen.insert(e.name.clone()),
+                    "{} listed twice",
+                    String::from_utf8_lossy(&e.name)
+                );
+            }
+            for i in 0..40 {
+                let n = format!("keep-{i}").into_bytes();
+                assert!(seen.contains(&n), "keep-{i} missing from a listing");
+            }
+            for i in 0..floor {
+                let n = format!("gen-{i}").into_bytes();
+                assert!(
+                    seen.contains(&n),
+                    "gen-{i} missing from a listing begun after its create returned \
+                     ({floor} had)"
+                );
+            }
+            1
         }
-        fs.create(d, format!("gen-{i}").as_bytes(), 0o644, ME)
-            .expect("gen");
-        done.store(i + 1, Ordering::Release);
-        fs.create(d, b"tmp", 0o644, ME).expect("tmp");
-        fs.rename(d, b"tmp", d, b"tmp2", 0).expect("rename");
-        fs.unlink(d, b"tmp2").expect("unlink");
-        if i % 500 == 0 {
-            fs.sync().expect("sync");
+    };
+    let listings = beside_readers(reader, |listed| {
+        // Both readers under way before the writer starts.
+        let start = std::time::Instant::now();
+        while listed.load(Ordering::Relaxed) < 2 {
+            assert!(start.elapsed().as_secs() < 60, "the readers never listed");
+            std::thread::yield_now();
         }
-    }
-    stop.store(true, Ordering::Relaxed);
-    let listings: u64 = readers.into_iter().map(|r| r.join().expect("reader")).sum();
+        let n = if cfg!(debug_assertions) { 400 } else { 2500 };
+        for i in 0..n {
+            // Now and then a pause, in which readers list what they published.
+            if i % 100 == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            fs.create(d, format!("gen-{i}").as_bytes(), 0o644, ME)
+                .expect("gen");
+            done.store(i + 1, Ordering::Release);
+            fs.create(d, b"tmp", 0o644, ME).expect("tmp");
+            fs.rename(d, b"tmp", d, b"tmp2", 0).expect("rename");
+            fs.unlink(d, b"tmp2").expect("unlink");
+            if i % 500 == 0 {
+                fs.sync().expect("sync");
+            }
+        }
+    });
     assert!(listings > 0, "the readers listed nothing");
     assert!(
         fs.counters().readdir_lock_free.load(Ordering::Relaxed) > 0,
         "no readdir took the lock-free path"
     );
-    let fs = Arc::into_inner(fs).expect("readers are done");
     fs.close().expect("close");
     assert_clean(&dev);
 }
