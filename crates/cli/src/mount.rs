@@ -133,6 +133,7 @@ fn serve_image(
             read_only: cfg.read_only,
             atime: cfg.atime,
             sync: cfg.sync,
+            on_damage: cfg.on_damage,
             discard: cfg.discard,
             ..OpenOptions::default()
         },

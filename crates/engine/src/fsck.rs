@@ -133,6 +133,14 @@ pub fn check_committed(
             .unwrap_or(Error::Invalid("no superblock")));
     };
     report.generation = sb.generation.get();
+    if sb.errors.get() > 0 {
+        report.problem(format!(
+            "superblock: {} metadata error(s) met at run time since the last repair (first at \
+             {} s since the epoch); `idxfs fsck --repair` checks and clears this",
+            sb.errors.get(),
+            sb.first_error_time.get()
+        ));
+    }
     let mut c = Checker {
         dev,
         sb,

@@ -43,9 +43,16 @@ pub struct Superblock {
     pub next_ino: U64,
     pub used_blocks: U64,
     pub inode_count: U64,
-    pub reserved: [U64; 16],
+    /// Metadata errors (a node that failed its checks or could not be read) met at run time
+    /// since the image was last repaired, as ext4's error fields: a mount that meets one
+    /// records it here. 0: none. `fsck` reports a non-zero count, `fsck --repair` clears it.
+    pub errors: U64,
+    /// When the first of `errors` was met, seconds since the Unix epoch (0 with no errors).
+    pub first_error_time: U64,
+    pub reserved: [U64; 14],
 }
-pub const SUPERBLOCK_SIZE: usize = 4 + 4 + 8 + 16 + 8 * 5 + 4 + 4 + 8 + 8 + 24 * 3 + 8 * 3 + 8 * 16;
+pub const SUPERBLOCK_SIZE: usize =
+    4 + 4 + 8 + 16 + 8 * 5 + 4 + 4 + 8 + 8 + 24 * 3 + 8 * 3 + 8 * 2 + 8 * 14;
 const _: () = assert!(size_of::<Superblock>() == SUPERBLOCK_SIZE);
 const _: () = assert!(SUPERBLOCK_SIZE <= BLOCK_SIZE as usize);
 

@@ -1,7 +1,7 @@
 //! Mount options: the `-o a,b,c=d` strings of mount(8), fstab and mount.fuse3, parsed once into
 //! what the engine and fuser need.
 use fuser::{Config, MountOption, SessionACL};
-use idxfs_engine::fs::{Atime, SyncMode};
+use idxfs_engine::fs::{Atime, OnDamage, SyncMode};
 use std::fmt;
 use std::time::Duration;
 
@@ -50,6 +50,9 @@ pub struct MountConfig {
     /// them), but it does not make FUSE's other requests synchronous: the engine does
     /// (`idxfs_engine::fs::SyncMode`).
     pub sync: SyncMode,
+    /// `-o errors=remount-ro` (the default) or `errors=continue`: what the mount does after
+    /// it meets damaged metadata (`idxfs_engine::fs::OnDamage`).
+    pub on_damage: OnDamage,
     /// `-o remount`: change a mounted file system (through its server, then the kernel's
     /// flags) instead of mounting one.
     pub remount: bool,
@@ -86,6 +89,7 @@ impl Default for MountConfig {
             handoff: true,
             readdirplus_auto: false,
             sync: SyncMode::Async,
+            on_damage: OnDamage::ReadOnly,
             remount: false,
             flags: Vec::new(),
         }
@@ -158,6 +162,18 @@ impl MountConfig {
                         v => {
                             return Err(OptionError(format!(
                                 "bad readdirplus {v:?}: always or auto"
+                            )))
+                        }
+                    }
+                }
+                "errors" => {
+                    self.on_damage = match need(value)? {
+                        "remount-ro" => OnDamage::ReadOnly,
+                        "continue" => OnDamage::Continue,
+                        v => {
+                            return Err(OptionError(format!(
+                                "bad errors {v:?}: remount-ro or continue (idxfs has no \
+                                 errors=panic)"
                             )))
                         }
                     }
@@ -416,6 +432,16 @@ mod tests {
         assert!(c.readdirplus_auto);
         c.apply("readdirplus=always").expect("valid");
         assert!(!c.readdirplus_auto);
+        assert_eq!(
+            c.on_damage,
+            OnDamage::ReadOnly,
+            "errors=remount-ro by default"
+        );
+        c.apply("errors=continue").expect("valid");
+        assert_eq!(c.on_damage, OnDamage::Continue);
+        c.apply("errors=remount-ro").expect("valid");
+        assert_eq!(c.on_damage, OnDamage::ReadOnly);
+        assert!(c.apply("errors=panic").is_err());
         c.apply("dev,suid,noexec").expect("valid");
         let k = c.kernel_flags();
         assert_eq!(k & (libc::MS_NODEV | libc::MS_NOSUID), 0);

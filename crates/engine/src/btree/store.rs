@@ -45,6 +45,9 @@ pub struct Store {
     /// same way: a growing operation sets them aside before it takes its own, and only a
     /// shrinking one may take from them.
     pub reserve_pool: Vec<u64>,
+    /// Nodes that failed to read or failed their checks since open, and the first such
+    /// failure: what `fs::damage` acts on (records it in the superblock, goes read-only).
+    pub damage: crate::fs::Damage,
     scratch: Vec<u8>,
 }
 
@@ -78,6 +81,7 @@ impl Store {
             changed: ChangedKeys::default(),
             node_pool: Vec::new(),
             reserve_pool: Vec::new(),
+            damage: Default::default(),
             scratch: vec![0; node_size as usize],
         }
     }
@@ -122,7 +126,13 @@ impl Store {
             .map_err(Error::Io)
             .and_then(|()| Node::decode(&buf, &exp).map_err(Error::Corrupt));
         self.scratch = buf;
-        let node = decoded?;
+        let node = match decoded {
+            Ok(n) => n,
+            Err(e) => {
+                self.damage.met(block, &e);
+                return Err(e);
+            }
+        };
         Counters::inc(&self.counters.node_reads);
         if self.cache.over_limit() {
             let n = self.cache.evict(self.generation);

@@ -44,6 +44,7 @@
 //!   operation; that is not built yet (see the README's table), so the tree changes of two
 //!   writers never overlap, though their data I/O does.
 mod create;
+mod damage;
 mod data_io;
 mod dir;
 mod file;
@@ -61,6 +62,7 @@ pub mod types;
 mod xattr;
 
 pub use create::LINK_MAX;
+pub use damage::{Damage, OnDamage};
 pub use readdir::PlusBatch;
 pub use types::*;
 
@@ -130,6 +132,8 @@ pub struct OpenOptions {
     pub atime: Atime,
     /// Which operations are durable when they return (`-o sync`, `-o dirsync`).
     pub sync: SyncMode,
+    /// What to do after meeting damaged metadata (`-o errors=`, `damage`).
+    pub on_damage: OnDamage,
     /// Tell the device about freed blocks once nothing can read them (`space::discard`):
     /// an image file gives their space back. Freed file data is then reused only after the
     /// next commit, not within its own transaction.
@@ -172,6 +176,7 @@ impl Default for OpenOptions {
             clock: Arc::new(SystemClock),
             atime: Atime::default(),
             sync: SyncMode::default(),
+            on_damage: OnDamage::default(),
             discard: true,
             name_hash: idxfs_format::hash::name_hash,
             bench_hash_index_only: false,
@@ -360,6 +365,8 @@ impl Fs {
             next_ino: FIRST_FREE_INO.into(),
             used_blocks: 0.into(),
             inode_count: 1.into(),
+            errors: 0.into(),
+            first_error_time: 0.into(),
             reserved: Default::default(),
         };
         let mut txn = txn::TxnState::new(sb);
@@ -374,6 +381,7 @@ impl Fs {
                 read_only: false,
                 atime: Atime::NoAtime,
                 sync: SyncMode::default(),
+                on_damage: OnDamage::default(),
                 hash: idxfs_format::hash::name_hash,
                 clock: Arc::new(SystemClock),
                 dirty_nodes_limit: usize::MAX,
@@ -398,6 +406,13 @@ impl Fs {
     /// Opens a formatted device.
     pub fn open(dev: Arc<dyn BlockDevice>, opts: OpenOptions) -> Result<Fs> {
         let sb = read_superblocks(dev.as_ref())?;
+        if sb.errors.get() > 0 {
+            log::warn!(
+                "the image recorded {} metadata error(s) met at run time: run `idxfs fsck \
+                 --repair` on it",
+                sb.errors.get()
+            );
+        }
         let counters = Arc::new(Counters::default());
         let total = sb.total_blocks.get();
         let mut alloc = Allocator::new(total, sb.group_blocks.get(), counters.clone());
@@ -431,6 +446,7 @@ impl Fs {
                 read_only: opts.read_only || sb.unknown_compat_ro(),
                 atime: opts.atime,
                 sync: opts.sync,
+                on_damage: opts.on_damage,
                 hash: opts.name_hash,
                 clock: opts.clock.clone(),
                 dirty_nodes_limit: opts.dirty_nodes_limit.clamp(64, (cache_nodes / 2).max(64)),
@@ -651,6 +667,13 @@ impl Fs {
                     ))));
                 }
             }
+            // Also when it is writable in name: changes stay refused until a repair.
+            if !read_only && g.store.damage.refusing() {
+                return Err(Error::Invalid(
+                    "metadata damage was met (errors=remount-ro): unmount and run `idxfs \
+                     fsck --repair` first",
+                ));
+            }
             g.policy.read_only = read_only;
             g.policy.atime = atime;
             g.policy.sync = sync;
@@ -701,6 +724,14 @@ impl Fs {
     /// Why the file system stopped writing, if it did.
     pub fn failure(&self) -> Option<String> {
         self.lock().failed.clone()
+    }
+
+    /// The first damaged metadata this mount met, if any, and whether changes are refused
+    /// because of it (`errors=remount-ro`, see `damage`).
+    pub fn damage(&self) -> Option<(String, bool)> {
+        let g = self.lock();
+        let d = &g.store.damage;
+        d.first().map(|w| (w.to_string(), d.refusing()))
     }
 
     /// An inode's attributes: without the lock when the inode is published (the common case:
@@ -847,6 +878,7 @@ impl std::ops::DerefMut for Locked<'_> {
 
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
+        self.g.after_damage();
         let changed = published::Changes {
             inodes: self.g.inodes.take_changed(),
             names_removed: std::mem::take(&mut self.g.names_removed),
@@ -1013,7 +1045,7 @@ impl SyncMode {
 
 impl Inner {
     pub fn writable(&self) -> Result<()> {
-        if self.policy.read_only || self.failed.is_some() {
+        if self.policy.read_only || self.failed.is_some() || self.store.damage.refusing() {
             return Err(Error::ReadOnly);
         }
         Ok(())
@@ -1035,7 +1067,10 @@ impl Inner {
             Some(why) => Err(Error::Io(std::io::Error::other(format!(
                 "file system stopped after an error: {why}"
             )))),
-            None => self.writable(),
+            // Not `writable`: after damage with errors=remount-ro, what was done before it
+            // is still made durable (`damage`).
+            None if self.policy.read_only => Err(Error::ReadOnly),
+            None => Ok(()),
         }
     }
 

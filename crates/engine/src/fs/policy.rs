@@ -12,6 +12,8 @@ pub(crate) struct Policy {
     pub atime: Atime,
     /// Which operations are durable when they return.
     pub sync: SyncMode,
+    /// What to do after meeting damaged metadata (`super::damage`).
+    pub on_damage: super::OnDamage,
     /// The name hash: the format's, or a test's that forces collisions.
     pub hash: NameHash,
     pub clock: Arc<dyn Clock>,
