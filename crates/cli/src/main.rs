@@ -55,7 +55,15 @@ enum Cmd {
         force: bool,
     },
     /// Check an image; exit 0 when clean, 1 when problems were found, 2 when it cannot be read.
-    Fsck { image: PathBuf },
+    /// With --repair (the image not mounted): rebuild what the damage allows when the check
+    /// finds problems (names from either directory index or the back references, nameless
+    /// inodes into lost+found, what cannot be saved dropped), then check again; exit 0 when
+    /// the result is clean.
+    Fsck {
+        image: PathBuf,
+        #[arg(long)]
+        repair: bool,
+    },
     /// Give every free block of an unmounted image back (punch holes in an image file,
     /// BLKDISCARD on a device): what `-o nodiscard` or an older idxfs left allocated.
     Trim { image: PathBuf },
@@ -264,6 +272,47 @@ fn run_fsck(image: &Path) -> Result<bool, String> {
     Ok(r.is_clean())
 }
 
+/// `idxfs fsck --repair IMAGE`: a check, and when it finds problems a repair
+/// (`idxfs_engine::repair`) and a check of the result. None when there was nothing to
+/// repair, else whether the image ends clean.
+fn run_repair(image: &Path) -> Result<Option<bool>, String> {
+    let p = image.display();
+    if run_fsck(image)? {
+        println!("{p}: nothing to repair");
+        return Ok(None);
+    }
+    let _lock = lock_image(image, true, std::time::Duration::ZERO)
+        .map_err(|_| format!("{p}: in use by an idxfs server (mounted); unmount it first"))?;
+    let dev = open_dev(image, true)?;
+    println!("{p}: repairing");
+    let r = idxfs_engine::repair::repair(&dev, idxfs_format::hash::name_hash)
+        .map_err(|e| format!("repair {p}: {e}"))?;
+    for n in &r.notes {
+        println!("note: {n}");
+    }
+    for l in &r.lost {
+        println!("unreadable: {l}");
+    }
+    for a in &r.actions {
+        println!("repaired: {a}");
+    }
+    for q in &r.check.problems {
+        println!("problem left: {q}");
+    }
+    let clean = r.check.is_clean();
+    println!(
+        "{p}: rebuilt with {} inodes and {} names; {}",
+        r.inodes,
+        r.names,
+        if clean {
+            "clean".to_string()
+        } else {
+            format!("{} problems left", r.check.problems.len())
+        }
+    );
+    Ok(Some(clean))
+}
+
 fn demo(image: Option<PathBuf>, files: u64) -> Result<(), String> {
     let tmp;
     let path = match image {
@@ -364,12 +413,29 @@ fn other_forms(args: &[std::ffi::OsString]) -> Option<ExitCode> {
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
     if prog == "fsck.idxfs" {
-        // fsck(8) passes flags such as -a, -p, -n, -y, -f; the check never writes, so they
-        // change nothing. Exit codes are fsck(8)'s: 0 clean, 4 problems left, 8 cannot check.
+        // fsck(8) passes flags such as -a, -p, -n, -y, -f. Only -y (answer yes to every
+        // repair) repairs, as `idxfs fsck --repair`; -a and -p (repair only what is safe
+        // without asking) find nothing that safe here, a repair may drop what it cannot
+        // save, so they only check. Exit codes are fsck(8)'s: 0 clean, 1 problems repaired,
+        // 4 problems left, 8 cannot check.
         let Some(image) = rest.iter().rfind(|a| !a.starts_with('-')) else {
             eprintln!("fsck.idxfs: usage: fsck.idxfs [-a|-p|-n|-y|-f] IMAGE");
             return Some(ExitCode::from(16));
         };
+        let yes = rest
+            .iter()
+            .any(|a| a.starts_with('-') && !a.starts_with("--") && a.contains('y'));
+        if yes {
+            return Some(match run_repair(Path::new(image)) {
+                Ok(None) => ExitCode::SUCCESS,
+                Ok(Some(true)) => ExitCode::from(1),
+                Ok(Some(false)) => ExitCode::from(4),
+                Err(e) => {
+                    eprintln!("fsck.idxfs: {e}");
+                    ExitCode::from(8)
+                }
+            });
+        }
         return Some(match run_fsck(Path::new(image)) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::from(4),
@@ -473,7 +539,18 @@ fn main() -> ExitCode {
             println!("{}: every change is durable", mp.display());
             ExitCode::SUCCESS
         }),
-        Cmd::Fsck { image } => match run_fsck(&image) {
+        Cmd::Fsck {
+            image,
+            repair: true,
+        } => match run_repair(&image) {
+            Ok(None | Some(true)) => Ok(ExitCode::SUCCESS),
+            Ok(Some(false)) => Ok(ExitCode::from(1)),
+            Err(e) => {
+                eprintln!("idxfs: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        Cmd::Fsck { image, .. } => match run_fsck(&image) {
             Ok(true) => Ok(ExitCode::SUCCESS),
             Ok(false) => Ok(ExitCode::from(1)),
             Err(e) => {

@@ -14,6 +14,7 @@ pub mod fsck;
 pub mod inode_cache;
 pub mod log;
 pub mod log_io;
+pub mod repair;
 pub mod space;
 pub mod testutil;
 pub mod txn;

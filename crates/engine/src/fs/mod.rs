@@ -315,7 +315,7 @@ impl Fs {
         let uuid = opts.uuid.unwrap_or_else(random_uuid);
         let counters = Arc::new(Counters::default());
         let alloc = Allocator::new(total_blocks, group_blocks, counters.clone());
-        let mut store = Store::new(
+        let store = Store::new(
             dev.clone(),
             uuid,
             ns,
@@ -330,8 +330,6 @@ impl Fs {
         for copy in 0..SUPER_COPIES {
             dev.write_at(&[0u8; BLOCK_SIZE as usize], copy * BLOCK_SIZE)?;
         }
-        let mut fs_tree = Tree::create(&mut store, TREE_FS)?;
-        let space_tree = Tree::create(&mut store, TREE_SPACE)?;
         let (sec, nsec) = SystemClock.now();
         let now = Timespec {
             sec: sec.into(),
@@ -340,11 +338,6 @@ impl Fs {
         let root = new_inode_item(S_IFDIR | 0o755, opts.root_owner, 0, 1, now);
         let mut root = root;
         root.nlink = 2.into();
-        fs_tree.insert(
-            &mut store,
-            Key::new(ROOT_INO, ItemType::Inode, 0),
-            root.as_bytes().to_vec(),
-        )?;
         let sb = Superblock {
             csum: 0.into(),
             version: CURRENT_VERSION.into(),
@@ -369,34 +362,12 @@ impl Fs {
             first_error_time: 0.into(),
             reserved: Default::default(),
         };
-        let mut txn = txn::TxnState::new(sb);
-        txn.changed = true;
-        let mut inner = Inner {
-            store,
-            fs_tree,
-            space_tree,
-            inodes: InodeCache::new(1024),
-            txn,
-            policy: policy::Policy {
-                read_only: false,
-                atime: Atime::NoAtime,
-                sync: SyncMode::default(),
-                on_damage: OnDamage::default(),
-                hash: idxfs_format::hash::name_hash,
-                clock: Arc::new(SystemClock),
-                dirty_nodes_limit: usize::MAX,
-                hash_index_only: false,
-                log_under_lock: false,
-                data_under_lock: false,
-                commit_between_batches: false,
-            },
-            failed: None,
-            lives: Default::default(),
-            op_checkpoint: 0,
-            dir_ino_hint: Default::default(),
-            log: Default::default(),
-            names_removed: Vec::new(),
-        };
+        let mut inner = Inner::empty(store, sb, idxfs_format::hash::name_hash)?;
+        inner.fs_tree.insert(
+            &mut inner.store,
+            Key::new(ROOT_INO, ItemType::Inode, 0),
+            root.as_bytes().to_vec(),
+        )?;
         inner.commit()?;
         // Write the second copy too, so a fresh image has both slots valid.
         inner.txn.changed = true;
@@ -1044,6 +1015,42 @@ impl SyncMode {
 }
 
 impl Inner {
+    /// A writable file system over `store` with empty trees and `sb` as the last commit's
+    /// superblock, nothing committed yet (mkfs, and `repair`'s rebuild): the caller inserts
+    /// items and commits.
+    pub(crate) fn empty(mut store: Store, sb: Superblock, hash: NameHash) -> Result<Inner> {
+        let fs_tree = Tree::create(&mut store, TREE_FS)?;
+        let space_tree = Tree::create(&mut store, TREE_SPACE)?;
+        let mut txn = txn::TxnState::new(sb);
+        txn.changed = true;
+        Ok(Inner {
+            store,
+            fs_tree,
+            space_tree,
+            inodes: InodeCache::new(1024),
+            txn,
+            policy: policy::Policy {
+                read_only: false,
+                atime: Atime::NoAtime,
+                sync: SyncMode::default(),
+                on_damage: OnDamage::default(),
+                hash,
+                clock: Arc::new(SystemClock),
+                dirty_nodes_limit: usize::MAX,
+                hash_index_only: false,
+                log_under_lock: false,
+                data_under_lock: false,
+                commit_between_batches: false,
+            },
+            failed: None,
+            lives: Default::default(),
+            op_checkpoint: 0,
+            dir_ino_hint: Default::default(),
+            log: Default::default(),
+            names_removed: Vec::new(),
+        })
+    }
+
     pub fn writable(&self) -> Result<()> {
         if self.policy.read_only || self.failed.is_some() || self.store.damage.refusing() {
             return Err(Error::ReadOnly);

@@ -1,0 +1,211 @@
+//! `fsck --repair` as an engine API: rebuilds an image's trees from what can still be read,
+//! so that a re-check finds nothing, keeping every file whose metadata survived.
+//!
+//! Steps:
+//! 1. An ordinary open and close, when one works: it replays the fsync log (what was fsynced
+//!    after the last commit) and finishes deletes and truncates left by a crash, so the
+//!    repair starts from the newest state. When it fails, the repair starts from the last
+//!    commit and says what that loses.
+//! 2. `salvage`: every item of every fs-tree leaf that passes all the checks a mount makes,
+//!    and every block the old state may use.
+//! 3. `plan`: a set of items that keeps every invariant fsck checks, saving what the three
+//!    records of each name and the back references allow (see its notes).
+//! 4. The rebuild: new fs and space trees hold the plan, written as one commit with the
+//!    engine's own code (the directory entries through the same `add_entry` an operation
+//!    uses, so both indexes and the back references are filed as a mount files them).
+//!    Until that commit's superblock is durable, nothing it writes lands on a block the old
+//!    state may use, so a crash during a repair leaves the image as it was. A second commit
+//!    then frees those blocks.
+//! 5. fsck of the result.
+//!
+//! Limits: the rebuilt tree is built in memory and written by one commit, so a repair needs
+//! memory in proportion to the metadata (about the node size per 100 files). A lost internal
+//! node loses every leaf under it: nothing scans the device for them (see `salvage`).
+use crate::btree::Store;
+use crate::counters::Counters;
+use crate::error::{Error, Result};
+use crate::fs::{read_superblock, Fs, Inner, NameHash, OpenOptions};
+use crate::fsck;
+use crate::space::bitmap::Bitmap;
+use crate::space::Allocator;
+use idxfs_blockdev::BlockDevice;
+use idxfs_format::items::{dtype_of_mode, Timespec, S_IFDIR, S_IFMT};
+use idxfs_format::{ItemType, Key, SUPER_COPIES};
+use std::sync::Arc;
+use zerocopy::IntoBytes;
+
+mod plan;
+mod salvage;
+
+/// What a repair did.
+#[derive(Debug, Default)]
+pub struct Repaired {
+    /// Subtrees that could not be read, with the keys they held.
+    pub lost: Vec<String>,
+    /// What was changed or dropped.
+    pub actions: Vec<String>,
+    /// Things worth knowing that are not damage (e.g. the fsync log could not be replayed).
+    pub notes: Vec<String>,
+    /// Inodes and names in the rebuilt image.
+    pub inodes: u64,
+    pub names: u64,
+    /// The check of the result.
+    pub check: fsck::Report,
+}
+
+/// Repairs the image on `dev` (see the module notes). Err when it cannot start (no valid
+/// superblock, a device opened read-only) or cannot write; the image is then as it was, or
+/// as a crash would leave it: its old state.
+pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
+    if !dev.writable() {
+        return Err(Error::Invalid("the image was opened read-only"));
+    }
+    let mut out = Repaired::default();
+    let replay = Fs::open(
+        dev.clone(),
+        OpenOptions {
+            commit_interval: None,
+            name_hash: hash,
+            discard: false,
+            ..OpenOptions::default()
+        },
+    );
+    match replay.map(|fs| fs.close()) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) | Err(e) => out.notes.push(format!(
+            "the image could not be opened to replay its fsync log and finish interrupted \
+             deletes ({e}): repaired from its last commit, so what was fsynced after that \
+             commit is lost"
+        )),
+    }
+    let sb = read_superblock(dev.as_ref())?;
+    let salvaged = salvage::salvage(dev.as_ref(), &sb);
+    let (sec, nsec) = crate::clock::Clock::now(&crate::clock::SystemClock);
+    let now = Timespec {
+        sec: sec.into(),
+        nsec: nsec.into(),
+    };
+    let plan = plan::plan(salvaged.items, &sb, hash, now, &salvaged.lost_ranges);
+    out.lost = salvaged.lost;
+    out.actions = plan.actions.clone();
+    if plan.actions_left_out > 0 {
+        out.actions
+            .push(format!("... and {} more", plan.actions_left_out));
+    }
+    out.inodes = plan.inodes.len() as u64;
+    out.names = plan.entries.len() as u64;
+
+    // Blocks the rebuild must not write: the old state's, and the data it keeps.
+    let total = sb.total_blocks.get();
+    let mut busy = Bitmap::new(total);
+    for &(s, n) in salvaged.busy.iter().chain(&plan.data) {
+        let end = (s + n).min(total);
+        if s < end {
+            busy.set_range(s, end - s, true);
+        }
+    }
+    busy.set_range(0, SUPER_COPIES, false);
+    let counters = Arc::new(Counters::default());
+    let mut alloc = Allocator::new(total, sb.group_blocks.get(), counters.clone());
+    for (s, n) in runs(&busy) {
+        alloc.mark_used(s, n);
+    }
+    let store = Store::new(
+        dev.clone(),
+        sb.uuid,
+        sb.node_size.get(),
+        total,
+        sb.generation.get() + 1,
+        1 << 16,
+        alloc,
+        counters,
+    );
+    let mut base = sb;
+    base.errors = 0.into();
+    base.first_error_time = 0.into();
+    let mut inner = Inner::empty(store, base, hash)?;
+    inner.txn.next_ino = plan.next_ino;
+    inner.txn.inode_count = plan.inodes.len() as u64;
+    for bit in (0..64).map(|i| 1u64 << i).filter(|b| plan.needs & b != 0) {
+        inner.require_incompat(bit);
+    }
+    build(&mut inner, &plan)?;
+    inner.commit()?;
+
+    // The old state is gone now: free what only it used.
+    let mut keep = Bitmap::new(total);
+    for &(s, n) in &plan.data {
+        keep.set_range(s, n, true);
+    }
+    let gb = sb.group_blocks.get();
+    for (s, n) in runs(&busy) {
+        let mut b = s;
+        while b < s + n {
+            if keep.get(b) {
+                b += 1;
+                continue;
+            }
+            let mut e = b + 1;
+            while e < s + n && !keep.get(e) && e % gb != 0 {
+                e += 1;
+            }
+            inner.store.alloc.free(b, e - b, false)?;
+            b = e;
+        }
+    }
+    inner.txn.changed = true;
+    inner.commit()?;
+    drop(inner);
+    out.check = fsck::check(dev, hash, &mut |_| {})?;
+    Ok(out)
+}
+
+/// Writes the plan into `inner`'s empty trees: items, then names, then the inode items with
+/// their planned counts and times (which adding names changed).
+fn build(inner: &mut Inner, plan: &plan::Plan) -> Result<()> {
+    let mut all = plan.items.clone();
+    for (ino, it) in &plan.inodes {
+        all.insert(Key::new(*ino, ItemType::Inode, 0), it.as_bytes().to_vec());
+    }
+    for (k, v) in all {
+        inner.fs_tree.insert(&mut inner.store, k, v)?;
+    }
+    for (i, (dir, child, name)) in plan.entries.iter().enumerate() {
+        let mode = plan.inodes.get(child).map_or(0, |it| it.mode.get());
+        let (_, hash_len) = inner.lookup_slot(*dir, name)?;
+        let e = inner.plan_entry(*dir, name, *child, hash_len, false)?;
+        inner.add_entry(*dir, name, *child, dtype_of_mode(mode), e)?;
+        if i % 512 == 511 {
+            inner.write_back_inodes()?;
+        }
+    }
+    inner.write_back_inodes()?;
+    for (ino, it) in &plan.inodes {
+        if it.mode.get() & S_IFMT == S_IFDIR {
+            let key = Key::new(*ino, ItemType::Inode, 0);
+            inner
+                .fs_tree
+                .put(&mut inner.store, key, it.as_bytes().to_vec())?;
+        }
+    }
+    inner.inodes = crate::inode_cache::InodeCache::new(1024);
+    Ok(())
+}
+
+/// The runs of set bits: (start, length).
+fn runs(b: &Bitmap) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if !b.get(i) {
+            i += 1;
+            continue;
+        }
+        let s = i;
+        while i < b.len() && b.get(i) {
+            i += 1;
+        }
+        out.push((s, i - s));
+    }
+    out
+}
