@@ -458,6 +458,12 @@ impl Checker<'_> {
                     }
                     let info = self.inodes.entry(k.objectid).or_default();
                     if e.kind == EXTENT_INLINE {
+                        if info.mode & S_IFMT == S_IFLNK && inline.contains(&0) {
+                            self.report.problem(format!(
+                                "{what}: symlink target holds a NUL byte (readlink fails)"
+                            ));
+                        }
+                        let info = self.inodes.entry(k.objectid).or_default();
                         info.last_extent_end = k.offset + inline.len() as u64;
                         info.inline_len = Some(inline.len() as u64);
                         if k.offset != 0 {

@@ -29,10 +29,10 @@ use crate::fsck;
 use crate::space::bitmap::Bitmap;
 use crate::space::Allocator;
 use idxfs_blockdev::BlockDevice;
-use idxfs_format::items::{dtype_of_mode, Timespec, S_IFDIR, S_IFMT};
-use idxfs_format::{ItemType, Key, SUPER_COPIES};
+use idxfs_format::items::{dtype_of_mode, ExtentItem, Timespec, S_IFDIR, S_IFMT};
+use idxfs_format::{ItemType, Key, BLOCK_SIZE, SUPER_COPIES};
 use std::sync::Arc;
-use zerocopy::IntoBytes;
+use zerocopy::{FromBytes, IntoBytes};
 
 mod plan;
 mod salvage;
@@ -85,7 +85,18 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
         sec: sec.into(),
         nsec: nsec.into(),
     };
-    let plan = plan::plan(salvaged.items, &sb, hash, now, &salvaged.lost_ranges);
+    let block = |b: u64| {
+        let mut buf = vec![0u8; BLOCK_SIZE as usize];
+        dev.read_at(&mut buf, b * BLOCK_SIZE).ok().map(|()| buf)
+    };
+    let plan = plan::plan(
+        salvaged.items,
+        &sb,
+        hash,
+        now,
+        &salvaged.lost_ranges,
+        &block,
+    );
     out.lost = salvaged.lost;
     out.actions = plan.actions.clone();
     if plan.actions_left_out > 0 {
@@ -164,6 +175,11 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
 /// their planned counts and times (which adding names changed).
 fn build(inner: &mut Inner, plan: &plan::Plan) -> Result<()> {
     let mut all = plan.items.clone();
+    for key in &plan.clones {
+        if let Some(v) = all.get_mut(key) {
+            clone_extent(inner, v)?;
+        }
+    }
     for (ino, it) in &plan.inodes {
         all.insert(Key::new(*ino, ItemType::Inode, 0), it.as_bytes().to_vec());
     }
@@ -189,6 +205,29 @@ fn build(inner: &mut Inner, plan: &plan::Plan) -> Result<()> {
         }
     }
     inner.inodes = crate::inode_cache::InodeCache::new(1024);
+    Ok(())
+}
+
+/// Gives the extent `v` a copy of its blocks in newly allocated ones (`Plan::clones`).
+fn clone_extent(inner: &mut Inner, v: &mut Vec<u8>) -> Result<()> {
+    let Ok(mut e) = ExtentItem::read_from_prefix(v).map(|(e, _)| e) else {
+        return Ok(());
+    };
+    let n = e.blocks.get();
+    let (to, _) = inner
+        .store
+        .alloc
+        .alloc(n, n, crate::space::Kind::Data)
+        .ok_or(Error::NoSpace)?;
+    let mut buf = vec![0u8; (n * BLOCK_SIZE) as usize];
+    inner
+        .store
+        .dev
+        .read_at(&mut buf, e.disk_block.get() * BLOCK_SIZE)?;
+    inner.store.dev.write_at(&buf, to * BLOCK_SIZE)?;
+    e.disk_block = to.into();
+    v.clear();
+    v.extend_from_slice(e.as_bytes());
     Ok(())
 }
 

@@ -12,8 +12,9 @@
 //!   `#INO`, with everything below it; so does any other inode left with no name.
 //! - **Inodes** whose item is lost are gone, with their names, data and xattrs; an inode
 //!   with a free orphan item and no links was being deleted and is freed.
-//! - **Data**: an extent that overlaps another (in the file or on the device), crosses a
-//!   block group, or (inline) is not alone at offset 0, is dropped; written blocks past the
+//! - **Data**: an extent whose blocks another extent claimed first gets a copy of them (the
+//!   rebuild writes it); one that overlaps another in its file, crosses a block group, or
+//!   (inline) is not alone at offset 0, is dropped; written blocks past the
 //!   block holding the last byte are cut off, as the truncate that left them meant; a
 //!   symlink without its whole target is dropped. Extents lost with a leaf read as holes:
 //!   the report names the inodes that had extents in a lost range.
@@ -51,6 +52,10 @@ pub(crate) struct Plan {
     pub entries: Vec<(u64, u64, Vec<u8>)>,
     /// Blocks the kept extents own: (start, length).
     pub data: Vec<(u64, u64)>,
+    /// Extents whose blocks an earlier extent claimed too, to get a copy of those blocks of
+    /// their own (as e2fsck clones duplicate blocks): both files keep the bytes, whichever
+    /// of the two was damaged. The item in `items` still names the shared blocks.
+    pub clones: Vec<Key>,
     /// Incompat bits the kept items need.
     pub needs: u64,
     /// The next inode number to hand out.
@@ -94,13 +99,14 @@ fn is_dir(it: &InodeItem) -> bool {
 
 /// Builds the plan from the salvaged fs-tree items. `now` stamps what the repair creates
 /// (a root or lost+found that was missing); `lost` are the key ranges no leaf could be read
-/// for.
+/// for; `block` reads a data block (a symlink's target).
 pub(crate) fn plan(
     items: BTreeMap<Key, Vec<u8>>,
     sb: &Superblock,
     hash: NameHash,
     now: Timespec,
     lost: &[KeyRange],
+    block: &dyn Fn(u64) -> Option<Vec<u8>>,
 ) -> Plan {
     let mut p = Plan::default();
     let total = sb.total_blocks.get();
@@ -249,10 +255,37 @@ pub(crate) fn plan(
         }
         let kept = keep_extents(&mut p, &mut claimed, sb, ino, &it, trimming(ino), list);
         let blocks: u64 = kept.iter().map(|k| k.blocks).sum();
-        let inline = kept.iter().find(|k| k.inline).map(|k| k.len);
+        let mut kept = kept;
+        let mut inline = kept.iter().find(|k| k.inline).map(|k| k.len);
         if fmt == S_IFLNK {
-            let size = it.size.get();
-            let whole = (1..=SYMLINK_MAX as u64).contains(&size)
+            let mut size = it.size.get();
+            // A target ends at the size and holds no NUL: one that does (a damaged size) is
+            // cut at its first NUL, where the target written most likely ended.
+            let target = match kept.first() {
+                Some(k) if k.inline => k.value.get(EXTENT_ITEM_SIZE..).map(<[u8]>::to_vec),
+                Some(k) => block(k.disk),
+                None => None,
+            };
+            let end = target.map(|t| {
+                let t = t.get(..size.min(t.len() as u64) as usize).unwrap_or(&[]);
+                t.iter().position(|b| *b == 0).unwrap_or(t.len()) as u64
+            });
+            if let Some(end) = end.filter(|e| *e < size && *e > 0) {
+                p.act(format!(
+                    "symlink {ino}: target cut at its first NUL byte ({end} bytes)"
+                ));
+                size = end;
+                if let Some(k) = kept.first_mut().filter(|k| k.inline) {
+                    k.value.truncate(EXTENT_ITEM_SIZE + end as usize);
+                    k.len = end;
+                    inline = Some(end);
+                }
+                if let Some(i) = inodes.get_mut(&ino) {
+                    i.size = end.into();
+                }
+            }
+            let whole = end.is_some_and(|e| e > 0)
+                && (1..=SYMLINK_MAX as u64).contains(&size)
                 && match inline {
                     Some(len) => len == size && kept.len() == 1,
                     None => blocks == 1 && kept.len() == 1,
@@ -260,7 +293,7 @@ pub(crate) fn plan(
             if !whole {
                 p.act(format!("symlink {ino}: target lost: dropped"));
                 inodes.remove(&ino);
-                for k in &kept {
+                for k in kept.iter().filter(|k| !k.clone) {
                     if k.blocks > 0 {
                         claimed.set_range(k.disk, k.blocks, false);
                     }
@@ -272,11 +305,13 @@ pub(crate) fn plan(
             i.alloc_bytes = (blocks * BLOCK_SIZE).into();
         }
         for k in kept {
-            if k.blocks > 0 {
+            let key = Key::new(ino, ItemType::Extent, k.offset);
+            if k.clone {
+                p.clones.push(key);
+            } else if k.blocks > 0 {
                 p.data.push((k.disk, k.blocks));
             }
-            p.items
-                .insert(Key::new(ino, ItemType::Extent, k.offset), k.value);
+            p.items.insert(key, k.value);
         }
     }
     // A symlink with no extent at all, and the counts of inodes whose extents all went.
@@ -419,6 +454,8 @@ struct Kept {
     len: u64,
     disk: u64,
     blocks: u64,
+    /// Its blocks are another extent's too: it gets a copy (`Plan::clones`).
+    clone: bool,
 }
 
 /// The extents of `ino` (in file order) that may stay, claiming their blocks.
@@ -470,6 +507,7 @@ fn keep_extents(
                 len,
                 disk: 0,
                 blocks: 0,
+                clone: false,
             });
             continue;
         }
@@ -493,13 +531,15 @@ fn keep_extents(
                 blocks = fit;
             }
         }
-        if (disk..disk + blocks).any(|b| claimed.get(b)) {
+        let clone = (disk..disk + blocks).any(|b| claimed.get(b));
+        if clone {
             p.act(format!(
-                "inode {ino}: extent at {offset} shares blocks with another extent: dropped"
+                "inode {ino}: extent at {offset} shares blocks with another extent: given a \
+                 copy of its own"
             ));
-            continue;
+        } else {
+            claimed.set_range(disk, blocks, true);
         }
-        claimed.set_range(disk, blocks, true);
         if blocks != e.blocks.get() {
             if let Ok(mut x) = ExtentItem::read_from_bytes(&value) {
                 x.blocks = blocks.into();
@@ -514,6 +554,7 @@ fn keep_extents(
             len: 0,
             disk,
             blocks,
+            clone,
         });
     }
     kept
@@ -767,7 +808,14 @@ mod tests {
     }
 
     fn run(items: BTreeMap<Key, Vec<u8>>) -> Plan {
-        plan(items, &sb(), idxfs_format::hash::name_hash, now(), &[])
+        plan(
+            items,
+            &sb(),
+            idxfs_format::hash::name_hash,
+            now(),
+            &[],
+            &|_| None,
+        )
     }
 
     fn names(p: &Plan) -> Vec<(u64, u64, String)> {
@@ -778,7 +826,7 @@ mod tests {
     }
 
     #[test]
-    fn blocks_two_extents_claim_go_to_the_first_and_overlaps_in_a_file_are_dropped() {
+    fn blocks_two_extents_claim_are_copied_for_the_second_and_overlaps_in_a_file_are_dropped() {
         let mut items = BTreeMap::new();
         inode(&mut items, ROOT_INO, S_IFDIR | 0o755, 0);
         for ino in [2, 3] {
@@ -790,13 +838,11 @@ mod tests {
         extent(&mut items, 3, 0, 102, 4); // shares blocks 102..104 with inode 2
         extent(&mut items, 3, 4 * BLOCK_SIZE, 300, 1);
         let p = run(items);
-        assert_eq!(p.data, vec![(100, 4), (300, 1)]);
-        let ino3 = p.inodes.get(&3).expect("inode 3 stays");
-        assert_eq!(
-            ino3.alloc_bytes.get(),
-            BLOCK_SIZE,
-            "only its own block counts"
-        );
+        assert_eq!(p.data, vec![(100, 4), (300, 1)], "blocks owned as they are");
+        assert_eq!(p.clones, vec![Key::new(3, ItemType::Extent, 0)]);
+        assert!(!p.items.contains_key(&Key::new(2, ItemType::Extent, 2 * BLOCK_SIZE)));
+        assert_eq!(p.inodes[&2].alloc_bytes.get(), 4 * BLOCK_SIZE);
+        assert_eq!(p.inodes[&3].alloc_bytes.get(), 5 * BLOCK_SIZE, "its copy counts");
     }
 
     #[test]
