@@ -407,13 +407,12 @@ impl Fs {
             },
             level: r.level.get() as u8,
         };
-        let mut inner = Inner {
-            fs_tree: tree(&sb.fs_root, TREE_FS),
-            space_tree: tree(&sb.space_root, TREE_SPACE),
+        let mut inner = Inner::from_parts(
             store,
-            inodes: InodeCache::new(opts.inode_cache_entries),
-            txn: txn::TxnState::new(sb),
-            policy: policy::Policy {
+            [tree(&sb.fs_root, TREE_FS), tree(&sb.space_root, TREE_SPACE)],
+            InodeCache::new(opts.inode_cache_entries),
+            txn::TxnState::new(sb),
+            policy::Policy {
                 read_only: opts.read_only || sb.unknown_compat_ro(),
                 atime: opts.atime,
                 sync: opts.sync,
@@ -426,13 +425,7 @@ impl Fs {
                 data_under_lock: opts.bench_data_under_lock,
                 commit_between_batches: opts.test_commit_between_batches,
             },
-            failed: None,
-            lives: Default::default(),
-            op_checkpoint: 0,
-            dir_ino_hint: Default::default(),
-            log: Default::default(),
-            names_removed: Vec::new(),
-        };
+        );
         let space_tree = inner.space_tree;
         txn::load_space(&mut inner.store, &space_tree)?;
         inner.txn.space_nodes = space_tree.count_nodes(&mut inner.store)?;
@@ -1023,13 +1016,12 @@ impl Inner {
         let space_tree = Tree::create(&mut store, TREE_SPACE)?;
         let mut txn = txn::TxnState::new(sb);
         txn.changed = true;
-        Ok(Inner {
+        Ok(Inner::from_parts(
             store,
-            fs_tree,
-            space_tree,
-            inodes: InodeCache::new(1024),
+            [fs_tree, space_tree],
+            InodeCache::new(1024),
             txn,
-            policy: policy::Policy {
+            policy::Policy {
                 read_only: false,
                 atime: Atime::NoAtime,
                 sync: SyncMode::default(),
@@ -1042,13 +1034,31 @@ impl Inner {
                 data_under_lock: false,
                 commit_between_batches: false,
             },
+        ))
+    }
+
+    /// A file system of these parts with nothing running: no error, pin, orphan or log yet.
+    fn from_parts(
+        store: Store,
+        [fs_tree, space_tree]: [Tree; 2],
+        inodes: InodeCache,
+        txn: txn::TxnState,
+        policy: policy::Policy,
+    ) -> Inner {
+        Inner {
+            store,
+            fs_tree,
+            space_tree,
+            inodes,
+            txn,
+            policy,
             failed: None,
             lives: Default::default(),
             op_checkpoint: 0,
             dir_ino_hint: Default::default(),
             log: Default::default(),
             names_removed: Vec::new(),
-        })
+        }
     }
 
     pub fn writable(&self) -> Result<()> {

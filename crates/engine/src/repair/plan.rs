@@ -840,9 +840,15 @@ mod tests {
         let p = run(items);
         assert_eq!(p.data, vec![(100, 4), (300, 1)], "blocks owned as they are");
         assert_eq!(p.clones, vec![Key::new(3, ItemType::Extent, 0)]);
-        assert!(!p.items.contains_key(&Key::new(2, ItemType::Extent, 2 * BLOCK_SIZE)));
+        assert!(!p
+            .items
+            .contains_key(&Key::new(2, ItemType::Extent, 2 * BLOCK_SIZE)));
         assert_eq!(p.inodes[&2].alloc_bytes.get(), 4 * BLOCK_SIZE);
-        assert_eq!(p.inodes[&3].alloc_bytes.get(), 5 * BLOCK_SIZE, "its copy counts");
+        assert_eq!(
+            p.inodes[&3].alloc_bytes.get(),
+            5 * BLOCK_SIZE,
+            "its copy counts"
+        );
     }
 
     #[test]
