@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use idxfs_blockdev::{BlockDevice, MemDevice};
 use idxfs_engine::fs::{read_superblock, OnDamage};
-use idxfs_engine::{fsck, Error, Fs, MkfsOptions, OpenOptions};
+use idxfs_engine::{fsck, Error, Fs, OpenOptions};
 use idxfs_format::node::{KEY_PTR_SIZE, NODE_HEADER_SIZE};
 use idxfs_format::Key;
 use std::sync::Arc;
@@ -17,13 +17,7 @@ const FILES: usize = 400;
 /// An image with directory "a" (FILES files) and directory "b" (a few), whose fs tree root is
 /// one level over its leaves, and the block of a leaf that holds only items of "a".
 fn image() -> (Vec<u8>, u64, u64, u64) {
-    let dev = Arc::new(MemDevice::new(16 << 20));
-    let mkfs = MkfsOptions {
-        node_size: NS as u32,
-        ..Default::default()
-    };
-    Fs::mkfs(dev.clone(), &mkfs).expect("mkfs");
-    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let (dev, fs) = mem_fs_with(16 << 20, NS as u32);
     let a = fs.mkdir(ROOT, b"a", 0o755, ME).expect("mkdir a").ino;
     let b = fs.mkdir(ROOT, b"b", 0o755, ME).expect("mkdir b").ino;
     for i in 0..FILES {

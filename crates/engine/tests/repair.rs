@@ -8,7 +8,7 @@ use common::*;
 use idxfs_blockdev::{BlockDevice, MemDevice};
 use idxfs_engine::fs::read_superblock;
 use idxfs_engine::testutil::Rng;
-use idxfs_engine::{repair, Fs, MkfsOptions};
+use idxfs_engine::{repair, Fs};
 use idxfs_format::node::{KEY_PTR_SIZE, NODE_HEADER_SIZE};
 use idxfs_format::{ItemType, Key, TREE_FS, TREE_SPACE};
 use std::collections::BTreeMap;
@@ -73,13 +73,7 @@ fn seen(dev: &Arc<MemDevice>) -> BTreeMap<u64, Seen> {
 /// symlinks, hard links (some with long names, past the back-reference item), and small and
 /// long (chunked) xattrs.
 fn image(rng: &mut Rng) -> Arc<MemDevice> {
-    let dev = Arc::new(MemDevice::new(24 << 20));
-    let mkfs = MkfsOptions {
-        node_size: NS as u32,
-        ..Default::default()
-    };
-    Fs::mkfs(dev.clone(), &mkfs).expect("mkfs");
-    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let (dev, fs) = mem_fs_with(24 << 20, NS as u32);
     let mut dirs = vec![ROOT];
     let mut files = Vec::new();
     for i in 0..700u64 {
@@ -260,13 +254,7 @@ fn a_lost_leaf_of_one_directory_index_loses_no_name() {
     // the other index and the back references still hold every name, so the repaired image
     // lists exactly what the undamaged one did.
     let mut rng = Rng::new(7);
-    let dev = Arc::new(MemDevice::new(16 << 20));
-    let mkfs = MkfsOptions {
-        node_size: NS as u32,
-        ..Default::default()
-    };
-    Fs::mkfs(dev.clone(), &mkfs).expect("mkfs");
-    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let (dev, fs) = mem_fs_with(16 << 20, NS as u32);
     let d = fs.mkdir(ROOT, b"d", 0o755, ME).expect("mkdir").ino;
     for i in 0..600 {
         let f = fs.create(
