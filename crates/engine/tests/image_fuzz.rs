@@ -6,7 +6,7 @@
 //! back as a clear error.
 //!
 //! CI runs it for `IDXFS_FUZZ_SECS` seconds (default 40); each case prints nothing unless it
-//! fails, with its seed: `IDXFS_SEED=n IDXFS_FUZZ_SECS=0` replays that one case.
+//! fails, with its seed: `IDXFS_FUZZ_CASE=n` replays that one case.
 mod common;
 use common::*;
 use idxfs_blockdev::{BlockDevice, MemDevice, RecordingDevice, Tear};
@@ -218,8 +218,11 @@ fn damaged_images_give_errors_not_panics() {
     let start = Instant::now();
     let mut cases = 0u64;
     let (mut damaged, mut opened, mut failed) = (0u64, 0u64, 0u64);
+    let one_case: Option<u64> = std::env::var("IDXFS_FUZZ_CASE")
+        .ok()
+        .and_then(|s| s.parse().ok());
     loop {
-        let case_seed = rng.next_u64();
+        let case_seed = one_case.unwrap_or_else(|| rng.next_u64());
         let img = damage(&base, &meta, &mut Rng::new(case_seed));
         // Each case in its own thread, so a hang is caught (and reported) too.
         let (tx, rx) = std::sync::mpsc::channel();
@@ -233,10 +236,13 @@ fn damaged_images_give_errors_not_panics() {
                 opened += u64::from(r.opened);
                 failed += u64::from(r.call_failed);
             }
-            Ok(None) => panic!("case seed {case_seed} (run seed {seed}) panicked: see above"),
-            Err(_) => panic!("case seed {case_seed} (run seed {seed}) hung for 20 s"),
+            Ok(None) => panic!("case {case_seed} (run seed {seed}) panicked: see above; replay it with IDXFS_FUZZ_CASE={case_seed}"),
+            Err(_) => panic!("case {case_seed} (run seed {seed}) hung for 20 s; replay it with IDXFS_FUZZ_CASE={case_seed}"),
         }
         cases += 1;
+        if one_case.is_some() {
+            return;
+        }
         if start.elapsed() >= Duration::from_secs(secs) {
             break;
         }

@@ -96,9 +96,31 @@ impl Store {
         self.node_size as u64 / BLOCK_SIZE
     }
 
+    /// Whether the node at `block` is cached, and if so that it is the tree's (`owner`) and
+    /// at `level`. A cached node was checked when read, but a damaged parent may point at
+    /// another node already in the cache (itself, an ancestor, a node of the other tree):
+    /// refused here, so every descent goes one level down per step and ends.
+    fn cached_as(&mut self, block: u64, owner: u64, level: Option<u8>) -> Result<bool> {
+        let Some(n) = self.cache.get(block) else {
+            return Ok(false);
+        };
+        if n.owner == owner && level.is_none_or(|l| l == n.level) {
+            Counters::inc(&self.counters.node_cache_hits);
+            return Ok(true);
+        }
+        let e = Error::Corrupt(idxfs_format::Corrupt::new(
+            format!("pointer to node {block}"),
+            format!("a cached node of tree {} at level {}", n.owner, n.level),
+            format!("tree {owner} at level {level:?}"),
+        ));
+        self.damage.met(block, &e);
+        Err(e)
+    }
+
     /// Makes sure the node at `block` is cached, reading and validating it if needed: a
     /// node read from disk must also lie in `range`, where its parent places it. A cached
-    /// node was checked when read, and the tree's changes keep every node inside its range.
+    /// node was checked when read (and for its tree and level here, `cached_as`), and the
+    /// tree's changes keep every node inside its range.
     pub fn load(
         &mut self,
         block: u64,
@@ -107,8 +129,7 @@ impl Store {
         level: Option<u8>,
         range: KeyRange,
     ) -> Result<()> {
-        if self.cache.contains(block) {
-            Counters::inc(&self.counters.node_cache_hits);
+        if self.cached_as(block, owner, level)? {
             return Ok(());
         }
         let mut buf = std::mem::take(&mut self.scratch);
@@ -255,7 +276,7 @@ impl Store {
         Ok(())
     }
 
-    /// Loads (if needed) and COWs in one step: a node already dirty costs one cache lookup.
+    /// Loads (if needed) and COWs in one step (a node already dirty is returned as it is).
     pub fn load_cow(
         &mut self,
         block: u64,
@@ -264,14 +285,7 @@ impl Store {
         level: Option<u8>,
         range: KeyRange,
     ) -> Result<u64> {
-        match self.cache.get(block) {
-            Some(n) if n.generation == self.generation => {
-                Counters::inc(&self.counters.node_cache_hits);
-                return Ok(block);
-            }
-            Some(_) => {}
-            None => self.load(block, generation, owner, level, range)?,
-        }
+        self.load(block, generation, owner, level, range)?;
         self.cow(block)
     }
 
