@@ -38,6 +38,7 @@
 //! capabilities to drop).
 mod acl;
 pub mod handoff;
+mod kill;
 pub mod null;
 mod options;
 mod pin;
@@ -55,7 +56,7 @@ use fuser::{
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen,
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use idxfs_engine::fs::{Attr, Owner, Seek, SetAttr, SetTime, Time};
+use idxfs_engine::fs::{Attr, Kill, Owner, Seek, SetAttr, SetTime, Time, WriteHow};
 use idxfs_engine::{Error, Fs};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -306,6 +307,14 @@ impl IdxFuse {
         }
     }
 
+    /// What a change to `ino` asked by `req` drops (`kill`); `asked`: the kernel's kill flag.
+    fn kill(&self, req: &Request, ino: INodeNo, asked: bool) -> Result<Kill, Error> {
+        if !asked {
+            return Ok(Kill::default());
+        }
+        Ok(kill::for_request(req, &self.fs.getattr(ino.0)?, true))
+    }
+
     /// After a forget: while replies hand off, wait before reading /dev/fuse again, so the
     /// kernel's next forgets wake no one and come as one batch ([`handoff::FORGET_PAUSE`]).
     fn after_forget(&self) {
@@ -499,6 +508,10 @@ impl Filesystem for IdxFuse {
             InitFlags::FUSE_MAX_PAGES,
             InitFlags::FUSE_BIG_WRITES,
             InitFlags::FUSE_ASYNC_READ,
+            // The engine drops set-user-ID, set-group-ID and capabilities on write, truncate
+            // and chown itself (`privs` in the engine): the kernel then asks for no
+            // security.capability before writes and no getattr before each chown.
+            InitFlags::FUSE_HANDLE_KILLPRIV_V2,
         ] {
             // A kernel without a feature gets the request without it.
             let _ = config.add_capabilities(flag);
@@ -568,9 +581,14 @@ impl Filesystem for IdxFuse {
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
+        kill_suidgid: bool,
         reply: ReplyAttr,
     ) {
         let _in = self.begin(Op::Setattr, req);
+        let kill = match self.kill(req, ino, kill_suidgid && size.is_some()) {
+            Ok(k) => k,
+            Err(e) => return reply.error(errno(&e)),
+        };
         let set = SetAttr {
             mode: mode.map(|m| m & 0o7777),
             uid,
@@ -579,6 +597,7 @@ impl Filesystem for IdxFuse {
             atime: atime.map(set_time),
             mtime: mtime.map(set_time),
             ctime: ctime.map(engine_time),
+            kill,
         };
         match self.fs.setattr(ino.0, &set) {
             Ok(a) => reply.attr(&self.ttl, &file_attr(&a)),
@@ -723,19 +742,28 @@ impl Filesystem for IdxFuse {
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
         let _in = self.begin(Op::Write, req);
-        // With the writeback cache the kernel keeps mtime and ctime and sends them by setattr;
-        // a write request can come after that setattr and must not override them.
-        let r = if self.writeback {
-            self.fs.write_keep_times(ino.0, offset, data)
-        } else {
-            self.fs.write(ino.0, offset, data)
+        // FUSE_HANDLE_KILLPRIV_V2: the writer lacks CAP_FSETID.
+        let kill = match self.kill(
+            req,
+            ino,
+            write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID),
+        ) {
+            Ok(k) => k,
+            Err(e) => return reply.error(errno(&e)),
         };
+        let how = WriteHow {
+            // With the writeback cache the kernel keeps mtime and ctime and sends them by
+            // setattr; a write request can come after that setattr and must not override them.
+            times: !self.writeback,
+            kill,
+        };
+        let r = self.fs.write_with(ino.0, offset, data, how);
         match r {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(&e)),
@@ -1013,10 +1041,16 @@ impl Filesystem for IdxFuse {
         reply: ReplyEmpty,
     ) {
         let _in = self.begin(Op::Fallocate, req);
+        // FUSE passes no kill flag with fallocate (and KILLPRIV_V2 drops the kernel's own
+        // setattr for it): a caller other than root counts as lacking CAP_FSETID.
+        let kill = match self.kill(req, ino, req.uid() != 0) {
+            Ok(k) => k,
+            Err(e) => return reply.error(errno(&e)),
+        };
         done(
             reply,
             self.fs
-                .fallocate(ino.0, offset, length, mode as u32)
+                .fallocate_with(ino.0, offset, length, mode as u32, kill)
                 .map(|_| ()),
         )
     }

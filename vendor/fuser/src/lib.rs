@@ -440,7 +440,8 @@ pub trait Filesystem: Send + Sync + 'static {
         reply.error(Errno::ENOSYS);
     }
 
-    /// Set file attributes.
+    /// Set file attributes. `kill_suidgid`: the kernel asks the server to drop set-user-ID and
+    /// set-group-ID (`FATTR_KILL_SUIDGID`, after `FUSE_HANDLE_KILLPRIV_V2`).
     fn setattr(
         &self,
         _req: &Request,
@@ -457,6 +458,7 @@ pub trait Filesystem: Send + Sync + 'static {
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         flags: Option<BsdFileFlags>,
+        _kill_suidgid: bool,
         reply: ReplyAttr,
     ) {
         warn!(

@@ -42,7 +42,7 @@
 //! `OpenOptions::bench_data_under_lock` runs every read and write whole under the lock, the
 //! same-run baseline of `idxfs bench concurrency`.
 use super::file::{check_regular, inline_max, Ext, ReadMap, MAX_EXTENT_BLOCKS, MAX_FILE_SIZE};
-use super::{Durable, Fs, Inner, Ino, Reserve};
+use super::{Durable, Fs, Inner, Ino, Kill, Reserve, WriteHow};
 use crate::counters::Counters;
 use crate::error::{Error, Result};
 use crate::space::read_fence::ReadTicket;
@@ -263,18 +263,18 @@ impl Fs {
 
     /// Writes `data` at `off`; returns bytes written (all of them, or an error). Sets the
     /// modification and change times.
+    /// Drops the file's capabilities first, as every write does (`privs`).
     pub fn write(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
-        self.write_impl(ino, off, data, true)
+        let how = WriteHow {
+            times: true,
+            kill: Kill::default(),
+        };
+        self.write_with(ino, off, data, how)
     }
 
-    /// `write` that leaves the modification and change times alone: for a front end whose
-    /// kernel keeps those times itself and sends them with setattr (FUSE's writeback cache,
-    /// where a write request may arrive after the times it should not override).
-    pub fn write_keep_times(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
-        self.write_impl(ino, off, data, false)
-    }
-
-    fn write_impl(&self, ino: Ino, off: u64, data: &[u8], times: bool) -> Result<usize> {
+    /// `write`, told by the front end whether to set the times and whether the writer may
+    /// keep set-user-ID and set-group-ID.
+    pub fn write_with(&self, ino: Ino, off: u64, data: &[u8], how: WriteHow) -> Result<usize> {
         if off
             .checked_add(data.len() as u64)
             .is_none_or(|e| e > MAX_FILE_SIZE)
@@ -284,15 +284,30 @@ impl Fs {
         if data.is_empty() {
             return Ok(0);
         }
-        let plan = {
+        let times = how.times;
+        let (plan, drops) = {
             let mut g = self.lock();
             g.writable()?;
-            match g.plan_write(ino, off, data.len() as u64) {
-                // Whole under the lock below, which waits for held space (`write_op`).
-                Err(Error::NoSpace) => None,
-                r => r?,
+            let drops = g.write_drops(ino, how.kill)?;
+            if drops.any() {
+                // Rare: the write runs whole under the lock, after the drop.
+                (None, true)
+            } else {
+                match g.plan_write(ino, off, data.len() as u64) {
+                    // Whole under the lock below, which waits for held space (`write_op`).
+                    Err(Error::NoSpace) => (None, false),
+                    r => (r?, false),
+                }
             }
         };
+        if drops {
+            // Before the data: a crash between the two leaves the file without its
+            // privileges and without the write, never with both.
+            self.write_op(4, Reserve::Shrink, Durable::Data, |g| {
+                let d = g.write_drops(ino, how.kill)?;
+                g.apply_drop(ino, d)
+            })?;
+        }
         if let Some(mut plan) = plan {
             let io = plan.write_blocks(self.shared.dev.as_ref(), data);
             // Once: a wait for readers must not wait for this write's own ticket.

@@ -8,7 +8,9 @@
 //! commit between two batches (only when space runs short) and a crash after it leave the
 //! range partly punched, as on ext4, whose punch also spans transactions.
 use super::file::{check_regular, inline_max, MAX_EXTENT_BLOCKS, MAX_FILE_SIZE};
-use super::{Attr, Durable, Fs, Inner, Ino, Reserve, Seek, FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE};
+use super::{
+    privs, Attr, Durable, Fs, Inner, Ino, Kill, Reserve, Seek, FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE,
+};
 use crate::error::{Error, Result};
 use crate::space::Kind;
 use idxfs_format::items::{ExtentItem, EXTENT_PREALLOC};
@@ -158,6 +160,18 @@ impl Fs {
     /// the size without changing it, `FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE` frees a range. Other
     /// modes are not supported.
     pub fn fallocate(&self, ino: Ino, off: u64, len: u64, mode: u32) -> Result<Attr> {
+        self.fallocate_with(ino, off, len, mode, Kill::default())
+    }
+
+    /// `fallocate`, dropping set-user-ID and set-group-ID as `kill` says (`privs`).
+    pub fn fallocate_with(
+        &self,
+        ino: Ino,
+        off: u64,
+        len: u64,
+        mode: u32,
+        kill: Kill,
+    ) -> Result<Attr> {
         if len == 0 {
             return Err(Error::Invalid("fallocate of length 0"));
         }
@@ -179,6 +193,7 @@ impl Fs {
             let it = g.inode(ino)?;
             check_regular(&it)?;
             let now = g.now();
+            let mode_after = |m: u32| privs::after(m, kill);
             if punch {
                 // The two partial blocks at the edges, the cut extents; the batches between
                 // them reserve for themselves.
@@ -187,6 +202,7 @@ impl Fs {
                 let it = g.modify_inode(ino, |i| {
                     i.ctime = now;
                     i.mtime = now;
+                    i.mode = mode_after(i.mode.get()).into();
                 })?;
                 return Ok(Attr::from_item(ino, &it));
             }
@@ -194,6 +210,7 @@ impl Fs {
             let new_size = g.preallocate(ino, off, len, mode & FALLOC_KEEP_SIZE != 0)?;
             let it = g.modify_inode(ino, |i| {
                 i.ctime = now;
+                i.mode = mode_after(i.mode.get()).into();
                 if new_size != old {
                     i.size = new_size.into();
                     i.mtime = now;

@@ -52,6 +52,7 @@ mod layout;
 mod orphan;
 mod pins;
 mod policy;
+mod privs;
 mod published;
 mod readdir;
 mod remove;

@@ -1,5 +1,5 @@
-//! setattr: mode, owner, size, times.
-use super::{Attr, Durable, Fs, Ino, Reserve, SetAttr, SetTime};
+//! setattr: mode, owner, size, times (and what a chown or truncate drops: `privs`).
+use super::{privs, Attr, Durable, Fs, Ino, Reserve, SetAttr, SetTime};
 use crate::error::{Error, Result};
 use idxfs_format::items::{S_IFDIR, S_IFMT, S_IFREG};
 
@@ -27,7 +27,14 @@ impl Fs {
                 }
             }
             let now = g.now();
+            let chown = privs::chown_drops(it.mode.get(), set);
             let it = g.modify_inode(ino, |i| {
+                if set.size.is_some() {
+                    i.mode = privs::after(i.mode.get(), set.kill).into();
+                }
+                if chown {
+                    i.mode = privs::without_suidgid(i.mode.get(), false).into();
+                }
                 if let Some(m) = set.mode {
                     i.mode = ((i.mode.get() & S_IFMT) | (m & 0o7777)).into();
                 }

@@ -81,6 +81,29 @@ pub enum SetTime {
     At(Time),
 }
 
+/// How `Fs::write_with` writes.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteHow {
+    /// Set the modification and change times. False for a front end whose kernel keeps those
+    /// times itself and sends them by setattr (FUSE's writeback cache, where a write request
+    /// may arrive after the times it must not override).
+    pub times: bool,
+    /// What the write drops for its writer (FUSE's `FUSE_WRITE_KILL_SUIDGID`). Capabilities
+    /// go whoever writes.
+    pub kill: Kill,
+}
+
+/// What a change drops for who asks for it, besides what it changes (see `privs`): FUSE's
+/// kill flags, which the kernel sets when the caller lacks CAP_FSETID.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Kill {
+    /// Set-user-ID goes, and set-group-ID of a file its group may execute.
+    pub suidgid: bool,
+    /// With `suidgid`: the caller is outside the file's group, so set-group-ID goes even
+    /// without group execute (the kernel's `setattr_should_drop_sgid`).
+    pub outside_group: bool,
+}
+
 /// Changes for `setattr`; `None` leaves a field alone.
 #[derive(Debug, Clone, Default)]
 pub struct SetAttr {
@@ -92,6 +115,8 @@ pub struct SetAttr {
     pub atime: Option<SetTime>,
     pub mtime: Option<SetTime>,
     pub ctime: Option<Time>,
+    /// With a size: what the truncate drops for its caller (FUSE's `FATTR_KILL_SUIDGID`).
+    pub kill: Kill,
 }
 
 /// Who creates an inode.

@@ -57,6 +57,43 @@ impl Inner {
         Ok((key, xs))
     }
 
+    /// The value of `ino`'s xattr `name`; NoData when it has none.
+    pub(crate) fn xattr_value(&mut self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        let (_, xs) = self.xattr_item(ino, name)?;
+        let x = xs
+            .into_iter()
+            .find(|x| x.name == name)
+            .ok_or(Error::NoData)?;
+        match x.value {
+            XattrValue::Inline(v) => Ok(v),
+            XattrValue::Chunked { len, base } => self.read_chunks(ino, len, base),
+        }
+    }
+
+    /// Removes `ino`'s xattr `name` and sets the change time; NoData, changing nothing, when
+    /// it has none. The caller reserved for it (the shrinking changes of 4 items).
+    pub(crate) fn remove_xattr(&mut self, ino: Ino, name: &[u8]) -> Result<()> {
+        let (key, mut xs) = self.xattr_item(ino, name)?;
+        let i = xs
+            .iter()
+            .position(|x| x.name == name)
+            .ok_or(Error::NoData)?;
+        let gone = xs.remove(i);
+        if let XattrValue::Chunked { base, .. } = gone.value {
+            self.delete_chunks(ino, base)?;
+        }
+        self.fs_tree.update(&mut self.store, &key, |v| {
+            if xs.is_empty() {
+                return Change::Delete;
+            }
+            *v = encode_xattrs(&xs);
+            Change::Keep
+        })?;
+        let now = self.now();
+        self.modify_inode(ino, |i| i.ctime = now)?;
+        Ok(())
+    }
+
     /// A long value's bytes, from its chunks.
     fn read_chunks(&mut self, ino: Ino, len: u32, base: u64) -> Result<Vec<u8>> {
         let tree = self.fs_tree;
@@ -205,15 +242,7 @@ impl Fs {
             });
             return v.ok_or(Error::NoData);
         }
-        let (_, xs) = g.xattr_item(ino, name)?;
-        let x = xs
-            .into_iter()
-            .find(|x| x.name == name)
-            .ok_or(Error::NoData)?;
-        match x.value {
-            XattrValue::Inline(v) => Ok(v),
-            XattrValue::Chunked { len, base } => g.read_chunks(ino, len, base),
-        }
+        g.xattr_value(ino, name)
     }
 
     /// The names of an inode's xattrs, published as getxattr's are.
@@ -329,25 +358,7 @@ impl Fs {
         check_name(name)?;
         self.write_op(4, Reserve::Shrink, Durable::Data, |g| {
             g.inode(ino)?;
-            let (key, mut xs) = g.xattr_item(ino, name)?;
-            let i = xs
-                .iter()
-                .position(|x| x.name == name)
-                .ok_or(Error::NoData)?;
-            let gone = xs.remove(i);
-            if let XattrValue::Chunked { base, .. } = gone.value {
-                g.delete_chunks(ino, base)?;
-            }
-            g.fs_tree.update(&mut g.store, &key, |v| {
-                if xs.is_empty() {
-                    return Change::Delete;
-                }
-                *v = encode_xattrs(&xs);
-                Change::Keep
-            })?;
-            let now = g.now();
-            g.modify_inode(ino, |i| i.ctime = now)?;
-            Ok(())
+            g.remove_xattr(ino, name)
         })
     }
 }

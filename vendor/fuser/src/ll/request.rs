@@ -408,6 +408,11 @@ mod op {
                 None
             }
         }
+        /// Whether the server must kill set-user-ID and set-group-ID (the caller lacks
+        /// CAP_FSETID; sent only after `FUSE_HANDLE_KILLPRIV_V2`).
+        pub(crate) fn kill_suidgid(&self) -> bool {
+            self.valid().contains(FattrFlags::FATTR_KILL_SUIDGID)
+        }
         pub(crate) fn ctime(&self) -> Option<SystemTime> {
             if self.valid().contains(FattrFlags::FATTR_CTIME) {
                 Some(system_time_from_time(self.arg.ctime, self.arg.ctimensec))
