@@ -512,6 +512,10 @@ impl Filesystem for IdxFuse {
             // and chown itself (`privs` in the engine): the kernel then asks for no
             // security.capability before writes and no getattr before each chown.
             InitFlags::FUSE_HANDLE_KILLPRIV_V2,
+            // File handles that outlive the kernel's inode cache and a remount (NFS export,
+            // open_by_handle_at): inode numbers are never reused, and "." and ".." are
+            // looked up by number (`lookup`).
+            InitFlags::FUSE_EXPORT_SUPPORT,
         ] {
             // A kernel without a feature gets the request without it.
             let _ = config.add_capabilities(flag);
@@ -530,6 +534,17 @@ impl Filesystem for IdxFuse {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let _in = self.begin(Op::Lookup, req);
+        if bytes(name) == b"." {
+            // FUSE_EXPORT_SUPPORT: the kernel finds an inode it forgot, from a file handle
+            // (nodeid = inode number, and its generation), by a lookup of "." in the inode
+            // itself, whatever its type. Path walks never send "." or "..". An inode with no
+            // name left is stale, as on ext4.
+            let r = self.fs.getattr(parent.0).and_then(|a| match a.nlink {
+                0 => Err(Error::NotFound),
+                _ => Ok(a),
+            });
+            return self.entry(r, reply);
+        }
         match self.fs.lookup(parent.0, bytes(name)) {
             Err(Error::NotFound) => reply.entry(&self.ttl, &negative_entry(), Generation(0)),
             r => self.entry(r, reply),
