@@ -10,6 +10,7 @@
 use super::file::{check_regular, inline_max, MAX_EXTENT_BLOCKS, MAX_FILE_SIZE};
 use super::{
     privs, Attr, Durable, Fs, Inner, Ino, Kill, Reserve, Seek, FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE,
+    FALLOC_ZERO_RANGE,
 };
 use crate::error::{Error, Result};
 use crate::space::Kind;
@@ -116,6 +117,28 @@ impl Inner {
         Ok(new_size)
     }
 
+    /// FALLOC_FL_ZERO_RANGE: [off, off + len) reads as zeros and owns blocks, as after a
+    /// punch and a preallocation of the same range, which is how it is done: the whole blocks
+    /// inside go (copy-on-write keeps their old bytes for the last commit, so they cannot be
+    /// turned into preallocated extents in place, as ext4 does) and preallocated ones come in
+    /// their place; the partial blocks at the edges are zeroed. Returns the size the file will
+    /// have (the caller sets it).
+    ///
+    /// Space for the new blocks is reserved before the first change, so ENOSPC changes
+    /// nothing. Only a range of more extents than one batch frees, on a device where even
+    /// that reservation's space then runs out between batches, can stop half-way: the range
+    /// then reads as zeros in part, as after a crash in ext4's own zeroing.
+    fn zero_range(&mut self, ino: Ino, off: u64, len: u64, keep_size: bool) -> Result<u64> {
+        let (b0, b1) = (off / BS, (off + len).div_ceil(BS));
+        let items = 2 * (b1 - b0).div_ceil(MAX_EXTENT_BLOCKS) + 1;
+        let run = self.run_nodes(items, items * 57);
+        // The new extents, the edges' copies and the cut extents (`punch_hole`'s 16 items).
+        self.reserve_nodes(run + 20 * self.item_nodes(), b1 - b0 + 2, Reserve::Grow)?;
+        self.punch_hole(ino, off, len)?;
+        self.checkpoint();
+        self.preallocate(ino, off, len, keep_size)
+    }
+
     /// Zeroes [off, off + len) of file data, freeing the whole blocks inside it.
     fn punch_hole(&mut self, ino: Ino, off: u64, len: u64) -> Result<()> {
         let it = self.inode(ino)?;
@@ -157,8 +180,9 @@ impl Inner {
 
 impl Fs {
     /// fallocate(2): mode 0 allocates and may grow the size, `FALLOC_KEEP_SIZE` allocates past
-    /// the size without changing it, `FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE` frees a range. Other
-    /// modes are not supported.
+    /// the size without changing it, `FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE` frees a range,
+    /// `FALLOC_ZERO_RANGE` (with or without `FALLOC_KEEP_SIZE`) makes a range read as zeros and
+    /// allocates it (`Inner::zero_range`). Other modes (collapse, insert) are not supported.
     pub fn fallocate(&self, ino: Ino, off: u64, len: u64, mode: u32) -> Result<Attr> {
         self.fallocate_with(ino, off, len, mode, Kill::default())
     }
@@ -178,10 +202,11 @@ impl Fs {
         if off.checked_add(len).is_none_or(|e| e > MAX_FILE_SIZE) {
             return Err(Error::FileTooBig);
         }
-        let punch = match mode {
-            0 | FALLOC_KEEP_SIZE => false,
-            m if m == FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE => true,
+        let (punch, zero) = match mode {
+            0 | FALLOC_KEEP_SIZE => (false, false),
+            m if m == FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE => (true, false),
             m if m == FALLOC_PUNCH_HOLE => return Err(Error::Invalid("punch without keep-size")),
+            m if m & !FALLOC_KEEP_SIZE == FALLOC_ZERO_RANGE => (false, true),
             _ => return Err(Error::NotSupported("this fallocate mode")),
         };
         let kind = if punch {
@@ -207,11 +232,16 @@ impl Fs {
                 return Ok(Attr::from_item(ino, &it));
             }
             let old = it.size.get();
-            let new_size = g.preallocate(ino, off, len, mode & FALLOC_KEEP_SIZE != 0)?;
+            let keep_size = mode & FALLOC_KEEP_SIZE != 0;
+            let new_size = if zero {
+                g.zero_range(ino, off, len, keep_size)?
+            } else {
+                g.preallocate(ino, off, len, keep_size)?
+            };
             let it = g.modify_inode(ino, |i| {
                 i.ctime = now;
                 i.mode = mode_after(i.mode.get()).into();
-                if new_size != old {
+                if new_size != old || zero {
                     i.size = new_size.into();
                     i.mtime = now;
                 }

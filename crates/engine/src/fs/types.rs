@@ -160,6 +160,8 @@ pub const XATTR_REPLACE: u32 = 2;
 /// fallocate(2) mode bits, Linux values.
 pub const FALLOC_KEEP_SIZE: u32 = 1;
 pub const FALLOC_PUNCH_HOLE: u32 = 2;
+/// fallocate(2)'s FALLOC_FL_ZERO_RANGE.
+pub const FALLOC_ZERO_RANGE: u32 = 0x10;
 
 /// What `seek` looks for (lseek's SEEK_DATA / SEEK_HOLE).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
