@@ -286,3 +286,34 @@ fn atime_policies() {
         fs.close().expect("close");
     }
 }
+
+/// O_TMPFILE (`Fs::tmpfile`): pinned once, nameless; `link` names it while held, the last
+/// unpin of one never named frees it, and a nameless inode nobody holds cannot be named.
+#[test]
+fn tmpfiles_live_while_held_and_take_a_name_by_link() {
+    let (dev, fs) = mem_fs(64 << 20);
+    let d = fs.mkdir(ROOT, b"d", 0o2775, ME).expect("mkdir");
+    let t = fs
+        .tmpfile(d.ino, 0o600, Owner { uid: 5, gid: 5 })
+        .expect("tmpfile");
+    assert_eq!(
+        (t.nlink, t.mode & 0o7777, t.gid),
+        (0, 0o600, d.gid),
+        "sgid dir's group"
+    );
+    fs.write(t.ino, 0, b"bytes").expect("write");
+    let named = fs.link(t.ino, d.ino, b"t").expect("link");
+    assert_eq!(named.nlink, 1);
+    fs.unpin(t.ino, 1).expect("unpin");
+    assert_eq!(fs.read(t.ino, 0, 10).expect("still there"), b"bytes");
+    let gone = fs.tmpfile(ROOT, 0o644, ME).expect("tmpfile");
+    fs.write(gone.ino, 0, &vec![1u8; 1 << 20]).expect("write");
+    fs.unpin(gone.ino, 1).expect("unpin");
+    assert!(matches!(fs.getattr(gone.ino), Err(Error::NotFound)));
+    assert!(matches!(
+        fs.link(gone.ino, ROOT, b"late"),
+        Err(Error::NotFound)
+    ));
+    fs.close().expect("close");
+    assert_clean(&dev);
+}

@@ -102,9 +102,13 @@ enum Op {
     Lseek,
     BatchForget,
     Ioctl,
+    Tmpfile,
 }
 
-const OP_NAMES: [&str; 32] = [
+/// One per `Op`, in its order.
+const OPS: usize = 33;
+
+const OP_NAMES: [&str; OPS] = [
     "lookup",
     "forget",
     "getattr",
@@ -137,15 +141,15 @@ const OP_NAMES: [&str; 32] = [
     "lseek",
     "batch_forget",
     "ioctl",
+    "tmpfile",
 ];
 
-#[derive(Default)]
 pub struct Requests {
-    ops: [std::sync::atomic::AtomicU64; 32],
+    ops: [std::sync::atomic::AtomicU64; OPS],
     /// Nanoseconds spent in each kind's handler (engine work and building the reply), when
     /// `timed`. A caller waiting on one request at a time waits for this and for the transport,
     /// so wall time minus this is what the FUSE round trips cost.
-    nanos: [std::sync::atomic::AtomicU64; 32],
+    nanos: [std::sync::atomic::AtomicU64; OPS],
     timed: bool,
     /// readdirplus replies made of a batch read ahead (`readahead.rs`).
     pub plus_read_ahead: std::sync::atomic::AtomicU64,
@@ -168,6 +172,18 @@ impl Drop for InHandler<'_> {
             let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
             self.requests.nanos[self.op as usize]
                 .fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+impl Default for Requests {
+    fn default() -> Requests {
+        Requests {
+            ops: std::array::from_fn(|_| Default::default()),
+            nanos: std::array::from_fn(|_| Default::default()),
+            timed: false,
+            plus_read_ahead: Default::default(),
+            plus_ahead_stale: Default::default(),
         }
     }
 }
@@ -643,6 +659,30 @@ impl Filesystem for IdxFuse {
             .fs
             .mknod(parent.0, bytes(name), mode, owner(req), rdev as u64);
         self.entry(r, reply)
+    }
+
+    /// O_TMPFILE. The engine pins the file once itself (the kernel's one lookup count), and
+    /// it has no name until a `link`. Opened as every file is here: no handle (no-open).
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let _in = self.begin(Op::Tmpfile, req);
+        match self.fs.tmpfile(parent.0, mode, owner(req)) {
+            Ok(a) => reply.created(
+                &self.ttl,
+                &file_attr(&a),
+                Generation(a.generation),
+                FileHandle(0),
+                fuser::FopenFlags::empty(),
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 
     fn mkdir(

@@ -249,7 +249,9 @@ impl Fs {
             if it.nlink.get() >= LINK_MAX {
                 return Err(Error::TooManyLinks);
             }
-            if it.nlink.get() == 0 {
+            // A nameless inode (an O_TMPFILE file, `tmpfile`) may get a name while held.
+            let nameless = it.nlink.get() == 0;
+            if nameless && !(g.lives.pins.contains(ino) && g.lives.orphans.is_free(ino)) {
                 return Err(Error::NotFound);
             }
             let p = g.dir_inode(newparent)?;
@@ -261,6 +263,9 @@ impl Fs {
                 return Err(Error::Exists);
             }
             let plan = g.plan_entry(newparent, newname, ino, hash_item_len, false)?;
+            if nameless {
+                g.adopt(ino)?;
+            }
             g.add_entry(newparent, newname, ino, dtype_of_mode(it.mode.get()), plan)?;
             let now = g.now();
             let it = g.modify_inode(ino, |i| {

@@ -59,6 +59,7 @@ mod remove;
 mod rename;
 mod reserve;
 mod setattr;
+mod tmpfile;
 pub mod types;
 mod xattr;
 
