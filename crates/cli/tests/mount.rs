@@ -320,7 +320,18 @@ fn persistence(opts: &str) {
 
 #[test]
 fn sigkill_mid_workload_keeps_everything_fsynced() {
-    let mut m = Mounted::new("512M", "");
+    sigkill_mid_workload("");
+}
+
+/// The same with the kernel's writeback cache, where written pages stay in the kernel until
+/// fsync (or memory pressure) sends them: an fsync must still leave nothing behind.
+#[test]
+fn sigkill_mid_workload_keeps_everything_fsynced_with_writeback_cache() {
+    sigkill_mid_workload("writeback");
+}
+
+fn sigkill_mid_workload(opts: &str) {
+    let mut m = Mounted::new("512M", opts);
     let dir = m.path("work");
     fs::create_dir(&dir).expect("mkdir");
     // A writer keeps creating files; every tenth is fsynced and recorded as durable.
@@ -359,7 +370,7 @@ fn sigkill_mid_workload_keeps_everything_fsynced() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     writer.join().expect("writer");
     m.assert_fsck_clean();
-    m.mount("");
+    m.mount(opts);
     let durable = durable.lock().expect("lock").clone();
     assert!(durable.len() >= 50);
     for (p, data) in &durable {
