@@ -64,9 +64,10 @@ enum Cmd {
         #[arg(long)]
         repair: bool,
     },
-    /// Give every free block of an unmounted image back (punch holes in an image file,
-    /// BLKDISCARD on a device): what `-o nodiscard` or an older idxfs left allocated.
-    Trim { image: PathBuf },
+    /// Give every free block back to the device (punch holes in an image file, BLKDISCARD
+    /// on a block device): what `-o nodiscard` or an older idxfs left allocated. TARGET is an
+    /// unmounted image, or a directory on an idxfs mount (its server then does the pass).
+    Trim { target: PathBuf },
     /// Make every change on the idxfs mount holding PATH durable (sync and sync -f cannot:
     /// FUSE does not pass them on; an fsync of any file on the mount does the same).
     Sync { path: PathBuf },
@@ -214,8 +215,11 @@ pub(crate) fn lock_image(
 fn run_trim(image: &Path) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
     let p = image.display();
-    let _lock = lock_image(image, true, std::time::Duration::ZERO)
-        .map_err(|_| format!("{p}: in use by an idxfs server (mounted); unmount it first"))?;
+    let _lock = lock_image(image, true, std::time::Duration::ZERO).map_err(|_| {
+        format!(
+            "{p}: in use by an idxfs server (mounted); trim the mount point, or unmount it first"
+        )
+    })?;
     let held = || {
         std::fs::metadata(image)
             .map(|m| m.blocks() * 512)
@@ -281,8 +285,11 @@ fn run_repair(image: &Path) -> Result<Option<bool>, String> {
         println!("{p}: nothing to repair");
         return Ok(None);
     }
-    let _lock = lock_image(image, true, std::time::Duration::ZERO)
-        .map_err(|_| format!("{p}: in use by an idxfs server (mounted); unmount it first"))?;
+    let _lock = lock_image(image, true, std::time::Duration::ZERO).map_err(|_| {
+        format!(
+            "{p}: in use by an idxfs server (mounted); trim the mount point, or unmount it first"
+        )
+    })?;
     let dev = open_dev(image, true)?;
     println!("{p}: repairing");
     let r = idxfs_engine::repair::repair(&dev, idxfs_format::hash::name_hash)
@@ -534,7 +541,11 @@ fn main() -> ExitCode {
             );
             ExitCode::SUCCESS
         }),
-        Cmd::Trim { image } => run_trim(&image).map(|()| ExitCode::SUCCESS),
+        Cmd::Trim { target } if target.is_dir() => sync::trim_mount(&target).map(|(mp, n)| {
+            println!("{}: {n} free blocks discarded", mp.display());
+            ExitCode::SUCCESS
+        }),
+        Cmd::Trim { target } => run_trim(&target).map(|()| ExitCode::SUCCESS),
         Cmd::Sync { path } => sync::sync(&path).map(|mp| {
             println!("{}: every change is durable", mp.display());
             ExitCode::SUCCESS

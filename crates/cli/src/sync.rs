@@ -1,4 +1,5 @@
-//! `idxfs sync PATH`: makes every change on the idxfs mount holding PATH durable.
+//! `idxfs sync PATH`: makes every change on the idxfs mount holding PATH durable; and
+//! `idxfs trim DIR`, which finds its mount the same way.
 //!
 //! `sync` and `sync -f` (sync(2), syncfs(2)) return 0 on a FUSE mount without the server
 //! hearing of them: the kernel sends FUSE_SYNCFS only to virtiofs servers (a FUSE server
@@ -63,6 +64,22 @@ pub(crate) fn sync(path: &Path) -> Result<PathBuf, String> {
     f.sync_all()
         .map_err(|e| format!("{p}: fsync: {e} (the changes may not be durable)"))?;
     Ok(mp)
+}
+
+/// `idxfs trim DIR`: the idxfs mount holding `dir` gives its free blocks back
+/// (`idxfs_fuse::trim`); returns the mount point and the blocks discarded.
+pub(crate) fn trim_mount(dir: &Path) -> Result<(PathBuf, u64), String> {
+    let p = dir.display();
+    let canon = std::fs::canonicalize(dir).map_err(|e| format!("{p}: {e}"))?;
+    let (mp, fstype) = mount_of(&canon)?;
+    if fstype != "fuse.idxfs" {
+        return Err(format!(
+            "{p}: on a {fstype} file system at {}, not idxfs (fstrim(8) trims that)",
+            mp.display()
+        ));
+    }
+    let n = idxfs_fuse::trim::trim_mount(&mp).map_err(|e| e.to_string())?;
+    Ok((mp, n))
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! creating and deleting files through a mount, the image occupies about what the file system
 //! uses, while `-o nodiscard` keeps every block it ever used. Files kept throughout read back
 //! whole, before and after a remount: no block still in use was discarded. `idxfs trim`
-//! gives back what a `nodiscard` mount left.
+//! gives back what a `nodiscard` mount left, of the image or of the mount itself.
 mod common;
 use common::*;
 use std::os::unix::fs::MetadataExt;
@@ -88,7 +88,7 @@ fn nodiscard_keeps_what_the_image_used_until_a_trim() {
     let image = m.image.to_str().expect("utf8").to_string();
     let (code, _, err) = idxfs(&["trim", &image]);
     assert_eq!(code, 1, "trim of a mounted image: {err}");
-    assert!(err.contains("unmount it first"), "{err}");
+    assert!(err.contains("trim the mount point"), "{err}");
     let used_mounted = used(&m);
     m.unmount();
     // The 32 MiB written and deleted stay allocated in the image file.
@@ -105,6 +105,39 @@ fn nodiscard_keeps_what_the_image_used_until_a_trim() {
         a <= used_mounted + used_mounted / 10 + (8 << 20),
         "after a trim the image holds {a} bytes for {used_mounted} used: {out}"
     );
+    m.assert_fsck_clean();
+    m.mount("nodiscard");
+    check_kept(&m, &kept);
+    m.unmount();
+    m.assert_fsck_clean();
+}
+
+#[test]
+fn trim_of_a_mount_gives_space_back_while_mounted() {
+    let m = Mounted::new("512M", "nodiscard");
+    let kept = churn(&m, 2);
+    let before = allocated(&m);
+    assert!(
+        before >= 32 << 20,
+        "nodiscard gave space back: {before} bytes allocated"
+    );
+    let sub = m.path("kept");
+    std::fs::create_dir_all(&sub).expect("mkdir");
+    let (code, out, err) = idxfs(&["trim", sub.to_str().expect("utf8")]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("free blocks discarded"), "{out}");
+    let (after, used) = (allocated(&m), used(&m));
+    assert!(
+        after <= used + used / 10 + (8 << 20),
+        "after a trim of the mount the image holds {after} bytes for {used} used: {out}"
+    );
+    check_kept(&m, &kept);
+    // Not idxfs: a one-line refusal.
+    let (code, _, err) = idxfs(&["trim", "/proc"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("not idxfs"), "{err}");
+    let mut m = m;
+    m.unmount();
     m.assert_fsck_clean();
     m.mount("nodiscard");
     check_kept(&m, &kept);

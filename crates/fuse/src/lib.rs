@@ -45,6 +45,7 @@ mod pin;
 mod readahead;
 pub mod remount;
 mod serve;
+pub mod trim;
 pub mod uring;
 
 pub use options::{MountConfig, OptionError};
@@ -1124,6 +1125,7 @@ impl Filesystem for IdxFuse {
         let _in = self.begin(Op::Ioctl, req);
         match cmd {
             remount::IOC_REMOUNT => self.remount_request(req, ino, in_data, reply),
+            trim::IOC_TRIM => self.trim_request(req, ino, reply),
             // No other ioctl is known (FS_IOC_GETFLAGS and the like): "not a tty", as the
             // kernel's file systems answer a command they do not have.
             _ => reply.error(Errno::ENOTTY),
@@ -1159,6 +1161,23 @@ impl Filesystem for IdxFuse {
 impl IdxFuse {
     /// `remount.rs`: the settings a remount asks for, from root or the mount's owner, on the
     /// mount's root directory; the answer carries the settings they replaced.
+    /// `idxfs trim MOUNT` (`trim`): on the root, from root or the mount's owner.
+    fn trim_request(&self, req: &Request, ino: INodeNo, reply: ReplyIoctl) {
+        if ino != INodeNo::ROOT {
+            return reply.error(Errno::ENOTTY);
+        }
+        if req.uid() != 0 && req.uid() != self.owner_uid {
+            return reply.error(Errno::EPERM);
+        }
+        match self.fs.trim() {
+            Ok(blocks) => {
+                log::info!("trim: {blocks} free blocks discarded");
+                reply.ioctl(0, &blocks.to_le_bytes())
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
     fn remount_request(&self, req: &Request, ino: INodeNo, in_data: &[u8], reply: ReplyIoctl) {
         if ino != INodeNo::ROOT {
             return reply.error(Errno::ENOTTY);
