@@ -14,6 +14,7 @@ pub mod bgtable;
 pub mod boxed;
 pub mod first_map;
 pub mod seqcount;
+mod sync;
 pub mod xarray;
 
 pub use boxed::BoxedMap;

@@ -13,17 +13,20 @@
 //! read atomics only. Writers serialize on one mutex. A slot is written before its `present`
 //! bit is set (Release) and readers test the bit (Acquire) before the slot, so a reader sees an
 //! entry whole or not at all. Nodes that empty are unlinked and freed only once no reader can
-//! still hold them (epoch-deferred), so a reader never touches freed memory.
+//! still hold them (epoch-deferred), so a reader never touches freed memory. `tests/xarray_loom.rs`
+//! tries every interleaving of a reader with a writer that grows and shrinks the tree and the
+//! epoch's reclamation (under loom a reclaimed node is marked, not freed, and reads check it).
 //!
 //! Values are stored inline (any `Value`: a u64-sized copyable type), so an insert allocates
 //! nothing when its leaf exists. Node allocation can fail: `try_insert` reports it as
 //! `AllocError` and changes nothing, and `reserve` preallocates nodes before any lock is taken
 //! (the role of `xas_nomem` / `xa_reserve`).
+use crate::sync::{AtomicI64, AtomicPtr, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering::*};
 use crossbeam_epoch::{self as epoch, Guard};
-use std::alloc::{alloc_zeroed, dealloc, Layout};
+#[cfg(not(loom))]
+use std::alloc::alloc_zeroed;
+use std::alloc::{dealloc, Layout};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicI64, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
-use std::sync::{Mutex, MutexGuard};
 
 pub const SLOTS: usize = 64;
 const BITS: u32 = 6;
@@ -84,6 +87,11 @@ struct Node {
     offset: AtomicU64,
     shift: AtomicU64,
     slots: [AtomicU64; SLOTS],
+    /// Under loom only: set where a retired node would be freed (it is leaked instead), so
+    /// a reader that still reaches it is caught (`check_live`) rather than reading freed
+    /// memory.
+    #[cfg(loom)]
+    retired: AtomicU64,
 }
 
 const NODE_LAYOUT: Layout = Layout::new::<Node>();
@@ -92,6 +100,47 @@ const NODE_LAYOUT: Layout = Layout::new::<Node>();
 pub const NODE_BYTES: usize = std::mem::size_of::<Node>();
 
 impl Node {
+    /// A new node, every field zero. Outside loom `alloc_zeroed` makes it in one step (all-zero
+    /// bytes are a valid node); loom's atomics must be made one by one.
+    #[cfg(loom)]
+    fn alloc_zero() -> *mut Node {
+        Box::into_raw(Box::new(Node {
+            present: AtomicU64::new(0),
+            marks: std::array::from_fn(|_| AtomicU64::new(0)),
+            parent: AtomicPtr::new(std::ptr::null_mut()),
+            offset: AtomicU64::new(0),
+            shift: AtomicU64::new(0),
+            slots: std::array::from_fn(|_| AtomicU64::new(0)),
+            retired: AtomicU64::new(0),
+        }))
+    }
+
+    /// Makes a node that was never published fresh again: every field zero.
+    fn reset(&self) {
+        self.present.store(0, Relaxed);
+        for m in &self.marks {
+            m.store(0, Relaxed);
+        }
+        self.parent.store(std::ptr::null_mut(), Relaxed);
+        self.offset.store(0, Relaxed);
+        self.shift.store(0, Relaxed);
+        for s in &self.slots {
+            s.store(0, Relaxed);
+        }
+    }
+
+    /// Under loom: fails the model when a reader reaches a node after its reclamation ran,
+    /// which the epoch must make impossible.
+    #[inline(always)]
+    fn check_live(&self) {
+        #[cfg(loom)]
+        assert_eq!(
+            self.retired.load(Relaxed),
+            0,
+            "a reader reached a node the epoch already reclaimed"
+        );
+    }
+
     fn shift(&self) -> u32 {
         self.shift.load(Relaxed) as u32
     }
@@ -99,6 +148,11 @@ impl Node {
         self.slots[off].load(Acquire) as usize as *mut Node
     }
 }
+
+/// Under loom: nodes whose reclamation ran, over every execution (a plain std atomic, which
+/// loom does not model), so a test can tell that its executions reached reclamation at all.
+#[cfg(loom)]
+pub static LOOM_RECLAIMED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Raw node pointer that may cross to the epoch collector's thread.
 struct SendPtr(*mut Node);
@@ -185,7 +239,10 @@ impl<T: Value> XArray<T> {
         }
         // SAFETY: Node is non-zero-sized; all-zero bytes are a valid Node (zero atomics, null
         // parent).
+        #[cfg(not(loom))]
         let p = unsafe { alloc_zeroed(NODE_LAYOUT) } as *mut Node;
+        #[cfg(loom)]
+        let p = Node::alloc_zero();
         if p.is_null() {
             return Err(AllocError);
         }
@@ -227,7 +284,14 @@ impl<T: Value> XArray<T> {
         unsafe {
             guard.defer_unchecked(move || {
                 let sp = sp;
+                #[cfg(not(loom))]
                 dealloc(sp.0 as *mut u8, NODE_LAYOUT);
+                // Under loom the node is marked instead, and leaked: see `check_live`.
+                #[cfg(loom)]
+                {
+                    (*sp.0).retired.store(1, Relaxed);
+                    LOOM_RECLAIMED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
             })
         };
     }
@@ -255,6 +319,8 @@ impl<T: Value> XArray<T> {
         while s > 0 {
             // SAFETY: as above.
             let child = unsafe { (*node).slots[slot_of(index, s)].load(Acquire) };
+            // SAFETY: as above. After the load: a reclamation that ran before it is caught.
+            unsafe { (*node).check_live() };
             if child == 0 {
                 return None;
             }
@@ -265,6 +331,8 @@ impl<T: Value> XArray<T> {
         // decides.
         // SAFETY: as above.
         let raw = unsafe { (*node).slots[slot_of(index, 0)].load(Acquire) };
+        // SAFETY: as above. After the load: a reclamation that ran before it is caught.
+        unsafe { (*node).check_live() };
         raw.checked_sub(1).map(T::from_raw)
     }
 
@@ -465,8 +533,8 @@ impl<T: Value> XArray<T> {
 
     /// Returns a never-linked node to the spare pool, zeroed.
     unsafe fn recycle(&self, p: *mut Node) {
-        // SAFETY: caller guarantees p was never published; zeroing restores a fresh node.
-        unsafe { std::ptr::write_bytes(p as *mut u8, 0, NODE_BYTES) };
+        // SAFETY: caller guarantees p was never published and is exclusively ours.
+        unsafe { (*p).reset() };
         self.spare
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -825,7 +893,8 @@ impl<T: Value> Drop for XArray<T> {
     fn drop(&mut self) {
         // No reader can exist (we are exclusively borrowed): free everything directly,
         // postorder, with no rebalancing or unlinking.
-        let mut stack = vec![*self.head.get_mut()];
+        // (A plain load: loom's AtomicPtr has no `get_mut`; exclusive access makes it the same.)
+        let mut stack = vec![self.head.load(Relaxed)];
         while let Some(p) = stack.pop() {
             if p.is_null() {
                 continue;
