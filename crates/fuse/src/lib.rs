@@ -30,12 +30,18 @@
 //! - "not supported" for the xattrs idxfs does not keep (POSIX ACLs, SELinux labels), which
 //!   tools such as `ls -l` ask for once per device instead of once per file
 //!   (`xattr_unsupported`); but an access ACL that repeats the mode is taken as a chmod, so
-//!   `cp -a` needs no chmod after it (`acl.rs`; the kernel is told its cached mode is stale).
+//!   `cp -a` needs no chmod after it (`acl.rs`; the kernel is told its cached mode is stale);
+//! - privileges dropped by the server (`FUSE_HANDLE_KILLPRIV_V2`, the engine's `privs`, the
+//!   caller's groups in `kill.rs`): the kernel then sends no GETATTR before each chown, and
+//!   the mount gets `SB_NOSEC`, so a file's first write asks for `security.capability` once
+//!   and later writes do not;
+//! - file handles that outlive the kernel's cache (`FUSE_EXPORT_SUPPORT`: "." looked up by
+//!   inode number), O_TMPFILE (`tmpfile`), and `idxfs trim MOUNT` by ioctl (`trim.rs`).
 //!
 //! What the kernel asks that no reply can spare: a LOOKUP before every create (the name is new,
-//! so no dentry caches it), and a GETXATTR of `security.capability` before every write(2) to a
-//! file (FUSE mounts never get `SB_NOSEC`, so the kernel cannot remember that a file has no
-//! capabilities to drop).
+//! so no dentry caches it), and a GETXATTR of `security.capability` at every chown (the VFS
+//! asks whether there are capabilities to drop before any file system hears of the chown)
+//! and at a file's first write.
 mod acl;
 pub mod handoff;
 mod kill;

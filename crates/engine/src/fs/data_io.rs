@@ -262,8 +262,8 @@ impl Fs {
     }
 
     /// Writes `data` at `off`; returns bytes written (all of them, or an error). Sets the
-    /// modification and change times.
-    /// Drops the file's capabilities first, as every write does (`privs`).
+    /// modification and change times, and drops the file's capabilities first, as every
+    /// write does (`privs`).
     pub fn write(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
         let how = WriteHow {
             times: true,

@@ -74,9 +74,13 @@ impl Drops {
 
 impl Inner {
     /// What a write to `ino` must drop first (see the module notes): its capabilities, and
-    /// what `kill` says of set-user-ID and set-group-ID. Changes nothing.
+    /// what `kill` says of set-user-ID and set-group-ID. Changes nothing; refuses anything
+    /// but a regular file, as a write does.
     pub(crate) fn write_drops(&mut self, ino: Ino, kill: Kill) -> Result<Drops> {
-        let mode = self.inode(ino)?.mode.get();
+        let it = self.inode(ino)?;
+        // Only files are written; anything else is refused before a drop changes it.
+        super::file::check_regular(&it)?;
+        let mode = it.mode.get();
         let dropped = after(mode, kill);
         let caps = match self.xattr_value(ino, CAPS_XATTR) {
             Ok(_) => true,
