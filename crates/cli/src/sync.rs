@@ -49,17 +49,25 @@ fn unescape(s: &str) -> PathBuf {
     PathBuf::from(std::ffi::OsStr::from_bytes(&out))
 }
 
-/// Makes every change on the idxfs mount holding `path` durable; returns the mount point.
-pub(crate) fn sync(path: &Path) -> Result<PathBuf, String> {
+/// `path` made absolute, and the idxfs mount holding it; `elsewhere`: what to use on
+/// another file system, for the message.
+fn idxfs_mount(path: &Path, elsewhere: &str) -> Result<(PathBuf, PathBuf), String> {
     let p = path.display();
     let canon = std::fs::canonicalize(path).map_err(|e| format!("{p}: {e}"))?;
     let (mp, fstype) = mount_of(&canon)?;
     if fstype != "fuse.idxfs" {
         return Err(format!(
-            "{p}: on a {fstype} file system at {}, not idxfs (use sync(1) there)",
+            "{p}: on a {fstype} file system at {}, not idxfs ({elsewhere})",
             mp.display()
         ));
     }
+    Ok((canon, mp))
+}
+
+/// Makes every change on the idxfs mount holding `path` durable; returns the mount point.
+pub(crate) fn sync(path: &Path) -> Result<PathBuf, String> {
+    let p = path.display();
+    let (canon, mp) = idxfs_mount(path, "use sync(1) there")?;
     let f = std::fs::File::open(&canon).map_err(|e| format!("{p}: {e}"))?;
     f.sync_all()
         .map_err(|e| format!("{p}: fsync: {e} (the changes may not be durable)"))?;
@@ -69,15 +77,7 @@ pub(crate) fn sync(path: &Path) -> Result<PathBuf, String> {
 /// `idxfs trim DIR`: the idxfs mount holding `dir` gives its free blocks back
 /// (`idxfs_fuse::trim`); returns the mount point and the blocks discarded.
 pub(crate) fn trim_mount(dir: &Path) -> Result<(PathBuf, u64), String> {
-    let p = dir.display();
-    let canon = std::fs::canonicalize(dir).map_err(|e| format!("{p}: {e}"))?;
-    let (mp, fstype) = mount_of(&canon)?;
-    if fstype != "fuse.idxfs" {
-        return Err(format!(
-            "{p}: on a {fstype} file system at {}, not idxfs (fstrim(8) trims that)",
-            mp.display()
-        ));
-    }
+    let (_, mp) = idxfs_mount(dir, "fstrim(8) trims that")?;
     let n = idxfs_fuse::trim::trim_mount(&mp).map_err(|e| e.to_string())?;
     Ok((mp, n))
 }

@@ -50,6 +50,7 @@ mod options;
 mod pin;
 mod readahead;
 pub mod remount;
+mod root_ioctl;
 mod serve;
 pub mod trim;
 pub mod uring;

@@ -15,7 +15,6 @@ use crate::MountConfig;
 use idxfs_engine::fs::{Atime, SyncMode};
 use std::ffi::CString;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -87,26 +86,8 @@ impl Settings {
 
 /// Asks the server of the mount at `mp` for `s`; returns the settings it had.
 fn tell_server(mp: &Path, s: Settings) -> io::Result<Settings> {
-    let dir = std::fs::File::open(mp)?;
     let mut buf = s.encode();
-    // SAFETY: an _IOWR ioctl whose size (16) is the buffer's; the kernel copies in and out.
-    let r = unsafe { libc::ioctl(dir.as_raw_fd(), IOC_REMOUNT as _, buf.as_mut_ptr()) };
-    if r != 0 {
-        let e = io::Error::last_os_error();
-        return Err(match e.raw_os_error() {
-            Some(libc::ENOTTY) | Some(libc::ENOSYS) | Some(libc::EINVAL) => {
-                io::Error::other(format!(
-                    "{}: not an idxfs mount (or its server is too old to remount)",
-                    mp.display()
-                ))
-            }
-            Some(libc::EPERM) | Some(libc::EACCES) => io::Error::other(format!(
-                "{}: only root or the mount's owner may remount it",
-                mp.display()
-            )),
-            _ => e,
-        });
-    }
+    crate::root_ioctl::send(mp, IOC_REMOUNT, &mut buf, "remount")?;
     Settings::decode(&buf).ok_or_else(|| io::Error::other("the server answered the remount oddly"))
 }
 
