@@ -251,6 +251,21 @@ impl Store {
     pub fn alloc_node(&mut self, node: Node) -> Result<u64> {
         assert_eq!(node.generation, self.generation);
         let start = self.take_node_block()?;
+        // Free space said free, yet a node in the cache lies on these blocks: damaged space
+        // maps (a freed node leaves the cache as it is freed). Refused as corruption rather
+        // than one node written over another; the slot stays taken, since the node uses it.
+        let bpn = self.blocks_per_node();
+        if let Some(b) =
+            (start.saturating_sub(bpn - 1)..start + bpn).find(|&b| self.cache.contains(b))
+        {
+            let e = Error::Corrupt(idxfs_format::Corrupt::new(
+                format!("free space at block {start}"),
+                format!("the node at block {b} on it"),
+                "no node",
+            ));
+            self.damage.met(start, &e);
+            return Err(e);
+        }
         self.cache.insert(start, node, true);
         self.dirty_nodes += 1;
         Ok(start)

@@ -344,3 +344,24 @@ fn a_leaf_outside_its_parents_range_is_corrupt_when_read() {
     // Its right sibling, in range, still reads.
     assert!(t.get(&mut s, &next_first).expect("sibling").is_some());
 }
+
+/// Found by the image fuzz (a panic, "slab key inserted twice"): damaged space maps that call
+/// a live node's blocks free handed them to a new node. Now a corruption error, and the live
+/// node is left as it was.
+#[test]
+fn a_new_node_on_a_live_node_is_corruption_not_a_panic() {
+    let mut s = store(16384, 1 << 12);
+    let bpn = s.blocks_per_node();
+    let live = Tree::create(&mut s, 1).expect("create").root.block;
+    // The damage: the allocator believes the live node's blocks free, and hands them out
+    // next (the rest is taken).
+    while s.alloc.alloc(1, 1, crate::space::Kind::Meta).is_some() {}
+    s.alloc.free(live, bpn, true).expect("free");
+    let e = Tree::create(&mut s, 2).expect_err("a node over a live one");
+    assert!(matches!(e, crate::Error::Corrupt(_)), "{e}");
+    assert_eq!(s.node(live).owner, 1, "the live node is untouched");
+    assert!(
+        s.damage.first().is_some_and(|f| f.contains("free space")),
+        "recorded as damage"
+    );
+}
