@@ -44,16 +44,7 @@ fn has_caps(p: &Path) -> bool {
 }
 
 fn set_caps(p: &Path) {
-    let (path, name, v) = (c_path(p), CString::new(CAPS).expect("name"), caps_value());
-    // SAFETY: valid C strings and a value of the length passed.
-    let r = unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
-    assert_eq!(
-        r,
-        0,
-        "setxattr {CAPS} on {}: {}",
-        p.display(),
-        std::io::Error::last_os_error()
-    );
+    setxattr(p, CAPS, &caps_value());
 }
 
 /// Runs `script` with `sh -c` as `uid` (root when 0), with `$F` the file.

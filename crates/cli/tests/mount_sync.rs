@@ -7,22 +7,6 @@ use common::*;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 
-fn setxattr(p: &std::path::Path, name: &str, value: &[u8]) {
-    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("no NUL");
-    let n = std::ffi::CString::new(name).expect("no NUL");
-    // SAFETY: valid C strings and a buffer of the given length.
-    let r = unsafe {
-        libc::setxattr(
-            c.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    assert_eq!(r, 0, "setxattr: {}", std::io::Error::last_os_error());
-}
-
 #[test]
 fn sync_makes_every_change_durable_on_return() {
     let mut m = Mounted::new("256M", "sync");

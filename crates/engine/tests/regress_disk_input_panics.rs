@@ -5,7 +5,7 @@
 mod common;
 use common::*;
 use idxfs_blockdev::{BlockDevice, MemDevice};
-use idxfs_engine::{fsck, Error, Fs, MkfsOptions};
+use idxfs_engine::{fsck, Error, Fs};
 use idxfs_format::node::{ITEM_HEADER_SIZE, NODE_HEADER_SIZE};
 use idxfs_format::{ItemType, Key};
 use std::sync::Arc;
@@ -45,13 +45,7 @@ fn edit_item(img: &mut [u8], key: Key, f: impl Fn(&mut [u8], &mut [u8])) {
 /// An image with a small inline file `f`, a symlink `l` and a file `b` with blocks; their
 /// inode numbers.
 fn image() -> (Vec<u8>, u64, u64, u64) {
-    let dev = Arc::new(MemDevice::new(16 << 20));
-    let mkfs = MkfsOptions {
-        node_size: NS as u32,
-        ..MkfsOptions::default()
-    };
-    Fs::mkfs(dev.clone(), &mkfs).expect("mkfs");
-    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let (dev, fs) = mem_fs_with(16 << 20, NS as u32);
     let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
     fs.write(f, 0, b"inline bytes").expect("write");
     let l = fs
@@ -166,13 +160,7 @@ fn inline_data_beside_block_extents_is_corruption() {
 #[test]
 fn a_node_pointing_at_itself_is_corruption_not_a_hang() {
     use idxfs_format::node::KEY_PTR_SIZE;
-    let dev = Arc::new(MemDevice::new(16 << 20));
-    let mkfs = MkfsOptions {
-        node_size: NS as u32,
-        ..MkfsOptions::default()
-    };
-    Fs::mkfs(dev.clone(), &mkfs).expect("mkfs");
-    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let (dev, fs) = mem_fs_with(16 << 20, NS as u32);
     for i in 0..400 {
         fs.create(ROOT, format!("file{i:04}").as_bytes(), 0o644, ME)
             .expect("create");
