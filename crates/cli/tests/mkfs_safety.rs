@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use idxfs_blockdev::FileDevice;
 use idxfs_engine::{Fs, OpenOptions};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
@@ -169,31 +169,6 @@ fn mkfs_never_shrinks_an_image_unforced_and_a_failed_create_leaves_nothing() {
     let (code, _) = mkfs(&[s(&n), "--node-size", "5000"]);
     assert_eq!(code, 1);
     assert!(!n.exists());
-}
-
-/// A loop device over a file, detached on drop.
-struct Loop(String);
-impl Loop {
-    fn new(file: &Path) -> Loop {
-        Loop(sh("losetup", &["-f", "--show", s(file)]))
-    }
-}
-impl Drop for Loop {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").args(["-d", &self.0]).status();
-    }
-}
-
-/// A kernel mount, unmounted on drop.
-struct KernelMount(PathBuf);
-impl Drop for KernelMount {
-    fn drop(&mut self) {
-        // A plain unmount, so the device is free when it returns; lazily if that fails.
-        let ok = Command::new("umount").arg(&self.0).status();
-        if !ok.is_ok_and(|s| s.success()) {
-            force_unmount(&self.0);
-        }
-    }
 }
 
 #[test]

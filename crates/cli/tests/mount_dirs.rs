@@ -256,14 +256,11 @@ fn readdirplus_auto_lists_names_with_plain_readdir() {
     m.assert_fsck_clean();
 }
 
-/// GNU `ls -l` asks for every file's SELinux label and POSIX ACL, and stops asking on a device
-/// that answers "not supported". idxfs keeps neither, so one request each, not one per file.
-#[test]
-fn ls_l_asks_the_daemon_nothing_per_file() {
-    let (mut m, d, model) = files_then_counted_mount(1000);
+/// `ls -l` of `d`: its line count.
+fn ls_l(d: &Path) -> usize {
     let out = std::process::Command::new("ls")
         .arg("-l")
-        .arg(&d)
+        .arg(d)
         .output()
         .expect("run ls -l");
     assert!(
@@ -271,7 +268,16 @@ fn ls_l_asks_the_daemon_nothing_per_file() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let listed = String::from_utf8_lossy(&out.stdout).lines().count();
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+/// GNU `ls -l` asks for every file's SELinux label and POSIX ACL, and stops asking on a device
+/// that answers "not supported". Mounted `noacl`, idxfs keeps neither, so one request each,
+/// not one per file.
+#[test]
+fn ls_l_asks_the_daemon_nothing_per_file() {
+    let (mut m, d, model) = files_then_counted_mount_with(1000, "noacl");
+    let listed = ls_l(&d);
     assert_eq!(
         listed,
         model.len() + 1,
@@ -294,6 +300,28 @@ fn ls_l_asks_the_daemon_nothing_per_file() {
         "{asked} GETXATTR and LOOKUP requests for ls -l of {listed} lines\n{err}"
     );
     m.assert_fsck_clean();
+}
+
+/// With ACLs on, `ls -l` asks for each file's access ACL, and the kernel answers from its cache
+/// only what it fetched since it last refreshed the file's attributes: a file just listed has
+/// none cached, so one GETXATTR per file the first time, never more (`MountConfig::acl_on`).
+/// A second listing inside the attribute timeout asks for none.
+#[test]
+fn ls_l_with_acls_asks_at_most_once_per_file() {
+    let (mut m, d, model) = files_then_counted_mount(1000);
+    assert_eq!(ls_l(&d), model.len() + 1);
+    assert_eq!(ls_l(&d), model.len() + 1);
+    let err = m.unmount();
+    let asked = Mounted::requests(&err, "getxattr");
+    assert!(
+        asked <= model.len() as u64 + 10,
+        "{asked} GETXATTR requests for two ls -l of {} files\n{err}",
+        model.len()
+    );
+    assert!(
+        asked >= model.len() as u64,
+        "ACLs are on: each file's is asked for once ({asked} GETXATTR)\n{err}"
+    );
 }
 
 /// (replies from a batch read ahead, batches read ahead and voided) from the counters.

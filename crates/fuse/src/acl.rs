@@ -1,38 +1,25 @@
-//! POSIX access ACLs that say no more than the mode bits (`system.posix_acl_access`).
+//! POSIX ACLs with ACLs off (`-o noacl`): access ACLs that say no more than the mode bits.
+//! With ACLs on, the engine keeps them (`idxfs_engine::fs::acl`) and this module only names
+//! them.
 //!
-//! idxfs keeps no ACLs. But an ACL whose entries are only the owner, the owning group, other,
-//! and perhaps a mask is the mode under another name (POSIX.1e; the kernel's
+//! Off, idxfs keeps no ACLs. But an ACL whose entries are only the owner, the owning group,
+//! other, and perhaps a mask is the mode under another name (POSIX.1e; the kernel's
 //! `posix_acl_equiv_mode`), and every Linux file system with ACLs stores such an ACL as the
 //! mode and nothing else. idxfs does the same: setting one is a chmod of the permission bits.
-//! Any other ACL (a named user or group) is refused with EOPNOTSUPP, as before, and reading an
-//! ACL still answers "not supported", so `ls -l` goes on asking once per device (see
-//! `xattr_unsupported`); `getfacl` then shows the ACL the mode stands for. Removing either
-//! ACL succeeds with nothing to do, as on a file system with ACLs whose file has none: GNU
-//! `cp -a` removes the copy's default ACL once it could set the access ACL.
+//! Any other ACL (a named user or group) is refused with EOPNOTSUPP, and reading an ACL
+//! answers "not supported", so `ls -l` asks once per device (see `xattr_unsupported`);
+//! `getfacl` then shows the ACL the mode stands for. Removing either ACL succeeds with
+//! nothing to do, as on a file system with ACLs whose file has none: GNU `cp -a` removes the
+//! copy's default ACL once it could set the access ACL.
 //!
 //! Why it matters: `cp -a` and `cp -p` copy a file's permissions by setting the source's ACL on
 //! the copy, and only when that fails by chmod. Accepting the ACL spares the chmod, one round
 //! trip of the eight `cp -a` pays per file.
 
+use idxfs_engine::fs::acl::{Acl, GROUP, USER};
 use idxfs_engine::fs::Owner;
 
-/// The xattr that carries a file's access ACL.
-pub const ACCESS: &[u8] = b"system.posix_acl_access";
-
-/// The xattr that carries a directory's default ACL, which idxfs never keeps: even one that
-/// repeats the mode would change how new files get theirs (no umask).
-pub const DEFAULT: &[u8] = b"system.posix_acl_default";
-
-/// Version of the kernel's ACL xattr format (`POSIX_ACL_XATTR_VERSION`).
-const VERSION: u32 = 2;
-
-// Entry tags (`include/uapi/linux/posix_acl.h`).
-const USER_OBJ: u16 = 0x01;
-const USER: u16 = 0x02;
-const GROUP_OBJ: u16 = 0x04;
-const GROUP: u16 = 0x08;
-const MASK: u16 = 0x10;
-const OTHER: u16 = 0x20;
+pub use idxfs_engine::fs::acl::{is_acl, ACCESS};
 
 /// What an access ACL's value says.
 #[derive(Debug, PartialEq, Eq)]
@@ -41,51 +28,20 @@ pub enum Access {
     Mode(u32),
     /// Names a user or group beyond the owner's: not kept here.
     Extended,
-    /// Not a well-formed ACL: a wrong version, a length that is no whole number of entries, an
-    /// unknown tag, permissions beyond rwx, or an owner, group or other entry missing or twice.
+    /// Not a valid ACL (`Acl::parse`).
     Malformed,
 }
 
-/// Reads an access ACL in the kernel's xattr format: a little-endian u32 version, then
-/// entries of (u16 tag, u16 permissions, u32 id).
+/// Reads an access ACL in the kernel's xattr format. A mask without named entries is taken
+/// as the group bits, as `stat` shows them.
 pub fn access(value: &[u8]) -> Access {
-    let Some((head, entries)) = value.split_first_chunk::<4>() else {
-        return Access::Malformed;
-    };
-    if u32::from_le_bytes(*head) != VERSION || entries.len() % 8 != 0 {
-        return Access::Malformed;
-    }
-    let (mut user, mut group, mut other, mut mask) = (None, None, None, None);
-    let mut extended = false;
-    for e in entries.chunks_exact(8) {
-        let tag = u16::from_le_bytes([e[0], e[1]]);
-        let perm = u16::from_le_bytes([e[2], e[3]]);
-        if perm > 7 {
-            return Access::Malformed;
+    match Acl::parse(value) {
+        Err(_) => Access::Malformed,
+        Ok(a) if a.entries().iter().all(|e| e.tag != USER && e.tag != GROUP) => {
+            Access::Mode(a.mode_bits())
         }
-        let slot = match tag {
-            USER_OBJ => &mut user,
-            GROUP_OBJ => &mut group,
-            OTHER => &mut other,
-            MASK => &mut mask,
-            USER | GROUP => {
-                extended = true;
-                continue;
-            }
-            _ => return Access::Malformed,
-        };
-        if slot.replace(u32::from(perm)).is_some() {
-            return Access::Malformed;
-        }
+        Ok(_) => Access::Extended,
     }
-    let (Some(u), Some(g), Some(o)) = (user, group, other) else {
-        return Access::Malformed;
-    };
-    if extended {
-        return Access::Extended;
-    }
-    // With a mask, the group class's bits are the mask's (what `stat` shows for such an ACL).
-    Access::Mode(u << 6 | mask.unwrap_or(g) << 3 | o)
 }
 
 /// Whether `caller` may set or remove the ACL of a file owned by `file`: its owner or root, as
@@ -114,6 +70,9 @@ pub fn chmod(mode: u32, file: Owner, bits: u32, caller: Owner) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use idxfs_engine::fs::acl::{GROUP_OBJ, MASK, OTHER, USER_OBJ};
+
+    const VERSION: u32 = 2;
 
     fn acl(entries: &[(u16, u16)]) -> Vec<u8> {
         let mut v = VERSION.to_le_bytes().to_vec();

@@ -22,8 +22,14 @@ pub fn for_request(req: &Request, a: &Attr, asked: bool) -> Kill {
     let decides = a.mode & (S_ISGID | S_IXGRP) == S_ISGID;
     Kill {
         suidgid: true,
-        outside_group: decides && req.gid() != a.gid && !in_groups(req.pid(), a.gid),
+        outside_group: decides && outside_group(req, a.gid),
     }
+}
+
+/// Whether the caller of `req` is outside group `gid` (neither its primary group nor one of
+/// its supplementary groups).
+pub fn outside_group(req: &Request, gid: u32) -> bool {
+    req.gid() != gid && !in_groups(req.pid(), gid)
 }
 
 /// Whether process `pid` has `gid` among its supplementary groups.

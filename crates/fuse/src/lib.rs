@@ -257,6 +257,8 @@ pub struct IdxFuse {
     /// The mount's owner (the server's real uid): with root, the only caller a remount
     /// request is taken from (`remount.rs`).
     owner_uid: u32,
+    /// POSIX ACLs kept by the engine and enforced by the kernel (`MountConfig::acl`).
+    acl: bool,
 }
 
 impl IdxFuse {
@@ -274,6 +276,7 @@ impl IdxFuse {
             ttl: cfg.ttl,
             writeback: cfg.writeback,
             readdirplus_auto: cfg.readdirplus_auto,
+            acl: cfg.acl_here(),
             requests,
             plus_fit: std::sync::atomic::AtomicUsize::new(64),
             pin_cpus: if cfg.pins_threads() {
@@ -294,8 +297,40 @@ impl IdxFuse {
         self.notifier.clone()
     }
 
-    /// `system.posix_acl_access`: an ACL the mode says in full is a chmod of the permission
-    /// bits (`acl.rs`); one naming other users or groups is not kept.
+    /// An ACL set with ACLs on: the engine keeps it and sets the mode to match
+    /// (`idxfs_engine::fs::acl`). The kernel checked the caller may (owner or CAP_FOWNER)
+    /// and that the value is valid, and forgets its cached ACLs and mode after the reply.
+    /// Set-group-ID goes unless the caller is root or in the file's group: the kernel's
+    /// CAP_FSETID test, as far as a FUSE request shows it (the flag that says it exactly
+    /// comes only with FUSE_SETXATTR_EXT, which fuser does not parse).
+    fn set_acl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &[u8],
+        value: &[u8],
+        flags: i32,
+        reply: ReplyEmpty,
+    ) {
+        let kill_sgid = match self.fs.getattr(ino.0) {
+            Ok(a) => req.uid() != 0 && a.mode & 0o2000 != 0 && kill::outside_group(req, a.gid),
+            Err(e) => return reply.error(errno(&e)),
+        };
+        done(
+            reply,
+            self.fs
+                .setxattr_with(ino.0, name, value, flags as u32, kill_sgid),
+        )
+    }
+
+    /// xattr names refused with EOPNOTSUPP and left out of lists: `xattr_unsupported`, but
+    /// for the ACLs when they are on.
+    fn unsupported(&self, name: &[u8]) -> bool {
+        xattr_unsupported(name) && !(self.acl && acl::is_acl(name))
+    }
+
+    /// `system.posix_acl_access` with ACLs off: an ACL the mode says in full is a chmod of
+    /// the permission bits (`acl.rs`); one naming other users or groups is not kept.
     fn set_access_acl(&self, req: &Request, ino: INodeNo, value: &[u8], reply: ReplyEmpty) {
         let bits = match acl::access(value) {
             acl::Access::Mode(bits) => bits,
@@ -523,6 +558,15 @@ impl Filesystem for IdxFuse {
         if self.readdirplus_auto {
             let _ = config.add_capabilities(InitFlags::FUSE_READDIRPLUS_AUTO);
         }
+        if self.acl {
+            // The kernel caches and enforces ACLs, and leaves the umask to the engine, which
+            // must ignore it under a default ACL (`idxfs_engine::fs::acl`).
+            config
+                .add_capabilities(InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK)
+                .map_err(|_| {
+                    std::io::Error::other("this kernel's FUSE has no POSIX ACLs: mount -o noacl")
+                })?;
+        }
         for flag in [
             InitFlags::FUSE_NO_OPEN_SUPPORT,
             InitFlags::FUSE_NO_OPENDIR_SUPPORT,
@@ -658,14 +702,16 @@ impl Filesystem for IdxFuse {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
         let _in = self.begin(Op::Mknod, req);
+        // The umask is the engine's to apply (FUSE_DONT_MASK; without it the kernel applied
+        // it already, and again changes nothing).
         let r = self
             .fs
-            .mknod(parent.0, bytes(name), mode, owner(req), rdev as u64);
+            .mknod_umask(parent.0, bytes(name), mode, owner(req), rdev as u64, umask);
         self.entry(r, reply)
     }
 
@@ -676,12 +722,12 @@ impl Filesystem for IdxFuse {
         req: &Request,
         parent: INodeNo,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         _flags: i32,
         reply: ReplyCreate,
     ) {
         let _in = self.begin(Op::Tmpfile, req);
-        match self.fs.tmpfile(parent.0, mode, owner(req)) {
+        match self.fs.tmpfile_umask(parent.0, mode, owner(req), umask) {
             Ok(a) => reply.created(
                 &self.ttl,
                 &file_attr(&a),
@@ -699,13 +745,18 @@ impl Filesystem for IdxFuse {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
         let _in = self.begin(Op::Mkdir, req);
-        let r = self
-            .fs
-            .mkdir(parent.0, bytes(name), mode & 0o7777, owner(req));
+        let r = self.fs.mknod_umask(
+            parent.0,
+            bytes(name),
+            libc::S_IFDIR | (mode & 0o7777),
+            owner(req),
+            0,
+            umask,
+        );
         self.entry(r, reply)
     }
 
@@ -1004,6 +1055,9 @@ impl Filesystem for IdxFuse {
         reply: ReplyEmpty,
     ) {
         let _in = self.begin(Op::Setxattr, req);
+        if self.acl && acl::is_acl(bytes(name)) {
+            return self.set_acl(req, ino, bytes(name), value, flags, reply);
+        }
         if bytes(name) == acl::ACCESS {
             return self.set_access_acl(req, ino, value, reply);
         }
@@ -1018,7 +1072,7 @@ impl Filesystem for IdxFuse {
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let _in = self.begin(Op::Getxattr, req);
-        if xattr_unsupported(bytes(name)) {
+        if self.unsupported(bytes(name)) {
             return reply.error(Errno::EOPNOTSUPP);
         }
         match self.fs.getxattr(ino.0, bytes(name)) {
@@ -1032,7 +1086,7 @@ impl Filesystem for IdxFuse {
         match self.fs.listxattr(ino.0) {
             Ok(names) => {
                 let mut buf = Vec::new();
-                for n in names.into_iter().filter(|n| !xattr_unsupported(n)) {
+                for n in names.into_iter().filter(|n| !self.unsupported(n)) {
                     buf.extend_from_slice(&n);
                     buf.push(0);
                 }
@@ -1044,7 +1098,7 @@ impl Filesystem for IdxFuse {
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _in = self.begin(Op::Removexattr, req);
-        if bytes(name) == acl::ACCESS || bytes(name) == acl::DEFAULT {
+        if !self.acl && acl::is_acl(bytes(name)) {
             // Nothing beyond the mode is kept, so nothing is removed (`acl.rs`); the owner or
             // root only, as for setting one.
             return match self.fs.getattr(ino.0) {
@@ -1053,7 +1107,7 @@ impl Filesystem for IdxFuse {
                 Err(e) => reply.error(errno(&e)),
             };
         }
-        if xattr_unsupported(bytes(name)) {
+        if self.unsupported(bytes(name)) {
             return reply.error(Errno::EOPNOTSUPP);
         }
         done(reply, self.fs.removexattr(ino.0, bytes(name)))

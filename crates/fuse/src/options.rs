@@ -56,6 +56,12 @@ pub struct MountConfig {
     /// `-o remount`: change a mounted file system (through its server, then the kernel's
     /// flags) instead of mounting one.
     pub remount: bool,
+    /// POSIX ACLs: `-o acl`, `-o noacl`, or None: on wherever the kernel checks permissions
+    /// anyway (`acl_on`). On, they are kept by the engine (`idxfs_engine::fs::acl`), cached
+    /// and enforced by the kernel (`FUSE_POSIX_ACL`). Off, the ACL xattrs are refused as on a
+    /// file system without ACLs, except that one the mode says in full is taken as a chmod
+    /// (`acl.rs`).
+    pub acl: Option<bool>,
     /// Kernel mount flags passed through (nodev, nosuid, noexec, sync, dirsync, ...).
     pub flags: Vec<MountOption>,
 }
@@ -91,6 +97,7 @@ impl Default for MountConfig {
             sync: SyncMode::Async,
             on_damage: OnDamage::ReadOnly,
             remount: false,
+            acl: None,
             flags: Vec::new(),
         }
     }
@@ -130,6 +137,8 @@ impl MountConfig {
                 "discard" => self.discard = true,
                 "nodiscard" => self.discard = false,
                 "default_permissions" => self.default_permissions = true,
+                "acl" => self.acl = Some(true),
+                "noacl" => self.acl = Some(false),
                 "fsname" => self.fsname = Some(need(value)?.to_string()),
                 "ttl" => {
                     let v = need(value)?;
@@ -235,8 +244,37 @@ impl MountConfig {
     /// attributes again after every change in it, a GETATTR round trip per create, unlink or
     /// rename. The cost: a uid-0 process that dropped CAP_DAC_OVERRIDE or CAP_FOWNER is not
     /// held to the mode bits, as it would be on ext4; `-o default_permissions` restores that.
+    ///
+    /// `-o acl` on a root mount makes it yes too: the kernel turns `default_permissions` on
+    /// itself when it takes `FUSE_POSIX_ACL`, for it enforces the ACLs.
     pub fn kernel_checks_permissions(&self, uid: u32) -> bool {
+        self.acl == Some(true) || self.others_checked(uid)
+    }
+
+    /// Whether the kernel checks permissions without ACLs in the picture: the mount is
+    /// reachable by someone but root, or `default_permissions` was asked for.
+    fn others_checked(&self, uid: u32) -> bool {
         self.default_permissions || self.allow_other || uid != 0
+    }
+
+    /// Whether POSIX ACLs are on for a mount whose `user_id` is `uid`: as `-o acl` or
+    /// `-o noacl` say, else wherever the kernel checks permissions anyway.
+    ///
+    /// Why not on a root-only mount by default: only root's processes reach it, whom no ACL
+    /// restricts or grants anything, and ACLs would cost a round trip per create there. The
+    /// kernel checks permissions itself whenever it takes ACLs, and it fetches a directory's
+    /// attributes again after every change in it to do so (measured in docs/benchmarks.md,
+    /// "ACLs"). Where permissions are checked already (`allow_other`, a user's mount,
+    /// `default_permissions`) that round trip is paid with or without ACLs, and ACLs cost one
+    /// GETXATTR per file the first time `ls -l` lists it: the kernel forgets a file's cached
+    /// ACL whenever it refreshes the file's attributes, and a file just listed has none.
+    pub fn acl_on(&self, uid: u32) -> bool {
+        self.acl.unwrap_or_else(|| self.others_checked(uid))
+    }
+
+    /// `acl_on` for the mount this process makes.
+    pub fn acl_here(&self) -> bool {
+        self.acl_on(real_uid())
     }
 
     /// Whether workers are pinned one per CPU: as asked, else when there are at least as many
@@ -450,23 +488,47 @@ mod tests {
 
     #[test]
     fn the_kernel_checks_permissions_unless_only_root_can_reach_the_mount() {
-        let d = MountConfig::default();
+        let mut d = MountConfig::default();
         assert!(
             !d.kernel_checks_permissions(0),
             "root mount, root callers only"
         );
+        d.apply("acl").expect("valid");
+        assert!(d.kernel_checks_permissions(0), "ACLs asked for");
+        let d = MountConfig::default();
         assert!(
             d.kernel_checks_permissions(1000),
             "a user's mount: its own mode bits apply"
         );
         let mut c = MountConfig::default();
-        c.apply("allow_other").expect("valid");
+        c.apply("noacl,allow_other").expect("valid");
         assert!(c.kernel_checks_permissions(0), "other users reach it");
         let mut c = MountConfig::default();
         c.apply("default_permissions").expect("valid");
         assert!(c.kernel_checks_permissions(0), "asked for");
         let asked = c.fuser_config("/x.img").mount_options;
         assert!(asked.contains(&MountOption::DefaultPermissions));
+    }
+
+    #[test]
+    fn acls_are_on_where_the_kernel_checks_permissions_unless_said() {
+        let d = MountConfig::default();
+        assert!(!d.acl_on(0), "root-only mount");
+        assert!(d.acl_on(1000), "a user's mount");
+        for (opts, root) in [
+            ("allow_other", true),
+            ("default_permissions", true),
+            ("acl", true),
+            ("allow_other,noacl", false),
+            ("noacl,acl", true),
+        ] {
+            let mut c = MountConfig::default();
+            c.apply(opts).expect("valid");
+            assert_eq!(c.acl_on(0), root, "{opts}");
+        }
+        let mut c = MountConfig::default();
+        c.apply("noacl").expect("valid");
+        assert!(!c.acl_on(1000), "noacl wins on a user's mount too");
     }
 
     #[test]

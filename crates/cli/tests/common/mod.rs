@@ -256,3 +256,38 @@ pub fn setxattr(p: &std::path::Path, name: &str, value: &[u8]) {
     };
     assert_eq!(r, 0, "setxattr: {}", std::io::Error::last_os_error());
 }
+
+/// A loop device over a file, detached on drop.
+pub struct Loop(pub String);
+impl Loop {
+    pub fn new(file: &Path) -> Loop {
+        let out = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(file)
+            .output()
+            .expect("losetup");
+        assert!(
+            out.status.success(),
+            "losetup: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Loop(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+}
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
+/// A kernel mount, unmounted on drop.
+pub struct KernelMount(pub PathBuf);
+impl Drop for KernelMount {
+    fn drop(&mut self) {
+        // A plain unmount, so the device is free when it returns; lazily if that fails.
+        let ok = Command::new("umount").arg(&self.0).status();
+        if !ok.is_ok_and(|s| s.success()) {
+            force_unmount(&self.0);
+        }
+    }
+}

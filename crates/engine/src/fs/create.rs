@@ -18,7 +18,10 @@ const S_ISGID: u32 = 0o2000;
 pub const LINK_MAX: u32 = 65000;
 
 impl Inner {
-    /// Creates an inode of any type named `name` in `parent`.
+    /// Creates an inode of any type named `name` in `parent`: `mode` as asked, cut by
+    /// `umask` or by the directory's default ACL, which the inode inherits (`acl`). The
+    /// caller reserved for `CREATE_ITEMS` item changes; the ACLs reserve for themselves
+    /// before the first change.
     pub(crate) fn make_node(
         &mut self,
         parent: Ino,
@@ -26,6 +29,7 @@ impl Inner {
         mode: u32,
         owner: Owner,
         rdev: u64,
+        umask: u32,
     ) -> Result<(Ino, idxfs_format::items::InodeItem)> {
         Inner::check_name(name)?;
         let p = self.dir_inode(parent)?;
@@ -52,6 +56,11 @@ impl Inner {
             }
         }
         let ino = self.txn.next_ino;
+        let (mode, acls) = self.inherit(parent, ino, mode, umask)?;
+        if !acls.is_empty() {
+            let nodes = acls.iter().map(|p| p.nodes).sum::<u64>();
+            self.reserve_nodes(CREATE_ITEMS * self.item_nodes() + nodes, 0, Reserve::Grow)?;
+        }
         let plan = self.plan_entry(parent, name, ino, hash_item_len, true)?;
         self.txn.next_ino += 1;
         self.txn.inode_count += 1;
@@ -61,6 +70,9 @@ impl Inner {
             it.nlink = 2.into();
         }
         self.insert_inode(ino, &it)?;
+        for acl in acls {
+            self.put_xattr(acl)?;
+        }
         self.add_entry(parent, name, ino, dtype_of_mode(mode), plan)?;
         if is_dir {
             self.modify_inode(parent, |d| d.nlink = (d.nlink.get() + 1).into())?;
@@ -124,7 +136,8 @@ impl Fs {
     }
 
     /// Creates an inode of the type in `mode` (regular, fifo, socket, char or block device,
-    /// directory).
+    /// directory). `mode` is the final one unless the directory has a default ACL
+    /// (`mknod_umask`).
     pub fn mknod(
         &self,
         parent: Ino,
@@ -133,12 +146,28 @@ impl Fs {
         owner: Owner,
         rdev: u64,
     ) -> Result<Attr> {
+        self.mknod_umask(parent, name, mode, owner, rdev, 0)
+    }
+
+    /// `mknod` for a caller that leaves the umask to the file system, as the kernel does
+    /// for one with ACLs: `umask` cuts `mode` when the directory has no default ACL, and is
+    /// ignored when it has one (`acl`).
+    pub fn mknod_umask(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        owner: Owner,
+        rdev: u64,
+        umask: u32,
+    ) -> Result<Attr> {
         check_type(mode)?;
         if mode & S_IFMT == S_IFLNK {
             return Err(Error::Invalid("symlinks are made by symlink()"));
         }
         self.write_op(CREATE_ITEMS, Reserve::Grow, Durable::Dir, |g| {
-            let (ino, it) = g.make_node(parent, name, mode & (S_IFMT | 0o7777), owner, rdev)?;
+            let (ino, it) =
+                g.make_node(parent, name, mode & (S_IFMT | 0o7777), owner, rdev, umask)?;
             Ok(Attr::from_item(ino, &it))
         })
     }
@@ -183,7 +212,7 @@ impl Fs {
                 g.log.data_unflushed = true;
                 Some(b)
             };
-            let made = g.make_node(parent, name, S_IFLNK | 0o777, owner, 0);
+            let made = g.make_node(parent, name, S_IFLNK | 0o777, owner, 0, 0);
             let (ino, _) = match made {
                 Ok(m) => m,
                 Err(e) => {

@@ -43,6 +43,7 @@
 //!   transaction, so a reader of them beside a writer would need a published root per
 //!   operation; that is not built yet (see the README's table), so the tree changes of two
 //!   writers never overlap, though their data I/O does.
+pub mod acl;
 mod create;
 mod damage;
 mod data_io;
@@ -63,6 +64,7 @@ mod tmpfile;
 pub mod types;
 mod xattr;
 
+pub use acl::{Acl, ACCESS as ACL_ACCESS, DEFAULT as ACL_DEFAULT};
 pub use create::LINK_MAX;
 pub use damage::{Damage, OnDamage};
 pub use readdir::PlusBatch;
@@ -136,6 +138,10 @@ pub struct OpenOptions {
     pub sync: SyncMode,
     /// What to do after meeting damaged metadata (`-o errors=`, `damage`).
     pub on_damage: OnDamage,
+    /// POSIX ACLs (`acl`): new inodes inherit their directory's default ACL, chmod and the
+    /// access ACL keep each other current. Off (`-o noacl`): the ACL xattrs are refused
+    /// with NotSupported and listed by no one.
+    pub acl: bool,
     /// Tell the device about freed blocks once nothing can read them (`space::discard`):
     /// an image file gives their space back. Freed file data is then reused only after the
     /// next commit, not within its own transaction.
@@ -179,6 +185,7 @@ impl Default for OpenOptions {
             atime: Atime::default(),
             sync: SyncMode::default(),
             on_damage: OnDamage::default(),
+            acl: true,
             discard: true,
             name_hash: idxfs_format::hash::name_hash,
             bench_hash_index_only: false,
@@ -231,6 +238,8 @@ struct Shared {
     dev: Arc<dyn BlockDevice>,
     /// The image's size in blocks (fixed for a mount).
     total_blocks: u64,
+    /// `OpenOptions::acl`, for the checks that take no lock.
+    acl: bool,
     stop: Mutex<bool>,
     wake: Condvar,
     counters: Arc<Counters>,
@@ -419,6 +428,7 @@ impl Fs {
                 atime: opts.atime,
                 sync: opts.sync,
                 on_damage: opts.on_damage,
+                acl: opts.acl,
                 hash: opts.name_hash,
                 clock: opts.clock.clone(),
                 dirty_nodes_limit: opts.dirty_nodes_limit.clamp(64, (cache_nodes / 2).max(64)),
@@ -466,6 +476,7 @@ impl Fs {
             log_io: inner.log.io.clone(),
             dev: inner.store.dev.clone(),
             total_blocks: inner.store.total_blocks,
+            acl: opts.acl,
             inner: Mutex::new(inner),
             stop: Mutex::new(false),
             wake: Condvar::new(),
@@ -1028,6 +1039,7 @@ impl Inner {
                 atime: Atime::NoAtime,
                 sync: SyncMode::default(),
                 on_damage: OnDamage::default(),
+                acl: true,
                 hash,
                 clock: Arc::new(SystemClock),
                 dirty_nodes_limit: usize::MAX,

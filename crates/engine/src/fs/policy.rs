@@ -14,6 +14,8 @@ pub(crate) struct Policy {
     pub sync: SyncMode,
     /// What to do after meeting damaged metadata (`super::damage`).
     pub on_damage: super::OnDamage,
+    /// POSIX ACLs kept and inherited (`OpenOptions::acl`).
+    pub acl: bool,
     /// The name hash: the format's, or a test's that forces collisions.
     pub hash: NameHash,
     pub clock: Arc<dyn Clock>,

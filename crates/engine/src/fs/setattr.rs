@@ -1,4 +1,5 @@
-//! setattr: mode, owner, size, times (and what a chown or truncate drops: `privs`).
+//! setattr: mode, owner, size, times (and what a chown or truncate drops: `privs`; what a
+//! chmod changes in the access ACL: `acl`).
 use super::{privs, Attr, Durable, Fs, Ino, Reserve, SetAttr, SetTime};
 use crate::error::{Error, Result};
 use idxfs_format::items::{S_IFDIR, S_IFMT, S_IFREG};
@@ -15,6 +16,15 @@ impl Fs {
         }
         self.write_op(4, Reserve::Shrink, Durable::Data, |g| {
             let it = g.inode(ino)?;
+            // A chmod rewrites the access ACL too (`acl`): worked out and reserved for
+            // before the first change.
+            let acl = match set.mode {
+                Some(m) => g.chmod_acl(ino, m)?,
+                None => None,
+            };
+            if let Some(plan) = &acl {
+                g.reserve_nodes(4 * g.item_nodes() + plan.nodes, 0, Reserve::Shrink)?;
+            }
             if let Some(size) = set.size {
                 match it.mode.get() & S_IFMT {
                     S_IFREG => {
@@ -56,6 +66,9 @@ impl Fs {
                 }
                 i.ctime = set.ctime.map(Into::into).unwrap_or(now);
             })?;
+            if let Some(plan) = acl {
+                g.put_xattr(plan)?;
+            }
             Ok(Attr::from_item(ino, &it))
         })
     }

@@ -19,6 +19,11 @@ impl Fs {
     /// 0, pinned once (the caller's hold: `unpin` frees it unless `link` named it first).
     /// `mode`: permission bits (a file type, if given, must be S_IFREG).
     pub fn tmpfile(&self, dir: Ino, mode: u32, owner: Owner) -> Result<Attr> {
+        self.tmpfile_umask(dir, mode, owner, 0)
+    }
+
+    /// `tmpfile` with the umask left to the file system, as `Fs::mknod_umask`.
+    pub fn tmpfile_umask(&self, dir: Ino, mode: u32, owner: Owner, umask: u32) -> Result<Attr> {
         if mode & S_IFMT != 0 && mode & S_IFMT != S_IFREG {
             return Err(Error::Invalid("tmpfile of a non-regular file"));
         }
@@ -32,6 +37,11 @@ impl Fs {
                 return Err(Error::NoSpace);
             }
             let ino = g.txn.next_ino;
+            let (mode, acls) = g.inherit(dir, ino, S_IFREG | (mode & 0o7777), umask)?;
+            if !acls.is_empty() {
+                let nodes = acls.iter().map(|p| p.nodes).sum::<u64>();
+                g.reserve_nodes(2 * g.item_nodes() + nodes, 0, Reserve::Grow)?;
+            }
             // The pin first: a file nobody holds would be freed as soon as it is made.
             if !g.lives.pins.add(ino) {
                 return Err(Error::NoSpace);
@@ -44,10 +54,12 @@ impl Fs {
             g.txn.next_ino += 1;
             g.txn.inode_count += 1;
             let now = g.now();
-            let mut it =
-                new_inode_item(S_IFREG | (mode & 0o7777), owner, 0, g.store.generation, now);
+            let mut it = new_inode_item(mode, owner, 0, g.store.generation, now);
             it.nlink = 0.into();
             g.insert_inode(ino, &it)?;
+            for acl in acls {
+                g.put_xattr(acl)?;
+            }
             g.lives.orphans.add(ino, OrphanKind::Free);
             Ok(Attr::from_item(ino, &it))
         })

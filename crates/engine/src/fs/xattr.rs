@@ -11,7 +11,7 @@
 //! inode (with a NUL each, as listxattr returns them) up to 65,536 bytes; past that a new name
 //! gets ENOSPC, as a full xattr block does on ext4.
 use super::published::{self, Xattrs};
-use super::{Durable, Fs, Inner, Ino, Reserve, XATTR_CREATE, XATTR_REPLACE};
+use super::{acl, Durable, Fs, Inner, Ino, Reserve, XATTR_CREATE, XATTR_REPLACE};
 use crate::btree::{Change, LeafHint};
 use crate::counters::Counters;
 use crate::error::{Error, Result};
@@ -43,6 +43,22 @@ fn inline_limit(node_size: u32) -> usize {
 
 fn chunk_key(ino: Ino, at: u64) -> Key {
     Key::new(ino, ItemType::XattrChunk, at)
+}
+
+/// One xattr change, checked and worked out (`Inner::plan_xattr`), not yet made.
+pub(crate) struct XattrPlan {
+    ino: Ino,
+    name: Vec<u8>,
+    /// The item the name hashes to, and its entries after the change (a long value's entry
+    /// with a placeholder base until its chunks are placed).
+    key: Key,
+    xs: Vec<XattrEntry>,
+    /// The value the change replaces, whose chunks go.
+    old: Option<XattrValue>,
+    /// A value long enough for chunks.
+    long: Option<Vec<u8>>,
+    /// New nodes the change may allocate: the caller reserves them before the first change.
+    pub nodes: u64,
 }
 
 impl Inner {
@@ -91,6 +107,121 @@ impl Inner {
         })?;
         let now = self.now();
         self.modify_inode(ino, |i| i.ctime = now)?;
+        Ok(())
+    }
+
+    /// Checks that `ino` may get xattr `name` = `value` under `flags` and works out the
+    /// change, changing nothing: the caller reserves `nodes` and then calls `put_xattr`.
+    pub(crate) fn plan_xattr(
+        &mut self,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+    ) -> Result<XattrPlan> {
+        let ns = self.store.node_size;
+        let (key, mut xs) = self.xattr_item(ino, name)?;
+        let pos = xs.iter().position(|x| x.name == name);
+        match (pos, flags & (XATTR_CREATE | XATTR_REPLACE)) {
+            (Some(_), XATTR_CREATE) => return Err(Error::Exists),
+            (None, XATTR_REPLACE) => return Err(Error::NoData),
+            _ => {}
+        }
+        if pos.is_none() && self.xattr_names_len(ino)? + name.len() + 1 > XATTR_LIST_MAX {
+            return Err(Error::NoSpace);
+        }
+        let long = xattr_entry_size(name.len(), value.len()) > inline_limit(ns);
+        let chunk = max_item_size(ns);
+        let pieces = if long {
+            value.len().div_ceil(chunk) as u64
+        } else {
+            0
+        };
+        // Everything checked before the first change: the item's room (a long entry's base
+        // is a placeholder of the same size), the space for the new pieces as one run, and
+        // the old ones' removal.
+        let entry = XattrEntry {
+            name: name.to_vec(),
+            value: if long {
+                XattrValue::Chunked {
+                    len: value.len() as u32,
+                    base: 0,
+                }
+            } else {
+                XattrValue::Inline(value.to_vec())
+            },
+        };
+        let old = match pos {
+            Some(i) => Some(std::mem::replace(&mut xs[i], entry).value),
+            None => {
+                xs.push(entry);
+                None
+            }
+        };
+        if encode_xattrs(&xs).len() > max_item_size(ns) {
+            return Err(Error::NoSpace);
+        }
+        let run = self.run_nodes(
+            pieces,
+            value.len() as u64 + pieces * ITEM_HEADER_SIZE as u64,
+        );
+        Ok(XattrPlan {
+            ino,
+            name: name.to_vec(),
+            key,
+            xs,
+            old,
+            long: long.then(|| value.to_vec()),
+            nodes: run + 4 * self.item_nodes(),
+        })
+    }
+
+    /// Makes the change `plan_xattr` worked out (the caller reserved its nodes). Sets no
+    /// time: the caller does, with its other changes.
+    pub(crate) fn put_xattr(&mut self, plan: XattrPlan) -> Result<()> {
+        let XattrPlan {
+            ino,
+            name,
+            key,
+            mut xs,
+            old,
+            long,
+            ..
+        } = plan;
+        if long.is_some() {
+            self.require_incompat(INCOMPAT_XATTR_CHUNKS);
+        }
+        if let Some(XattrValue::Chunked { base, .. }) = old {
+            self.delete_chunks(ino, base)?;
+        }
+        if let Some(value) = long {
+            let base = self.free_chunk_base(ino, key.offset)?;
+            let mut hint = LeafHint::default();
+            let chunk = max_item_size(self.store.node_size);
+            for (i, piece) in value.chunks(chunk).enumerate() {
+                let had = self.fs_tree.insert_near(
+                    &mut self.store,
+                    chunk_key(ino, base + i as u64),
+                    piece.to_vec(),
+                    &mut hint,
+                )?;
+                if had.is_some() {
+                    return Err(Corrupt::new(
+                        format!("xattr chunk {:#x} of inode {ino}", base + i as u64),
+                        "present",
+                        "absent (its range was free)",
+                    )
+                    .into());
+                }
+            }
+            if let Some(x) = xs.iter_mut().find(|x| x.name == name) {
+                x.value = XattrValue::Chunked {
+                    len: value.len() as u32,
+                    base,
+                };
+            }
+        }
+        self.fs_tree.put(&mut self.store, key, encode_xattrs(&xs))?;
         Ok(())
     }
 
@@ -225,6 +356,7 @@ impl Fs {
     /// before, all inline and small), else under it, which publishes them if they may be.
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
         check_name(name)?;
+        self.acl_allowed(name)?;
         if let Some(v) = self.shared.published.getxattr(ino, name) {
             Counters::inc(&self.shared.counters.xattr_lock_free);
             return v.ok_or(Error::NoData);
@@ -247,6 +379,14 @@ impl Fs {
 
     /// The names of an inode's xattrs, published as getxattr's are.
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        let mut names = self.listxattr_all(ino)?;
+        if !self.shared.acl {
+            names.retain(|n| !acl::is_acl(n));
+        }
+        Ok(names)
+    }
+
+    fn listxattr_all(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
         if let Some(names) = self.shared.published.listxattr(ino) {
             Counters::inc(&self.shared.counters.xattr_lock_free);
             return Ok(names);
@@ -264,90 +404,42 @@ impl Fs {
         g.xattr_names(ino)
     }
 
+    /// Refuses the ACL names when ACLs are off (`OpenOptions::acl`), as a file system
+    /// mounted `noacl` does; listxattr leaves them out then.
+    fn acl_allowed(&self, name: &[u8]) -> Result<()> {
+        if acl::is_acl(name) && !self.shared.acl {
+            return Err(Error::NotSupported("ACLs are off (-o noacl)"));
+        }
+        Ok(())
+    }
+
     pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
+        self.setxattr_with(ino, name, value, flags, false)
+    }
+
+    /// `setxattr`, for a caller whose privileges a front end knows: `kill_sgid` says that
+    /// setting an access ACL drops set-group-ID (the caller is outside the file's group and
+    /// lacks CAP_FSETID, FUSE's `FUSE_SETXATTR_ACL_KILL_SGID`). ACL names go through `acl`.
+    pub fn setxattr_with(
+        &self,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+        kill_sgid: bool,
+    ) -> Result<()> {
         check_name(name)?;
         if value.len() > XATTR_VALUE_MAX {
             return Err(Error::TooBig);
         }
         self.write_op(0, Reserve::Grow, Durable::Data, |g| {
             g.inode(ino)?;
-            let ns = g.store.node_size;
-            let (key, mut xs) = g.xattr_item(ino, name)?;
-            let pos = xs.iter().position(|x| x.name == name);
-            match (pos, flags & (XATTR_CREATE | XATTR_REPLACE)) {
-                (Some(_), XATTR_CREATE) => return Err(Error::Exists),
-                (None, XATTR_REPLACE) => return Err(Error::NoData),
-                _ => {}
+            if acl::is_acl(name) {
+                return g.set_acl(ino, name, value, kill_sgid);
             }
-            if pos.is_none() && g.xattr_names_len(ino)? + name.len() + 1 > XATTR_LIST_MAX {
-                return Err(Error::NoSpace);
-            }
-            let long = xattr_entry_size(name.len(), value.len()) > inline_limit(ns);
-            let chunk = max_item_size(ns);
-            let pieces = if long {
-                value.len().div_ceil(chunk) as u64
-            } else {
-                0
-            };
-            // Everything checked before the first change: the item's room (a long entry's
-            // base is a placeholder of the same size), the space for the new pieces as one
-            // run, and the old ones' removal.
-            let entry = |base| XattrEntry {
-                name: name.to_vec(),
-                value: if long {
-                    XattrValue::Chunked {
-                        len: value.len() as u32,
-                        base,
-                    }
-                } else {
-                    XattrValue::Inline(value.to_vec())
-                },
-            };
-            let old = match pos {
-                Some(i) => Some(std::mem::replace(&mut xs[i], entry(0)).value),
-                None => {
-                    xs.push(entry(0));
-                    None
-                }
-            };
-            if encode_xattrs(&xs).len() > max_item_size(ns) {
-                return Err(Error::NoSpace);
-            }
-            let run = g.run_nodes(
-                pieces,
-                value.len() as u64 + pieces * ITEM_HEADER_SIZE as u64,
-            );
-            g.reserve_nodes(run + 4 * g.item_nodes(), 0, Reserve::Grow)?;
-            if long {
-                g.require_incompat(INCOMPAT_XATTR_CHUNKS);
-            }
-            if let Some(XattrValue::Chunked { base, .. }) = old {
-                g.delete_chunks(ino, base)?;
-            }
-            if long {
-                let base = g.free_chunk_base(ino, key.offset)?;
-                let mut hint = LeafHint::default();
-                for (i, piece) in value.chunks(chunk).enumerate() {
-                    let had = g.fs_tree.insert_near(
-                        &mut g.store,
-                        chunk_key(ino, base + i as u64),
-                        piece.to_vec(),
-                        &mut hint,
-                    )?;
-                    if had.is_some() {
-                        return Err(Corrupt::new(
-                            format!("xattr chunk {:#x} of inode {ino}", base + i as u64),
-                            "present",
-                            "absent (its range was free)",
-                        )
-                        .into());
-                    }
-                }
-                if let Some(x) = xs.iter_mut().find(|x| x.name == name) {
-                    *x = entry(base);
-                }
-            }
-            g.fs_tree.put(&mut g.store, key, encode_xattrs(&xs))?;
+            let plan = g.plan_xattr(ino, name, value, flags)?;
+            g.reserve_nodes(plan.nodes, 0, Reserve::Grow)?;
+            g.put_xattr(plan)?;
             let now = g.now();
             g.modify_inode(ino, |i| i.ctime = now)?;
             Ok(())
@@ -356,6 +448,7 @@ impl Fs {
 
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
         check_name(name)?;
+        self.acl_allowed(name)?;
         self.write_op(4, Reserve::Shrink, Durable::Data, |g| {
             g.inode(ino)?;
             g.remove_xattr(ino, name)
