@@ -240,6 +240,9 @@ pub struct Target {
     mounted: bool,
     /// idxfs's mount options (`make_with`), kept for a remount (`cold`).
     idxfs_opts: Option<String>,
+    /// The idxfs daemon counts its requests and reports them at exit (`IDXFS_COUNTERS=1`),
+    /// for `cold_report`.
+    counters: bool,
 }
 
 impl Target {
@@ -258,6 +261,28 @@ impl Target {
         inodes: u64,
         idxfs_opts: Option<&str>,
     ) -> Result<Target, String> {
+        Target::make_full(base, kind, bytes, inodes, idxfs_opts, false)
+    }
+
+    /// `make_with`, with an idxfs daemon that counts its requests (`cold_report`).
+    pub fn make_counted(
+        base: &Path,
+        kind: FsKind,
+        bytes: u64,
+        inodes: u64,
+        idxfs_opts: Option<&str>,
+    ) -> Result<Target, String> {
+        Target::make_full(base, kind, bytes, inodes, idxfs_opts, true)
+    }
+
+    fn make_full(
+        base: &Path,
+        kind: FsKind,
+        bytes: u64,
+        inodes: u64,
+        idxfs_opts: Option<&str>,
+        counters: bool,
+    ) -> Result<Target, String> {
         let mp = base.join(format!("mnt-{}", kind.name()));
         std::fs::create_dir_all(&mp).map_err(|e| format!("{}: {e}", mp.display()))?;
         let mut t = Target {
@@ -268,6 +293,7 @@ impl Target {
             daemon: None,
             mounted: false,
             idxfs_opts: idxfs_opts.map(str::to_string),
+            counters,
         };
         if kind == FsKind::Tmpfs {
             run(Command::new("mount")
@@ -315,6 +341,9 @@ impl Target {
             .map_err(|e| format!("{}: {e}", log.display()))?;
         let mut cmd = Command::new(exe);
         cmd.arg("mount");
+        if self.counters {
+            cmd.env("IDXFS_COUNTERS", "1");
+        }
         // Mount options for A/B runs of one build, e.g. IDXFS_BENCH_MOUNT_OPTS=nohandoff.
         if let Some(o) = std::env::var_os("IDXFS_BENCH_MOUNT_OPTS").filter(|o| !o.is_empty()) {
             cmd.arg("-o").arg(o);
@@ -383,6 +412,20 @@ impl Target {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// `cold`, and what the idxfs daemon that stopped for it reported at its exit (with
+    /// `make_counted`: its request counts since it started; empty for other file systems).
+    pub fn cold_report(&mut self) -> Result<String, String> {
+        let log = self.image.as_ref().map(|i| i.with_extension("log"));
+        let read = |l: &Option<PathBuf>| {
+            l.as_ref()
+                .and_then(|l| std::fs::read_to_string(l).ok())
+                .unwrap_or_default()
+        };
+        let before = read(&log).len();
+        self.cold()?;
+        Ok(read(&log).get(before..).unwrap_or_default().to_string())
     }
 
     /// Cold caches for the next step: sync and drop the kernel's caches; idxfs is also

@@ -9,13 +9,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-pub const WORKLOADS: [&str; 7] = [
+pub const WORKLOADS: [&str; 8] = [
     "fs_mark",
     "dir-fsync",
     "huge-dir",
     "nocow-write",
     "concurrency",
     "apps",
+    "acl",
     "micro",
 ];
 
@@ -638,6 +639,10 @@ pub fn run(s: &Suite) -> Result<(), String> {
             "concurrency" => concurrency(s, &scratch.0)?,
             "apps" => {
                 let (table, json) = crate::bench_apps::apps(s.scale, &s.fs, &scratch.0)?;
+                Report { table, json }
+            }
+            "acl" => {
+                let (table, json) = crate::bench_acl::acl(s.scale, s.files, &s.fs, &scratch.0)?;
                 Report { table, json }
             }
             _ => micro(s)?,

@@ -2,6 +2,7 @@
 //! non-zero. Also answers as `mkfs.idxfs` and `fsck.idxfs` (mkfs(8), fsck(8)) and in the form
 //! mount.fuse3 runs: `idxfs SOURCE MOUNTPOINT [-o OPTIONS]`.
 mod bench;
+mod bench_acl;
 mod bench_apps;
 mod bench_concurrency;
 mod bench_env;
@@ -119,7 +120,7 @@ enum Cmd {
     },
     /// Benchmarks (not tests), side by side with ext4, btrfs and XFS in the same run:
     /// `idxfs bench [WORKLOAD ...]` runs the seeds' workloads (fs_mark, dir-fsync, huge-dir,
-    /// nocow-write, concurrency, apps, micro; all by default); the subcommands below are single
+    /// nocow-write, concurrency, apps, acl, micro; all by default); the subcommands below are single
     /// measurements.
     /// Needs root. See docs/benchmarks.md.
     #[command(args_conflicts_with_subcommands = true)]
@@ -137,7 +138,7 @@ enum Cmd {
         /// Where the tables (*.txt), raw numbers (bench.json) and plots (*.png) go.
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
-        /// Number of files for huge-dir (default by scale: 2000, 100000, 1000000).
+        /// Number of files for huge-dir and acl (default by scale: 2000, 100000, 1000000).
         #[arg(long)]
         files: Option<u64>,
     },

@@ -287,6 +287,39 @@ impl World {
         }
     }
 
+    /// A valid POSIX ACL in the kernel's xattr format: the owner, named users, the owning
+    /// group, named groups, a mask (always with named entries, sometimes without), other.
+    fn acl(&mut self) -> Vec<u8> {
+        let mut v = 2u32.to_le_bytes().to_vec();
+        let mut entry = |tag: u16, perm: u64, id: u32| {
+            v.extend_from_slice(&tag.to_le_bytes());
+            v.extend_from_slice(&(perm as u16).to_le_bytes());
+            v.extend_from_slice(&id.to_le_bytes());
+        };
+        let named = |rng: &mut Rng| -> Vec<u32> {
+            (0..4u32)
+                .filter(|_| rng.chance(25))
+                .map(|i| 1000 + 7 * i)
+                .collect()
+        };
+        let (users, groups) = (named(&mut self.rng), named(&mut self.rng));
+        let mask = !users.is_empty() || !groups.is_empty() || self.rng.chance(30);
+        let perms: Vec<u64> = (0..12).map(|_| self.rng.below(8)).collect();
+        entry(0x01, perms[0], u32::MAX);
+        for (i, u) in users.iter().enumerate() {
+            entry(0x02, perms[1 + i], *u);
+        }
+        entry(0x04, perms[5], u32::MAX);
+        for (i, g) in groups.iter().enumerate() {
+            entry(0x08, perms[6 + i], *g);
+        }
+        if mask {
+            entry(0x10, perms[10], u32::MAX);
+        }
+        entry(0x20, perms[11], u32::MAX);
+        v
+    }
+
     fn data(&mut self, len: usize) -> Vec<u8> {
         let s = self.rng.next_u64();
         (0..len)
@@ -296,7 +329,7 @@ impl World {
 
     fn step(&mut self) {
         let p = self.path();
-        match self.rng.below(24) {
+        match self.rng.below(26) {
             0..=3 => {
                 let (off, data) = (self.offset(), {
                     let l = self.len();
@@ -489,6 +522,44 @@ impl World {
             21 => self.run(format!("fsync {}", p.display()), &[&p], |ps| {
                 io(fs::File::open(&ps[0]).and_then(|f| f.sync_all()))
             }),
+            23 | 24 => {
+                // An ACL set or removed by the kernel's ACL calls, on anything (a default
+                // ACL on a file, or any ACL on a symlink, is refused alike); the files made
+                // later in a directory with a default ACL inherit it on both sides.
+                let default = self.rng.chance(50);
+                let name = if default {
+                    "system.posix_acl_default"
+                } else {
+                    "system.posix_acl_access"
+                };
+                // Not the roots: tmpfs's and idxfs's differ in mode by design.
+                let target = if default && self.rng.chance(70) {
+                    PathBuf::from(DIRS[1 + self.rng.below(3) as usize])
+                } else {
+                    p.clone()
+                };
+                let value = (self.rng.chance(85)).then(|| self.acl());
+                let what = match &value {
+                    Some(v) => format!("set {name} of {} ({} bytes)", target.display(), v.len()),
+                    None => format!("remove {name} of {}", target.display()),
+                };
+                self.run(what, &[&target], |ps| {
+                    let (c, n) = (cpath(&ps[0]), CString::new(name).expect("name"));
+                    // SAFETY: valid C strings and a buffer of the given length.
+                    rc(unsafe {
+                        match &value {
+                            Some(v) => libc::lsetxattr(
+                                c.as_ptr(),
+                                n.as_ptr(),
+                                v.as_ptr().cast(),
+                                v.len(),
+                                0,
+                            ),
+                            None => libc::lremovexattr(c.as_ptr(), n.as_ptr()),
+                        }
+                    })
+                });
+            }
             22 => {
                 self.trail.push(format!("{}: remount", self.step));
                 self.idx.unmount();

@@ -15,7 +15,7 @@
 //!   group bits); one the mode says in full is stored as the mode alone. Setting one may drop
 //!   set-group-ID, as the caller's privileges decide (`Fs::setxattr_with`).
 //! - a **default ACL** is stored as given, on directories only; removing either ACL leaves
-//!   the mode as it is.
+//!   the mode as it is, and removing one that is not there succeeds.
 //!
 //! Who may do what (the owner or CAP_FOWNER to set an ACL, the entries to open a file) is the
 //! kernel's to check: the engine checks no caller, here as everywhere. `OpenOptions::acl`
