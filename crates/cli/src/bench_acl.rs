@@ -1,7 +1,8 @@
 //! `idxfs bench acl`: what POSIX ACLs cost on the huge-dir workload's directory of empty
-//! files, in one run: idxfs mounted `allow_other` (where ACLs are on by default, and the
-//! kernel checks permissions with or without them) with ACLs and with `-o noacl`, beside the
-//! run's other file systems (ACLs on: their default). Steps, each with cold caches: create the files, `ls -l`, `cp -a`
+//! files, in one run: idxfs mounted `allow_other` (ACLs on by default; the kernel checks
+//! permissions with or without them) with ACLs and with `-o noacl`, and mounted for root only
+//! (ACLs off by default) without and with `-o acl`, beside the run's other file systems (ACLs
+//! on: their default). Steps, each with cold caches: create the files, `ls -l`, `cp -a`
 //! within the file system. For idxfs it also counts what the daemon was asked: GETXATTR and
 //! GETATTR requests per file.
 //!
@@ -16,9 +17,26 @@ use std::time::Instant;
 
 const STEPS: [&str; 3] = ["create", "ls -l", "cp -a"];
 
+/// The idxfs mounts: (label, options). ACLs are on by default with `allow_other` and off on
+/// a root-only mount (`MountConfig::acl_on`); each is also run the other way.
+const IDXFS_RUNS: [(&str, &str); 4] = [
+    ("idxfs allow_other (ACLs)", "allow_other"),
+    ("idxfs allow_other,noacl", "allow_other,noacl"),
+    ("idxfs root only, -o acl", "acl"),
+    ("idxfs root only (no ACLs)", ""),
+];
+
+/// (ACLs on, ACLs off) label pairs for the ratio lines.
+const PAIRS: [(&str, &str); 2] = [
+    (IDXFS_RUNS[0].0, IDXFS_RUNS[1].0),
+    (IDXFS_RUNS[2].0, IDXFS_RUNS[3].0),
+];
+
 /// One configuration's results: seconds per step, and for idxfs (GETXATTR, GETATTR) per step.
 struct Run {
     label: &'static str,
+    /// Who can reach the mount, for the ratio lines.
+    mount: &'static str,
     seconds: [f64; 3],
     requests: Option<[(u64, u64); 3]>,
 }
@@ -31,7 +49,10 @@ fn count(report: &str, op: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn on(t: &mut Target, files: u64) -> Result<([f64; 3], [(u64, u64); 3]), String> {
+/// Seconds per step, and (GETXATTR, GETATTR) requests per step.
+type Measured = ([f64; 3], [(u64, u64); 3]);
+
+fn on(t: &mut Target, files: u64) -> Result<Measured, String> {
     let dir = t.mp.join("d");
     let mut secs = [0.0; 3];
     let mut asked = [(0, 0); 3];
@@ -78,8 +99,9 @@ pub fn acl(
     let bytes = (8u64 << 30) + files * 8192;
     let mut runs: Vec<(&'static str, FsKind, Option<&str>)> = Vec::new();
     if fs.contains(&FsKind::Idxfs) {
-        runs.push(("idxfs (ACLs on)", FsKind::Idxfs, Some("allow_other")));
-        runs.push(("idxfs -o noacl", FsKind::Idxfs, Some("allow_other,noacl")));
+        for (label, opts) in IDXFS_RUNS {
+            runs.push((label, FsKind::Idxfs, Some(opts)));
+        }
     }
     for &k in fs.iter().filter(|k| **k != FsKind::Idxfs) {
         runs.push((k.name(), k, None));
@@ -91,6 +113,11 @@ pub fn acl(
         let (seconds, asked) = on(&mut t, files)?;
         out.push(Run {
             label,
+            mount: if opts.is_some_and(|o| o.contains("allow_other")) {
+                "allow_other"
+            } else {
+                "root only"
+            },
             seconds,
             requests: (kind == FsKind::Idxfs).then_some(asked),
         });
@@ -102,48 +129,39 @@ fn table(runs: &[Run], files: u64) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "acl: {files} empty files in one directory, seconds (cold caches before each step)"
+        "acl: {files} empty files in one directory, seconds (cold caches before each step); \
+         idxfs: GETXATTR and GETATTR requests per file"
     );
-    let _ = write!(o, "{:<20}", "step");
+    let _ = write!(o, "{:<32}", "");
+    for step in STEPS {
+        let _ = write!(o, " {step:>8}");
+    }
+    for step in STEPS {
+        let _ = write!(o, " {:>12}", format!("{step} x/a"));
+    }
+    let _ = writeln!(o);
     for r in runs {
-        let _ = write!(o, " {:>16}", r.label);
-    }
-    let _ = writeln!(o, " {:>10}", "on / off");
-    for (i, step) in STEPS.iter().enumerate() {
-        let _ = write!(o, "{step:<20}");
-        for r in runs {
-            let _ = write!(o, " {:>16.2}", r.seconds[i]);
+        let _ = write!(o, "{:<32}", r.label);
+        for s in r.seconds {
+            let _ = write!(o, " {s:>8.2}");
         }
-        match (runs.first(), runs.get(1)) {
-            (Some(on), Some(off)) if off.requests.is_some() => {
-                let _ = writeln!(o, " {:>9.2}x", on.seconds[i] / off.seconds[i]);
+        if let Some(q) = r.requests {
+            for (x, a) in q {
+                let per = |n: u64| n as f64 / files as f64;
+                let _ = write!(o, " {:>12}", format!("{:.2}/{:.2}", per(x), per(a)));
             }
-            _ => {
-                let _ = writeln!(o, " {:>10}", "-");
-            }
-        }
-    }
-    let _ = writeln!(
-        o,
-        "requests per file the idxfs daemon got (GETXATTR, GETATTR):"
-    );
-    for (i, step) in STEPS.iter().enumerate() {
-        let _ = write!(o, "{step:<20}");
-        for r in runs {
-            let _ = match r.requests {
-                Some(q) => write!(
-                    o,
-                    " {:>16}",
-                    format!(
-                        "{:.2}, {:.2}",
-                        q[i].0 as f64 / files as f64,
-                        q[i].1 as f64 / files as f64
-                    )
-                ),
-                None => write!(o, " {:>16}", "-"),
-            };
         }
         let _ = writeln!(o);
+    }
+    for (on, off) in PAIRS {
+        let find = |l: &str| runs.iter().find(|r| r.label == l);
+        if let (Some(a), Some(b)) = (find(on), find(off)) {
+            let _ = write!(o, "{:<32}", format!("time, ACLs on / off ({})", a.mount));
+            for i in 0..STEPS.len() {
+                let _ = write!(o, " {:>7.2}x", a.seconds[i] / b.seconds[i]);
+            }
+            let _ = writeln!(o);
+        }
     }
     o
 }

@@ -4,7 +4,8 @@
 //! order, item bounds, child keys inside the parent's range, pointer generations); every item's
 //! value; link counts; both directory indexes and the back references (inline and extended)
 //! agree entry for entry; directory sizes; file extents do not overlap and none lies past the
-//! size but under a trim orphan; long xattr values have exactly their chunks; symlink
+//! size but under a trim orphan; long xattr values have exactly their chunks; ACLs are valid
+//! and agree with the mode; symlink
 //! targets; the feature bits the items need; and every block is accounted for exactly once
 //! (referenced by one tree node or extent, or a superblock, exactly when its bitmap bit is
 //! set).
@@ -14,6 +15,7 @@
 //! open would see is checked the same way. A log that does not replay is a problem.
 use crate::btree::node::Node;
 use crate::error::{Error, Result};
+use crate::fs::acl::{self, Acl};
 use crate::fs::NameHash;
 use idxfs_blockdev::BlockDevice;
 use idxfs_format::items::{
@@ -439,9 +441,12 @@ impl Checker<'_> {
                                 String::from_utf8_lossy(&x.name)
                             ));
                         }
-                        if let XattrValue::Chunked { len, base } = x.value {
-                            self.needs |= INCOMPAT_XATTR_CHUNKS;
-                            self.long_xattrs.push((k.objectid, base, len, x.name));
+                        match x.value {
+                            XattrValue::Chunked { len, base } => {
+                                self.needs |= INCOMPAT_XATTR_CHUNKS;
+                                self.long_xattrs.push((k.objectid, base, len, x.name));
+                            }
+                            XattrValue::Inline(v) => self.check_acl(k.objectid, &x.name, &v),
                         }
                     }
                 }
@@ -709,6 +714,36 @@ impl Checker<'_> {
         {
             self.report
                 .problem("root inode missing or not a directory".into());
+        }
+    }
+
+    /// An ACL xattr (`fs::acl`; a long one is not read here) is a valid ACL; an access ACL
+    /// says more than the mode and agrees with its permission bits; a default ACL is a
+    /// directory's. The inode item came first (its key sorts before its xattrs).
+    fn check_acl(&mut self, ino: u64, name: &[u8], value: &[u8]) {
+        if !acl::is_acl(name) {
+            return;
+        }
+        let mode = self.inodes.get(&ino).map_or(0, |i| i.mode);
+        let what = format!("inode {ino} {}", String::from_utf8_lossy(name));
+        let a = match Acl::parse(value) {
+            Ok(a) => a,
+            Err(why) => return self.report.problem(format!("{what}: {why}")),
+        };
+        if name == acl::DEFAULT {
+            if mode & S_IFMT != S_IFDIR {
+                self.report
+                    .problem(format!("{what}: a default ACL on mode {mode:o}"));
+            }
+        } else if a.is_mode() {
+            self.report
+                .problem(format!("{what}: stored although the mode says it all"));
+        } else if a.mode_bits() != mode & 0o777 {
+            self.report.problem(format!(
+                "{what}: gives {:o}, the mode {:o}",
+                a.mode_bits(),
+                mode & 0o777
+            ));
         }
     }
 

@@ -234,6 +234,9 @@ fn with_acls_off_the_names_are_refused_and_nothing_is_inherited() {
     let d = fs.mkdir(ROOT, b"d", 0o755, ME).expect("mkdir").ino;
     fs.setxattr(d, ACL_DEFAULT, &extended(), 0)
         .expect("default");
+    let kept = fs.create(ROOT, b"kept", 0o644, ME).expect("create").ino;
+    fs.setxattr(kept, ACL_ACCESS, &extended(), 0)
+        .expect("access");
     drop(fs);
     let off = OpenOptions {
         acl: false,
@@ -254,10 +257,17 @@ fn with_acls_off_the_names_are_refused_and_nothing_is_inherited() {
     }
     assert!(fs.listxattr(d).expect("list").is_empty(), "listed by none");
     chmod(&fs, d, 0o700);
+    // A chmod still keeps an access ACL kept from before in step with the mode.
+    chmod(&fs, kept, 0o640);
     drop(fs);
+    assert_clean(&dev);
     // Kept all along: on again, the directory still has it, untouched by the chmod.
     let fs = Fs::open(dev.clone(), opts()).expect("open");
     assert_eq!(fs.getxattr(d, ACL_DEFAULT).expect("kept"), extended());
+    assert_eq!(
+        perms(&fs, kept, ACL_ACCESS).map(|p| (p[0], p[3], p[4])),
+        Some(((USER_OBJ, 6), (MASK, 4), (OTHER, 0)))
+    );
     drop(fs);
     assert_clean(&dev);
 }
@@ -294,4 +304,31 @@ fn a_create_too_big_for_the_space_left_changes_nothing() {
     assert_eq!(fs.getattr(d).expect("dir").size, u64::from(made));
     drop(fs);
     assert_clean(&dev);
+}
+
+#[test]
+fn a_new_directory_keeps_both_acls_when_their_names_share_an_item() {
+    // A name hash under which every name collides: both ACLs of a new directory go in one
+    // xattr item, each written after the other.
+    fn one(_: &[u8]) -> u64 {
+        42
+    }
+    let dev = std::sync::Arc::new(idxfs_blockdev::MemDevice::new(64 << 20));
+    Fs::mkfs(dev.clone(), &idxfs_engine::MkfsOptions::default()).expect("mkfs");
+    let o = OpenOptions {
+        name_hash: one,
+        ..opts()
+    };
+    let fs = Fs::open(dev.clone(), o).expect("open");
+    let d = fs.mkdir(ROOT, b"d", 0o755, ME).expect("mkdir").ino;
+    fs.setxattr(d, ACL_DEFAULT, &extended(), 0)
+        .expect("default");
+    let sub = fs
+        .mknod_umask(d, b"sub", 0o040_777, ME, 0, 0)
+        .expect("mkdir")
+        .ino;
+    assert_eq!(fs.getxattr(sub, ACL_DEFAULT).expect("default"), extended());
+    assert!(perms(&fs, sub, ACL_ACCESS).is_some(), "access ACL kept too");
+    drop(fs);
+    assert_clean_with(&dev, one);
 }

@@ -247,3 +247,85 @@ fn wrong_link_count() {
         "{p:?}"
     );
 }
+
+/// An image with a file whose access ACL names user 0xABCD1234 (rwx for the owner), and
+/// where each stored copy of the ACL value begins (nodes are 4 KiB here, so one block each).
+fn image_with_acl() -> (Vec<u8>, Vec<usize>) {
+    let dev = Arc::new(MemDevice::new(16 << 20));
+    let mkfs = MkfsOptions {
+        node_size: NS as u32,
+        ..Default::default()
+    };
+    Fs::mkfs(dev.clone(), &mkfs).expect("mkfs");
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
+    let mut acl = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in [
+        (1u16, 7u16, u32::MAX),
+        (2, 6, 0xABCD_1234),
+        (4, 4, u32::MAX),
+        (0x10, 6, u32::MAX),
+        (0x20, 4, u32::MAX),
+    ] {
+        acl.extend_from_slice(&tag.to_le_bytes());
+        acl.extend_from_slice(&perm.to_le_bytes());
+        acl.extend_from_slice(&id.to_le_bytes());
+    }
+    fs.setxattr(f, idxfs_engine::fs::ACL_ACCESS, &acl, 0)
+        .expect("set ACL");
+    fs.close().expect("close");
+    assert_clean(&dev);
+    let img = dev.snapshot();
+    let named = &acl[12..20];
+    let at: Vec<usize> = img
+        .windows(named.len())
+        .enumerate()
+        .filter(|(_, w)| *w == named)
+        .map(|(i, _)| i - 12)
+        .collect();
+    assert!(!at.is_empty(), "the ACL is in the image");
+    (img, at)
+}
+
+/// Changes the byte at `off` of every stored copy of the ACL, and reseals their nodes.
+fn damage_acl(img: &mut [u8], copies: &[usize], off: usize, value: u8) {
+    for &at in copies {
+        img[at + off] = value;
+        let block = (at / NS) as u64;
+        reseal(node_mut(img, block));
+    }
+}
+
+#[test]
+fn acls_that_are_invalid_or_disagree_with_the_mode_are_problems() {
+    let (img, copies) = image_with_acl();
+    let mut version = img.clone();
+    damage_acl(&mut version, &copies, 0, 3);
+    let p = fsck_problems(version);
+    assert!(
+        p.iter()
+            .any(|p| p.contains("posix_acl_access") && p.contains("another version")),
+        "{p:?}"
+    );
+    // The owner's entry says r-x where the mode says rwx.
+    let mut owner = img;
+    damage_acl(&mut owner, &copies, 6, 5);
+    let p = fsck_problems(owner.clone());
+    assert!(
+        p.iter().any(|p| p.contains("gives 564, the mode 764")),
+        "{p:?}"
+    );
+    // The library reads such an ACL back as it is (the kernel checks what it gets), and a
+    // chmod puts the two in step again.
+    let dev = Arc::new(MemDevice::from_bytes(owner));
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let f = fs.lookup(ROOT, b"f").expect("lookup").ino;
+    assert!(fs.getxattr(f, idxfs_engine::fs::ACL_ACCESS).is_ok());
+    let chmod = idxfs_engine::fs::SetAttr {
+        mode: Some(0o750),
+        ..Default::default()
+    };
+    fs.setattr(f, &chmod).expect("chmod");
+    fs.close().expect("close");
+    assert_clean(&dev);
+}

@@ -27,10 +27,14 @@
 //!   reach the mount; on a root mount without `allow_other` not asked for, which spares a
 //!   GETATTR of the directory after every change in it
 //!   (`MountConfig::kernel_checks_permissions`);
-//! - "not supported" for the xattrs idxfs does not keep (POSIX ACLs, SELinux labels), which
-//!   tools such as `ls -l` ask for once per device instead of once per file
-//!   (`xattr_unsupported`); but an access ACL that repeats the mode is taken as a chmod, so
-//!   `cp -a` needs no chmod after it (`acl.rs`; the kernel is told its cached mode is stale);
+//! - POSIX ACLs kept by the engine and cached and enforced by the kernel (`FUSE_POSIX_ACL`,
+//!   with `FUSE_DONT_MASK` so the engine applies the umask, which a default ACL overrides),
+//!   wherever the kernel checks permissions anyway (`MountConfig::acl_on`);
+//! - "not supported" for the xattrs idxfs does not keep (SELinux labels, and ACLs on a mount
+//!   without them), which tools such as `ls -l` ask for once per device instead of once per
+//!   file (`xattr_unsupported`); without ACLs, an access ACL that repeats the mode is taken
+//!   as a chmod, so `cp -a` needs no chmod after it (`acl.rs`; the kernel is told its cached
+//!   mode is stale);
 //! - privileges dropped by the server (`FUSE_HANDLE_KILLPRIV_V2`, the engine's `privs`, the
 //!   caller's groups in `kill.rs`): the kernel then sends no GETATTR before each chown, and
 //!   the mount gets `SB_NOSEC`, so a file's first write asks for `security.capability` once
@@ -530,10 +534,10 @@ fn set_time(t: TimeOrNow) -> SetTime {
 }
 
 /// xattr names this file system does not store, refused with EOPNOTSUPP for get, set, remove
-/// and left out of lists:
-/// - POSIX ACLs and other `system.` names would be kept but never enforced, so they are
-///   refused as a file system without ACLs refuses them (btrfs mounted `noacl` answers the
-///   same).
+/// and left out of lists (POSIX ACLs only when they are off: `IdxFuse::unsupported`):
+/// - `system.` names other than ACLs have no meaning here, and ACLs on a mount without them
+///   would be kept but never enforced, so they are refused as a file system without ACLs
+///   refuses them (btrfs mounted `noacl` answers the same).
 /// - `security.selinux`: SELinux labels a FUSE mount by policy (genfscon) or the `context=`
 ///   mount option, never by reading this xattr, so a stored label would mean nothing.
 ///

@@ -19,7 +19,9 @@
 //!
 //! Who may do what (the owner or CAP_FOWNER to set an ACL, the entries to open a file) is the
 //! kernel's to check: the engine checks no caller, here as everywhere. `OpenOptions::acl`
-//! off (`-o noacl`) refuses both names, as a file system without ACLs does.
+//! off (`-o noacl`) refuses both names and inherits nothing, as a file system without ACLs
+//! does; a chmod still rewrites an access ACL kept from before, so mode and ACL never
+//! disagree on disk (fsck checks it).
 
 use super::xattr::XattrPlan;
 use super::{Inner, Ino, Reserve};
@@ -222,6 +224,17 @@ impl Acl {
     }
 }
 
+/// What `Inner::inherit` gives a new inode.
+#[derive(Debug, Default)]
+pub(crate) struct NewAcls {
+    /// Its full mode.
+    pub mode: u32,
+    /// The ACL xattrs to store with it.
+    pub xattrs: Vec<(&'static [u8], Vec<u8>)>,
+    /// New nodes storing them may allocate.
+    pub nodes: u64,
+}
+
 /// What a new inode gets from its directory: its mode, and the ACLs to store with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Inherited {
@@ -271,18 +284,15 @@ impl Inner {
         })
     }
 
-    /// What an inode of `mode` made in `dir` with `umask` gets (see the module notes), and
-    /// the changes that store its ACLs for inode `ino`, checked and not yet made: the caller
-    /// reserves their nodes before its first change and makes them with `put_xattr`.
-    pub(crate) fn inherit(
-        &mut self,
-        dir: Ino,
-        ino: Ino,
-        mode: u32,
-        umask: u32,
-    ) -> Result<(u32, Vec<XattrPlan>)> {
+    /// What an inode of `mode` made in `dir` with `umask` gets (see the module notes): its
+    /// mode, and the ACLs to store with it (`store_inherited`), which may allocate `nodes`
+    /// new nodes: the caller reserves them before its first change.
+    pub(crate) fn inherit(&mut self, dir: Ino, mode: u32, umask: u32) -> Result<NewAcls> {
         if mode & S_IFMT == S_IFLNK {
-            return Ok((mode, Vec::new()));
+            return Ok(NewAcls {
+                mode,
+                ..NewAcls::default()
+            });
         }
         let default = if self.policy.acl {
             self.acl_of(dir, DEFAULT)?
@@ -290,21 +300,38 @@ impl Inner {
             None
         };
         let got = inherit(default.as_ref(), mode, umask);
-        let mut plans = Vec::new();
-        for (name, value) in [(ACCESS, &got.access), (DEFAULT, &got.default)] {
+        let mut new = NewAcls {
+            mode: got.mode,
+            ..NewAcls::default()
+        };
+        for (name, value) in [(ACCESS, got.access), (DEFAULT, got.default)] {
             if let Some(v) = value {
-                plans.push(self.plan_xattr(ino, name, v, 0)?);
+                new.nodes += self.xattr_nodes(name.len(), v.len());
+                new.xattrs.push((name, v));
             }
         }
-        Ok((got.mode, plans))
+        Ok(new)
+    }
+
+    /// Stores the ACLs `inherit` gave new inode `ino` (the caller reserved their nodes).
+    /// One after the other: both may share an xattr item.
+    pub(crate) fn store_inherited(
+        &mut self,
+        ino: Ino,
+        xattrs: Vec<(&[u8], Vec<u8>)>,
+    ) -> Result<()> {
+        for (name, value) in xattrs {
+            let plan = self.plan_xattr(ino, name, &value, 0)?;
+            self.put_xattr(plan)?;
+        }
+        Ok(())
     }
 
     /// The access ACL change a chmod of `ino` to `mode` makes (`Acl::chmod`), checked and not
     /// yet made; None when it has no access ACL.
+    /// Also with ACLs off: an ACL kept from a mount with them stays in step with the mode
+    /// (what fsck checks), and says the new mode when they are on again.
     pub(crate) fn chmod_acl(&mut self, ino: Ino, mode: u32) -> Result<Option<XattrPlan>> {
-        if !self.policy.acl {
-            return Ok(None);
-        }
         let Some(mut acl) = self.acl_of(ino, ACCESS)? else {
             return Ok(None);
         };

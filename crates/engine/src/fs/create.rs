@@ -56,10 +56,11 @@ impl Inner {
             }
         }
         let ino = self.txn.next_ino;
-        let (mode, acls) = self.inherit(parent, ino, mode, umask)?;
-        if !acls.is_empty() {
-            let nodes = acls.iter().map(|p| p.nodes).sum::<u64>();
-            self.reserve_nodes(CREATE_ITEMS * self.item_nodes() + nodes, 0, Reserve::Grow)?;
+        let acls = self.inherit(parent, mode, umask)?;
+        let mode = acls.mode;
+        if acls.nodes > 0 {
+            let nodes = CREATE_ITEMS * self.item_nodes() + acls.nodes;
+            self.reserve_nodes(nodes, 0, Reserve::Grow)?;
         }
         let plan = self.plan_entry(parent, name, ino, hash_item_len, true)?;
         self.txn.next_ino += 1;
@@ -70,9 +71,7 @@ impl Inner {
             it.nlink = 2.into();
         }
         self.insert_inode(ino, &it)?;
-        for acl in acls {
-            self.put_xattr(acl)?;
-        }
+        self.store_inherited(ino, acls.xattrs)?;
         self.add_entry(parent, name, ino, dtype_of_mode(mode), plan)?;
         if is_dir {
             self.modify_inode(parent, |d| d.nlink = (d.nlink.get() + 1).into())?;

@@ -140,7 +140,8 @@ pub struct OpenOptions {
     pub on_damage: OnDamage,
     /// POSIX ACLs (`acl`): new inodes inherit their directory's default ACL, chmod and the
     /// access ACL keep each other current. Off (`-o noacl`): the ACL xattrs are refused
-    /// with NotSupported and listed by no one.
+    /// with NotSupported and listed by no one, nothing is inherited (a chmod still keeps a
+    /// stored access ACL in step).
     pub acl: bool,
     /// Tell the device about freed blocks once nothing can read them (`space::discard`):
     /// an image file gives their space back. Freed file data is then reused only after the

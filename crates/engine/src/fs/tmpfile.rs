@@ -37,10 +37,9 @@ impl Fs {
                 return Err(Error::NoSpace);
             }
             let ino = g.txn.next_ino;
-            let (mode, acls) = g.inherit(dir, ino, S_IFREG | (mode & 0o7777), umask)?;
-            if !acls.is_empty() {
-                let nodes = acls.iter().map(|p| p.nodes).sum::<u64>();
-                g.reserve_nodes(2 * g.item_nodes() + nodes, 0, Reserve::Grow)?;
+            let acls = g.inherit(dir, S_IFREG | (mode & 0o7777), umask)?;
+            if acls.nodes > 0 {
+                g.reserve_nodes(2 * g.item_nodes() + acls.nodes, 0, Reserve::Grow)?;
             }
             // The pin first: a file nobody holds would be freed as soon as it is made.
             if !g.lives.pins.add(ino) {
@@ -54,12 +53,10 @@ impl Fs {
             g.txn.next_ino += 1;
             g.txn.inode_count += 1;
             let now = g.now();
-            let mut it = new_inode_item(mode, owner, 0, g.store.generation, now);
+            let mut it = new_inode_item(acls.mode, owner, 0, g.store.generation, now);
             it.nlink = 0.into();
             g.insert_inode(ino, &it)?;
-            for acl in acls {
-                g.put_xattr(acl)?;
-            }
+            g.store_inherited(ino, acls.xattrs)?;
             g.lives.orphans.add(ino, OrphanKind::Free);
             Ok(Attr::from_item(ino, &it))
         })

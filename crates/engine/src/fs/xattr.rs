@@ -131,12 +131,6 @@ impl Inner {
             return Err(Error::NoSpace);
         }
         let long = xattr_entry_size(name.len(), value.len()) > inline_limit(ns);
-        let chunk = max_item_size(ns);
-        let pieces = if long {
-            value.len().div_ceil(chunk) as u64
-        } else {
-            0
-        };
         // Everything checked before the first change: the item's room (a long entry's base
         // is a placeholder of the same size), the space for the new pieces as one run, and
         // the old ones' removal.
@@ -161,10 +155,6 @@ impl Inner {
         if encode_xattrs(&xs).len() > max_item_size(ns) {
             return Err(Error::NoSpace);
         }
-        let run = self.run_nodes(
-            pieces,
-            value.len() as u64 + pieces * ITEM_HEADER_SIZE as u64,
-        );
         Ok(XattrPlan {
             ino,
             name: name.to_vec(),
@@ -172,8 +162,21 @@ impl Inner {
             xs,
             old,
             long: long.then(|| value.to_vec()),
-            nodes: run + 4 * self.item_nodes(),
+            nodes: self.xattr_nodes(name.len(), value.len()),
         })
+    }
+
+    /// New nodes setting an xattr with a name and value of these lengths may allocate: its
+    /// chunks as one run, and the changes of its item and of an old value's chunks.
+    pub(crate) fn xattr_nodes(&self, name_len: usize, value_len: usize) -> u64 {
+        let ns = self.store.node_size;
+        let pieces = if xattr_entry_size(name_len, value_len) > inline_limit(ns) {
+            value_len.div_ceil(max_item_size(ns)) as u64
+        } else {
+            0
+        };
+        let run = self.run_nodes(pieces, value_len as u64 + pieces * ITEM_HEADER_SIZE as u64);
+        run + 4 * self.item_nodes()
     }
 
     /// Makes the change `plan_xattr` worked out (the caller reserved its nodes). Sets no
