@@ -79,7 +79,7 @@ fn every_workload_runs_against_tmpfs_and_cleans_up() {
         // huge-dir has a row per step and a column per file system; the others a row per fs.
         let has_tmpfs = match w {
             "micro" => true,
-            "huge-dir" | "acl" => table.lines().nth(1).is_some_and(|h| h.contains("tmpfs")),
+            "huge-dir" => table.lines().nth(1).is_some_and(|h| h.contains("tmpfs")),
             _ => table.lines().any(|l| l.starts_with("tmpfs")),
         };
         assert!(has_tmpfs, "{w} table has no tmpfs entry:\n{table}");
