@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 const BLOCK: usize = 4096;
 
 /// An image with inline and block files, holes, long xattrs, many links of one inode in one
-/// directory, long symlinks, a deep path, an orphan, and an fsync log of a few batches
+/// directory, long symlinks, a deep path, POSIX ACLs (a default ACL and what inherited it), an
+/// orphan, and an fsync log of a few batches
 /// (taken as a crash image after the last fsync, so the log replays at open).
 fn base_image() -> Vec<u8> {
     let mem = Arc::new(MemDevice::new(8 << 20));
@@ -33,6 +34,8 @@ fn base_image() -> Vec<u8> {
     let rec = Arc::new(RecordingDevice::new(mem.snapshot()));
     let fs = Fs::open(rec.clone(), opts()).expect("open");
     let d = fs.mkdir(ROOT, b"dir", 0o755, ME).expect("mkdir").ino;
+    fs.setxattr(d, idxfs_engine::fs::ACL_DEFAULT, &named_acl(), 0)
+        .expect("default ACL");
     let mut last = d;
     let mut first_file = 0;
     for i in 0..6 {
@@ -57,6 +60,10 @@ fn base_image() -> Vec<u8> {
             fs.setxattr(f, b"user.short", b"v", 0).expect("xattr");
         }
     }
+    assert!(
+        fs.getxattr(first_file, idxfs_engine::fs::ACL_ACCESS).is_ok(),
+        "the files in dir inherited its default ACL"
+    );
     let l = fs.create(ROOT, b"linked", 0o644, ME).expect("create").ino;
     for i in 0..20 {
         let mut name = format!("link{i}-").into_bytes();
@@ -186,10 +193,23 @@ fn exercise(img: Vec<u8>) -> Reach {
         }
         let _ = fs.readdir_plus(d, 0, 100, |_, _| true);
     }
-    // Changes on top of the damage.
+    // Changes on top of the damage: creates that inherit (or meet a damaged default ACL),
+    // chmods that rewrite access ACLs, an ACL set.
     let _ = fs
         .create(ROOT, b"new", 0o644, ME)
         .and_then(|a| fs.write(a.ino, 5000, b"x"));
+    if let Ok(dir) = fs.lookup(ROOT, b"dir") {
+        let _ = fs.mknod_umask(dir.ino, b"inherits", 0o100_666, ME, 0, 0o022);
+        let _ = fs.mknod_umask(dir.ino, b"subdir", 0o040_777, ME, 0, 0o022);
+    }
+    for (_, _, ino) in files.iter().take(4) {
+        let chmod = idxfs_engine::fs::SetAttr {
+            mode: Some(0o640),
+            ..Default::default()
+        };
+        let _ = fs.setattr(*ino, &chmod);
+        let _ = fs.setxattr(*ino, idxfs_engine::fs::ACL_ACCESS, &named_acl(), 0);
+    }
     for (d, name, ino) in files.iter().take(8) {
         let _ = fs.write(*ino, 3, b"overwrite");
         let _ = fs.truncate(*ino, 50);
@@ -201,6 +221,23 @@ fn exercise(img: Vec<u8>) -> Reach {
     let _ = fs.close();
     let _ = fsck::check(&as_dyn, idxfs_format::hash::name_hash, &mut |_| {});
     reach
+}
+
+/// u::rwx, u:1234:rw-, g::r-x, m::rwx, o::r--
+fn named_acl() -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in [
+        (1u16, 7u16, u32::MAX),
+        (2, 6, 1234),
+        (4, 5, u32::MAX),
+        (0x10, 7, u32::MAX),
+        (0x20, 4, u32::MAX),
+    ] {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
 }
 
 #[test]
