@@ -61,7 +61,8 @@ fn base_image() -> Vec<u8> {
         }
     }
     assert!(
-        fs.getxattr(first_file, idxfs_engine::fs::ACL_ACCESS).is_ok(),
+        fs.getxattr(first_file, idxfs_engine::fs::ACL_ACCESS)
+            .is_ok(),
         "the files in dir inherited its default ACL"
     );
     let l = fs.create(ROOT, b"linked", 0o644, ME).expect("create").ino;

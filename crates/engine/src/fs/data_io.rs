@@ -139,7 +139,7 @@ impl Inner {
         let it = self.inode(ino)?;
         check_regular(&it)?;
         let end = off + len;
-        if self.policy.data_under_lock || !self.write_goes_to_blocks(ino, &it, end)? {
+        if self.policy.knobs.data_under_lock || !self.write_goes_to_blocks(ino, &it, end)? {
             return Ok(None);
         }
         let size = it.size.get();
@@ -251,7 +251,7 @@ impl Fs {
             check_regular(&it)?;
             let map = g.map_read(ino, &it, off, len)?;
             g.touch_atime(ino, &it);
-            if map.pieces.is_empty() || g.policy.data_under_lock {
+            if map.pieces.is_empty() || g.policy.knobs.data_under_lock {
                 return map.fill(g.store.dev.as_ref());
             }
             Counters::inc(&g.store.counters.data_reads_beside);

@@ -151,7 +151,7 @@ impl Inner {
         let mut rec = Vec::with_capacity(10 + name.len());
         encode_dir_entry(&mut rec, &e);
         append_or_insert(self, hkey, &rec)?;
-        if !self.policy.hash_index_only {
+        if !self.policy.knobs.hash_index_only {
             self.add_ino_record(dir, child, h, rec)?;
         }
         match plan.back_ref {
@@ -180,7 +180,7 @@ impl Inner {
             .push(super::published::name_key(dir, name));
         let (hkey, h) = self.hash_key(dir, name);
         remove_record(self, hkey, |es| es.iter().position(|e| e.name == name))?;
-        if !self.policy.hash_index_only {
+        if !self.policy.knobs.hash_index_only {
             let ikey = self.find_ino_record(dir, child, name, h)?;
             remove_record(self, ikey, |es| es.iter().position(|e| e.name == name))?;
         }

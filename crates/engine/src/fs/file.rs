@@ -357,7 +357,7 @@ impl Inner {
         self.sub_alloc(ino, freed)?;
         self.checkpoint();
         loop {
-            if self.policy.commit_between_batches {
+            if self.policy.knobs.commit_between_batches {
                 self.commit()?;
             }
             if self.reserve(1, Reserve::Shrink).is_err() {

@@ -433,10 +433,12 @@ impl Fs {
                 hash: opts.name_hash,
                 clock: opts.clock.clone(),
                 dirty_nodes_limit: opts.dirty_nodes_limit.clamp(64, (cache_nodes / 2).max(64)),
-                hash_index_only: opts.bench_hash_index_only,
-                log_under_lock: opts.bench_log_under_lock,
-                data_under_lock: opts.bench_data_under_lock,
-                commit_between_batches: opts.test_commit_between_batches,
+                knobs: policy::Knobs {
+                    hash_index_only: opts.bench_hash_index_only,
+                    log_under_lock: opts.bench_log_under_lock,
+                    data_under_lock: opts.bench_data_under_lock,
+                    commit_between_batches: opts.test_commit_between_batches,
+                },
             },
         );
         let space_tree = inner.space_tree;
@@ -610,7 +612,7 @@ impl Fs {
             }
             g.durable_ok()?;
             let log = g.make_durable()?;
-            if g.policy.log_under_lock {
+            if g.policy.knobs.log_under_lock {
                 return self.shared.finish_log(log, Some(g));
             }
             log
@@ -1044,10 +1046,7 @@ impl Inner {
                 hash,
                 clock: Arc::new(SystemClock),
                 dirty_nodes_limit: usize::MAX,
-                hash_index_only: false,
-                log_under_lock: false,
-                data_under_lock: false,
-                commit_between_batches: false,
+                knobs: policy::Knobs::default(),
             },
         ))
     }

@@ -21,6 +21,13 @@ pub(crate) struct Policy {
     pub clock: Arc<dyn Clock>,
     /// Commit when this many nodes are dirty (`OpenOptions::dirty_nodes_limit`).
     pub dirty_nodes_limit: usize,
+    /// What benchmarks and tests turn on: all off in a real mount.
+    pub knobs: Knobs,
+}
+
+/// The benchmarks' same-run baselines and the tests' hooks (`OpenOptions::bench_*`, `test_*`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Knobs {
     /// `OpenOptions::bench_hash_index_only`.
     pub hash_index_only: bool,
     /// `OpenOptions::bench_log_under_lock`.
