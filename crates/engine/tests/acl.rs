@@ -14,19 +14,9 @@ const GROUP_OBJ: u16 = 4;
 const MASK: u16 = 0x10;
 const OTHER: u16 = 0x20;
 
-fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
-    let mut v = 2u32.to_le_bytes().to_vec();
-    for &(tag, perm, id) in entries {
-        v.extend_from_slice(&tag.to_le_bytes());
-        v.extend_from_slice(&perm.to_le_bytes());
-        v.extend_from_slice(&id.to_le_bytes());
-    }
-    v
-}
-
 /// u::rwx, u:1234:rw-, g::r-x, m::rw-, o::--x
 fn extended() -> Vec<u8> {
-    acl(&[
+    acl_xattr(&[
         (USER_OBJ, 7, UNDEF),
         (USER, 6, 1234),
         (GROUP_OBJ, 5, UNDEF),
@@ -120,7 +110,7 @@ fn new_inodes_inherit_the_default_acl_and_ignore_the_umask() {
     assert_eq!(perms(&fs, plain, ACL_ACCESS), None);
 
     // A minimal default ACL gives a mode and no access ACL.
-    let minimal = acl(&[
+    let minimal = acl_xattr(&[
         (USER_OBJ, 7, UNDEF),
         (GROUP_OBJ, 5, UNDEF),
         (OTHER, 0, UNDEF),
@@ -164,7 +154,7 @@ fn chmod_and_the_access_acl_follow_each_other() {
     );
 
     // An ACL the mode says in full is the mode: the stored one goes.
-    let minimal = acl(&[
+    let minimal = acl_xattr(&[
         (USER_OBJ, 6, UNDEF),
         (GROUP_OBJ, 0, UNDEF),
         (OTHER, 4, UNDEF),
@@ -208,7 +198,7 @@ fn bad_acls_are_refused_and_change_nothing() {
     let (_dev, fs) = mem_fs(64 << 20);
     let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
     // No mask with a named entry; a default ACL on a file.
-    let no_mask = acl(&[
+    let no_mask = acl_xattr(&[
         (USER_OBJ, 7, UNDEF),
         (USER, 6, 1234),
         (GROUP_OBJ, 5, UNDEF),
@@ -282,7 +272,7 @@ fn a_create_too_big_for_the_space_left_changes_nothing() {
     let mut entries = vec![(USER_OBJ, 7, UNDEF)];
     entries.extend((0..3000).map(|i| (USER, 6, 10_000 + i)));
     entries.extend([(GROUP_OBJ, 5, UNDEF), (MASK, 7, UNDEF), (OTHER, 0, UNDEF)]);
-    let big = acl(&entries);
+    let big = acl_xattr(&entries);
     fs.setxattr(d, ACL_DEFAULT, &big, 0).expect("default");
     let mut made = 0u32;
     loop {

@@ -259,18 +259,13 @@ fn image_with_acl() -> (Vec<u8>, Vec<usize>) {
     Fs::mkfs(dev.clone(), &mkfs).expect("mkfs");
     let fs = Fs::open(dev.clone(), opts()).expect("open");
     let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
-    let mut acl = 2u32.to_le_bytes().to_vec();
-    for (tag, perm, id) in [
-        (1u16, 7u16, u32::MAX),
+    let acl = acl_xattr(&[
+        (1, 7, u32::MAX),
         (2, 6, 0xABCD_1234),
         (4, 4, u32::MAX),
         (0x10, 6, u32::MAX),
         (0x20, 4, u32::MAX),
-    ] {
-        acl.extend_from_slice(&tag.to_le_bytes());
-        acl.extend_from_slice(&perm.to_le_bytes());
-        acl.extend_from_slice(&id.to_le_bytes());
-    }
+    ]);
     fs.setxattr(f, idxfs_engine::fs::ACL_ACCESS, &acl, 0)
         .expect("set ACL");
     fs.close().expect("close");

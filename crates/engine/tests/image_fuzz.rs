@@ -226,19 +226,13 @@ fn exercise(img: Vec<u8>) -> Reach {
 
 /// u::rwx, u:1234:rw-, g::r-x, m::rwx, o::r--
 fn named_acl() -> Vec<u8> {
-    let mut v = 2u32.to_le_bytes().to_vec();
-    for (tag, perm, id) in [
-        (1u16, 7u16, u32::MAX),
+    acl_xattr(&[
+        (1, 7, u32::MAX),
         (2, 6, 1234),
         (4, 5, u32::MAX),
         (0x10, 7, u32::MAX),
         (0x20, 4, u32::MAX),
-    ] {
-        v.extend_from_slice(&tag.to_le_bytes());
-        v.extend_from_slice(&perm.to_le_bytes());
-        v.extend_from_slice(&id.to_le_bytes());
-    }
-    v
+    ])
 }
 
 #[test]

@@ -100,3 +100,15 @@ pub fn list_in_runs(
         }
     }
 }
+
+/// A POSIX ACL in the kernel's xattr format (version 2, then (tag, permissions, id) entries):
+/// what `system.posix_acl_access` and `system.posix_acl_default` hold.
+pub fn acl_xattr(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
+}
