@@ -187,17 +187,26 @@ impl Acl {
             .all(|e| matches!(e.tag, USER_OBJ | GROUP_OBJ | OTHER))
     }
 
-    /// `posix_acl_chmod`: the owner, group-class and other entries take `mode`'s bits.
-    pub fn chmod(&mut self, mode: u32) {
+    /// The entries a mode's three classes stand for, each with its class's shift in a mode:
+    /// the owner (6), the group class (3: the mask when there is one, else the owning group),
+    /// and other (0).
+    fn classes(&mut self) -> impl Iterator<Item = (&mut Entry, u32)> {
         let has_mask = self.entries.iter().any(|e| e.tag == MASK);
-        for e in &mut self.entries {
+        self.entries.iter_mut().filter_map(move |e| {
             let shift = match e.tag {
                 USER_OBJ => 6,
                 MASK => 3,
                 GROUP_OBJ if !has_mask => 3,
                 OTHER => 0,
-                _ => continue,
+                _ => return None,
             };
+            Some((e, shift))
+        })
+    }
+
+    /// `posix_acl_chmod`: the owner, group-class and other entries take `mode`'s bits.
+    pub fn chmod(&mut self, mode: u32) {
+        for (e, shift) in self.classes() {
             e.perm = ((mode >> shift) & 7) as u16;
         }
     }
@@ -207,15 +216,7 @@ impl Acl {
     /// Returns the new mode (special bits kept).
     fn masq(&mut self, mode: u32) -> u32 {
         let mut m = mode & 0o777;
-        let has_mask = self.entries.iter().any(|e| e.tag == MASK);
-        for e in &mut self.entries {
-            let shift = match e.tag {
-                USER_OBJ => 6,
-                MASK => 3,
-                GROUP_OBJ if !has_mask => 3,
-                OTHER => 0,
-                _ => continue,
-            };
+        for (e, shift) in self.classes() {
             let asked = (m >> shift) & 7;
             e.perm &= asked as u16;
             m &= !(7 << shift) | (u32::from(e.perm) << shift);
