@@ -59,6 +59,8 @@ counters! {
     free_batches: "batches of freeing (the items of one leaf) by deletes, truncates and punches",
     trim_orphans: "truncates too large for one batch, recorded as trim orphans until done",
     extent_merges: "writes whose new blocks extended a neighbouring extent instead of adding one",
+    extent_conversions: "preallocated block runs a write filled in place and made regular",
+    in_place_writes: "writes that put some of their blocks where the file already had them (preallocated or NOCOW)",
     pin_alloc_failures: "pins not taken because the pin index could not allocate",
 }
 

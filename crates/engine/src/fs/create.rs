@@ -67,6 +67,7 @@ impl Inner {
         self.txn.inode_count += 1;
         let now = self.now();
         let mut it = new_inode_item(mode, owner, rdev, self.store.generation, now);
+        it.flags = super::inode_flags::inherited(&p, mode).into();
         if is_dir {
             it.nlink = 2.into();
         }

@@ -3,8 +3,10 @@
 //! A read maps its range under the lock (the inode, its extents, inline bytes: `map_read`),
 //! enters the read fence (`crate::space::read_fence`), lets go of the lock, and then reads
 //! the blocks. Whatever frees those blocks meanwhile, they are not handed out again until the
-//! reader has left the fence. Data blocks are never written in place (writes are
-//! copy-on-write), so the read returns the file's bytes as of the moment it mapped them.
+//! reader has left the fence. The writes this module plans are copy-on-write, so such a read
+//! returns the file's bytes as of the moment it mapped them, unless a write into blocks in
+//! place (`in_place`: preallocated blocks, NOCOW files) runs meanwhile: then it may return
+//! part of that write, as a read beside a write may on the kernel's file systems.
 //!
 //! A write that goes to blocks runs in three steps:
 //! 1. Under the lock (`plan_write`): the checks, the reservation, and the new blocks claimed
@@ -22,9 +24,11 @@
 //!
 //! Step 3 first checks that nothing step 1 relied on has changed: the inode is the same one
 //! (its generation), still neither inline nor being trimmed, and, for a write with edge
-//! blocks, the size is the same and each edge block maps the same extents. Same extents
-//! mean the same bytes: blocks are not written in place, and the ones an edge maps are not
-//! reused while the writer is inside the fence. When something changed, the write gives its
+//! blocks, the size is the same, no write went into blocks in place meanwhile
+//! (`Inner::in_place_seq`), and each edge block maps the same extents. Then same extents mean
+//! the same bytes: the ones an edge maps are not reused while the writer is inside the fence.
+//! A write that would put any of its blocks in place is never planned here: it runs whole
+//! under the lock (`in_place`). When something changed, the write gives its
 //! blocks back and runs again whole under the lock (`data_write_conflicts`), so two writers
 //! sharing a block never lose each other's bytes. A write of whole blocks needs no check:
 //! whatever happened to its range in between, linking its blocks there is the same as the
@@ -65,6 +69,9 @@ pub(crate) struct WritePlan {
     runs: Vec<(u64, u64)>,
     /// The first and last blocks where the write leaves bytes alone.
     edges: Vec<Edge>,
+    /// `Inner::in_place_seq` at step 1: edge bytes read after an in-place write are not
+    /// vouched for by unchanged extents.
+    in_place_seq: u64,
     /// Inside the read fence while an edge maps blocks, until step 3 is done.
     _inside: Option<ReadTicket>,
 }
@@ -139,7 +146,10 @@ impl Inner {
         let it = self.inode(ino)?;
         check_regular(&it)?;
         let end = off + len;
-        if self.policy.knobs.data_under_lock || !self.write_goes_to_blocks(ino, &it, end)? {
+        if self.policy.knobs.data_under_lock
+            || !self.write_goes_to_blocks(ino, &it, end)?
+            || self.writes_in_place(ino, off, len)?
+        {
             return Ok(None);
         }
         let size = it.size.get();
@@ -194,6 +204,7 @@ impl Inner {
             size,
             runs,
             edges,
+            in_place_seq: self.in_place_seq,
             _inside: reads.then(|| self.store.alloc.fence().enter()),
         }))
     }
@@ -218,7 +229,7 @@ impl Inner {
         if !self.write_goes_to_blocks(ino, &it, end)? {
             return Ok(false);
         }
-        if !p.edges.is_empty() && it.size.get() != p.size {
+        if !p.edges.is_empty() && (it.size.get() != p.size || self.in_place_seq != p.in_place_seq) {
             return Ok(false);
         }
         for e in &p.edges {
@@ -334,9 +345,18 @@ impl Fs {
                 Err(e) => return Err(e),
             }
         }
-        self.write_op(0, Reserve::Grow, Durable::Data, |g| {
+        // Reserved for inside: the copy-on-write parts as growth (`reserve_write`), what
+        // goes into blocks the file has with deletes' rights (`in_place`), so the operation
+        // itself must not hold the global reserve back.
+        self.write_op(0, Reserve::Shrink, Durable::Data, |g| {
             let it = g.inode(ino)?;
             check_regular(&it)?;
+            match g.write_in_place(ino, off, data, times, false) {
+                Ok(Some(_)) => return Ok(data.len()),
+                // Refused before any change: whole copy-on-write cannot fit either.
+                Ok(None) | Err(Error::NoSpace) => {}
+                Err(e) => return Err(e),
+            }
             // Existing extents in the range are cut at its edges and removed.
             let touched = g
                 .extents(
@@ -345,7 +365,14 @@ impl Fs {
                     (off + data.len() as u64).div_ceil(BS) * BS,
                 )?
                 .len() as u64;
-            g.reserve_write(data.len() as u64, touched)?;
+            if let Err(e) = g.reserve_write(data.len() as u64, touched) {
+                // A full device: blocks the file has are overwritten in place rather than
+                // the write refused (`in_place`); holes in the range still need space.
+                return match (e, g.write_in_place(ino, off, data, times, true)?) {
+                    (_, Some(_)) => Ok(data.len()),
+                    (e, None) => Err(e),
+                };
+            }
             g.write_data(ino, off, data)?;
             if !times {
                 g.modify_inode(ino, |i| {

@@ -2,7 +2,8 @@
 //!
 //! Writes are copy-on-write: the new data goes to newly allocated blocks, then the extent items
 //! are changed to point at them, and the old blocks are freed (pinned until the commit is
-//! durable). A crash before the commit leaves the old data and the old extents intact.
+//! durable). A crash before the commit leaves the old data and the old extents intact. The
+//! exceptions, preallocated blocks and NOCOW files, are written in place (`in_place`).
 //!
 //! Adjacent extents merge: new blocks that continue both the file range and the disk range of
 //! the extent before (or after) them extend it instead of adding an item, so a file written
@@ -75,7 +76,8 @@ pub(crate) struct Ext {
 
 impl Ext {
     /// Whether two lists name the same extents (same place in the file and on disk, same
-    /// generation and kind): data is never changed in place, so the same bytes.
+    /// generation and kind): the same bytes, unless a write went into them in place
+    /// (`Inner::in_place_seq` says whether one did).
     pub fn same(a: &[Ext], b: &[Ext]) -> bool {
         a.len() == b.len()
             && a.iter().zip(b).all(|(x, y)| {
@@ -98,7 +100,7 @@ impl Ext {
     }
 }
 
-fn extent_key(ino: Ino, offset: u64) -> Key {
+pub(super) fn extent_key(ino: Ino, offset: u64) -> Key {
     Key::new(ino, ItemType::Extent, offset)
 }
 
@@ -559,7 +561,7 @@ impl Inner {
     /// takes in the one after on the same terms. A merged extent keeps the older generation,
     /// so freeing any part of it later waits for a commit (never too early), and stays inside
     /// one block group, as every allocation does (blocks are freed group by group).
-    fn insert_extent(
+    pub(super) fn insert_extent(
         &mut self,
         ino: Ino,
         file_off: u64,

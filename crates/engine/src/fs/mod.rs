@@ -49,6 +49,8 @@ mod damage;
 mod data_io;
 mod dir;
 mod file;
+mod in_place;
+mod inode_flags;
 mod layout;
 mod orphan;
 mod pins;
@@ -67,6 +69,7 @@ mod xattr;
 pub use acl::{Acl, ACCESS as ACL_ACCESS, DEFAULT as ACL_DEFAULT};
 pub use create::LINK_MAX;
 pub use damage::{Damage, OnDamage};
+pub use inode_flags::NOCOW_FL;
 pub use readdir::PlusBatch;
 pub use types::*;
 
@@ -222,6 +225,9 @@ pub(crate) struct Inner {
     /// Names the running operation removed, as `published::name_key`s: unpublished when it
     /// lets go of the lock.
     pub names_removed: Vec<u64>,
+    /// Bumped by every write into blocks in place (`in_place`): a write planned outside the
+    /// lock that read edge blocks runs again when it moved (`data_io`).
+    pub in_place_seq: u64,
 }
 
 struct Shared {
@@ -1072,6 +1078,7 @@ impl Inner {
             dir_ino_hint: Default::default(),
             log: Default::default(),
             names_removed: Vec::new(),
+            in_place_seq: 0,
         }
     }
 

@@ -163,6 +163,19 @@ impl Inner {
         copies + merges + self.run_nodes(data + 2, (data + 2) * EXTENT_BYTES)
     }
 
+    /// The nodes of converting `converts` preallocated extents among `touched` extents of
+    /// one file in place (`in_place`): each conversion puts or deletes its extent and
+    /// inserts at most two (the converted part, the preallocated tail), at consecutive keys;
+    /// so `write_nodes` with two new items a conversion instead of one a block.
+    pub(crate) fn convert_nodes(&self, touched: u64, converts: u64) -> u64 {
+        if converts == 0 {
+            return 0;
+        }
+        let path = self.fs_tree.level as u64 + 1;
+        let items = 2 * converts + 2;
+        2 * (touched + 2) * path + self.run_nodes(items, items * EXTENT_BYTES)
+    }
+
     /// Refuses with NoSpace unless `nodes` new nodes and `data_blocks` of data (and the commit
     /// after them) fit; commits first when that frees what is missing. The nodes are taken
     /// as slots into the store's pool (with the commit's, and those of the inodes an

@@ -1,0 +1,261 @@
+//! Writes into blocks a file already owns, without copy-on-write.
+//!
+//! Two kinds of block are written where they are:
+//! - **Preallocated blocks** (fallocate's, in any file): the blocks the write covers are
+//!   filled in place, zeros around the bytes written, and that part of the extent becomes a
+//!   regular extent. Until that change is durable (a commit, or an fsync batch), every
+//!   durable state still calls the blocks preallocated, and preallocated blocks read as zeros
+//!   whatever they hold: a crash shows zeros or the write, never other bytes. The data is
+//!   flushed before any batch or commit that calls it written (`Log::data_unflushed`).
+//! - **A NOCOW file's written blocks** (`FS_NOCOW_FL`, `chattr +C`, as btrfs's nodatacow):
+//!   the bytes are overwritten where they are. A crash in the middle of such a write leaves
+//!   each block with its old or its new bytes, per the device's write unit, or a mix of both
+//!   within one block on a device that tears them; never another file's bytes.
+//!
+//! - **Any file's written blocks, when the device is full**: a copy-on-write overwrite that
+//!   cannot get space for its new blocks overwrites the old ones in place instead of failing,
+//!   with a NOCOW write's crash behaviour, as ext4 always overwrites. So a write inside a
+//!   range fallocate returned for is never refused for space, the first one or a later one.
+//!
+//! None of these takes data blocks. A conversion changes a few extent items, and reserves
+//! their node slots with deletes' rights (`Reserve::Shrink`), as ext4 keeps clusters aside
+//! for converting unwritten extents; an overwrite changes only the inode. The parts of a
+//! write that fall on holes are copy-on-write as usual, and need space.
+//!
+//! These writes run whole under the operation lock, their device I/O included: a write
+//! planned outside it (`data_io`) counts on blocks not changing under an unchanged extent
+//! map, and every in-place write moves `Inner::in_place_seq`, which such a plan checks
+//! before it links its blocks. A reader outside the lock may see part of an in-place write,
+//! as on the kernel's file systems.
+use super::file::{extent_key, Ext, MAX_FILE_SIZE};
+use super::inode_flags::is_nocow;
+use super::{Inner, Ino, Reserve};
+use crate::counters::Counters;
+use crate::error::Result;
+use idxfs_format::items::{ExtentItem, InodeItem, EXTENT_PREALLOC, EXTENT_REGULAR};
+use idxfs_format::BLOCK_SIZE;
+use zerocopy::IntoBytes;
+
+const BS: u64 = BLOCK_SIZE;
+
+/// What happens to a run of a write's blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum How {
+    /// Copy-on-write: a hole, or a copy-on-write file's written blocks.
+    Cow,
+    /// Preallocated: filled in place and made regular (this extent, from this disk block).
+    Convert { ext: usize, disk: u64 },
+    /// A NOCOW file's written blocks: overwritten in place, from this disk block.
+    Overwrite { disk: u64 },
+}
+
+/// Blocks [start, end) of the file, and what the write does to them.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    start: u64,
+    end: u64,
+    how: How,
+}
+
+impl Inner {
+    /// The pieces of a write of blocks [b0, b1) over `exts` (the extents there, in order).
+    fn pieces(b0: u64, b1: u64, exts: &[Ext], overwrite: bool) -> Vec<Piece> {
+        let mut out: Vec<Piece> = Vec::new();
+        let mut push = |p: Piece| match out.last_mut() {
+            Some(l) if l.how == How::Cow && p.how == How::Cow && l.end == p.start => l.end = p.end,
+            _ => out.push(p),
+        };
+        let mut at = b0;
+        for (i, e) in exts.iter().enumerate() {
+            let (s, t) = (e.offset / BS, (e.offset + e.len_bytes()).div_ceil(BS));
+            let (s, t) = (s.max(b0), t.min(b1));
+            if s >= t {
+                continue;
+            }
+            if s > at {
+                push(Piece {
+                    start: at,
+                    end: s,
+                    how: How::Cow,
+                });
+            }
+            let disk = e.item.disk_block.get() + (s - e.offset / BS);
+            let how = match e.item.kind {
+                EXTENT_PREALLOC => How::Convert { ext: i, disk },
+                EXTENT_REGULAR if overwrite => How::Overwrite { disk },
+                _ => How::Cow,
+            };
+            push(Piece {
+                start: s,
+                end: t,
+                how,
+            });
+            at = t;
+        }
+        if at < b1 {
+            push(Piece {
+                start: at,
+                end: b1,
+                how: How::Cow,
+            });
+        }
+        out
+    }
+
+    /// Whether a write of [off, off + len) would write some of its blocks in place: it then
+    /// runs whole under the lock (`write_in_place`), and may be let into the global reserve.
+    pub(crate) fn writes_in_place(&mut self, ino: Ino, off: u64, len: u64) -> Result<bool> {
+        let it = self.inode(ino)?;
+        if len == 0 || self.is_inline(ino, &it)? {
+            return Ok(false);
+        }
+        let (b0, b1) = (off / BS, (off + len).div_ceil(BS));
+        let exts = self.extents(ino, b0 * BS, b1 * BS)?;
+        Ok(Inner::pieces(b0, b1, &exts, is_nocow(&it))
+            .iter()
+            .any(|p| p.how != How::Cow))
+    }
+
+    /// Writes `data` at `off` with every block that can be written in place so written (the
+    /// module docs) and the rest copy-on-write. `full`: the device has no room for the
+    /// copy-on-write of written blocks, so any file's are overwritten in place too (module
+    /// docs). None: no block can be, and nothing was done.
+    pub(crate) fn write_in_place(
+        &mut self,
+        ino: Ino,
+        off: u64,
+        data: &[u8],
+        times: bool,
+        full: bool,
+    ) -> Result<Option<InodeItem>> {
+        let it = self.inode(ino)?;
+        let end = off + data.len() as u64;
+        debug_assert!(end <= MAX_FILE_SIZE);
+        if data.is_empty()
+            || self.is_inline(ino, &it)?
+            || (end > it.size.get() && self.trimming(ino))
+        {
+            return Ok(None);
+        }
+        let (b0, b1) = (off / BS, end.div_ceil(BS));
+        let exts = self.extents(ino, b0 * BS, b1 * BS)?;
+        let pieces = Inner::pieces(b0, b1, &exts, full || is_nocow(&it));
+        if pieces.iter().all(|p| p.how == How::Cow) {
+            return Ok(None);
+        }
+        // Everything is reserved before the first change: the copy-on-write parts' blocks
+        // and nodes as any write's (they grow the file system), the conversions' nodes with
+        // deletes' rights.
+        let cow_bytes: u64 = pieces
+            .iter()
+            .filter(|p| p.how == How::Cow)
+            .map(|p| (p.end - p.start) * BS)
+            .sum();
+        // One reservation (a second would not add to the first's slots).
+        let touched = exts.len() as u64;
+        let converts = pieces
+            .iter()
+            .filter(|p| matches!(p.how, How::Convert { .. }))
+            .count() as u64;
+        let nodes = self.convert_nodes(touched, converts);
+        match cow_bytes {
+            0 => self.reserve_nodes(nodes, 0, Reserve::Shrink)?,
+            n => {
+                let cow = self.write_nodes(n, touched);
+                self.reserve_nodes(nodes + cow, n / BS + 2, Reserve::Grow)?
+            }
+        }
+        // The bytes of `data` that fall in blocks [s, t).
+        let part = |s: u64, t: u64| {
+            let (a, z) = (off.max(s * BS), end.min(t * BS));
+            ((a - off) as usize..(z - off) as usize, a)
+        };
+        // Device writes first, whole blocks (a device tears a write only at its own write
+        // unit, from an aligned start): an error there changes no item.
+        for p in &pieces {
+            let (disk, keep) = match p.how {
+                How::Cow => continue,
+                // What the write leaves alone of its edge blocks is the block's bytes...
+                How::Overwrite { disk } => (disk, true),
+                // ... or zeros, which is what a preallocated block reads as.
+                How::Convert { disk, .. } => (disk, false),
+            };
+            let (r, at) = part(p.start, p.end);
+            let mut buf = vec![0u8; ((p.end - p.start) * BS) as usize];
+            let head = (at - p.start * BS) as usize;
+            let last = buf.len() - BS as usize;
+            if keep && head > 0 {
+                self.store.dev.read_at(&mut buf[..BS as usize], disk * BS)?;
+            }
+            if keep && head + r.len() < buf.len() && (head == 0 || last > 0) {
+                let end_at = disk * BS + last as u64;
+                self.store.dev.read_at(&mut buf[last..], end_at)?;
+            }
+            buf[head..head + r.len()].copy_from_slice(&data[r]);
+            self.store.dev.write_at(&buf, disk * BS)?;
+        }
+        self.in_place_seq += 1;
+        self.log.data_unflushed = true;
+        // Copy-on-write parts (each keeps what `data` puts there and the old bytes of a
+        // partial edge block), then conversions, last to first so each finds its extent
+        // where `extents` found it.
+        for p in pieces.iter().filter(|p| p.how == How::Cow) {
+            let (r, at) = part(p.start, p.end);
+            self.write_data(ino, at, &data[r])?;
+        }
+        for p in pieces.iter().rev() {
+            if let How::Convert { ext, .. } = p.how {
+                self.convert(ino, &exts[ext], p.start, p.end)?;
+                Counters::inc(&self.store.counters.extent_conversions);
+            }
+        }
+        Counters::inc(&self.store.counters.in_place_writes);
+        let now = self.now();
+        self.modify_inode(ino, |i| {
+            i.size = i.size.get().max(end).into();
+            // The copy-on-write parts set the times too: put back when the caller said not to.
+            let (m, c) = if times {
+                (now, now)
+            } else {
+                (it.mtime, it.ctime)
+            };
+            i.mtime = m;
+            i.ctime = c;
+        })
+        .map(Some)
+    }
+
+    /// Makes blocks [c0, c1) of the preallocated extent `e` regular, in place: what lies
+    /// before and after stays preallocated, and the converted part merges with a regular
+    /// extent it continues (in the file and on disk). Its blocks stay the file's, so the
+    /// allocation does not change; every part keeps the extent's generation, so none of its
+    /// blocks is freed before a commit (they are in the last committed state).
+    fn convert(&mut self, ino: Ino, e: &Ext, c0: u64, c1: u64) -> Result<()> {
+        let (eb, en) = (e.item.disk_block.get(), e.item.blocks.get());
+        let first = e.offset / BS;
+        debug_assert!(first <= c0 && c0 < c1 && c1 <= first + en);
+        let key = extent_key(ino, e.offset);
+        let piece = |from: u64, to: u64| ExtentItem {
+            disk_block: (eb + (from - first)).into(),
+            blocks: (to - from).into(),
+            ..e.item
+        };
+        if c0 > first {
+            let head = piece(first, c0);
+            self.fs_tree
+                .put(&mut self.store, key, head.as_bytes().to_vec())?;
+        } else {
+            self.fs_tree.delete(&mut self.store, &key)?;
+        }
+        if c1 < first + en {
+            let tail = piece(c1, first + en);
+            self.fs_tree.insert(
+                &mut self.store,
+                extent_key(ino, c1 * BS),
+                tail.as_bytes().to_vec(),
+            )?;
+        }
+        let disk = eb + (c0 - first);
+        self.insert_extent(ino, c0 * BS, disk, c1 - c0, e.item.generation.get())
+    }
+}
