@@ -40,13 +40,16 @@
 //!   the mount gets `SB_NOSEC`, so a file's first write asks for `security.capability` once
 //!   and later writes do not;
 //! - file handles that outlive the kernel's cache (`FUSE_EXPORT_SUPPORT`: "." looked up by
-//!   inode number), O_TMPFILE (`tmpfile`), and `idxfs trim MOUNT` by ioctl (`trim.rs`).
+//!   inode number), O_TMPFILE (`tmpfile`), and `idxfs trim MOUNT` by ioctl (`trim.rs`);
+//! - `chattr +C` / `lsattr`: the inode flags ioctls the kernel's fileattr calls send
+//!   (`fileattr.rs`).
 //!
 //! What the kernel asks that no reply can spare: a LOOKUP before every create (the name is new,
 //! so no dentry caches it), and a GETXATTR of `security.capability` at every chown (the VFS
 //! asks whether there are capabilities to drop before any file system hears of the chown)
 //! and at a file's first write.
 mod acl;
+mod fileattr;
 pub mod handoff;
 mod kill;
 pub mod null;
@@ -1191,7 +1194,10 @@ impl Filesystem for IdxFuse {
         match cmd {
             remount::IOC_REMOUNT => self.remount_request(req, ino, in_data, reply),
             trim::IOC_TRIM => self.trim_request(req, ino, reply),
-            // No other ioctl is known (FS_IOC_GETFLAGS and the like): "not a tty", as the
+            c if fileattr::GETFLAGS.contains(&c) => self.getflags_request(ino, reply),
+            c if fileattr::SETFLAGS.contains(&c) => self.setflags_request(ino, in_data, reply),
+            fileattr::FSGETXATTR => self.fsgetxattr_request(ino, reply),
+            // No other ioctl is known (FS_IOC_FSSETXATTR and the like): "not a tty", as the
             // kernel's file systems answer a command they do not have.
             _ => reply.error(Errno::ENOTTY),
         }

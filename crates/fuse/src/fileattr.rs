@@ -1,0 +1,45 @@
+//! `chattr` and `lsattr` (FS_IOC_GETFLAGS / FS_IOC_SETFLAGS). The kernel turns both into its
+//! fileattr calls, which FUSE sends on as these two ioctls with the flags as a 32-bit int
+//! (`fuse_fileattr_get`/`_set`, on a file or directory it opens for the purpose); it has
+//! already checked that the caller owns the inode or has CAP_FOWNER. The flags mean what
+//! the engine says (`idxfs_engine::fs::NOCOW_FL`, `fs/inode_flags.rs`).
+//!
+//! Before a set, the kernel reads the old attributes in their XFS form (FS_IOC_FSGETXATTR,
+//! `struct fsxattr`), so that is answered too: no XFS flag stands for anything idxfs has
+//! (NOCOW has none), so all zeros. Without it every `chattr` fails.
+use crate::{errno, IdxFuse};
+use fuser::{Errno, INodeNo, ReplyIoctl};
+
+/// `_IOR('f', 1, long)` and `_IOW('f', 2, long)` on 64-bit Linux, and the 32-bit forms
+/// (`FS_IOC32_*`, `int`), which carry the same flags.
+pub const GETFLAGS: [u32; 2] = [0x8008_6601, 0x8004_6601];
+pub const SETFLAGS: [u32; 2] = [0x4008_6602, 0x4004_6602];
+/// `_IOR('X', 31, struct fsxattr)`, 28 bytes.
+pub const FSGETXATTR: u32 = 0x801c_581f;
+const FSXATTR_SIZE: usize = 28;
+
+impl IdxFuse {
+    pub(crate) fn getflags_request(&self, ino: INodeNo, reply: ReplyIoctl) {
+        match self.fs.flags(ino.0) {
+            Ok(f) => reply.ioctl(0, &(f as u32).to_ne_bytes()),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    pub(crate) fn fsgetxattr_request(&self, ino: INodeNo, reply: ReplyIoctl) {
+        match self.fs.flags(ino.0) {
+            Ok(_) => reply.ioctl(0, &[0u8; FSXATTR_SIZE]),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    pub(crate) fn setflags_request(&self, ino: INodeNo, in_data: &[u8], reply: ReplyIoctl) {
+        let Some(raw) = in_data.get(..4).and_then(|b| <[u8; 4]>::try_from(b).ok()) else {
+            return reply.error(Errno::EINVAL);
+        };
+        match self.fs.set_flags(ino.0, u32::from_ne_bytes(raw) as u64) {
+            Ok(_) => reply.ioctl(0, &[]),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+}
