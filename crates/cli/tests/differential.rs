@@ -3,7 +3,8 @@
 //! step touched compared byte for byte (contents, size, type, mode, links, xattrs, symlink
 //! targets) after every step, and the whole trees now and then, across clean remounts and
 //! crashes (SIGKILL of the server right after an fsync, which makes everything before it
-//! durable: the crashed image must open to exactly the tmpfs state of that moment).
+//! durable: the crashed image must open to exactly the tmpfs state of that moment). On
+//! idxfs, what is made in `d1` is NOCOW (`chattr +C`), so its writes go in place.
 //!
 //! Each run takes new seeds (3 by default, 3,000 steps each, about a minute and a half) and
 //! prints them. Replay a failure with `IDXFS_SEED=n IDXFS_DIFF_SEEDS=1`; run longer with
@@ -652,6 +653,14 @@ fn random_operations_match_tmpfs_across_remounts_and_crashes() {
             fs::create_dir(a).expect("mkdir");
             fs::create_dir(b).expect("mkdir");
         }
+        // What is made in d1 on idxfs is NOCOW (overwritten in place): the bytes must not
+        // differ for it. tmpfs has no such flag.
+        let st = std::process::Command::new("chattr")
+            .arg("+C")
+            .arg(w.idx.mp.join("d1"))
+            .status()
+            .expect("run chattr");
+        assert!(st.success(), "chattr +C d1");
         for i in 0..steps {
             w.step = i;
             w.step();
