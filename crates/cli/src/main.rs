@@ -5,6 +5,7 @@ mod bench;
 mod bench_acl;
 mod bench_apps;
 mod bench_concurrency;
+mod bench_data;
 mod bench_env;
 mod bench_hugedir;
 mod bench_mount;

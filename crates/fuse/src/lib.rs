@@ -583,6 +583,9 @@ impl Filesystem for IdxFuse {
             InitFlags::FUSE_MAX_PAGES,
             InitFlags::FUSE_BIG_WRITES,
             InitFlags::FUSE_ASYNC_READ,
+            // An O_DIRECT read or write of an asynchronous caller (io_uring, aio) goes out as
+            // requests the caller does not wait for one by one: a queue of them in flight.
+            InitFlags::FUSE_ASYNC_DIO,
             // The engine drops set-user-ID, set-group-ID and capabilities on write, truncate
             // and chown itself (`privs` in the engine): the kernel then asks for no
             // security.capability before writes and no getattr before each chown.

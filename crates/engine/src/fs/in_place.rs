@@ -181,7 +181,13 @@ impl Inner {
                 How::Convert { disk, .. } => (disk, false),
             };
             let (r, at) = part(p.start, p.end);
-            let mut buf = vec![0u8; ((p.end - p.start) * BS) as usize];
+            let whole = ((p.end - p.start) * BS) as usize;
+            if at == p.start * BS && r.len() == whole {
+                // Whole blocks: the caller's bytes as they are.
+                self.store.dev.write_at(&data[r], disk * BS)?;
+                continue;
+            }
+            let mut buf = vec![0u8; whole];
             let head = (at - p.start * BS) as usize;
             let last = buf.len() - BS as usize;
             if keep && head > 0 {
