@@ -377,3 +377,89 @@ fn a_crash_at_every_write_prefix_shows_zeros_or_whole_writes_in_preallocated_blo
         "seed {seed}: only {checked} crash images checked"
     );
 }
+
+#[test]
+fn fsync_makes_writes_in_place_durable_and_never_shows_what_preallocated_blocks_held() {
+    let (mut rng, seed) = Rng::from_env("in_place fsync");
+    let base = Arc::new(MemDevice::new(16 << 20));
+    Fs::mkfs(
+        base.clone(),
+        &MkfsOptions {
+            node_size: 4096,
+            ..Default::default()
+        },
+    )
+    .expect("mkfs");
+    let rec = Arc::new(RecordingDevice::new(base.snapshot()));
+    // No discard: freed blocks keep their old bytes, which a preallocation may then own.
+    let o = || idxfs_engine::OpenOptions {
+        discard: false,
+        ..opts()
+    };
+    let fs = Fs::open(rec.clone(), o()).expect("open");
+    const SIZE: usize = 64 * BS;
+    let old = fs.create(ROOT, b"old", 0o644, ME).expect("create").ino;
+    fs.write(old, 0, &vec![0xEE; 4 * SIZE]).expect("write");
+    fs.sync().expect("sync");
+    fs.unlink(ROOT, b"old").expect("unlink");
+    fs.sync().expect("sync");
+    let p = fs.create(ROOT, b"p", 0o644, ME).expect("create").ino;
+    fs.fallocate(p, 0, SIZE as u64, 0).expect("fallocate");
+    let n = fs.create(ROOT, b"n", 0o644, ME).expect("create").ino;
+    fs.set_flags(n, NOCOW_FL).expect("chattr +C");
+    fs.write(n, 0, &rng.bytes(SIZE)).expect("write");
+    fs.sync().expect("sync");
+    // Each round: writes in place (with and without the times, as FUSE's writeback cache
+    // sends them), then an fsync; every crash from its start on must show, for the
+    // preallocated file, what the last returned fsync left or what this one writes, never
+    // the bytes the blocks held before; once it returned, this one's.
+    let mut p_was = vec![0u8; SIZE];
+    for round in 0..6 {
+        let times = round % 2 == 0;
+        let how = idxfs_engine::fs::WriteHow {
+            times,
+            kill: Default::default(),
+        };
+        let (mut p_now, mut n_now) = (p_was.clone(), fs.read(n, 0, SIZE).expect("read"));
+        for _ in 0..3 {
+            let off = rng.below(SIZE as u64 - 1);
+            let len = (1 + rng.below(6 * BS as u64)).min(SIZE as u64 - off);
+            let data = rng.bytes(len as usize);
+            let (a, z) = (off as usize, (off + len) as usize);
+            fs.write_with(p, off, &data, how).expect("write");
+            p_now[a..z].copy_from_slice(&data);
+            fs.write_with(n, off, &data, how).expect("overwrite");
+            n_now[a..z].copy_from_slice(&data);
+        }
+        let from = rec.event_count();
+        fs.fsync(n).expect("fsync");
+        let to = rec.event_count();
+        for prefix in from..=to {
+            for tear in [
+                Tear::None,
+                Tear::Drop(rng.next_u64()),
+                Tear::Drop(rng.next_u64()),
+            ] {
+                let dev = Arc::new(MemDevice::from_bytes(rec.crash_image(prefix, tear).bytes));
+                let f = Fs::open(dev, o()).expect("open");
+                let got = f.read(p, 0, SIZE).expect("read");
+                let done = prefix == to;
+                assert!(
+                    got == p_now || (!done && got == p_was),
+                    "seed {seed} round {round} prefix {prefix} of {from}..{to} {tear:?}: the \
+                     preallocated file is neither the last fsync's nor this one's (first \
+                     difference from this one at {:?}; old bytes there: {})",
+                    got.iter().zip(&p_now).position(|(a, b)| a != b),
+                    got.contains(&0xEE)
+                );
+                if done {
+                    assert!(
+                        f.read(n, 0, SIZE).expect("read") == n_now,
+                        "seed {seed}: NOCOW"
+                    );
+                }
+            }
+        }
+        p_was = p_now;
+    }
+}
