@@ -1,8 +1,9 @@
 //! The copy-on-write B+tree: in-memory nodes, the node cache, the store that owns device,
-//! cache and allocator, and the tree operations.
+//! cache and allocator, the node slots taken ahead of need (`pools`), and the tree operations.
 pub mod cache;
 pub mod leaf_vals;
 pub mod node;
+pub mod pools;
 pub mod store;
 pub mod tree;
 

@@ -5,10 +5,11 @@
 //! old block is freed (pinned until the commit is durable, see `space::alloc`).
 use super::cache::NodeCache;
 use super::node::Node;
+use super::pools::NodePools;
 use crate::counters::Counters;
 use crate::error::{Error, Result};
 use crate::log::ChangedKeys;
-use crate::space::{Allocator, Kind};
+use crate::space::Allocator;
 use idxfs_blockdev::BlockDevice;
 use idxfs_format::node::{Expect, KeyRange};
 use idxfs_format::{Key, BLOCK_SIZE};
@@ -35,16 +36,8 @@ pub struct Store {
     /// batch covers (`crate::log::ChangedKeys`). The store only carries it, since every
     /// tree call has the store and nothing else in hand.
     pub changed: ChangedKeys,
-    /// Node slots (`blocks_per_node` contiguous blocks each) taken from the allocator ahead of
-    /// need: free blocks alone do not promise a node, so a reservation takes the slots its
-    /// operation and the next commit may allocate (`fill_node_pool`), and node allocations
-    /// draw from here first. Marked used in the allocator, referenced by nothing: the commit
-    /// gives them back (`release_node_pool`) before the space tree records the bitmaps.
-    pub node_pool: Vec<u64>,
-    /// Slots growth leaves aside for deletes (the node side of the global reserve), held the
-    /// same way: a growing operation sets them aside before it takes its own, and only a
-    /// shrinking one may take from them.
-    pub reserve_pool: Vec<u64>,
+    /// Node slots taken ahead of need, and those kept for deletes (`super::pools`).
+    pub pools: NodePools,
     /// Nodes that failed to read or failed their checks since open, and the first such
     /// failure: what `fs::damage` acts on (records it in the superblock, goes read-only).
     pub damage: crate::fs::Damage,
@@ -79,8 +72,7 @@ impl Store {
             shape_seq: 0,
             dirty_nodes: 0,
             changed: ChangedKeys::default(),
-            node_pool: Vec::new(),
-            reserve_pool: Vec::new(),
+            pools: NodePools::default(),
             damage: Default::default(),
             scratch: vec![0; node_size as usize],
         }
@@ -188,63 +180,27 @@ impl Store {
         }
     }
 
-    /// A block for a new node: a reserved slot, else one from the allocator, else (never
-    /// when the reservations are right) one of the slots kept for deletes: better than
-    /// failing an operation half done.
     fn take_node_block(&mut self) -> Result<u64> {
-        if let Some(b) = self.node_pool.pop() {
-            return Ok(b);
-        }
         let bpn = self.blocks_per_node();
-        if let Some((start, _)) = self.alloc.alloc(bpn, bpn, Kind::Meta) {
-            return Ok(start);
-        }
-        self.reserve_pool.pop().ok_or(Error::NoSpace)
+        self.pools.take(&mut self.alloc, bpn)
     }
 
-    /// Takes node slots until `target` wait in the pool. A growing operation
-    /// (`use_reserve` false) first sets `reserve` slots aside for deletes and never takes
-    /// them; a shrinking one takes them when the allocator has no more. False when the slots
-    /// cannot be had (those taken so far stay, for the next try).
+    /// `NodePools::fill` with this store's allocator.
     pub fn fill_node_pool(&mut self, target: usize, reserve: usize, use_reserve: bool) -> bool {
         let bpn = self.blocks_per_node();
-        if !use_reserve {
-            while self.reserve_pool.len() < reserve {
-                match self.alloc.alloc(bpn, bpn, Kind::Meta) {
-                    Some((b, _)) => self.reserve_pool.push(b),
-                    None => return false,
-                }
-            }
-        }
-        while self.node_pool.len() < target {
-            match self.alloc.alloc(bpn, bpn, Kind::Meta) {
-                Some((b, _)) => self.node_pool.push(b),
-                None if use_reserve => match self.reserve_pool.pop() {
-                    Some(b) => self.node_pool.push(b),
-                    None => return false,
-                },
-                None => return false,
-            }
-        }
-        true
+        self.pools
+            .fill(&mut self.alloc, bpn, target, reserve, use_reserve)
     }
 
     /// Blocks the pools hold.
     pub fn node_pool_blocks(&self) -> u64 {
-        (self.node_pool.len() + self.reserve_pool.len()) as u64 * self.blocks_per_node()
+        self.pools.blocks(self.blocks_per_node())
     }
 
-    /// Gives every slot of both pools back to the allocator (commit, before the space tree
-    /// records the bitmaps; the next growing operation sets the reserve aside again).
+    /// `NodePools::release` to this store's allocator (commit).
     pub fn release_node_pool(&mut self) -> Result<()> {
         let bpn = self.blocks_per_node();
-        let mut all = std::mem::take(&mut self.node_pool);
-        all.append(&mut self.reserve_pool);
-        for b in all {
-            // Taken by `fill_node_pool` and referenced by nothing: reusable at once.
-            self.alloc.free(b, bpn, true)?;
-        }
-        Ok(())
+        self.pools.release(&mut self.alloc, bpn)
     }
 
     /// Allocates a block for a new node of the running transaction.

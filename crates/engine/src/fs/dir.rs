@@ -176,7 +176,8 @@ impl Inner {
 
     /// Removes `name -> child` from `dir` (both indexes and the back reference).
     pub fn remove_entry(&mut self, dir: u64, name: &[u8], child: u64) -> Result<()> {
-        self.names_removed
+        self.op
+            .names_removed
             .push(super::published::name_key(dir, name));
         let (hkey, h) = self.hash_key(dir, name);
         remove_record(self, hkey, |es| es.iter().position(|e| e.name == name))?;

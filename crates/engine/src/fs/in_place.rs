@@ -102,8 +102,9 @@ impl Inner {
         out
     }
 
-    /// Whether a write of [off, off + len) would write some of its blocks in place: it then
-    /// runs whole under the lock (`write_in_place`), and may be let into the global reserve.
+    /// Whether a write of [off, off + len) would write some of its blocks in place: it is
+    /// then not planned outside the lock (`data_io`) but runs whole under it
+    /// (`write_in_place`).
     pub(crate) fn writes_in_place(&mut self, ino: Ino, off: u64, len: u64) -> Result<bool> {
         let it = self.inode(ino)?;
         if len == 0 || self.is_inline(ino, &it)? {

@@ -215,19 +215,25 @@ pub(crate) struct Inner {
     pub failed: Option<String>,
     /// Pins, orphans, and inodes waiting to be freed (see `orphan`).
     pub lives: orphan::Lives,
-    /// `store.mod_seq` at the running operation's last checkpoint (see the module notes).
-    pub op_checkpoint: u64,
+    /// What the running operation has done that its end acts on.
+    pub op: OpScope,
     /// The leaf the last inode-order directory entry went into: creates number inodes in
     /// ascending order, so the next entry usually goes right after it (`dir::add_ino_record`).
     pub dir_ino_hint: crate::btree::LeafHint,
     /// The running transaction's fsync log chain (`crate::log`).
     pub log: crate::log::Log,
-    /// Names the running operation removed, as `published::name_key`s: unpublished when it
-    /// lets go of the lock.
-    pub names_removed: Vec<u64>,
     /// Bumped by every write into blocks in place (`in_place`): a write planned outside the
     /// lock that read edge blocks runs again when it moved (`data_io`).
     pub in_place_seq: u64,
+}
+
+/// What the running operation has done that its end acts on (`write_op`, `Locked`).
+#[derive(Default)]
+pub(crate) struct OpScope {
+    /// `store.mod_seq` at the operation's last checkpoint (see the module notes).
+    pub checkpoint: u64,
+    /// Names it removed, as `published::name_key`s: unpublished when it lets go of the lock.
+    pub names_removed: Vec<u64>,
 }
 
 struct Shared {
@@ -559,7 +565,7 @@ impl Fs {
             return Err(e);
         }
         let seq = g.store.mod_seq;
-        g.op_checkpoint = seq;
+        g.op.checkpoint = seq;
         let r = f(&mut g);
         let changed = g.store.mod_seq != seq;
         if changed {
@@ -568,7 +574,7 @@ impl Fs {
         let mut over_bound = false;
         let mut log = LogSync::Commit;
         match &r {
-            Err(e) if g.store.mod_seq != g.op_checkpoint || e.is_fatal() => {
+            Err(e) if g.store.mod_seq != g.op.checkpoint || e.is_fatal() => {
                 let why = format!("{e}");
                 g.fail(why);
             }
@@ -867,7 +873,7 @@ impl Drop for Locked<'_> {
         self.g.after_damage();
         let changed = published::Changes {
             inodes: self.g.inodes.take_changed(),
-            names_removed: std::mem::take(&mut self.g.names_removed),
+            names_removed: std::mem::take(&mut self.g.op.names_removed),
             space: self.published.space_live().then(|| self.g.space_counts()),
         };
         self.published
@@ -1074,10 +1080,9 @@ impl Inner {
             policy,
             failed: None,
             lives: Default::default(),
-            op_checkpoint: 0,
+            op: OpScope::default(),
             dir_ino_hint: Default::default(),
             log: Default::default(),
-            names_removed: Vec::new(),
             in_place_seq: 0,
         }
     }
@@ -1133,7 +1138,7 @@ impl Inner {
     /// Marks the running operation's state whole: an error after this point and before any
     /// further change leaves the file system writable (see the module notes).
     pub fn checkpoint(&mut self) {
-        self.op_checkpoint = self.store.mod_seq;
+        self.op.checkpoint = self.store.mod_seq;
     }
 
     /// Notes that the running transaction holds an item that needs incompat feature `bit`:

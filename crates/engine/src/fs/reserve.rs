@@ -21,9 +21,9 @@
 //! - *node slot*: `blocks_per_node` contiguous free blocks, what a node needs. Free blocks
 //!   alone do not promise nodes (free space cut into single blocks holds none), so a
 //!   reservation takes the slots its operation and the next commit may need into the
-//!   store's pool (`Store::node_pool`), and every node allocation draws from there: once an
+//!   store's pool (`btree::pools::NodePools`), and every node allocation draws from there: once an
 //!   operation has changed something, no allocation can fail. Growing operations first set
-//!   a few slots aside that only deletes may take (`Store::reserve_pool`).
+//!   a few slots aside that only deletes may take (`NodePools::reserve`).
 //!
 //! A reservation checks the blocks outside the pools (the operation's data, the slots it
 //! still lacks, and for growing operations the global reserve's rest) and then takes the
@@ -215,14 +215,14 @@ impl Inner {
         let want = nodes + later;
         let grow = kind == Reserve::Grow;
         let aside = if grow { self.reserve_slots() } else { 0 };
-        let have = self.store.node_pool.len() as u64
+        let have = self.store.pools.nodes.len() as u64
             + if grow {
                 0
             } else {
-                self.store.reserve_pool.len() as u64
+                self.store.pools.reserve.len() as u64
             };
         let new_slots =
-            want.saturating_sub(have) + aside.saturating_sub(self.store.reserve_pool.len() as u64);
+            want.saturating_sub(have) + aside.saturating_sub(self.store.pools.reserve.len() as u64);
         let keep_free = match kind {
             Reserve::Shrink => 0,
             Reserve::Grow => {
