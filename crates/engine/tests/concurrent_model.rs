@@ -60,6 +60,9 @@ const OPS: u64 = 12_000;
 struct Gone {
     names: Mutex<HashSet<Vec<u8>>>,
     inodes: Mutex<HashSet<u64>>,
+    /// What writers did to each inode, and all they did in order (`diagnose`).
+    history: Mutex<std::collections::HashMap<u64, Vec<String>>>,
+    log: Mutex<Vec<String>>,
 }
 
 impl Gone {
@@ -68,6 +71,26 @@ impl Gone {
     }
     fn inode(&self, ino: u64) -> bool {
         self.inodes.lock().expect("lock").contains(&ino)
+    }
+    fn note(&self, ino: u64, what: String) {
+        self.log
+            .lock()
+            .expect("lock")
+            .push(format!("{ino}: {what}"));
+        self.history
+            .lock()
+            .expect("lock")
+            .entry(ino)
+            .or_default()
+            .push(what);
+    }
+    fn of(&self, ino: u64) -> Vec<String> {
+        self.history
+            .lock()
+            .expect("lock")
+            .get(&ino)
+            .cloned()
+            .unwrap_or_default()
     }
 }
 
@@ -96,6 +119,7 @@ fn writer(fs: &Fs, dirs: [u64; 2], names: &AtomicU64, gone: &Gone, seed: u64) ->
                 let len = rng.below(20_000);
                 fs.write(a.ino, 0, &stream_bytes(a.ino, 0, len))
                     .expect("write");
+                gone.note(a.ino, format!("create + write {len}"));
                 model.insert(
                     (dir, name),
                     File {
@@ -111,6 +135,7 @@ fn writer(fs: &Fs, dirs: [u64; 2], names: &AtomicU64, gone: &Gone, seed: u64) ->
                     let len = rng.below(9000);
                     fs.write(f.ino, f.size, &stream_bytes(f.ino, f.size, len))
                         .expect("append");
+                    gone.note(f.ino, format!("append {len} at {}", f.size));
                     f.size += len;
                 }
             }
@@ -119,6 +144,7 @@ fn writer(fs: &Fs, dirs: [u64; 2], names: &AtomicU64, gone: &Gone, seed: u64) ->
                     let f = model.get_mut(&k).expect("picked");
                     let to = rng.below(f.size + 1);
                     fs.truncate(f.ino, to).expect("truncate");
+                    gone.note(f.ino, format!("truncate {} -> {to}", f.size));
                     f.size = to;
                 }
             }
@@ -126,6 +152,14 @@ fn writer(fs: &Fs, dirs: [u64; 2], names: &AtomicU64, gone: &Gone, seed: u64) ->
                 if let Some(k) = pick(&mut rng, &model) {
                     let to = fresh(&mut rng);
                     fs.rename(k.0, &k.1, to.0, &to.1, 0).expect("rename");
+                    gone.note(
+                        model[&k].ino,
+                        format!(
+                            "rename {:?} -> {:?}",
+                            String::from_utf8_lossy(&k.1),
+                            String::from_utf8_lossy(&to.1)
+                        ),
+                    );
                     gone.names.lock().expect("lock").insert(k.1.clone());
                     let f = model.remove(&k).expect("picked");
                     model.insert(to, f);
@@ -135,6 +169,7 @@ fn writer(fs: &Fs, dirs: [u64; 2], names: &AtomicU64, gone: &Gone, seed: u64) ->
                 if let Some(k) = pick(&mut rng, &model) {
                     fs.unlink(k.0, &k.1).expect("unlink");
                     let f = model.remove(&k).expect("picked");
+                    gone.note(f.ino, "unlink".into());
                     gone.names.lock().expect("lock").insert(k.1);
                     gone.inodes.lock().expect("lock").insert(f.ino);
                 }
@@ -144,22 +179,74 @@ fn writer(fs: &Fs, dirs: [u64; 2], names: &AtomicU64, gone: &Gone, seed: u64) ->
                     let f = model.get_mut(&k).expect("picked");
                     let v = format!("v{}-{step}", f.ino).into_bytes();
                     fs.setxattr(f.ino, b"user.v", &v, 0).expect("setxattr");
+                    gone.note(f.ino, "setxattr".into());
                     f.xattr = Some(v);
                 }
             }
             8 => {
                 if let Some(k) = pick(&mut rng, &model) {
                     fs.fsync(model[&k].ino).expect("fsync");
+                    gone.note(model[&k].ino, "fsync".into());
                 }
             }
             _ => {
                 if rng.chance(10) {
                     fs.sync().expect("sync");
+                    gone.note(0, "sync".into());
                 }
             }
         }
     }
     model
+}
+
+/// What a reader's failure message says of inode `ino` beyond its bytes: a second read,
+/// every key of it in the tree (found by walking every node, so also keys a search no longer
+/// reaches), any node whose first key differs from its parent's key for it, what writers did
+/// to it, and the writers' last operations.
+fn diagnose(fs: &Fs, ino: u64, gone: &Gone) -> String {
+    let again = fs.read(ino, 0, 40_000).map(|d| {
+        let w = stream_bytes(ino, 0, d.len() as u64);
+        (d.len(), d == w)
+    });
+    let (keys, bad) = fs.with_store(|st, t, _| {
+        let (mut keys, mut bad) = (Vec::new(), Vec::new());
+        let mut firsts = std::collections::HashMap::new();
+        let walked = t.walk_nodes(st, |_, b, n| {
+            if let Some(want) = firsts.get(&b) {
+                if n.keys.first() != Some(want) {
+                    bad.push(format!(
+                        "node {b}: first {:?}, parent's {want:?}",
+                        n.keys.first()
+                    ));
+                }
+            }
+            if n.is_leaf() {
+                keys.extend(
+                    n.keys
+                        .iter()
+                        .filter(|k| k.objectid == ino)
+                        .map(|k| format!("{k:?} in {b}")),
+                );
+            } else {
+                for (i, c) in n.ptrs().iter().enumerate() {
+                    firsts.insert(c.block, n.keys[i]);
+                }
+            }
+            Ok(())
+        });
+        if let Err(e) = walked {
+            bad.push(format!("walk: {e}"));
+        }
+        (keys, bad)
+    });
+    let log = gone.log.lock().expect("lock");
+    let last: Vec<&String> = log.iter().rev().take(30).rev().collect();
+    format!(
+        "read again: {again:?} (length, a prefix); its keys {keys:?}; structure problems \
+         {bad:?}; what writers did to it {:?}; their last operations {last:#?}",
+        gone.of(ino)
+    )
 }
 
 /// Checks every view of `dirs` a pass gets; returns how many entries it checked.
@@ -202,7 +289,17 @@ fn reader_pass(fs: &Fs, dirs: &[u64], gone: &Gone) -> u64 {
             match fs.read(e.ino, 0, 40_000) {
                 Ok(data) => {
                     let want = stream_bytes(e.ino, 0, data.len() as u64);
-                    assert!(data == want, "inode {}: not a prefix of its stream", e.ino);
+                    if let Some(at) = data.iter().zip(&want).position(|(a, b)| a != b) {
+                        panic!(
+                            "inode {}: not a prefix of its stream: {} bytes read, the first \
+                             wrong at {at} ({:#04x} for {:#04x}); {}",
+                            e.ino,
+                            data.len(),
+                            data[at],
+                            want[at],
+                            diagnose(fs, e.ino, gone)
+                        );
+                    }
                 }
                 Err(Error::NotFound) => {}
                 Err(x) => panic!("read {}: {x:?}", e.ino),

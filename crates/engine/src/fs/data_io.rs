@@ -143,7 +143,7 @@ impl Inner {
 
     /// Step 1 (module docs); None: the write runs whole under the lock.
     fn plan_write(&mut self, ino: Ino, off: u64, len: u64) -> Result<Option<WritePlan>> {
-        let it = self.inode(ino)?;
+        let it = self.held_inode(ino)?;
         check_regular(&it)?;
         let end = off + len;
         if self.policy.knobs.data_under_lock
@@ -258,7 +258,7 @@ impl Fs {
     pub fn read(&self, ino: Ino, off: u64, len: usize) -> Result<Vec<u8>> {
         let (map, _inside) = {
             let mut g = self.lock();
-            let it = g.inode(ino)?;
+            let it = g.held_inode(ino)?;
             check_regular(&it)?;
             let map = g.map_read(ino, &it, off, len)?;
             g.touch_atime(ino, &it);
@@ -349,11 +349,12 @@ impl Fs {
         // goes into blocks the file has with deletes' rights (`in_place`), so the operation
         // itself must not hold the global reserve back.
         self.write_op(0, Reserve::Shrink, Durable::Data, |g| {
-            let it = g.inode(ino)?;
+            let it = g.held_inode(ino)?;
             check_regular(&it)?;
             match g.write_in_place(ino, off, data, times, false) {
                 Ok(Some(_)) => return Ok(data.len()),
-                // Refused before any change: whole copy-on-write cannot fit either.
+                // Refused for space before any change: the copy-on-write below asks again,
+                // and on a full device overwrites in place.
                 Ok(None) | Err(Error::NoSpace) => {}
                 Err(e) => return Err(e),
             }
@@ -365,13 +366,17 @@ impl Fs {
                     (off + data.len() as u64).div_ceil(BS) * BS,
                 )?
                 .len() as u64;
-            if let Err(e) = g.reserve_write(data.len() as u64, touched) {
+            match g.reserve_write(data.len() as u64, touched) {
+                Ok(()) => {}
                 // A full device: blocks the file has are overwritten in place rather than
                 // the write refused (`in_place`); holes in the range still need space.
-                return match (e, g.write_in_place(ino, off, data, times, true)?) {
-                    (_, Some(_)) => Ok(data.len()),
-                    (e, None) => Err(e),
-                };
+                Err(Error::NoSpace) => {
+                    return match g.write_in_place(ino, off, data, times, true)? {
+                        Some(_) => Ok(data.len()),
+                        None => Err(Error::NoSpace),
+                    }
+                }
+                Err(e) => return Err(e),
             }
             g.write_data(ino, off, data)?;
             if !times {

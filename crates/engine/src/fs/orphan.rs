@@ -237,6 +237,19 @@ impl Inner {
     fn is_free_orphan(&mut self, ino: Ino) -> bool {
         !self.lives.pins.contains(ino) && self.lives.orphans.is_free(ino)
     }
+
+    /// `ino`'s inode for a read or a write of its data: NotFound once its last name is gone
+    /// and nothing pins it. Such an inode is being freed in batches between operations
+    /// (extents first, the inode item last), so between two batches it would read as its
+    /// old size of zeros; nobody holds it, so nobody may reach it by number any more (a FUSE
+    /// mount pins every inode the kernel can reach, so this is what a library caller
+    /// without a pin gets, the ENOENT it gets once the inode is gone).
+    pub(crate) fn held_inode(&mut self, ino: Ino) -> Result<idxfs_format::items::InodeItem> {
+        if self.is_free_orphan(ino) {
+            return Err(crate::Error::NotFound);
+        }
+        self.inode(ino)
+    }
 }
 
 impl Fs {
