@@ -301,9 +301,9 @@ impl History {
     }
 }
 
-#[test]
-fn a_crash_at_every_write_prefix_shows_zeros_or_whole_writes_in_preallocated_blocks() {
-    let (mut rng, seed) = Rng::from_env("in_place crash");
+/// A fresh image (16 MiB, 4 KiB nodes) whose every later write and flush is recorded, for
+/// crash images.
+fn recorded() -> Arc<RecordingDevice> {
     let base = Arc::new(MemDevice::new(16 << 20));
     Fs::mkfs(
         base.clone(),
@@ -313,7 +313,13 @@ fn a_crash_at_every_write_prefix_shows_zeros_or_whole_writes_in_preallocated_blo
         },
     )
     .expect("mkfs");
-    let rec = Arc::new(RecordingDevice::new(base.snapshot()));
+    Arc::new(RecordingDevice::new(base.snapshot()))
+}
+
+#[test]
+fn a_crash_at_every_write_prefix_shows_zeros_or_whole_writes_in_preallocated_blocks() {
+    let (mut rng, seed) = Rng::from_env("in_place crash");
+    let rec = recorded();
     let fs = Fs::open(rec.clone(), opts()).expect("open");
     let gen = |fs: &Fs| fs.with_store(|s, _, _| s.generation);
     const SIZE: usize = 96 * BS;
@@ -381,16 +387,7 @@ fn a_crash_at_every_write_prefix_shows_zeros_or_whole_writes_in_preallocated_blo
 #[test]
 fn fsync_makes_writes_in_place_durable_and_never_shows_what_preallocated_blocks_held() {
     let (mut rng, seed) = Rng::from_env("in_place fsync");
-    let base = Arc::new(MemDevice::new(16 << 20));
-    Fs::mkfs(
-        base.clone(),
-        &MkfsOptions {
-            node_size: 4096,
-            ..Default::default()
-        },
-    )
-    .expect("mkfs");
-    let rec = Arc::new(RecordingDevice::new(base.snapshot()));
+    let rec = recorded();
     // No discard: freed blocks keep their old bytes, which a preallocation may then own.
     let o = || idxfs_engine::OpenOptions {
         discard: false,

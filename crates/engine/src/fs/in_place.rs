@@ -1,6 +1,6 @@
 //! Writes into blocks a file already owns, without copy-on-write.
 //!
-//! Two kinds of block are written where they are:
+//! Three kinds of block are written where they are:
 //! - **Preallocated blocks** (fallocate's, in any file): the blocks the write covers are
 //!   filled in place, zeros around the bytes written, and that part of the extent becomes a
 //!   regular extent. Until that change is durable (a commit, or an fsync batch), every
@@ -11,7 +11,6 @@
 //!   the bytes are overwritten where they are. A crash in the middle of such a write leaves
 //!   each block with its old or its new bytes, per the device's write unit, or a mix of both
 //!   within one block on a device that tears them; never another file's bytes.
-//!
 //! - **Any file's written blocks, when the device is full**: a copy-on-write overwrite that
 //!   cannot get space for its new blocks overwrites the old ones in place instead of failing,
 //!   with a NOCOW write's crash behaviour, as ext4 always overwrites. So a write inside a
@@ -21,6 +20,10 @@
 //! their node slots with deletes' rights (`Reserve::Shrink`), as ext4 keeps clusters aside
 //! for converting unwritten extents; an overwrite changes only the inode. The parts of a
 //! write that fall on holes are copy-on-write as usual, and need space.
+//!
+//! A block is written in place only while this file alone references it: nothing shares
+//! data blocks yet. Snapshots or reflinks will have to copy a shared block first, as btrfs
+//! does for a NOCOW file's shared extents.
 //!
 //! These writes run whole under the operation lock, their device I/O included: a write
 //! planned outside it (`data_io`) counts on blocks not changing under an unchanged extent

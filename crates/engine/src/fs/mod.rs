@@ -36,7 +36,9 @@
 //! - A read maps its range under the lock and reads the device without it; a write claims
 //!   its blocks under the lock, writes them without it, and links them under it
 //!   (`data_io`). Blocks a reader outside the lock may still read are not handed out again
-//!   until it is done (`crate::space::read_fence`).
+//!   until it is done (`crate::space::read_fence`). A write into blocks the file already
+//!   has (preallocated, NOCOW, or any on a full device) runs whole under the lock, device
+//!   I/O included (`in_place`).
 //! - Everything else still serializes on the one lock, each operation whole: first reads,
 //!   ".." and misses, readdirplus (its entries take pins), long xattrs and symlink targets,
 //!   and every tree change (a write's included). The trees change nodes in place within a
