@@ -156,16 +156,7 @@ fn durable_commits_survive_any_later_crash() {
     // After sync() returns, no crash may lose that state: every later prefix opens to it or a
     // newer commit.
     let (mut rng, seed) = Rng::from_env("crash durable");
-    let base = Arc::new(MemDevice::new(16 << 20));
-    Fs::mkfs(
-        base.clone(),
-        &MkfsOptions {
-            node_size: 4096,
-            ..Default::default()
-        },
-    )
-    .expect("mkfs");
-    let rec = Arc::new(RecordingDevice::new(base.snapshot()));
+    let rec = recorded();
     let fs = Fs::open(rec.clone(), opts()).expect("open");
     let mut durable = Vec::new(); // (event count when sync returned, generation)
     for _ in 0..6 {

@@ -3,10 +3,10 @@
 //! and what a crash at every write prefix leaves of both.
 mod common;
 use common::*;
-use idxfs_blockdev::{BlockDevice, MemDevice, RecordingDevice, Tear};
+use idxfs_blockdev::{BlockDevice, MemDevice, Tear};
 use idxfs_engine::fs::{Fs, FALLOC_KEEP_SIZE, NOCOW_FL};
 use idxfs_engine::testutil::Rng;
-use idxfs_engine::{Error, MkfsOptions};
+use idxfs_engine::Error;
 use idxfs_format::items::{decode_extent, EXTENT_PREALLOC};
 use idxfs_format::{ItemType, Key};
 use std::sync::Arc;
@@ -194,22 +194,15 @@ fn a_full_device_takes_writes_into_fallocated_ranges_and_overwrites() {
         }
     }
     let check = |fs: &Fs, what: &str| {
-        assert!(
-            fs.read(n, 0, 2 << 20).expect("read") == n_model,
-            "{what}: NOCOW file"
-        );
-        assert!(
-            fs.read(p, 0, 2 << 20).expect("read") == p_model,
-            "{what}: fallocated file"
-        );
-        assert!(
-            fs.read(k, 0, 2 << 20).expect("read") == k_model,
-            "{what}: keep-size file"
-        );
-        assert!(
-            fs.read(c, 0, 2 << 20).expect("read") == c_model,
-            "{what}: copy-on-write file"
-        );
+        for (ino, model, file) in [
+            (n, &n_model, "NOCOW file"),
+            (p, &p_model, "fallocated file"),
+            (k, &k_model, "keep-size file"),
+            (c, &c_model, "copy-on-write file"),
+        ] {
+            let got = fs.read(ino, 0, 2 << 20).expect("read");
+            assert!(got == *model, "{what}: {file}");
+        }
     };
     check(&fs, "before remount");
     fs.sync().expect("sync");
@@ -299,21 +292,6 @@ impl History {
         }
         Ok(())
     }
-}
-
-/// A fresh image (16 MiB, 4 KiB nodes) whose every later write and flush is recorded, for
-/// crash images.
-fn recorded() -> Arc<RecordingDevice> {
-    let base = Arc::new(MemDevice::new(16 << 20));
-    Fs::mkfs(
-        base.clone(),
-        &MkfsOptions {
-            node_size: 4096,
-            ..Default::default()
-        },
-    )
-    .expect("mkfs");
-    Arc::new(RecordingDevice::new(base.snapshot()))
 }
 
 #[test]

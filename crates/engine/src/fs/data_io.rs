@@ -146,14 +146,17 @@ impl Inner {
         let it = self.held_inode(ino)?;
         check_regular(&it)?;
         let end = off + len;
-        if self.policy.knobs.data_under_lock
-            || !self.write_goes_to_blocks(ino, &it, end)?
-            || self.writes_in_place(ino, off, len)?
-        {
+        if self.policy.knobs.data_under_lock || !self.write_goes_to_blocks(ino, &it, end)? {
             return Ok(None);
         }
         let size = it.size.get();
         let (b0, b1) = (off / BS, end.div_ceil(BS));
+        // The extents under the range, read once: a write that puts any block in place runs
+        // whole under the lock (`in_place`), and the rest reserve by how many there are.
+        let exts = self.extents(ino, b0 * BS, b1 * BS)?;
+        if Inner::puts_in_place(b0, b1, &exts, &it) {
+            return Ok(None);
+        }
         let mut edges = Vec::new();
         let mut edge_at = |g: &mut Inner, block: u64, read: bool| -> Result<()> {
             edges.push(Edge {
@@ -177,8 +180,7 @@ impl Inner {
         if !end.is_multiple_of(BS) && (b1 - 1 != b0 || off.is_multiple_of(BS)) {
             edge_at(self, b1 - 1, end < size)?;
         }
-        let touched = self.extents(ino, b0 * BS, b1 * BS)?.len() as u64;
-        self.reserve_write(len, touched)?;
+        self.reserve_write(len, exts.len() as u64)?;
         let mut runs: Vec<(u64, u64)> = Vec::new();
         let mut got = 0;
         while got < b1 - b0 {

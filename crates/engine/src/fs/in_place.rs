@@ -105,19 +105,13 @@ impl Inner {
         out
     }
 
-    /// Whether a write of [off, off + len) would write some of its blocks in place: it is
-    /// then not planned outside the lock (`data_io`) but runs whole under it
-    /// (`write_in_place`).
-    pub(crate) fn writes_in_place(&mut self, ino: Ino, off: u64, len: u64) -> Result<bool> {
-        let it = self.inode(ino)?;
-        if len == 0 || self.is_inline(ino, &it)? {
-            return Ok(false);
-        }
-        let (b0, b1) = (off / BS, (off + len).div_ceil(BS));
-        let exts = self.extents(ino, b0 * BS, b1 * BS)?;
-        Ok(Inner::pieces(b0, b1, &exts, is_nocow(&it))
+    /// Whether a write of blocks [b0, b1) of a file (not inline) with inode `it` over `exts`
+    /// (the extents there) would put some of its blocks in place: it is then not planned
+    /// outside the lock (`data_io`) but runs whole under it (`write_in_place`).
+    pub(crate) fn puts_in_place(b0: u64, b1: u64, exts: &[Ext], it: &InodeItem) -> bool {
+        Inner::pieces(b0, b1, exts, is_nocow(it))
             .iter()
-            .any(|p| p.how != How::Cow))
+            .any(|p| p.how != How::Cow)
     }
 
     /// Writes `data` at `off` with every block that can be written in place so written (the

@@ -20,6 +20,18 @@ pub fn opts() -> OpenOptions {
     }
 }
 
+/// A fresh 16 MiB image with 4 KiB nodes, every later write and flush to it recorded (for
+/// crash images).
+pub fn recorded() -> Arc<idxfs_blockdev::RecordingDevice> {
+    let base = Arc::new(MemDevice::new(16 << 20));
+    let mkfs = MkfsOptions {
+        node_size: 4096,
+        ..MkfsOptions::default()
+    };
+    Fs::mkfs(base.clone(), &mkfs).expect("mkfs");
+    Arc::new(idxfs_blockdev::RecordingDevice::new(base.snapshot()))
+}
+
 pub fn mem_fs(bytes: u64) -> (Arc<MemDevice>, Fs) {
     mem_fs_with(bytes, idxfs_format::DEFAULT_NODE_SIZE)
 }
