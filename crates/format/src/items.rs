@@ -529,6 +529,84 @@ pub fn decode_extent(
     Ok((e, rest))
 }
 
+/// File blocks one `DataSum` item covers: the item of group `g` holds the sums of blocks
+/// `g * SUM_GROUP_BLOCKS ..` up to the next group.
+pub const SUM_GROUP_BLOCKS: u64 = 64;
+/// Largest `DataSum` value: the mask and a sum for every block of the group.
+pub const BLOCK_SUMS_MAX: usize = 8 + 4 * SUM_GROUP_BLOCKS as usize;
+
+/// The data checksums of one group of `SUM_GROUP_BLOCKS` file blocks: `sums[i]` is the
+/// crc32c of block i of the group, for the blocks that have one (written copy-on-write).
+/// On disk: mask u64 (bit i set: block i has a sum), then the sums of the set bits in
+/// ascending order, u32 each; the mask is never 0 (a group without sums has no item).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockSums {
+    pub sums: [Option<u32>; SUM_GROUP_BLOCKS as usize],
+}
+
+impl Default for BlockSums {
+    fn default() -> Self {
+        BlockSums {
+            sums: [None; SUM_GROUP_BLOCKS as usize],
+        }
+    }
+}
+
+impl BlockSums {
+    pub fn is_empty(&self) -> bool {
+        self.sums.iter().all(Option::is_none)
+    }
+
+    /// The value to store; None when no block has a sum (the item goes).
+    pub fn encode(&self) -> Option<Vec<u8>> {
+        let mask = self
+            .sums
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_some())
+            .fold(0u64, |m, (i, _)| m | 1 << i);
+        let mut out = mask.to_le_bytes().to_vec();
+        for s in self.sums.iter().flatten() {
+            out.extend_from_slice(&s.to_le_bytes());
+        }
+        (mask != 0).then_some(out)
+    }
+
+    pub fn decode(v: &[u8], what: impl fmt::Display) -> Result<BlockSums, Corrupt> {
+        let (mask, rest) = match v.split_first_chunk::<8>() {
+            Some((m, rest)) if *m != [0; 8] => (u64::from_le_bytes(*m), rest),
+            _ => {
+                return Err(Corrupt::new(
+                    format!("{what} mask"),
+                    format!("{:02x?}", v.get(..8).unwrap_or(v)),
+                    "8 bytes, not all zero",
+                ))
+            }
+        };
+        let n = mask.count_ones() as usize;
+        ensure!(
+            rest.len() == 4 * n,
+            format!("{what} size"),
+            v.len(),
+            format!("{} (8 + 4 per bit of mask {mask:#x})", 8 + 4 * n)
+        );
+        let mut out = BlockSums::default();
+        let mut sums = rest.chunks_exact(4);
+        for (i, slot) in out.sums.iter_mut().enumerate() {
+            if mask >> i & 1 == 1 {
+                let b = sums.next().and_then(|c| c.first_chunk::<4>());
+                *slot = b.map(|b| u32::from_le_bytes(*b));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The checksum of one data block, as `DataSum` items hold it.
+pub fn block_sum(block: &[u8]) -> u32 {
+    crc32c::crc32c(block)
+}
+
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned,
 )]
@@ -640,5 +718,31 @@ mod tests {
         }
         assert!(decode_orphan(&[2], 1).is_err());
         assert!(decode_orphan(&[1, 1], 1).is_err());
+    }
+}
+
+#[cfg(test)]
+mod sums_tests {
+    use super::*;
+
+    #[test]
+    fn block_sums_round_trip_and_refuse_bad_values() {
+        let mut s = BlockSums::default();
+        assert_eq!(s.encode(), None, "no sum, no item");
+        s.sums[0] = Some(7);
+        s.sums[63] = Some(0xdead_beef);
+        let v = s.encode().expect("two sums");
+        assert_eq!(v.len(), 16);
+        assert_eq!(BlockSums::decode(&v, "t").expect("decodes"), s);
+        let short = v.split_last().map_or(&[][..], |(_, r)| r);
+        assert!(BlockSums::decode(short, "t").is_err(), "short");
+        assert!(BlockSums::decode(&[0u8; 8], "t").is_err(), "empty mask");
+        assert!(BlockSums::decode(&[1, 0, 0], "t").is_err(), "no mask");
+        let mut long = v.clone();
+        long.extend_from_slice(&[0; 4]);
+        assert!(
+            BlockSums::decode(&long, "t").is_err(),
+            "more sums than bits"
+        );
     }
 }

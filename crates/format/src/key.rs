@@ -27,6 +27,10 @@ pub enum ItemType {
     XattrChunk = 25,
     /// (ino, Extent, file byte offset) -> [`crate::items::ExtentItem`] (inline data for small files).
     Extent = 108,
+    /// (ino, DataSum, file block / SUM_GROUP_BLOCKS) -> [`crate::items::BlockSums`]: crc32c of
+    /// the group's blocks that were written copy-on-write. Read-only-compat bit
+    /// `COMPAT_RO_DATA_SUMS`.
+    DataSum = 120,
     /// (ORPHAN_OBJECTID, Orphan, ino): an inode unlinked while open, reclaimed at next mount.
     Orphan = 48,
     /// (first block, BlockGroup, length in blocks) -> [`crate::items::BlockGroupItem`] (space tree).
@@ -38,7 +42,7 @@ pub enum ItemType {
 }
 
 impl ItemType {
-    pub const ALL: [ItemType; 12] = [
+    pub const ALL: [ItemType; 13] = [
         ItemType::Inode,
         ItemType::InodeRef,
         ItemType::InodeExtRef,
@@ -48,6 +52,7 @@ impl ItemType {
         ItemType::DirHash,
         ItemType::DirIno,
         ItemType::Extent,
+        ItemType::DataSum,
         ItemType::LogEntry,
         ItemType::BlockGroup,
         ItemType::FreeSpaceBitmap,
@@ -67,6 +72,7 @@ impl ItemType {
             ItemType::DirIno => "DIR_INO",
             ItemType::Xattr => "XATTR",
             ItemType::Extent => "EXTENT",
+            ItemType::DataSum => "DATA_SUM",
             ItemType::Orphan => "ORPHAN",
             ItemType::BlockGroup => "BLOCK_GROUP",
             ItemType::FreeSpaceBitmap => "FREE_SPACE_BITMAP",

@@ -40,4 +40,9 @@ pub const INCOMPAT_XATTR_CHUNKS: u64 = 4;
 /// the commit before the first such item.
 pub const INCOMPAT_ORPHAN_TRIM: u64 = 8;
 /// Read-only-compatible features: unknown bits allow a read-only open.
-pub const COMPAT_RO_SUPPORTED: u64 = 0;
+pub const COMPAT_RO_SUPPORTED: u64 = COMPAT_RO_DATA_SUMS;
+/// (2026-11-24) `DataSum` items: crc32c of file blocks written copy-on-write. A reader that
+/// does not know them reads every byte correctly, but a writer that does not would leave
+/// sums that no longer match its data: such code may open the image read-only only. Set by
+/// the commit before the first such item.
+pub const COMPAT_RO_DATA_SUMS: u64 = 1;

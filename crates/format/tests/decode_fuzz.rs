@@ -116,6 +116,9 @@ fn mutated_nodes_never_panic() {
                     let _ = items::decode_names(v, "fuzz");
                     let _ = items::decode_ext_refs(v, "fuzz");
                     let _ = items::decode_orphan(v, k.objectid);
+                    if let Ok(s) = items::BlockSums::decode(v, "fuzz") {
+                        assert_eq!(s.encode().as_deref(), Some(v), "sums re-encode as read");
+                    }
                 } else {
                     let _ = c.ptr(i);
                 }

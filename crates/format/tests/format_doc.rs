@@ -53,6 +53,12 @@ fn constants_sizes_and_item_types_match() {
         ("XATTR_CHUNKS_MAX", items::XATTR_CHUNKS_MAX.to_string()),
         ("XATTR_LONG_HEADER", items::XATTR_LONG_HEADER.to_string()),
         ("ORPHAN_TRIM", items::ORPHAN_TRIM.to_string()),
+        ("SUM_GROUP_BLOCKS", items::SUM_GROUP_BLOCKS.to_string()),
+        ("BLOCK_SUMS_MAX", items::BLOCK_SUMS_MAX.to_string()),
+        (
+            "COMPAT_RO_DATA_SUMS",
+            versions::COMPAT_RO_DATA_SUMS.to_string(),
+        ),
         ("INCOMPAT_LOG", versions::INCOMPAT_LOG.to_string()),
         ("INCOMPAT_EXT_REF", versions::INCOMPAT_EXT_REF.to_string()),
         (
