@@ -116,6 +116,18 @@ fn describe(k: &Key, v: &[u8], total: u64) -> String {
                     .join(" ")
             })
             .unwrap_or_else(|e| format!("BAD {e}")),
+        Some(ItemType::DataSum) => match idxfs_format::items::BlockSums::decode(v, &what) {
+            Ok(s) => {
+                let n = idxfs_format::items::SUM_GROUP_BLOCKS;
+                let first = k.offset.saturating_mul(n);
+                let have = s.sums.iter().filter(|x| x.is_some()).count();
+                format!(
+                    "sums of {have} blocks in {first}..{}",
+                    first.saturating_add(n)
+                )
+            }
+            Err(e) => format!("BAD {e}"),
+        },
         Some(ItemType::Orphan) => match decode_orphan(v, k.offset) {
             Ok(kind) => format!("{kind:?}"),
             Err(e) => format!("BAD {e}"),

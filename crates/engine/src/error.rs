@@ -31,6 +31,12 @@ pub enum Error {
     NoSuchOffset,
     Io(std::io::Error),
     Corrupt(Corrupt),
+    /// A file block read from the device does not match its checksum (`fs::data_sum`):
+    /// EIO for this read, but not damage that stops the file system.
+    DataSum {
+        ino: u64,
+        block: u64,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -65,7 +71,7 @@ impl Error {
             Error::TooBig => libc_consts::E2BIG,
             Error::NotSupported(_) => libc_consts::EOPNOTSUPP,
             Error::NoSuchOffset => libc_consts::ENXIO,
-            Error::Io(_) | Error::Corrupt(_) => libc_consts::EIO,
+            Error::Io(_) | Error::Corrupt(_) | Error::DataSum { .. } => libc_consts::EIO,
         }
     }
 
@@ -116,6 +122,10 @@ impl fmt::Display for Error {
             Error::NoSuchOffset => write!(f, "no data or hole past the end of the file"),
             Error::Io(e) => write!(f, "I/O error: {e}"),
             Error::Corrupt(c) => write!(f, "{c}"),
+            Error::DataSum { ino, block } => write!(
+                f,
+                "data checksum mismatch in inode {ino}, file block {block}"
+            ),
         }
     }
 }

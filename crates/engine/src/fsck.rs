@@ -5,8 +5,9 @@
 //! value; link counts; both directory indexes and the back references (inline and extended)
 //! agree entry for entry; directory sizes; file extents do not overlap and none lies past the
 //! size but under a trim orphan; long xattr values have exactly their chunks; ACLs are valid
-//! and agree with the mode; symlink
-//! targets; the feature bits the items need; and every block is accounted for exactly once
+//! and agree with the mode; symlink targets; data sums name only blocks of a copy-on-write
+//! file's regular extents (and, with `check_with(.., data: true)`, match what those blocks
+//! hold); the feature bits the items need; and every block is accounted for exactly once
 //! (referenced by one tree node or extent, or a superblock, exactly when its bitmap bit is
 //! set).
 //!
@@ -16,8 +17,9 @@
 use crate::btree::node::Node;
 use crate::error::{Error, Result};
 use crate::fs::acl::{self, Acl};
-use crate::fs::NameHash;
+use crate::fs::{NameHash, NOCOW_FL};
 use idxfs_blockdev::BlockDevice;
+use idxfs_format::items::{block_sum, BlockSums, SUM_GROUP_BLOCKS, S_IFREG};
 use idxfs_format::items::{
     decode_block_group, decode_dir_entries, decode_ext_refs, decode_extent, decode_inode,
     decode_names, decode_orphan, decode_xattrs, dtype_of_mode, OrphanKind, XattrValue,
@@ -25,7 +27,9 @@ use idxfs_format::items::{
 };
 use idxfs_format::node::{Expect, KeyRange};
 use idxfs_format::superblock::{RootPtr, Superblock};
-use idxfs_format::versions::{INCOMPAT_EXT_REF, INCOMPAT_ORPHAN_TRIM, INCOMPAT_XATTR_CHUNKS};
+use idxfs_format::versions::{
+    COMPAT_RO_DATA_SUMS, INCOMPAT_EXT_REF, INCOMPAT_ORPHAN_TRIM, INCOMPAT_XATTR_CHUNKS,
+};
 use idxfs_format::{
     ItemType, Key, BLOCK_SIZE, ORPHAN_OBJECTID, ROOT_INO, SUPER_COPIES, SYMLINK_MAX, TREE_FS,
     TREE_SPACE,
@@ -64,6 +68,8 @@ struct InodeInfo {
     nlink: u32,
     size: u64,
     alloc_bytes: u64,
+    /// The inode item's flags (`FS_NOCOW_FL`).
+    flags: u64,
     seen_entries: u32,
     subdirs: u32,
     extent_blocks: u64,
@@ -98,6 +104,13 @@ struct Checker<'a> {
     chunks: BTreeMap<(u64, u64), usize>,
     /// Incompat bits the items found need.
     needs: u64,
+    /// Read-only-compat bits the items found need.
+    needs_ro: u64,
+    /// The regular extents of the inode whose items the walk is in, as (first file block,
+    /// blocks, first device block): what its data sums may name.
+    data_of: (u64, Vec<(u64, u64, u64)>),
+    /// Read every block that has a data sum and compare (`idxfs fsck --data`).
+    verify_data: bool,
     progress: &'a mut dyn FnMut(u64),
 }
 
@@ -108,9 +121,20 @@ pub fn check(
     hash: NameHash,
     progress: &mut dyn FnMut(u64),
 ) -> Result<Report> {
-    let mut report = check_committed(dev.as_ref(), hash, progress)?;
+    check_with(dev, hash, false, progress)
+}
+
+/// `check`; with `data`, also reads every file block that has a data checksum and reports
+/// each that does not match (`idxfs fsck --data`).
+pub fn check_with(
+    dev: &Arc<dyn BlockDevice>,
+    hash: NameHash,
+    data: bool,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Report> {
+    let mut report = check_state(dev.as_ref(), hash, data, progress)?;
     if let Some(sb) = crate::fs::superblock_copies(dev.as_ref())?.0 {
-        check_log(dev, &sb, hash, progress, &mut report);
+        check_log(dev, &sb, hash, data, progress, &mut report);
     }
     Ok(report)
 }
@@ -120,6 +144,15 @@ pub fn check(
 pub fn check_committed(
     dev: &dyn BlockDevice,
     hash: NameHash,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Report> {
+    check_state(dev, hash, false, progress)
+}
+
+fn check_state(
+    dev: &dyn BlockDevice,
+    hash: NameHash,
+    verify_data: bool,
     progress: &mut dyn FnMut(u64),
 ) -> Result<Report> {
     let mut report = Report::default();
@@ -158,6 +191,9 @@ pub fn check_committed(
         long_xattrs: Vec::new(),
         chunks: BTreeMap::new(),
         needs: 0,
+        needs_ro: 0,
+        data_of: (0, Vec::new()),
+        verify_data,
         progress,
     };
     for b in 0..SUPER_COPIES {
@@ -178,6 +214,7 @@ fn check_log(
     dev: &Arc<dyn BlockDevice>,
     sb: &Superblock,
     hash: NameHash,
+    data: bool,
     progress: &mut dyn FnMut(u64),
     report: &mut Report,
 ) {
@@ -224,7 +261,7 @@ fn check_log(
         report.problem(format!("fsync log: an open cannot replay it: {e}"));
         return;
     }
-    match check_committed(overlay.as_ref(), hash, progress) {
+    match check_state(overlay.as_ref(), hash, data, progress) {
         Ok(after) => {
             for p in after.problems {
                 report.problem(format!("after replay: {p}"));
@@ -356,6 +393,7 @@ impl Checker<'_> {
                     e.nlink = it.nlink.get();
                     e.size = it.size.get();
                     e.alloc_bytes = it.alloc_bytes.get();
+                    e.flags = it.flags.get();
                     self.report.inodes += 1;
                 }
                 Err(e) => self.report.problem(format!("{e}")),
@@ -490,12 +528,25 @@ impl Checker<'_> {
                             info.last_data_end = info.last_extent_end;
                         }
                         info.extent_blocks += n;
+                        if e.kind == EXTENT_REGULAR {
+                            if self.data_of.0 != k.objectid {
+                                self.data_of = (k.objectid, Vec::new());
+                            }
+                            self.data_of.1.push((k.offset / BLOCK_SIZE, n, d));
+                        }
                         if !k.offset.is_multiple_of(BLOCK_SIZE) {
                             self.report
                                 .problem(format!("{what}: regular extent at unaligned offset"));
                         }
                         self.claim(e.disk_block.get(), n, "file extent");
                     }
+                }
+                Err(e) => self.report.problem(format!("{e}")),
+            },
+            Some(ItemType::DataSum) => match BlockSums::decode(v, &what) {
+                Ok(sums) => {
+                    self.needs_ro |= COMPAT_RO_DATA_SUMS;
+                    self.data_sums(k, &sums);
                 }
                 Err(e) => self.report.problem(format!("{e}")),
             },
@@ -792,6 +843,71 @@ impl Checker<'_> {
                 "superblock incompat features {:#x} lack {missing:#x}, which items of the fs tree need",
                 self.sb.incompat.get()
             ));
+        }
+        let missing = self.needs_ro & !self.sb.compat_ro.get();
+        if missing != 0 {
+            self.report.problem(format!(
+                "superblock compat_ro features {:#x} lack {missing:#x}, which items of the fs tree need",
+                self.sb.compat_ro.get()
+            ));
+        }
+    }
+
+    /// A `DataSum` item names only blocks of its inode's regular extents (which the walk
+    /// passed just before it, in key order), of a regular file that is not NOCOW; with
+    /// `verify_data`, each such block is read and must match.
+    fn data_sums(&mut self, k: &Key, sums: &BlockSums) {
+        let ino = k.objectid;
+        let info = self.inodes.entry(ino).or_default();
+        if info.mode & S_IFMT != S_IFREG || info.flags & NOCOW_FL != 0 {
+            self.report.problem(format!(
+                "data sums {k}: inode {ino} is not a copy-on-write regular file (mode {:o}, flags {:#x})",
+                info.mode, info.flags
+            ));
+            return;
+        }
+        let Some(first) = k.offset.checked_mul(SUM_GROUP_BLOCKS) else {
+            self.report
+                .problem(format!("data sums {k}: group past any file block"));
+            return;
+        };
+        let exts = if self.data_of.0 == ino {
+            std::mem::take(&mut self.data_of.1)
+        } else {
+            Vec::new()
+        };
+        let mut block = vec![0u8; BLOCK_SIZE as usize];
+        for (i, want) in sums.sums.iter().enumerate() {
+            let Some(want) = *want else { continue };
+            let b = first + i as u64;
+            let disk = exts
+                .iter()
+                .find(|(f, n, _)| (*f..f + n).contains(&b))
+                .map(|(f, _, d)| d + (b - f));
+            let Some(disk) = disk else {
+                self.report.problem(format!(
+                    "data sums {k}: a sum for block {b} of inode {ino}, which no regular extent holds"
+                ));
+                continue;
+            };
+            if !self.verify_data {
+                continue;
+            }
+            if let Err(e) = self.dev.read_at(&mut block, disk * BLOCK_SIZE) {
+                self.report.problem(format!(
+                    "inode {ino} block {b} (device block {disk}): read failed: {e}"
+                ));
+                continue;
+            }
+            let have = block_sum(&block);
+            if have != want {
+                self.report.problem(format!(
+                    "inode {ino} block {b} (device block {disk}): data checksum mismatch (crc32c {have:08x}, expected {want:08x}): its bytes are damaged and a read gives EIO"
+                ));
+            }
+        }
+        if self.data_of.0 == ino {
+            self.data_of.1 = exts;
         }
     }
 

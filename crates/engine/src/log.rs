@@ -132,7 +132,7 @@ impl Inner {
     }
 
     fn log_batch(&mut self, first: u64) -> Result<LogSync> {
-        if self.txn.incompat_wanted != 0 {
+        if self.txn.incompat_wanted != 0 || self.txn.compat_ro_wanted != 0 {
             // An item needs a feature bit the committed superblock lacks: only a commit may
             // make it durable (`Inner::require_incompat`).
             return Ok(LogSync::Commit);
@@ -447,6 +447,7 @@ fn check_key(k: &Key) -> Result<()> {
                 | ItemType::DirHash
                 | ItemType::DirIno
                 | ItemType::Extent
+                | ItemType::DataSum
         )
     );
     ensure!(

@@ -369,6 +369,8 @@ pub(crate) struct TxnState {
     /// Incompat bits the next commit adds to the superblock: an item needing them exists in
     /// the running transaction (`Inner::require_incompat`).
     pub incompat_wanted: u64,
+    /// The same for read-only-compatible bits (`fs::data_sum`).
+    pub compat_ro_wanted: u64,
     /// Nodes of the space tree: every commit may copy each once (`fs::reserve`).
     pub space_nodes: u64,
     /// The commit being written outside the lock, if any.
@@ -384,6 +386,7 @@ impl TxnState {
             next_ino: sb.next_ino.get(),
             inode_count: sb.inode_count.get(),
             incompat_wanted: 0,
+            compat_ro_wanted: 0,
             space_nodes: 0,
             flight: Default::default(),
         }
@@ -423,6 +426,7 @@ impl Inner {
             && self.inodes.dirty_count() == 0
             && self.lives.orphans.pending_len() == 0
             && self.txn.incompat_wanted == 0
+            && self.txn.compat_ro_wanted == 0
         {
             return Ok(None);
         }
@@ -475,10 +479,12 @@ impl Inner {
             incompat |= idxfs_format::versions::INCOMPAT_LOG;
         }
         sb.incompat = incompat.into();
+        sb.compat_ro = (sb.compat_ro.get() | self.txn.compat_ro_wanted).into();
         // The frozen superblock is the one every later step builds on; nothing durable
         // depends on it before `reap` (an fsync waits for the flight first).
         self.txn.sb = sb;
         self.txn.incompat_wanted = 0;
+        self.txn.compat_ro_wanted = 0;
         self.txn.changed = false;
         Ok(Frozen {
             nodes,

@@ -20,9 +20,11 @@ fn fallocate_takes_all_that_statfs_says_is_available() {
             fs.fallocate(f.ino, 0, avail * 4096, 0)
                 .unwrap_or_else(|e| panic!("{bytes} bytes, {ns} node: fallocate of avail: {e}"));
             let after = fs.statfs().expect("statfs");
+            // statfs keeps aside the share data sums take of what is written (0.4%, the
+            // `reserve` docs); a fallocate takes none, so that much stays available.
             assert!(
-                after.blocks_avail < 64,
-                "{bytes}: {} blocks still available after taking all",
+                after.blocks_avail < 64 + avail / 200,
+                "{bytes}: {} blocks still available after taking all {avail}",
                 after.blocks_avail
             );
             // And the promise is not far below what can really be had: a MiB more fails.

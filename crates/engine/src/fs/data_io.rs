@@ -45,6 +45,7 @@
 //! overlap; their device I/O does, and so does a reader's with everything.
 //! `OpenOptions::bench_data_under_lock` runs every read and write whole under the lock, the
 //! same-run baseline of `idxfs bench concurrency`.
+use super::data_sum::sums_of;
 use super::file::{check_regular, inline_max, Ext, ReadMap, MAX_EXTENT_BLOCKS, MAX_FILE_SIZE};
 use super::{Durable, Fs, Inner, Ino, Kill, Reserve, WriteHow};
 use crate::counters::Counters;
@@ -72,6 +73,8 @@ pub(crate) struct WritePlan {
     /// `Inner::in_place_seq` at step 1: edge bytes read after an in-place write are not
     /// vouched for by unchanged extents.
     in_place_seq: u64,
+    /// The new blocks' data sums, computed in step 2 (`data_sum`), linked with them in 3.
+    sums: Vec<u32>,
     /// Inside the read fence while an edge maps blocks, until step 3 is done.
     _inside: Option<ReadTicket>,
 }
@@ -95,8 +98,14 @@ impl WritePlan {
         (self.off + self.len).div_ceil(BS)
     }
 
-    /// Step 2: reads the edge blocks and writes the new blocks, without the lock.
-    fn write_blocks(&mut self, dev: &dyn BlockDevice, data: &[u8]) -> Result<()> {
+    /// Step 2: reads the edge blocks (checked against their sums) and writes the new blocks,
+    /// summing them, without the lock.
+    fn write_blocks(
+        &mut self,
+        dev: &dyn BlockDevice,
+        counters: &Counters,
+        data: &[u8],
+    ) -> Result<()> {
         let b0 = self.first_block();
         let n = ((self.end_block() - b0) * BS) as usize;
         let head = (self.off - b0 * BS) as usize;
@@ -107,7 +116,8 @@ impl WritePlan {
             let mut b = vec![0u8; n];
             for e in &mut self.edges {
                 if let Some(map) = e.map.take() {
-                    let bytes = map.fill(dev)?;
+                    // Unreported: a mismatch runs the write again under the lock.
+                    let bytes = map.fill_with(dev, counters, false)?;
                     let at = ((e.block - b0) * BS) as usize;
                     b[at..at + bytes.len()].copy_from_slice(&bytes);
                 }
@@ -122,6 +132,7 @@ impl WritePlan {
             dev.write_at(&buf[at..at + len], s * BS)?;
             at += len;
         }
+        self.sums = sums_of(buf);
         Ok(())
     }
 }
@@ -207,6 +218,7 @@ impl Inner {
             runs,
             edges,
             in_place_seq: self.in_place_seq,
+            sums: Vec::new(),
             _inside: reads.then(|| self.store.alloc.fence().enter()),
         }))
     }
@@ -251,6 +263,7 @@ impl Inner {
         self.log.data_unflushed = true;
         self.punch_now(ino, b0 * BS, b1 * BS)?;
         self.link_runs(ino, b0, &runs, end, times)?;
+        self.put_sums(ino, b0, &p.sums)?;
         Ok(true)
     }
 }
@@ -265,13 +278,26 @@ impl Fs {
             let map = g.map_read(ino, &it, off, len)?;
             g.touch_atime(ino, &it);
             if map.pieces.is_empty() || g.policy.knobs.data_under_lock {
-                return map.fill(g.store.dev.as_ref());
+                return map.fill(g.store.dev.as_ref(), &g.store.counters);
             }
             Counters::inc(&g.store.counters.data_reads_beside);
             let inside = g.store.alloc.fence().enter();
             (map, inside)
         };
-        map.fill(self.shared.dev.as_ref())
+        match map.fill_with(self.shared.dev.as_ref(), &self.shared.counters, false) {
+            // A block that does not match its sum, or one a full device's overwrite in
+            // place changed after the mapping (`data_sum`): read again under the lock,
+            // which nothing changes meanwhile, and which reports a real mismatch.
+            Err(Error::DataSum { .. }) => {
+                drop(_inside);
+                let mut g = self.lock();
+                let it = g.held_inode(ino)?;
+                check_regular(&it)?;
+                let map = g.map_read(ino, &it, off, len)?;
+                map.fill(g.store.dev.as_ref(), &g.store.counters)
+            }
+            r => r,
+        }
     }
 
     /// Writes `data` at `off`; returns bytes written (all of them, or an error). Sets the
@@ -322,7 +348,7 @@ impl Fs {
             })?;
         }
         if let Some(mut plan) = plan {
-            let io = plan.write_blocks(self.shared.dev.as_ref(), data);
+            let io = plan.write_blocks(self.shared.dev.as_ref(), &self.shared.counters, data);
             // Once: a wait for readers must not wait for this write's own ticket.
             let r = io.and_then(|()| {
                 let mut install = |g: &mut Inner| g.install_write(&mut plan, times);
@@ -342,8 +368,9 @@ impl Fs {
                     Counters::inc(&self.shared.counters.data_writes_beside);
                     return Ok(data.len());
                 }
-                // Changed meanwhile, or refused for space: again, whole under the lock.
-                Ok(false) | Err(Error::NoSpace) => {}
+                // Changed meanwhile, refused for space, or an edge block that did not match
+                // its sum (perhaps changed in place meanwhile): again, whole under the lock.
+                Ok(false) | Err(Error::NoSpace) | Err(Error::DataSum { .. }) => {}
                 Err(e) => return Err(e),
             }
         }

@@ -15,6 +15,7 @@
 //! takes more than one batch records a `Trim` orphan first, so a commit (and a crash) between
 //! its batches leaves a state the next open finishes: the size already cut, the extents past
 //! it still being freed, never visible (`trim_past_size`).
+use super::data_sum::{sums_of, SumCheck};
 use super::{Atime, Attr, Fs, Inner, Ino, Reserve};
 use crate::btree::Change;
 use crate::counters::Counters;
@@ -49,18 +50,47 @@ pub fn inline_symlink_max(node_size: u32) -> usize {
 }
 
 /// A read's bytes as the tree mapped them: inline data and holes already in `buf`, and the
-/// blocks still to read from the device.
+/// blocks still to read from the device, with their checksums.
 pub(crate) struct ReadMap {
+    pub ino: Ino,
     pub buf: Vec<u8>,
-    /// (offset in `buf`, length, device byte offset).
-    pub pieces: Vec<(usize, usize, u64)>,
+    pub pieces: Vec<ReadPiece>,
+}
+
+/// Bytes of a regular extent a read still needs from the device.
+pub(crate) struct ReadPiece {
+    /// Where they go in `ReadMap::buf`, and how many.
+    pub at: usize,
+    pub len: usize,
+    /// Device byte offset.
+    pub disk: u64,
+    /// The file block holding the first byte, and the sums of the blocks the piece touches
+    /// (`data_sum`), from that one on.
+    pub file_block: u64,
+    pub sums: Vec<Option<u32>>,
 }
 
 impl ReadMap {
-    /// Reads the mapped blocks into the buffer and returns it.
-    pub fn fill(mut self, dev: &dyn BlockDevice) -> Result<Vec<u8>> {
-        for &(at, len, disk) in &self.pieces {
-            dev.read_at(&mut self.buf[at..at + len], disk)?;
+    /// Reads the mapped blocks into the buffer, each checked against its sum, and returns it.
+    pub fn fill(self, dev: &dyn BlockDevice, counters: &Counters) -> Result<Vec<u8>> {
+        self.fill_with(dev, counters, true)
+    }
+
+    /// `fill`; a mismatch is counted and logged only with `report` (`SumCheck::report`).
+    pub fn fill_with(
+        mut self,
+        dev: &dyn BlockDevice,
+        counters: &Counters,
+        report: bool,
+    ) -> Result<Vec<u8>> {
+        let check = SumCheck {
+            ino: self.ino,
+            counters,
+            report,
+        };
+        for p in &self.pieces {
+            let out = &mut self.buf[p.at..p.at + p.len];
+            check.read(dev, out, p.disk, p.file_block, &p.sums)?;
         }
         Ok(self.buf)
     }
@@ -160,10 +190,33 @@ impl Inner {
         Ok(any)
     }
 
+    /// Whether `ino` has an extent or a data sum at or past byte `from`.
+    fn has_data_from(&mut self, ino: Ino, from: u64) -> Result<bool> {
+        if self.has_extent_from(ino, from)? {
+            return Ok(true);
+        }
+        if !self.may_have_sums() {
+            return Ok(false);
+        }
+        let g = from / BS / idxfs_format::items::SUM_GROUP_BLOCKS;
+        let tree = self.fs_tree;
+        let mut any = false;
+        tree.scan(
+            &mut self.store,
+            super::data_sum::sum_key(ino, g),
+            super::data_sum::sum_key(ino, u64::MAX),
+            |_, _| {
+                any = true;
+                Ok(false)
+            },
+        )?;
+        Ok(any)
+    }
+
     /// Reads up to `len` bytes at `off`, clamped to the file size.
     pub fn read_data(&mut self, ino: Ino, it: &InodeItem, off: u64, len: usize) -> Result<Vec<u8>> {
         self.map_read(ino, it, off, len)?
-            .fill(self.store.dev.as_ref())
+            .fill(self.store.dev.as_ref(), &self.store.counters)
     }
 
     /// What a read of up to `len` bytes at `off` (clamped to the file size) returns, as the
@@ -177,6 +230,7 @@ impl Inner {
     ) -> Result<ReadMap> {
         let size = it.size.get();
         let mut map = ReadMap {
+            ino,
             buf: Vec::new(),
             pieces: Vec::new(),
         };
@@ -185,7 +239,14 @@ impl Inner {
         }
         let end = size.min(off.saturating_add(len as u64));
         map.buf = vec![0u8; (end - off) as usize];
-        for e in self.extents(ino, off, end)? {
+        let exts = self.extents(ino, off, end)?;
+        let sb0 = off / BS;
+        let sums = if exts.iter().any(|e| e.item.kind == EXTENT_REGULAR) {
+            self.block_sums(ino, sb0, end.div_ceil(BS))?
+        } else {
+            Vec::new()
+        };
+        for e in exts {
             let (a, b) = (e.offset.max(off), e.end().min(end));
             if a >= b {
                 continue;
@@ -196,7 +257,14 @@ impl Inner {
                     .copy_from_slice(&e.inline[(a - e.offset) as usize..(b - e.offset) as usize]);
             } else if e.item.kind == EXTENT_REGULAR {
                 let disk = e.item.disk_block.get() * BS + (a - e.offset);
-                map.pieces.push((at, (b - a) as usize, disk));
+                let (f0, f1) = (a / BS, b.div_ceil(BS));
+                map.pieces.push(ReadPiece {
+                    at,
+                    len: (b - a) as usize,
+                    disk,
+                    file_block: f0,
+                    sums: sums[(f0 - sb0) as usize..(f1 - sb0) as usize].to_vec(),
+                });
             }
             // Prealloc extents read as zeros: the buffer already is.
         }
@@ -308,6 +376,23 @@ impl Inner {
         Ok(freed)
     }
 
+    /// One batch of freeing [start, end) after `trim_edges` and `clear_sum_edges`: the
+    /// extents of one leaf, and the data sums of one more (`data_sum`). Returns (blocks
+    /// freed, whether more may remain).
+    fn free_batch(&mut self, ino: Ino, start: u64, end: u64) -> Result<(u64, bool)> {
+        let (freed, more) = self.punch_batch(ino, start, end)?;
+        let sums = self.clear_sum_batch(ino, start / BS, end.div_ceil(BS))?;
+        Ok((freed, more || sums))
+    }
+
+    /// `trim_edges`, and the sums of the blocks it cuts off or leaves in the range taken
+    /// where a group item is shared with blocks outside it.
+    fn trim_edges_and_sums(&mut self, ino: Ino, start: u64, end: u64) -> Result<u64> {
+        let freed = self.trim_edges(ino, start, end)?;
+        self.clear_sum_edges(ino, start / BS, end.div_ceil(BS))?;
+        Ok(freed)
+    }
+
     /// One batch of freeing [start, end) after `trim_edges`: the extents of one leaf. Returns
     /// (blocks freed, whether more remain).
     fn punch_batch(&mut self, ino: Ino, start: u64, end: u64) -> Result<(u64, bool)> {
@@ -338,6 +423,8 @@ impl Inner {
 
     /// Removes the block extents in [start, end) in one go: for ranges whose extents the
     /// caller's reservation already covers (a write replaces at most a request's worth).
+    /// The range's data sums stay: the caller links new blocks there and gives every one of
+    /// them its sum (`put_sums`, which with sums off takes the old ones away).
     pub(crate) fn punch_now(&mut self, ino: Ino, start: u64, end: u64) -> Result<()> {
         let mut freed = self.trim_edges(ino, start, end)?;
         loop {
@@ -355,17 +442,18 @@ impl Inner {
     /// state is whole (a checkpoint): an error then leaves a partly freed range, as a crash
     /// would, never a half-applied change. Ok(false): stopped for lack of space.
     pub(crate) fn punch_batched(&mut self, ino: Ino, start: u64, end: u64) -> Result<bool> {
-        let freed = self.trim_edges(ino, start, end)?;
+        let freed = self.trim_edges_and_sums(ino, start, end)?;
         self.sub_alloc(ino, freed)?;
         self.checkpoint();
         loop {
             if self.policy.knobs.commit_between_batches {
                 self.commit()?;
             }
-            if self.reserve(1, Reserve::Shrink).is_err() {
+            // Two leaves: one of extents, one of sums.
+            if self.reserve(2, Reserve::Shrink).is_err() {
                 return Ok(false);
             }
-            let (f, more) = self.punch_batch(ino, start, end)?;
+            let (f, more) = self.free_batch(ino, start, end)?;
             self.sub_alloc(ino, f)?;
             self.checkpoint();
             if !more {
@@ -380,10 +468,10 @@ impl Inner {
     /// ran out first; the orphan stays and `finish_trim` completes it later.
     pub(crate) fn trim_past_size(&mut self, ino: Ino, size: u64) -> Result<bool> {
         let from = size.div_ceil(BS) * BS;
-        let freed = self.trim_edges(ino, from, u64::MAX)?;
-        let (f, more) = self.punch_batch(ino, from, u64::MAX)?;
+        let freed = self.trim_edges_and_sums(ino, from, u64::MAX)?;
+        let (f, more) = self.free_batch(ino, from, u64::MAX)?;
         self.sub_alloc(ino, freed + f)?;
-        if !more || !self.has_extent_from(ino, from)? {
+        if !more || !self.has_data_from(ino, from)? {
             return Ok(true);
         }
         // An unlinked inode (an orphan already) is freed whole later; anything else records
@@ -516,7 +604,9 @@ impl Inner {
         } else {
             self.punch_now(ino, b0 * BS, b1 * BS)?;
         }
-        self.link_runs(ino, b0, &runs, end, true)
+        let it = self.link_runs(ino, b0, &runs, end, true)?;
+        self.put_sums(ino, b0, &sums_of(&buf))?;
+        Ok(it)
     }
 
     /// Links new blocks (`runs`, in file order) as the file's data from block `b0`, where the

@@ -16,6 +16,10 @@
 //!   with a NOCOW write's crash behaviour, as ext4 always overwrites. So a write inside a
 //!   range fallocate returned for is never refused for space, the first one or a later one.
 //!
+//! Data sums (`data_sum`): a converted block gets its sum with its conversion; a NOCOW file
+//! has none; a block a full device overwrites in place loses its sum in the same operation
+//! (a crash may tear it), and the part of it such a write keeps is checked first.
+//!
 //! None of these takes data blocks. A conversion changes a few extent items, and reserves
 //! their node slots with deletes' rights (`Reserve::Shrink`), as ext4 keeps clusters aside
 //! for converting unwritten extents; an overwrite changes only the inode. The parts of a
@@ -30,6 +34,7 @@
 //! map, and every in-place write moves `Inner::in_place_seq`, which such a plan checks
 //! before it links its blocks. A reader outside the lock may see part of an in-place write,
 //! as on the kernel's file systems.
+use super::data_sum::{sums_of, SumCheck};
 use super::file::{extent_key, Ext, MAX_FILE_SIZE};
 use super::inode_flags::is_nocow;
 use super::{Inner, Ino, Reserve};
@@ -155,7 +160,15 @@ impl Inner {
             .iter()
             .filter(|p| matches!(p.how, How::Convert { .. }))
             .count() as u64;
-        let nodes = self.convert_nodes(touched, converts);
+        // Sums: the converted blocks get theirs, the overwritten ones of a copy-on-write file
+        // lose theirs (`data_sum`).
+        let in_place: u64 = pieces
+            .iter()
+            .filter(|p| p.how != How::Cow)
+            .map(|p| p.end - p.start)
+            .sum();
+        let nocow = is_nocow(&it);
+        let nodes = self.convert_nodes(touched, converts) + self.sum_nodes(in_place);
         match cow_bytes {
             0 => self.reserve_nodes(nodes, 0, Reserve::Shrink)?,
             n => {
@@ -168,6 +181,21 @@ impl Inner {
             let (a, z) = (off.max(s * BS), end.min(t * BS));
             ((a - off) as usize..(z - off) as usize, a)
         };
+        // A copy-on-write file's blocks this write keeps part of are checked against their
+        // sums before their bytes are carried over (`data_sum`).
+        let counters = self.store.counters.clone();
+        let check = SumCheck {
+            ino,
+            counters: &counters,
+            report: true,
+        };
+        let sums = if full && !nocow {
+            self.block_sums(ino, b0, b1)?
+        } else {
+            vec![None; (b1 - b0) as usize]
+        };
+        // The converted blocks' sums, linked after the conversions.
+        let mut new_sums: Vec<(u64, Vec<u32>)> = Vec::new();
         // Device writes first, whole blocks (a device tears a write only at its own write
         // unit, from an aligned start): an error there changes no item.
         for p in &pieces {
@@ -180,22 +208,33 @@ impl Inner {
             };
             let (r, at) = part(p.start, p.end);
             let whole = ((p.end - p.start) * BS) as usize;
+            let summed = !keep && !nocow;
             if at == p.start * BS && r.len() == whole {
                 // Whole blocks: the caller's bytes as they are.
+                if summed {
+                    new_sums.push((p.start, sums_of(&data[r.clone()])));
+                }
                 self.store.dev.write_at(&data[r], disk * BS)?;
                 continue;
             }
             let mut buf = vec![0u8; whole];
             let head = (at - p.start * BS) as usize;
             let last = buf.len() - BS as usize;
+            let sum_of = |b: u64| &sums[(b - b0) as usize..=(b - b0) as usize];
+            let dev = self.store.dev.as_ref();
             if keep && head > 0 {
-                self.store.dev.read_at(&mut buf[..BS as usize], disk * BS)?;
+                let out = &mut buf[..BS as usize];
+                check.read(dev, out, disk * BS, p.start, sum_of(p.start))?;
             }
             if keep && head + r.len() < buf.len() && (head == 0 || last > 0) {
                 let end_at = disk * BS + last as u64;
-                self.store.dev.read_at(&mut buf[last..], end_at)?;
+                let out = &mut buf[last..];
+                check.read(dev, out, end_at, p.end - 1, sum_of(p.end - 1))?;
             }
             buf[head..head + r.len()].copy_from_slice(&data[r]);
+            if summed {
+                new_sums.push((p.start, sums_of(&buf)));
+            }
             self.store.dev.write_at(&buf, disk * BS)?;
         }
         self.in_place_seq += 1;
@@ -208,10 +247,18 @@ impl Inner {
             self.write_data(ino, at, &data[r])?;
         }
         for p in pieces.iter().rev() {
-            if let How::Convert { ext, .. } = p.how {
-                self.convert(ino, &exts[ext], p.start, p.end)?;
-                Counters::inc(&self.store.counters.extent_conversions);
+            match p.how {
+                How::Convert { ext, .. } => {
+                    self.convert(ino, &exts[ext], p.start, p.end)?;
+                    Counters::inc(&self.store.counters.extent_conversions);
+                }
+                // No sum can be right for a block a crash may tear (module docs).
+                How::Overwrite { .. } if !nocow => self.clear_sums(ino, p.start, p.end)?,
+                _ => {}
             }
+        }
+        for (start, sums) in new_sums {
+            self.put_sums(ino, start, &sums)?;
         }
         Counters::inc(&self.store.counters.in_place_writes);
         let now = self.now();

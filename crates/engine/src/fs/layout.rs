@@ -132,8 +132,9 @@ impl Inner {
         let (b0, b1) = (off / BS, (off + len).div_ceil(BS));
         let items = 2 * (b1 - b0).div_ceil(MAX_EXTENT_BLOCKS) + 1;
         let run = self.run_nodes(items, items * 57);
-        // The new extents, the edges' copies and the cut extents (`punch_hole`'s 16 items).
-        self.reserve_nodes(run + 20 * self.item_nodes(), b1 - b0 + 2, Reserve::Grow)?;
+        // The new extents, the edges' copies and the cut extents (`punch_hole`'s items).
+        let punch = super::reserve::DELETE_ITEMS + 4;
+        self.reserve_nodes(run + punch * self.item_nodes(), b1 - b0 + 2, Reserve::Grow)?;
         self.punch_hole(ino, off, len)?;
         self.checkpoint();
         self.preallocate(ino, off, len, keep_size)
@@ -220,9 +221,10 @@ impl Fs {
             let now = g.now();
             let mode_after = |m: u32| privs::after(m, kill);
             if punch {
-                // The two partial blocks at the edges, the cut extents; the batches between
-                // them reserve for themselves.
-                g.reserve_blocks(16, 2, Reserve::Shrink)?;
+                // The two partial blocks at the edges (their extents and sums), the cut
+                // extents, the sums of the edge groups; the batches between them reserve for
+                // themselves.
+                g.reserve_blocks(super::reserve::DELETE_ITEMS, 2, Reserve::Shrink)?;
                 g.punch_hole(ino, off, len)?;
                 let it = g.modify_inode(ino, |i| {
                     i.ctime = now;

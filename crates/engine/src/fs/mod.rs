@@ -49,6 +49,7 @@ pub mod acl;
 mod create;
 mod damage;
 mod data_io;
+pub(crate) mod data_sum;
 mod dir;
 mod file;
 mod in_place;
@@ -152,6 +153,10 @@ pub struct OpenOptions {
     /// an image file gives their space back. Freed file data is then reused only after the
     /// next commit, not within its own transaction.
     pub discard: bool,
+    /// Data checksums (`data_sum`): every block written copy-on-write gets a crc32c, checked
+    /// on every read from the device. Off (`-o nodatasum`): no new sums are written (those
+    /// of rewritten ranges still go); the ones there are still checked.
+    pub datasum: bool,
     /// Testing only: a name hash other than the format's, to force collisions. An image written
     /// with it must be read and checked with it.
     pub name_hash: NameHash,
@@ -193,6 +198,7 @@ impl Default for OpenOptions {
             on_damage: OnDamage::default(),
             acl: true,
             discard: true,
+            datasum: true,
             name_hash: idxfs_format::hash::name_hash,
             bench_hash_index_only: false,
             bench_locked_reads: false,
@@ -370,7 +376,9 @@ impl Fs {
             magic: MAGIC,
             uuid,
             incompat: 0.into(),
-            compat_ro: 0.into(),
+            // Data sums from the start: the first fsync of a new image then logs, where an
+            // older image's first sum takes a commit (`data_sum`).
+            compat_ro: idxfs_format::versions::COMPAT_RO_DATA_SUMS.into(),
             compat: 0.into(),
             generation: 0.into(),
             copy_index: 0.into(),
@@ -444,6 +452,7 @@ impl Fs {
                 sync: opts.sync,
                 on_damage: opts.on_damage,
                 acl: opts.acl,
+                datasum: opts.datasum,
                 hash: opts.name_hash,
                 clock: opts.clock.clone(),
                 dirty_nodes_limit: opts.dirty_nodes_limit.clamp(64, (cache_nodes / 2).max(64)),
@@ -1057,6 +1066,7 @@ impl Inner {
                 sync: SyncMode::default(),
                 on_damage: OnDamage::default(),
                 acl: true,
+                datasum: true,
                 hash,
                 clock: Arc::new(SystemClock),
                 dirty_nodes_limit: usize::MAX,

@@ -16,6 +16,8 @@ pub(crate) struct Policy {
     pub on_damage: super::OnDamage,
     /// POSIX ACLs kept and inherited (`OpenOptions::acl`).
     pub acl: bool,
+    /// New copy-on-write blocks get data checksums (`OpenOptions::datasum`).
+    pub datasum: bool,
     /// The name hash: the format's, or a test's that forces collisions.
     pub hash: NameHash,
     pub clock: Arc<dyn Clock>,

@@ -32,12 +32,16 @@
 //!
 //! `statfs` answers with the same arithmetic: available = free (counting what the next
 //! commit releases and what the pools hold) - global reserve - root reserve - the commit's
-//! fixed need - the metadata margin of one large operation. So an unprivileged `fallocate`
-//! or write of what `df` says is available succeeds (root may go on into the root reserve).
+//! fixed need - the metadata margin of one large operation - the share of the rest that
+//! data sums take when it is written (about 0.4%: a group item per 256 KiB, in leaves at
+//! least half full, and their copies until the commit). So an unprivileged `fallocate` or
+//! write of what `df` says is available succeeds (root may go on into the root reserve); a
+//! fallocate, which takes no sums, leaves that share available after it.
 //! Free space cut into single blocks is the exception: it holds data, but no node slots.
 use super::{Inner, Reserve};
 use crate::counters::Counters;
 use crate::error::{Error, Result};
+use idxfs_format::items::{BLOCK_SUMS_MAX, SUM_GROUP_BLOCKS};
 use idxfs_format::node::{internal_capacity, leaf_capacity, ITEM_HEADER_SIZE};
 use idxfs_format::BLOCK_SIZE;
 
@@ -46,8 +50,11 @@ const EXTENT_BYTES: u64 = (idxfs_format::items::EXTENT_ITEM_SIZE + ITEM_HEADER_S
 /// Item changes the margin of `statfs` covers besides a run: more than the largest single
 /// operation (a 1 MiB write over a few old extents, a fallocate) changes.
 const MARGIN_ITEMS: u64 = 8;
-/// Item changes the largest reservation of a delete covers: a truncate's (an unlink's is 6).
-pub(crate) const DELETE_ITEMS: u64 = 8;
+/// Item changes the largest reservation of a delete covers (an unlink's is 6): a hole
+/// punch's or a truncate's, whose edges each rewrite a partial block (its extents and data
+/// sum) and cut an extent and a group of sums, then the size and the first batch (a leaf of
+/// extents, a leaf of sums).
+pub(crate) const DELETE_ITEMS: u64 = 20;
 /// Largest write request a front end sends (FUSE's max_write), for the margin.
 const MARGIN_WRITE_BYTES: u64 = 1 << 20;
 
@@ -102,9 +109,11 @@ impl Inner {
 
     /// Blocks the largest reservation of a delete takes from free space (a truncate's: its
     /// `DELETE_ITEMS` item changes, two data blocks, and the commit after them).
+    /// Counted for a tree one level taller than now: growth that fills the device may
+    /// also add a level, and a delete must still fit then.
     fn delete_need(&self) -> u64 {
-        let later = self.commit_need().div_ceil(self.bpn()) + 4 * (self.fs_tree.level as u64 + 1);
-        (DELETE_ITEMS * self.item_nodes() + later) * self.bpn() + 2
+        let later = self.commit_need().div_ceil(self.bpn()) + 4 * (self.fs_tree.level as u64 + 2);
+        (DELETE_ITEMS * (self.item_nodes() + 2) + later) * self.bpn() + 2
     }
 
     /// Blocks only privileged callers may grow into.
@@ -160,7 +169,19 @@ impl Inner {
         let path = self.fs_tree.level as u64 + 1;
         let copies = (touched + 2) * path;
         let merges = (touched + 2) * path;
-        copies + merges + self.run_nodes(data + 2, (data + 2) * EXTENT_BYTES)
+        copies + merges + self.run_nodes(data + 2, (data + 2) * EXTENT_BYTES) + self.sum_nodes(data)
+    }
+
+    /// The nodes of changing the data sums of `blocks` consecutive file blocks
+    /// (`data_sum`): their group items sit at consecutive keys of one inode, so one run of
+    /// puts of at most `BLOCK_SUMS_MAX` bytes each, and a copy and a merge, with their paths,
+    /// of each leaf holding the old ones (at least half full, so few).
+    pub(crate) fn sum_nodes(&self, blocks: u64) -> u64 {
+        let items = blocks / SUM_GROUP_BLOCKS + 2;
+        let bytes = items * (BLOCK_SUMS_MAX + ITEM_HEADER_SIZE) as u64;
+        let path = self.fs_tree.level as u64 + 1;
+        let leaves = (2 * bytes).div_ceil(leaf_capacity(self.store.node_size) as u64) + 1;
+        2 * leaves * path + self.run_nodes(items, bytes)
     }
 
     /// The nodes of converting `converts` preallocated extents among `touched` extents of
@@ -241,12 +262,12 @@ impl Inner {
             .fill_node_pool(want as usize, aside as usize, kind == Reserve::Shrink)
     }
 
-    /// Node slots growth leaves for deletes (part of the global reserve): two freeing
-    /// batches (each one item change) and the commit after them, with room for the inodes
-    /// they dirty; never more than the global reserve holds.
+    /// Node slots growth leaves for deletes (part of the global reserve): the largest
+    /// reservation a delete makes (`delete_need`), so that a full device whose free blocks
+    /// are cut into pieces smaller than a node still takes a truncate, a hole punch or an
+    /// unlink; never more than the global reserve holds.
     fn reserve_slots(&self) -> u64 {
-        let path = self.fs_tree.level as u64 + 1;
-        let want = 2 * self.item_nodes() + (self.commit_base() - 1) / self.bpn() + 8 * path + 16;
+        let want = (self.delete_need() - 2).div_ceil(self.bpn());
         want.min(self.global_reserve() / self.bpn())
     }
 
@@ -261,12 +282,22 @@ impl Inner {
             + self.store.node_pool_blocks();
         let blocks = MARGIN_WRITE_BYTES / BLOCK_SIZE + 2;
         let margin = (self.run_nodes(blocks, blocks * EXTENT_BYTES)
+            + self.sum_nodes(blocks)
             + MARGIN_ITEMS * self.item_nodes())
             * self.bpn();
         let hidden = self.global_reserve() + self.commit_base() + margin;
+        let avail = free.saturating_sub(hidden + self.root_reserve());
+        // Data written with sums takes metadata in proportion: a full group item per
+        // `SUM_GROUP_BLOCKS` blocks, in leaves at least half full, which a write copies
+        // (the old copy pinned until the commit): twice that again.
+        let per_group = 4 * (BLOCK_SUMS_MAX + ITEM_HEADER_SIZE) as u64;
+        let sums = match self.policy.datasum {
+            true => (avail * per_group).div_ceil(SUM_GROUP_BLOCKS * BLOCK_SIZE + per_group),
+            false => 0,
+        };
         SpaceReport {
             free,
-            avail: free.saturating_sub(hidden + self.root_reserve()),
+            avail: avail - sums,
         }
     }
 }

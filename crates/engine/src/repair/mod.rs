@@ -140,6 +140,7 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
     for bit in (0..64).map(|i| 1u64 << i).filter(|b| plan.needs & b != 0) {
         inner.require_incompat(bit);
     }
+    inner.txn.compat_ro_wanted |= plan.needs_ro & !base.compat_ro.get();
     build(&mut inner, &plan)?;
     inner.commit()?;
 

@@ -18,19 +18,22 @@
 //!   block holding the last byte are cut off, as the truncate that left them meant; a
 //!   symlink without its whole target is dropped. Extents lost with a leaf read as holes:
 //!   the report names the inodes that had extents in a lost range.
+//! - **Data sums** are kept for the blocks of kept regular extents that match them, and go
+//!   with the rest.
 //! - **Counts** follow what is kept: link counts, directory sizes, allocated bytes.
 //! - **xattrs** whose record is filed under the wrong hash, or whose long value lacks a
 //!   piece, are dropped; pieces no value claims are dropped.
 use crate::fs::NameHash;
 use crate::space::bitmap::Bitmap;
 use idxfs_format::items::{
-    decode_dir_entries, decode_ext_refs, decode_extent, decode_inode, decode_names, decode_orphan,
-    decode_xattrs, encode_xattrs, ExtentItem, InodeItem, OrphanKind, Timespec, XattrValue,
-    EXTENT_INLINE, EXTENT_ITEM_SIZE, EXTENT_REGULAR, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG,
+    block_sum, decode_dir_entries, decode_ext_refs, decode_extent, decode_inode, decode_names,
+    decode_orphan, decode_xattrs, encode_xattrs, BlockSums, ExtentItem, InodeItem, OrphanKind,
+    Timespec, XattrValue, EXTENT_INLINE, EXTENT_ITEM_SIZE, EXTENT_REGULAR, SUM_GROUP_BLOCKS,
+    S_IFDIR, S_IFLNK, S_IFMT, S_IFREG,
 };
 use idxfs_format::node::KeyRange;
 use idxfs_format::superblock::Superblock;
-use idxfs_format::versions::{INCOMPAT_ORPHAN_TRIM, INCOMPAT_XATTR_CHUNKS};
+use idxfs_format::versions::{COMPAT_RO_DATA_SUMS, INCOMPAT_ORPHAN_TRIM, INCOMPAT_XATTR_CHUNKS};
 use idxfs_format::{
     ItemType, Key, BLOCK_SIZE, MAX_INO, NAME_MAX, ORPHAN_OBJECTID, ROOT_INO, SYMLINK_MAX,
 };
@@ -58,6 +61,8 @@ pub(crate) struct Plan {
     pub clones: Vec<Key>,
     /// Incompat bits the kept items need.
     pub needs: u64,
+    /// Read-only-compat bits the kept items need.
+    pub needs_ro: u64,
     /// The next inode number to hand out.
     pub next_ino: u64,
     /// What was changed or dropped, one line each.
@@ -115,6 +120,7 @@ pub(crate) fn plan(
     let mut inodes: BTreeMap<u64, InodeItem> = BTreeMap::new();
     let mut orphans: BTreeMap<u64, OrphanKind> = BTreeMap::new();
     let mut extents: BTreeMap<u64, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
+    let mut sums: BTreeMap<u64, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
     let mut xattrs: BTreeMap<u64, Vec<(Key, Vec<u8>)>> = BTreeMap::new();
     let mut chunks: BTreeMap<(u64, u64), Vec<u8>> = BTreeMap::new();
     let mut names: BTreeMap<(u64, Vec<u8>), (u64, Source)> = BTreeMap::new();
@@ -192,6 +198,7 @@ pub(crate) fn plan(
                 Err(_) => drop("back reference items that do not decode"),
             },
             Some(ItemType::Extent) => extents.entry(k.objectid).or_default().push((k.offset, v)),
+            Some(ItemType::DataSum) => sums.entry(k.objectid).or_default().push((k.offset, v)),
             Some(ItemType::Xattr) => xattrs.entry(k.objectid).or_default().push((k, v)),
             Some(ItemType::XattrChunk) => {
                 chunks.insert((k.objectid, k.offset), v);
@@ -303,6 +310,15 @@ pub(crate) fn plan(
         }
         if let Some(i) = inodes.get_mut(&ino) {
             i.alloc_bytes = (blocks * BLOCK_SIZE).into();
+        }
+        if fmt == S_IFREG && it.flags.get() & crate::fs::NOCOW_FL == 0 {
+            keep_sums(
+                &mut p,
+                ino,
+                &kept,
+                sums.remove(&ino).unwrap_or_default(),
+                block,
+            );
         }
         for k in kept {
             let key = Key::new(ino, ItemType::Extent, k.offset);
@@ -456,6 +472,69 @@ struct Kept {
     blocks: u64,
     /// Its blocks are another extent's too: it gets a copy (`Plan::clones`).
     clone: bool,
+}
+
+/// The data sums of `ino` that name blocks of its kept regular extents and match what those
+/// blocks hold (a clone gets a copy of the same bytes, so they hold for it too). A sum that
+/// does not match goes, with a line naming the block: damaged metadata (a resealed extent
+/// that points elsewhere, a resealed sum) and damaged data look the same from here, and a
+/// repaired image reads every block it kept (`idxfs fsck --data` before a repair tells data
+/// damage apart). The rest go with their blocks.
+fn keep_sums(
+    p: &mut Plan,
+    ino: u64,
+    kept: &[Kept],
+    list: Vec<(u64, Vec<u8>)>,
+    block: &dyn Fn(u64) -> Option<Vec<u8>>,
+) {
+    let regular: Vec<(u64, u64, u64)> = kept
+        .iter()
+        .filter(|k| !k.inline && k.value.first() == Some(&EXTENT_REGULAR))
+        .map(|k| (k.offset / BLOCK_SIZE, k.blocks, k.disk))
+        .collect();
+    let mut lost = 0u64;
+    let mut wrong = Vec::new();
+    for (g, v) in list {
+        let Ok(mut s) = BlockSums::decode(&v, "") else {
+            p.act(format!(
+                "inode {ino}: data sums of group {g} do not decode: dropped (those blocks are read unchecked)"
+            ));
+            continue;
+        };
+        for (i, sum) in s.sums.iter_mut().enumerate() {
+            let Some(want) = *sum else { continue };
+            let b = g.saturating_mul(SUM_GROUP_BLOCKS).saturating_add(i as u64);
+            let disk = regular
+                .iter()
+                .find(|(f, n, _)| (*f..f + n).contains(&b))
+                .map(|(f, _, d)| d + (b - f));
+            match disk {
+                None => {
+                    *sum = None;
+                    lost += 1;
+                }
+                Some(d) if block(d).is_none_or(|data| block_sum(&data) != want) => {
+                    *sum = None;
+                    wrong.push(b);
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some(v) = s.encode() {
+            p.needs_ro |= COMPAT_RO_DATA_SUMS;
+            p.items.insert(Key::new(ino, ItemType::DataSum, g), v);
+        }
+    }
+    if lost > 0 {
+        p.act(format!(
+            "inode {ino}: {lost} data sums named blocks no kept extent holds: dropped"
+        ));
+    }
+    if !wrong.is_empty() {
+        p.act(format!(
+            "inode {ino}: blocks {wrong:?} do not match their data sums (damaged data, or an extent or sum damaged): their sums dropped, the bytes read as they are"
+        ));
+    }
 }
 
 /// The extents of `ino` (in file order) that may stay, claiming their blocks.
