@@ -65,6 +65,10 @@ enum Cmd {
         image: PathBuf,
         #[arg(long)]
         repair: bool,
+        /// Also read every file block that has a data checksum and report each that does
+        /// not match.
+        #[arg(long)]
+        data: bool,
     },
     /// Give every free block back to the device (punch holes in an image file, BLKDISCARD
     /// on a block device): what `-o nodiscard` or an older idxfs left allocated. TARGET is an
@@ -87,6 +91,8 @@ enum Cmd {
         /// handoff/nohandoff (ring replies sent at SCHED_IDLE so callers wake on the same CPU;
         /// default on), threads=N, pin/nopin (/dev/fuse workers pinned one per CPU), writeback,
         /// discard/nodiscard (freed blocks given back to an image file or device; default on),
+        /// datasum/nodatasum (a crc32c for every block written copy-on-write, checked on
+        /// every read; default on),
         /// readdirplus=always|auto (auto: names-only listings skip attributes, but tar, cp and
         /// rm then look up every entry; default always).
         #[arg(short = 'o', value_name = "OPTIONS")]
@@ -245,7 +251,7 @@ fn run_trim(image: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn run_fsck(image: &Path) -> Result<bool, String> {
+fn run_fsck(image: &Path, data: bool) -> Result<bool, String> {
     let _lock = lock_image(image, false, std::time::Duration::from_secs(10))?;
     let dev = open_dev(image, false)?;
     let mut last = std::time::Instant::now();
@@ -255,7 +261,7 @@ fn run_fsck(image: &Path) -> Result<bool, String> {
             last = std::time::Instant::now();
         }
     };
-    let r = fsck::check(&dev, idxfs_format::hash::name_hash, &mut progress)
+    let r = fsck::check_with(&dev, idxfs_format::hash::name_hash, data, &mut progress)
         .map_err(|e| format!("fsck {}: {e}", image.display()))?;
     eprint!("\r");
     for n in &r.notes {
@@ -283,7 +289,7 @@ fn run_fsck(image: &Path) -> Result<bool, String> {
 /// repair, else whether the image ends clean.
 fn run_repair(image: &Path) -> Result<Option<bool>, String> {
     let p = image.display();
-    if run_fsck(image)? {
+    if run_fsck(image, false)? {
         println!("{p}: nothing to repair");
         return Ok(None);
     }
@@ -378,7 +384,7 @@ fn demo(image: Option<PathBuf>, files: u64) -> Result<(), String> {
         increasing as f64 / n.max(1) as f64
     );
     fs.close().map_err(|e| e.to_string())?;
-    let clean = run_fsck(&path)?;
+    let clean = run_fsck(&path, false)?;
     let stdout = std::io::stdout();
     dump(dev.as_ref(), Some(Which::Fs), true, &mut stdout.lock()).map_err(|e| e.to_string())?;
     if !clean {
@@ -445,7 +451,7 @@ fn other_forms(args: &[std::ffi::OsString]) -> Option<ExitCode> {
                 }
             });
         }
-        return Some(match run_fsck(Path::new(image)) {
+        return Some(match run_fsck(Path::new(image), false) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::from(4),
             Err(e) => {
@@ -555,6 +561,7 @@ fn main() -> ExitCode {
         Cmd::Fsck {
             image,
             repair: true,
+            ..
         } => match run_repair(&image) {
             Ok(None | Some(true)) => Ok(ExitCode::SUCCESS),
             Ok(Some(false)) => Ok(ExitCode::from(1)),
@@ -563,7 +570,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         },
-        Cmd::Fsck { image, .. } => match run_fsck(&image) {
+        Cmd::Fsck { image, data, .. } => match run_fsck(&image, data) {
             Ok(true) => Ok(ExitCode::SUCCESS),
             Ok(false) => Ok(ExitCode::from(1)),
             Err(e) => {

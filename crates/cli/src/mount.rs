@@ -135,6 +135,7 @@ fn serve_image(
             sync: cfg.sync,
             on_damage: cfg.on_damage,
             discard: cfg.discard,
+            datasum: cfg.datasum,
             acl: cfg.acl_here(),
             ..OpenOptions::default()
         },

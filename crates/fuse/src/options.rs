@@ -26,6 +26,9 @@ pub struct MountConfig {
     /// space back (`-o discard`, the default; `nodiscard` keeps every block the image ever
     /// used allocated). See `idxfs_engine::space::discard`.
     pub discard: bool,
+    /// Data checksums for new copy-on-write blocks (`-o datasum`, the default; `nodatasum`
+    /// writes none). See `idxfs_engine::OpenOptions::datasum`.
+    pub datasum: bool,
     /// FUSE worker threads reading /dev/fuse (each with its own cloned fd). None: 2, or 1
     /// beside io_uring, where only FORGET and INTERRUPT come that way.
     pub threads: Option<usize>,
@@ -89,6 +92,7 @@ impl Default for MountConfig {
             ttl: Duration::from_secs(3600),
             writeback: false,
             discard: true,
+            datasum: true,
             threads: None,
             pin: None,
             uring: None,
@@ -136,6 +140,8 @@ impl MountConfig {
                 "nowriteback" => self.writeback = false,
                 "discard" => self.discard = true,
                 "nodiscard" => self.discard = false,
+                "datasum" => self.datasum = true,
+                "nodatasum" => self.datasum = false,
                 "default_permissions" => self.default_permissions = true,
                 "acl" => self.acl = Some(true),
                 "noacl" => self.acl = Some(false),
