@@ -5,9 +5,13 @@
 //!   `find | xargs cat` does: open, read, close each.
 //!
 //! Beside idxfs's numbers, the FUSE floor: what the transport alone would allow, from the
-//! round trip of an empty daemon measured in the same run, at one request per MiB for the
-//! large file and two per small file read cold (LOOKUP, READ; no OPEN: idxfs answers
-//! no-open). A warm read asks the daemon nothing, so it has no floor.
+//! round trip of an empty daemon measured in the same run, at one request per MiB written,
+//! eight per MiB read cold (READs of 128 KiB, the kernel's readahead window: 8,192 for a
+//! GiB, counted with `IDXFS_COUNTERS`) and two per small file read cold (LOOKUP, READ; no
+//! OPEN: idxfs answers no-open). A warm read asks the daemon nothing, so it has no floor.
+//! idxfs also runs with `-o nodatasum`: "sums cost" is idxfs with data checksums against
+//! without, same run. Every file system runs twice, in turn, and each step keeps its best
+//! (`ROUNDS`).
 use crate::bench_env::{self, FsKind, Target};
 use crate::bench_suite::Scale;
 use serde_json::{json, Value};
@@ -19,11 +23,13 @@ use std::time::Instant;
 const MIB: usize = 1 << 20;
 const SMALL: usize = 4096;
 const PER_DIR: u64 = 1_000;
+/// Rounds over every file system; each step keeps its best.
+const ROUNDS: usize = 2;
 
 /// The steps, in table order: (label, unit, FUSE requests per unit for the floor).
 const STEPS: [(&str, &str, f64); 5] = [
     ("large file, 1 MiB writes + fsync", "MiB/s", 1.0),
-    ("large file, cold read", "MiB/s", 1.0),
+    ("large file, cold read", "MiB/s", 8.0),
     ("large file, warm read", "MiB/s", 0.0),
     ("4 KiB files, cold read", "files/s", 2.0),
     ("4 KiB files, warm read", "files/s", 0.0),
@@ -64,6 +70,21 @@ fn read_small(dir: &Path) -> Result<f64, String> {
         }
     }
     Ok(files as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Writes and deletes a file of `bytes` where the images are (/dev/shm): the first large
+/// write of a run into fresh memory is slower, whichever file system makes it (here, 2 GiB
+/// in 1 MiB writes through a fresh idxfs mount: about 440 MB/s first, then 1.0-1.1 GB/s,
+/// with or without data sums), and would count against whoever runs first.
+fn warm_up(base: &Path, big: u64) -> Result<(), String> {
+    let p = base.join("data-warm-up");
+    let buf = vec![1u8; MIB];
+    let mut f = std::fs::File::create(&p).map_err(|e| err(&p, e))?;
+    for _ in 0..big / MIB as u64 {
+        f.write_all(&buf).map_err(|e| err(&p, e))?;
+    }
+    drop(f);
+    std::fs::remove_file(&p).map_err(|e| err(&p, e))
 }
 
 /// The five measurements on one file system (`STEPS` order).
@@ -108,49 +129,77 @@ pub fn data(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Value),
     } else {
         f64::NAN
     };
-    let mut cols: Vec<(FsKind, [f64; 5])> = Vec::new();
-    for &kind in fs {
-        bench_env::interrupted()?;
-        eprintln!("  data on {}", kind.name());
-        let image = big * 2 + small * 16 * 1024 + (1 << 30);
-        let mut t = Target::make(base, kind, image, small * 2 + 65_536)?;
-        cols.push((kind, on(&mut t, big, small)?));
+    // (label, kind, idxfs mount options): idxfs also without data checksums, for their cost.
+    let mut runs: Vec<(String, FsKind, Option<&str>)> = Vec::new();
+    for &k in fs {
+        runs.push((k.name().to_string(), k, None));
+        if k == FsKind::Idxfs {
+            runs.push(("nodatasum".into(), k, Some("nodatasum")));
+        }
+    }
+    warm_up(base, 2 * big)?;
+    // Two rounds, every file system in turn in each, the best of the two per step: which
+    // one runs first in a round still moves its numbers by up to a quarter here.
+    let mut cols: Vec<(String, FsKind, [f64; 5])> = runs
+        .iter()
+        .map(|(l, k, _)| (l.clone(), *k, [0.0; 5]))
+        .collect();
+    for round in 0..ROUNDS {
+        for (i, (label, kind, opts)) in runs.iter().enumerate() {
+            bench_env::interrupted()?;
+            eprintln!("  data on {label}, round {round}");
+            let image = big * 2 + small * 16 * 1024 + (1 << 30);
+            let mut t = Target::make_with(base, *kind, image, small * 2 + 65_536, *opts)?;
+            let got = on(&mut t, big, small)?;
+            for (best, v) in cols[i].2.iter_mut().zip(got) {
+                *best = best.max(v);
+            }
+        }
     }
     let mut o = String::new();
     let _ = writeln!(
         o,
         "data: a {} MiB file in 1 MiB writes, read cold and warm; {small} files of 4 KiB read \
-         cold and warm (FUSE round trip of an empty daemon: {floor_us:.1} us)",
+         cold and warm; best of {ROUNDS} rounds (FUSE round trip of an empty daemon: {floor_us:.1} us)",
         big >> 20
     );
     let _ = write!(o, "{:<36}", "step");
-    for (k, _) in &cols {
-        let _ = write!(o, " {:>10}", k.name());
+    for (label, _, _) in &cols {
+        let _ = write!(o, " {label:>10}");
     }
-    let _ = writeln!(o, " {:>11} {:>12}", "idxfs/ext4", "FUSE floor");
-    let at = |k: FsKind| cols.iter().find(|c| c.0 == k).map(|c| c.1);
+    let _ = writeln!(
+        o,
+        " {:>11} {:>10} {:>12}",
+        "idxfs/ext4", "sums cost", "FUSE floor"
+    );
+    let at = |l: &str| cols.iter().find(|c| c.0 == l).map(|c| c.2);
     let mut raw = serde_json::Map::new();
     for (i, (label, unit, requests)) in STEPS.iter().enumerate() {
         let _ = write!(o, "{:<36}", format!("{label} ({unit})"));
-        for (_, v) in &cols {
+        for (_, _, v) in &cols {
             let _ = write!(o, " {:>10.0}", v[i]);
         }
-        let ratio = match (at(FsKind::Idxfs), at(FsKind::Ext4)) {
+        let ratio = |a: Option<[f64; 5]>, b: Option<[f64; 5]>| match (a, b) {
             (Some(a), Some(b)) => format!("{:.2}x", a[i] / b[i]),
             _ => "-".into(),
         };
+        let idxfs = at(FsKind::Idxfs.name());
+        let (vs_ext4, sums) = (
+            ratio(idxfs, at(FsKind::Ext4.name())),
+            ratio(idxfs, at("nodatasum")),
+        );
         // Units per second the transport alone allows at `requests` round trips a unit.
         let floor = if *requests > 0.0 && floor_us.is_finite() {
             format!("{:.0}", 1e6 / (requests * floor_us))
         } else {
             "-".into()
         };
-        let _ = writeln!(o, " {ratio:>11} {floor:>12}");
+        let _ = writeln!(o, " {vs_ext4:>11} {sums:>10} {floor:>12}");
         raw.insert(
             label.to_string(),
             json!(cols
                 .iter()
-                .map(|(k, v)| (k.name().to_string(), json!(v[i])))
+                .map(|(l, _, v)| (l.clone(), json!(v[i])))
                 .collect::<serde_json::Map<_, _>>()),
         );
     }
