@@ -5,8 +5,10 @@
 //! durable state (commit or fsync batch) names a new block without its sum, nor a sum
 //! without its block. Sums are keyed by file block, so an extent that is cut, merged or
 //! converted keeps its blocks' sums where they are; removing an extent removes the sums of
-//! its range in the same operation (`clear_sums`, `Inner::punch_now` and the freeing
-//! batches), and deleting a file deletes them with its other items.
+//! its range in the same operation (the freeing batches of holes and truncates,
+//! `clear_sum_edges` and `clear_sum_batch`), except where a write replaces the range's
+//! blocks (`Inner::punch_now`): its own sums then replace theirs (`put_sums`). Deleting a
+//! file deletes them with its other items.
 //!
 //! Which blocks have none, as btrfs: inline data (the node's checksum covers it),
 //! preallocated blocks (they read as zeros), and blocks written in place without the
@@ -221,13 +223,7 @@ impl Inner {
             if s == g * G && t == (g + 1) * G {
                 continue; // whole: the batch takes it
             }
-            if self
-                .fs_tree
-                .get(&mut self.store, &sum_key(ino, g))?
-                .is_none()
-            {
-                continue;
-            }
+            // A group without an item stays without one (`edit_group` writes nothing).
             self.edit_group(ino, g, |sums| {
                 for b in s..t {
                     sums.sums[(b - g * G) as usize] = None;
