@@ -231,9 +231,10 @@ impl Mounted {
         self.child.as_ref().expect("mounted").id()
     }
 
-    /// Runs `idxfs fsck` on the (unmounted) image; panics with its output unless clean.
+    /// Runs `idxfs fsck --data` on the (unmounted) image (every data block with a checksum
+    /// read and compared too); panics with its output unless clean.
     pub fn assert_fsck_clean(&self) {
-        let (code, out, err) = idxfs(&["fsck", self.image.to_str().expect("utf8")]);
+        let (code, out, err) = idxfs(&["fsck", "--data", self.image.to_str().expect("utf8")]);
         assert_eq!(code, 0, "fsck: {out}{err}");
     }
 }

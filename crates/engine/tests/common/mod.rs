@@ -67,15 +67,16 @@ pub fn link_long_names(
     }
 }
 
-/// Runs fsck (the committed state, and what an open would make of the fsync log) and panics
-/// with every problem listed if the image is not clean.
+/// Runs fsck (the committed state, and what an open would make of the fsync log, every data
+/// block with a checksum read and compared) and panics with every problem listed if the
+/// image is not clean.
 pub fn assert_clean<D: BlockDevice + 'static>(dev: &Arc<D>) {
     assert_clean_with(dev, idxfs_format::hash::name_hash)
 }
 
 pub fn assert_clean_with<D: BlockDevice + 'static>(dev: &Arc<D>, hash: NameHash) {
     let dev: Arc<dyn BlockDevice> = dev.clone();
-    let r = fsck::check(&dev, hash, &mut |_| {}).expect("fsck could not read the image");
+    let r = fsck::check_with(&dev, hash, true, &mut |_| {}).expect("fsck could not read the image");
     assert!(
         r.is_clean(),
         "fsck found {} problems:\n{}",
