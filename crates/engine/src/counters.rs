@@ -60,6 +60,7 @@ counters! {
     trim_orphans: "truncates too large for one batch, recorded as trim orphans until done",
     extent_merges: "writes whose new blocks extended a neighbouring extent instead of adding one",
     extent_conversions: "preallocated block runs a write filled in place and made regular",
+    sum_drop_commits: "commits a full device's overwrite in place made to drop the overwritten blocks' data sums before their bytes changed",
     data_sum_errors: "file blocks read from the device that did not match their checksum (the read got EIO)",
     in_place_writes: "writes that put some of their blocks where the file already had them (preallocated or NOCOW)",
     pin_alloc_failures: "pins not taken because the pin index could not allocate",

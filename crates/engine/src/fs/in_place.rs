@@ -17,8 +17,9 @@
 //!   range fallocate returned for is never refused for space, the first one or a later one.
 //!
 //! Data sums (`data_sum`): a converted block gets its sum with its conversion; a NOCOW file
-//! has none; a block a full device overwrites in place loses its sum in the same operation
-//! (a crash may tear it), and the part of it such a write keeps is checked first.
+//! has none; a block a full device overwrites in place loses its sum, durably (a commit)
+//! before its bytes change, since a crash may tear it; the part of it such a write keeps is
+//! checked first.
 //!
 //! None of these takes data blocks. A conversion changes a few extent items, and reserves
 //! their node slots with deletes' rights (`Reserve::Shrink`), as ext4 keeps clusters aside
@@ -169,13 +170,14 @@ impl Inner {
             .sum();
         let nocow = is_nocow(&it);
         let nodes = self.convert_nodes(touched, converts) + self.sum_nodes(in_place);
-        match cow_bytes {
-            0 => self.reserve_nodes(nodes, 0, Reserve::Shrink)?,
+        let reserve = |g: &mut Inner| match cow_bytes {
+            0 => g.reserve_nodes(nodes, 0, Reserve::Shrink),
             n => {
-                let cow = self.write_nodes(n, touched);
-                self.reserve_nodes(nodes + cow, n / BS + 2, Reserve::Grow)?
+                let cow = g.write_nodes(n, touched);
+                g.reserve_nodes(nodes + cow, n / BS + 2, Reserve::Grow)
             }
-        }
+        };
+        reserve(self)?;
         // The bytes of `data` that fall in blocks [s, t).
         let part = |s: u64, t: u64| {
             let (a, z) = (off.max(s * BS), end.min(t * BS));
@@ -194,6 +196,29 @@ impl Inner {
         } else {
             vec![None; (b1 - b0) as usize]
         };
+        // The sums of the blocks a full device makes this write overwrite go first, and
+        // durably (a commit), before any byte of theirs changes: a crash must not leave a
+        // sum over bytes it no longer matches, new or torn. Once per block: the next
+        // overwrite finds none. The commit let go of the reservation: taken again.
+        let overwritten_sums = pieces.iter().filter(|p| {
+            matches!(p.how, How::Overwrite { .. })
+                && sums[(p.start - b0) as usize..(p.end - b0) as usize]
+                    .iter()
+                    .any(Option::is_some)
+        });
+        let overwritten_sums: Vec<Piece> = overwritten_sums.copied().collect();
+        if !nocow && !overwritten_sums.is_empty() {
+            for p in &overwritten_sums {
+                self.clear_sums(ino, p.start, p.end)?;
+            }
+            self.checkpoint();
+            // An operation's changes count for the transaction at its end (`write_op`):
+            // this commit must take them now.
+            self.txn.changed = true;
+            self.commit()?;
+            Counters::inc(&self.store.counters.sum_drop_commits);
+            reserve(self)?;
+        }
         // The converted blocks' sums, linked after the conversions.
         let mut new_sums: Vec<(u64, Vec<u32>)> = Vec::new();
         // Device writes first, whole blocks (a device tears a write only at its own write
@@ -252,8 +277,8 @@ impl Inner {
                     self.convert(ino, &exts[ext], p.start, p.end)?;
                     Counters::inc(&self.store.counters.extent_conversions);
                 }
-                // No sum can be right for a block a crash may tear (module docs).
-                How::Overwrite { .. } if !nocow => self.clear_sums(ino, p.start, p.end)?,
+                // A full device's overwritten blocks lost their sums before the device
+                // writes (above); a NOCOW file's never had any.
                 _ => {}
             }
         }
