@@ -272,14 +272,11 @@ impl Inner {
             self.write_data(ino, at, &data[r])?;
         }
         for p in pieces.iter().rev() {
-            match p.how {
-                How::Convert { ext, .. } => {
-                    self.convert(ino, &exts[ext], p.start, p.end)?;
-                    Counters::inc(&self.store.counters.extent_conversions);
-                }
-                // A full device's overwritten blocks lost their sums before the device
-                // writes (above); a NOCOW file's never had any.
-                _ => {}
+            // (A full device's overwritten blocks lost their sums before the device writes,
+            // above; a NOCOW file's never had any.)
+            if let How::Convert { ext, .. } = p.how {
+                self.convert(ino, &exts[ext], p.start, p.end)?;
+                Counters::inc(&self.store.counters.extent_conversions);
             }
         }
         for (start, sums) in new_sums {
