@@ -464,19 +464,20 @@ fn a_crash_while_a_full_device_overwrites_in_place_never_leaves_a_stale_sum() {
     let from = rec.event_count();
     // Overwrites in place (the device has no room for copies), whole blocks and parts,
     // with and without a sync after them.
+    // Every write's result is a version: a crash shows each sector as some write left it.
     for round in 0..6 {
-        let mut now = versions.last().expect("a version").clone();
         for _ in 0..3 {
+            let mut now = versions.last().expect("a version").clone();
             let off = rng.below(SIZE as u64 - 1) as usize;
             let len = (1 + rng.below(3 * BS as u64) as usize).min(SIZE - off);
             let data = rng.bytes(len);
             fs.write(c, off as u64, &data).expect("overwrite in place");
             now[off..off + len].copy_from_slice(&data);
+            versions.push(now);
         }
         if round % 2 == 1 {
             fs.sync().expect("sync");
         }
-        versions.push(now);
     }
     let drops = fs
         .counters()
