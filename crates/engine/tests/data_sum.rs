@@ -447,3 +447,30 @@ fn a_crash_at_every_write_prefix_opens_to_data_that_matches_its_sums() {
     }
     assert!(checked > 100, "seed {seed}: only {checked} crash images");
 }
+
+#[test]
+fn a_truncate_into_a_group_of_sums_frees_in_one_go_without_a_trim_orphan() {
+    let mut rng = Rng::new(3);
+    let (dev, fs) = mem_fs(64 << 20);
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
+    let data = rng.bytes(200 * BS as usize);
+    fs.write(f, 0, &data).expect("write");
+    fs.sync().expect("sync");
+    // Cut inside a group: the group keeps its item for the blocks below the cut, which is
+    // not work left for a trim orphan.
+    let size = 100 * BS + 123;
+    fs.truncate(f, size).expect("truncate");
+    let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(n(&fs.counters().trim_orphans), 0, "a trim orphan for one batch");
+    assert_eq!(summed_blocks(&fs, f), (0..101).collect::<Vec<_>>());
+    assert_eq!(fs.read(f, 0, 300 * BS as usize).expect("read"), &data[..size as usize]);
+    fs.close().expect("close");
+    let (sb, _) = idxfs_engine::fs::superblock_copies(dev.as_ref()).expect("superblock");
+    let incompat = sb.expect("a superblock").incompat.get();
+    assert_eq!(
+        incompat & idxfs_format::versions::INCOMPAT_ORPHAN_TRIM,
+        0,
+        "no feature bit for a truncate that took one batch"
+    );
+    assert_clean(&dev);
+}

@@ -190,7 +190,10 @@ impl Inner {
         Ok(any)
     }
 
-    /// Whether `ino` has an extent or a data sum at or past byte `from`.
+    /// Whether `ino` has an extent at or past byte `from` (block-aligned), or a data sum
+    /// group wholly past it: what `trim_past_size` has left to free once the sums of the
+    /// group holding `from` were cut there (`clear_sum_edges`), which keeps that group's
+    /// item for the blocks below.
     fn has_data_from(&mut self, ino: Ino, from: u64) -> Result<bool> {
         if self.has_extent_from(ino, from)? {
             return Ok(true);
@@ -198,7 +201,7 @@ impl Inner {
         if !self.may_have_sums() {
             return Ok(false);
         }
-        let g = from / BS / idxfs_format::items::SUM_GROUP_BLOCKS;
+        let g = (from / BS).div_ceil(idxfs_format::items::SUM_GROUP_BLOCKS);
         let tree = self.fs_tree;
         let mut any = false;
         tree.scan(
