@@ -461,9 +461,16 @@ fn a_truncate_into_a_group_of_sums_frees_in_one_go_without_a_trim_orphan() {
     let size = 100 * BS + 123;
     fs.truncate(f, size).expect("truncate");
     let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-    assert_eq!(n(&fs.counters().trim_orphans), 0, "a trim orphan for one batch");
+    assert_eq!(
+        n(&fs.counters().trim_orphans),
+        0,
+        "a trim orphan for one batch"
+    );
     assert_eq!(summed_blocks(&fs, f), (0..101).collect::<Vec<_>>());
-    assert_eq!(fs.read(f, 0, 300 * BS as usize).expect("read"), &data[..size as usize]);
+    assert_eq!(
+        fs.read(f, 0, 300 * BS as usize).expect("read"),
+        &data[..size as usize]
+    );
     fs.close().expect("close");
     let (sb, _) = idxfs_engine::fs::superblock_copies(dev.as_ref()).expect("superblock");
     let incompat = sb.expect("a superblock").incompat.get();
