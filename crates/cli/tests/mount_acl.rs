@@ -77,44 +77,26 @@ $AS setfacl -m u:5678:r sg
 modes sg; acl sg
 "#;
 
-/// The ext4 (or tmpfs) side: unmounted and detached on drop, in this order.
+/// The ext4 (or tmpfs) side: unmounted (and detached) on drop.
 struct Reference {
-    _mount: KernelMount,
-    _loop: Option<Loop>,
+    _ext4: Option<Ext4>,
+    _tmpfs: Option<KernelMount>,
     dir: tempfile::TempDir,
     kind: &'static str,
 }
 
 fn reference() -> Reference {
     let dir = shm_tempdir();
-    let mp = dir.path().join("mnt");
-    std::fs::create_dir(&mp).expect("mkdir");
-    let img = dir.path().join("ext4.img");
-    let have_ext4 = Command::new("mkfs.ext4").arg("-V").output().is_ok();
-    if have_ext4 {
-        std::fs::File::create(&img)
-            .and_then(|f| f.set_len(64 << 20))
-            .expect("image");
-        let ok = Command::new("mkfs.ext4")
-            .args(["-q", "-F"])
-            .arg(&img)
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "mkfs.ext4");
-        let lo = Loop::new(&img);
-        let ok = Command::new("mount")
-            .arg(&lo.0)
-            .arg(&mp)
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "mount ext4");
+    if let Some(ext4) = Ext4::new(dir.path(), 64 << 20) {
         return Reference {
-            _mount: KernelMount(mp),
-            _loop: Some(lo),
+            _ext4: Some(ext4),
+            _tmpfs: None,
             dir,
             kind: "ext4",
         };
     }
+    let mp = dir.path().join("mnt");
+    std::fs::create_dir(&mp).expect("mkdir");
     let ok = Command::new("mount")
         .args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"])
         .arg(&mp)
@@ -122,8 +104,8 @@ fn reference() -> Reference {
         .is_ok_and(|s| s.success());
     assert!(ok, "mount tmpfs");
     Reference {
-        _mount: KernelMount(mp),
-        _loop: None,
+        _ext4: None,
+        _tmpfs: Some(KernelMount(mp)),
         dir,
         kind: "tmpfs",
     }

@@ -14,7 +14,6 @@ use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::process::Command;
 
 const ALIGN: usize = 4096;
 const BUF: usize = 1 << 20;
@@ -174,26 +173,8 @@ fn run(dir: &Path, buffer_offset: usize) -> (Vec<String>, Vec<u8>) {
 #[test]
 fn direct_io_matches_ext4_in_results_errors_and_bytes() {
     let dir = shm_tempdir();
-    let img = dir.path().join("ext4.img");
-    std::fs::File::create(&img)
-        .and_then(|f| f.set_len(64 << 20))
-        .expect("image");
-    let ok = Command::new("mkfs.ext4")
-        .args(["-q", "-F"])
-        .arg(&img)
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "mkfs.ext4");
-    let lo = Loop::new(&img);
-    let mp = dir.path().join("mnt");
-    std::fs::create_dir(&mp).expect("mkdir");
-    let ok = Command::new("mount")
-        .arg(&lo.0)
-        .arg(&mp)
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "mount ext4");
-    let ext4 = KernelMount(mp.clone());
+    let ext4 = Ext4::new(dir.path(), 64 << 20).expect("mkfs.ext4 (the reference)");
+    let mp = ext4.mp.clone();
 
     let m = Mounted::new("64M", "");
     let (want, want_bytes) = run(&mp, 0);
@@ -223,6 +204,5 @@ fn direct_io_matches_ext4_in_results_errors_and_bytes() {
     assert_eq!(odd, got, "idxfs with a misaligned buffer");
     assert!(odd_bytes == got_bytes);
     drop(ext4);
-    drop(lo);
     drop(m);
 }

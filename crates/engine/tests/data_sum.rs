@@ -9,7 +9,7 @@ use idxfs_blockdev::{BlockDevice, MemDevice, Tear};
 use idxfs_engine::fs::{Fs, FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE, FALLOC_ZERO_RANGE, NOCOW_FL};
 use idxfs_engine::testutil::Rng;
 use idxfs_engine::{fsck, Error, OpenOptions};
-use idxfs_format::items::{decode_extent, BlockSums, EXTENT_REGULAR, SUM_GROUP_BLOCKS};
+use idxfs_format::items::{BlockSums, EXTENT_REGULAR, SUM_GROUP_BLOCKS};
 use idxfs_format::superblock::Superblock;
 use idxfs_format::versions::COMPAT_RO_DATA_SUMS;
 use idxfs_format::{ItemType, Key};
@@ -20,24 +20,11 @@ const BS: u64 = 4096;
 
 /// (file block, device block) of every block of `ino`'s regular extents.
 fn regular_blocks(fs: &Fs, ino: u64) -> Vec<(u64, u64)> {
-    fs.with_store(|s, t, _| {
-        let mut out = Vec::new();
-        t.scan(
-            s,
-            Key::new(ino, ItemType::Extent, 0),
-            Key::new(ino, ItemType::Extent, u64::MAX),
-            |k, v| {
-                let (e, _) = decode_extent(v, "extent", u64::MAX).expect("extent");
-                if e.kind == EXTENT_REGULAR {
-                    let f = k.offset / BS;
-                    out.extend((0..e.blocks.get()).map(|i| (f + i, e.disk_block.get() + i)));
-                }
-                Ok(true)
-            },
-        )
-        .expect("scan");
-        out
-    })
+    extent_blocks(fs, ino)
+        .into_iter()
+        .filter(|b| b.2 == EXTENT_REGULAR)
+        .map(|(f, d, _)| (f, d))
+        .collect()
 }
 
 /// The file blocks of `ino` that have a sum.

@@ -7,8 +7,7 @@ use idxfs_blockdev::{BlockDevice, MemDevice, Tear};
 use idxfs_engine::fs::{Fs, FALLOC_KEEP_SIZE, NOCOW_FL};
 use idxfs_engine::testutil::Rng;
 use idxfs_engine::Error;
-use idxfs_format::items::{decode_extent, EXTENT_PREALLOC};
-use idxfs_format::{ItemType, Key};
+use idxfs_format::items::EXTENT_PREALLOC;
 use std::sync::Arc;
 
 const BS: usize = 4096;
@@ -26,22 +25,10 @@ fn find_block(dev: &MemDevice, block: &[u8]) -> Vec<u64> {
 
 /// The device blocks of `ino`'s extents, in file order, and whether each is preallocated.
 fn disk_blocks(fs: &Fs, ino: u64) -> Vec<(u64, bool)> {
-    fs.with_store(|s, t, _| {
-        let mut out = Vec::new();
-        t.scan(
-            s,
-            Key::new(ino, ItemType::Extent, 0),
-            Key::new(ino, ItemType::Extent, u64::MAX),
-            |_, v| {
-                let (e, _) = decode_extent(v, "extent", u64::MAX).expect("extent");
-                let pre = e.kind == EXTENT_PREALLOC;
-                out.extend((0..e.blocks.get()).map(|i| (e.disk_block.get() + i, pre)));
-                Ok(true)
-            },
-        )
-        .expect("scan");
-        out
-    })
+    extent_blocks(fs, ino)
+        .into_iter()
+        .map(|(_, d, kind)| (d, kind == EXTENT_PREALLOC))
+        .collect()
 }
 
 /// Where each block of `data` (whole blocks) lies on the device, after a commit.

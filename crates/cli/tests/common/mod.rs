@@ -307,3 +307,41 @@ impl Drop for KernelMount {
         }
     }
 }
+
+/// ext4 on a loop device over a `bytes` image in `dir`, mounted at `dir/mnt`; None when this
+/// machine has no mkfs.ext4. Field order is drop order: unmounted, then detached.
+pub struct Ext4 {
+    pub mp: PathBuf,
+    _mount: KernelMount,
+    _loop: Loop,
+}
+
+impl Ext4 {
+    pub fn new(dir: &Path, bytes: u64) -> Option<Ext4> {
+        Command::new("mkfs.ext4").arg("-V").output().ok()?;
+        let img = dir.join("ext4.img");
+        std::fs::File::create(&img)
+            .and_then(|f| f.set_len(bytes))
+            .expect("image");
+        let ok = Command::new("mkfs.ext4")
+            .args(["-q", "-F"])
+            .arg(&img)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "mkfs.ext4");
+        let lo = Loop::new(&img);
+        let mp = dir.join("mnt");
+        std::fs::create_dir_all(&mp).expect("mkdir");
+        let ok = Command::new("mount")
+            .arg(&lo.0)
+            .arg(&mp)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "mount ext4");
+        Some(Ext4 {
+            mp: mp.clone(),
+            _mount: KernelMount(mp),
+            _loop: lo,
+        })
+    }
+}

@@ -125,3 +125,25 @@ pub fn acl_xattr(entries: &[(u16, u16, u32)]) -> Vec<u8> {
     }
     v
 }
+
+/// Every block of `ino`'s block extents, in file order: (file block, device block, extent
+/// kind: `EXTENT_REGULAR` or `EXTENT_PREALLOC`).
+pub fn extent_blocks(fs: &idxfs_engine::Fs, ino: u64) -> Vec<(u64, u64, u8)> {
+    use idxfs_format::{items::decode_extent, ItemType, Key};
+    fs.with_store(|s, t, _| {
+        let mut out = Vec::new();
+        t.scan(
+            s,
+            Key::new(ino, ItemType::Extent, 0),
+            Key::new(ino, ItemType::Extent, u64::MAX),
+            |k, v| {
+                let (e, _) = decode_extent(v, "extent", u64::MAX).expect("extent");
+                let (f, d) = (k.offset / idxfs_format::BLOCK_SIZE, e.disk_block.get());
+                out.extend((0..e.blocks.get()).map(|i| (f + i, d + i, e.kind)));
+                Ok(true)
+            },
+        )
+        .expect("scan");
+        out
+    })
+}
