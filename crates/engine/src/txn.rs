@@ -360,8 +360,13 @@ impl Posting<'_> {
 pub(crate) struct TxnState {
     /// The superblock of the last commit (of the one in flight, once it is frozen).
     pub sb: Superblock,
-    /// The running transaction has changes.
+    /// The running transaction has changes that move no tree (an atime, a superblock field).
+    /// A tree change counts without it: `Store::mod_seq` differs from `frozen_seq`.
     pub changed: bool,
+    /// `Store::mod_seq` when the last commit froze: the trees changed since exactly when it
+    /// moved. So a commit inside an operation (to reclaim space, or between freeing
+    /// batches) takes what the operation changed so far, though the operation has not ended.
+    pub frozen_seq: u64,
     /// The next inode number to hand out, and the inodes that exist (the superblock's, as the
     /// running transaction has them).
     pub next_ino: u64,
@@ -383,6 +388,7 @@ impl TxnState {
         TxnState {
             sb,
             changed: false,
+            frozen_seq: 0,
             next_ino: sb.next_ino.get(),
             inode_count: sb.inode_count.get(),
             incompat_wanted: 0,
@@ -412,6 +418,12 @@ impl Inner {
         Ok(())
     }
 
+    /// Whether the running transaction changed a tree or a superblock field (not counting
+    /// dirty cached inodes and pending orphans, which the commit writes too).
+    pub(crate) fn trees_changed(&self) -> bool {
+        self.txn.changed || self.store.mod_seq != self.txn.frozen_seq
+    }
+
     /// Steps 1-3: waits for a commit in flight, then freezes the running transaction.
     /// None when nothing changed. The caller writes the result (`Frozen::write`), posts it to
     /// `self.txn.flight`, and reaps.
@@ -422,7 +434,7 @@ impl Inner {
                 "file system stopped after an error: {why}"
             ))));
         }
-        if !self.txn.changed
+        if !self.trees_changed()
             && self.inodes.dirty_count() == 0
             && self.lives.orphans.pending_len() == 0
             && self.txn.incompat_wanted == 0
@@ -435,6 +447,7 @@ impl Inner {
         let seq = self.store.mod_seq;
         let r = self.freeze();
         self.store.mod_seq = seq;
+        self.txn.frozen_seq = seq;
         match r {
             Ok(f) => {
                 self.txn.flight.begin();

@@ -212,9 +212,6 @@ impl Inner {
                 self.clear_sums(ino, p.start, p.end)?;
             }
             self.checkpoint();
-            // An operation's changes count for the transaction at its end (`write_op`):
-            // this commit must take them now.
-            self.txn.changed = true;
             self.commit()?;
             Counters::inc(&self.store.counters.sum_drop_commits);
             reserve(self)?;

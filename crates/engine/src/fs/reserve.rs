@@ -213,7 +213,7 @@ impl Inner {
             return Ok(());
         }
         // Blocks freed by this transaction come back once it commits.
-        if self.store.alloc.pinned_blocks() > 0 || self.txn.changed {
+        if self.store.alloc.pinned_blocks() > 0 || self.trees_changed() {
             self.commit()?;
             if self.space_fits(nodes, data_blocks, kind) {
                 return Ok(());
