@@ -64,6 +64,7 @@ counters! {
     data_sum_errors: "file blocks read from the device that did not match their checksum (the read got EIO)",
     in_place_writes: "writes that put some of their blocks where the file already had them (preallocated or NOCOW)",
     pin_alloc_failures: "pins not taken because the pin index could not allocate",
+    pins_refused_gone: "pins refused because the inode's last name went before them and it is being freed (its holder gets ENOENT)",
 }
 
 impl Counters {

@@ -253,6 +253,8 @@ struct Shared {
     published: published::Published,
     /// The same as `Inner::txn.flight`, for waiting without the lock.
     flight: Arc<txn::Flight>,
+    /// The same as `Inner::lives.pins`: pinned without the operation lock (`pins`).
+    pins: Arc<pins::Pins>,
     /// The same as `Inner::log.io`: fsync batches are written and flushed without the lock.
     log_io: Arc<crate::log_io::LogIo>,
     /// The image, for the fsync log's I/O without the lock.
@@ -500,6 +502,7 @@ impl Fs {
             flight: inner.txn.flight.clone(),
             fence: inner.store.alloc.fence().clone(),
             log_io: inner.log.io.clone(),
+            pins: inner.lives.pins.clone(),
             dev: inner.store.dev.clone(),
             total_blocks: inner.store.total_blocks,
             acl: opts.acl,
@@ -706,7 +709,11 @@ impl Fs {
 
     /// Nothing holds an inode of a closing file system: drop all pins and free the orphans.
     fn release_all(&self) -> Result<()> {
-        self.lock().lives.pins.clear();
+        {
+            // Under the operation lock: no operation is between a pin check and its change.
+            let _g = self.lock();
+            self.shared.pins.clear();
+        }
         self.reclaim_orphans().map(|_| ())
     }
 
@@ -913,6 +920,18 @@ impl Shared {
             published: &self.published,
             read: Default::default(),
         }
+    }
+
+    /// Pins each of `inos` (`pins`: no operation lock needed); how many it could not.
+    fn pin_all(&self, inos: &[Ino]) -> usize {
+        let refused = self.pins.add_all(inos);
+        for (_, why) in &refused {
+            match why {
+                pins::Pin::Gone => Counters::inc(&self.counters.pins_refused_gone),
+                _ => Counters::inc(&self.counters.pin_alloc_failures),
+            }
+        }
+        refused.len()
     }
 
     /// The part of an fsync after the lock (`log_io`): the batch's write and the flush that

@@ -33,8 +33,9 @@ fn orphan_key(ino: Ino) -> Key {
 /// When the mount's inodes may go: who holds them, which are orphans, which wait to be freed.
 #[derive(Default)]
 pub(crate) struct Lives {
-    /// Pin counts of inodes a front end still holds.
-    pub pins: super::pins::Pins,
+    /// Pin counts of inodes a front end still holds; shared with `Fs`, which pins without
+    /// the operation lock (`pins`).
+    pub pins: std::sync::Arc<super::pins::Pins>,
     /// Inodes being freed, or trimmed, across operations.
     pub orphans: Orphans,
     /// Inodes whose last name an operation removed while nothing held them, too large to
@@ -94,7 +95,7 @@ impl Inner {
     /// it and one batch takes all of it (nearly every file); else an orphan, freed in batches
     /// once released (`Fs::release_orphans` after this operation, for one nothing holds).
     pub(crate) fn unlinked(&mut self, ino: Ino) -> Result<()> {
-        if !self.lives.pins.contains(ino) {
+        if self.bury(ino) {
             if self.free_inode_batch(ino)? {
                 return Ok(());
             }
@@ -119,7 +120,10 @@ impl Inner {
         let mut gone = removed.is_empty();
         for (k, v) in &removed {
             match k.item_type() {
-                Some(ItemType::Inode) => gone = true,
+                Some(ItemType::Inode) => {
+                    gone = true;
+                    self.lives.pins.unbury(ino);
+                }
                 Some(ItemType::Extent) => freed += self.free_extent_item(k, v)?,
                 _ => {}
             }
@@ -225,12 +229,13 @@ impl Inner {
         Ok(())
     }
 
-    pub(crate) fn pin_all(&mut self, inos: &[Ino]) {
-        for &ino in inos {
-            if !self.lives.pins.add(ino) {
-                Counters::inc(&self.store.counters.pin_alloc_failures);
-            }
-        }
+    /// Whether `ino`, whose last name is gone, may be freed: nothing pins it, and no pin can
+    /// come any more (`Pins::bury`).
+    pub(crate) fn bury(&mut self, ino: Ino) -> bool {
+        self.lives.pins.bury(ino).unwrap_or_else(|()| {
+            Counters::inc(&self.store.counters.pin_alloc_failures);
+            true
+        })
     }
 
     /// True when `ino` is an orphan nobody pins any more.
@@ -253,14 +258,17 @@ impl Inner {
 }
 
 impl Fs {
-    /// Holds `ino` alive past its last unlink until a matching `unpin`.
-    pub fn pin(&self, ino: Ino) {
-        self.pin_many(&[ino])
+    /// Holds `ino` alive past its last unlink until a matching `unpin`. False when it cannot
+    /// be held: its last name went before this pin, nothing held it, and it is being freed
+    /// (or the pin index could not allocate). Every later request for it then gets NotFound,
+    /// as once it is gone; an `unpin` of it does nothing. Takes no operation lock (`pins`).
+    pub fn pin(&self, ino: Ino) -> bool {
+        self.pin_many(&[ino]) == 0
     }
 
-    /// `pin` for each of `inos`, under one lock.
-    pub fn pin_many(&self, inos: &[Ino]) {
-        self.lock().pin_all(inos)
+    /// `pin` for each of `inos`, under one lock of the pins: how many it could not hold.
+    pub fn pin_many(&self, inos: &[Ino]) -> usize {
+        self.shared.pin_all(inos)
     }
 
     /// Drops `n` pins of `ino`; the last one frees it if it was unlinked meanwhile. Unpinning an
@@ -275,7 +283,10 @@ impl Fs {
             let mut g = self.lock();
             let mut free = Vec::new();
             for &(ino, n) in list {
-                if g.lives.pins.drop_pins(ino, n) == Some(true) && g.is_free_orphan(ino) {
+                if g.lives.pins.drop_pins(ino, n) == Some(true)
+                    && g.lives.orphans.is_free(ino)
+                    && g.bury(ino)
+                {
                     free.push(ino);
                 }
             }

@@ -152,11 +152,13 @@ impl Fs {
     /// a batch read ahead is then exactly what a fresh read would give, and its inodes are held
     /// before any change can come. False (nothing pinned) when something changed.
     pub fn pin_if_unchanged(&self, seq: u64, inos: &[Ino]) -> bool {
-        let mut g = self.lock();
+        let g = self.lock();
         if g.store.mod_seq != seq {
             return false;
         }
-        g.pin_all(inos);
+        // Under the operation lock, so no operation comes between the check and the pins.
+        self.shared.pin_all(inos);
+        drop(g);
         true
     }
 }

@@ -42,7 +42,7 @@ impl Fs {
                 g.reserve_nodes(2 * g.item_nodes() + acls.nodes, 0, Reserve::Grow)?;
             }
             // The pin first: a file nobody holds would be freed as soon as it is made.
-            if !g.lives.pins.add(ino) {
+            if g.lives.pins.add(ino) != super::pins::Pin::Pinned {
                 return Err(Error::NoSpace);
             }
             // As for a named file: a set-group-ID directory passes its group on.
