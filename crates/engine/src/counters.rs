@@ -42,6 +42,7 @@ counters! {
     readlink_lock_free: "readlinks answered from the published symlink targets, without the lock",
     xattr_lock_free: "getxattr and listxattr answered from the published xattrs, without the lock",
     readdir_lock_free: "readdir runs answered from a published listing, without the lock",
+    readdirplus_lock_free: "readdirplus batches answered from published runs and inodes, without the lock",
     statfs_lock_free: "statfs answered from the published counts, without the lock",
     inode_cache_misses: "inode lookups that read the fs tree",
     inode_scan_reads: "inode items readdirplus read by ordered scan (not one lookup each)",

@@ -97,6 +97,62 @@ impl Model {
         assert_eq!(rest, want, "step {step}: listing of {dir} in runs of {run}");
     }
 
+    /// Directory `dir` listed by readdirplus in batches of up to `run` entries, each resumed
+    /// from the last entry's cookie, against the model: names, inodes and every entry's
+    /// attributes ("." and ".." too).
+    fn check_listing_plus(&self, fs: &Fs, dir: u64, run: usize, step: usize) {
+        let mut got = Vec::new();
+        let mut cookie = 0;
+        loop {
+            let b = fs
+                .readdir_plus_batch(dir, cookie, run)
+                .expect("readdirplus");
+            assert!(b.entries.len() <= run, "step {step}: a batch past its limit");
+            if let Some((e, _)) = b.entries.last() {
+                cookie = e.cookie;
+            }
+            let more = b.more && !b.entries.is_empty();
+            got.extend(b.entries);
+            if !more {
+                break;
+            }
+        }
+        let mut got: Vec<(Vec<u8>, u64, Ino)> = got
+            .into_iter()
+            .map(|(e, a)| {
+                assert_eq!(e.ino, a.ino, "step {step}: entry and attributes disagree");
+                (e.name, e.ino, self.view(&a))
+            })
+            .collect();
+        let node = |i: u64| match self.inodes.get(&i) {
+            Some(x) => x.clone(),
+            None => panic!("model: no inode {i}"),
+        };
+        let p = self.parent(dir);
+        let want_dots = [
+            (b".".to_vec(), dir, node(dir)),
+            (b"..".to_vec(), p, node(p)),
+        ];
+        assert_eq!(
+            got.get(..2),
+            Some(&want_dots[..]),
+            "step {step}: readdirplus dots of {dir}"
+        );
+        let mut rest = got.split_off(2);
+        rest.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut want: Vec<(Vec<u8>, u64, Ino)> = self
+            .names
+            .iter()
+            .filter(|((d, _), _)| *d == dir)
+            .map(|((_, n), &i)| (n.clone(), i, node(i)))
+            .collect();
+        want.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            rest, want,
+            "step {step}: readdirplus of {dir} in batches of {run}"
+        );
+    }
+
     /// Every name and inode read back from `fs`, compared with the model.
     fn check(&self, fs: &Fs, dirs: &[u64], names: &[Vec<u8>], step: usize, run: usize) {
         for &d in dirs {
@@ -159,6 +215,7 @@ impl Model {
         for (&ino, i) in &self.inodes {
             if i.dir {
                 self.check_listing(fs, ino, run, step);
+                self.check_listing_plus(fs, ino, run + 1, step);
             }
         }
     }
@@ -422,6 +479,7 @@ fn lock_free_reads_follow_every_change() {
         ("xattr", &c.xattr_lock_free),
         ("statfs", &c.statfs_lock_free),
         ("readdir", &c.readdir_lock_free),
+        ("readdirplus", &c.readdirplus_lock_free),
     ] {
         assert!(
             n.load(Ordering::Relaxed) > 0,
@@ -638,6 +696,103 @@ fn a_listing_read_without_the_lock_is_never_older_than_a_finished_change() {
     assert!(
         fs.counters().readdir_lock_free.load(Ordering::Relaxed) > 0,
         "no readdir took the lock-free path"
+    );
+    fs.close().expect("close");
+    assert_clean(&dev);
+}
+
+/// readdirplus beside a writer: a whole listing in one batch comes from one state (the
+/// directory's size, in ".", counts exactly the entries listed, and each file's link count
+/// its names in the listing, all its links being there), and is never older than a create that returned before it began.
+#[test]
+fn a_readdirplus_without_the_lock_is_one_state_never_older_than_a_finished_change() {
+    let (dev, fs) = mem_fs(64 << 20);
+    let d = fs.mkdir(ROOT, b"d", 0o755, ME).expect("mkdir").ino;
+    for i in 0..40 {
+        fs.create(d, format!("keep-{i}").as_bytes(), 0o644, ME)
+            .expect("keep");
+    }
+    // Names gen-0 ..= gen-(done - 1) exist: their creates returned.
+    let done = AtomicU64::new(0);
+    let reader = |_| {
+        let (fs, done) = (&fs, &done);
+        move || {
+            let floor = done.load(Ordering::Acquire);
+            let b = fs
+                .readdir_plus_batch(d, 0, 1 << 20)
+                .expect("readdirplus");
+            assert!(!b.more, "one batch holds the whole directory");
+            let (dot, rest) = b.entries.split_at(2);
+            assert_eq!(dot[0].0.name, b".");
+            assert_eq!(
+                dot[0].1.size,
+                rest.len() as u64,
+                "the directory's size and its entries from different states"
+            );
+            let mut seen = std::collections::BTreeSet::new();
+            let mut links: std::collections::BTreeMap<u64, (u32, u32)> = Default::default();
+            for (e, a) in rest {
+                let l = links.entry(e.ino).or_insert((0, a.nlink));
+                l.0 += 1;
+                assert_eq!(l.1, a.nlink, "one inode's two entries from different states");
+                assert!(
+                    seen.insert(e.name.clone()),
+                    "{} listed twice",
+                    String::from_utf8_lossy(&e.name)
+                );
+            }
+            for (ino, (names, nlink)) in links {
+                assert_eq!(names, nlink, "inode {ino}: its names and its link count");
+            }
+            for i in 0..40 {
+                let n = format!("keep-{i}").into_bytes();
+                assert!(seen.contains(&n), "keep-{i} missing from a listing");
+            }
+            for i in 0..floor {
+                let n = format!("gen-{i}").into_bytes();
+                assert!(
+                    seen.contains(&n),
+                    "gen-{i} missing from a listing begun after its create returned"
+                );
+            }
+            1
+        }
+    };
+    let listings = beside_readers(reader, |listed| {
+        let start = std::time::Instant::now();
+        while listed.load(Ordering::Relaxed) < 2 {
+            assert!(start.elapsed().as_secs() < 60, "the readers never listed");
+            std::thread::yield_now();
+        }
+        let n = if cfg!(debug_assertions) { 300 } else { 1500 };
+        for i in 0..n {
+            if i % 100 == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            fs.create(d, format!("gen-{i}").as_bytes(), 0o644, ME)
+                .expect("gen");
+            done.store(i + 1, Ordering::Release);
+            // A second link, gone again: a listing that shows it shows two links.
+            fs.link(
+                fs.lookup(d, format!("gen-{i}").as_bytes()).expect("lookup").ino,
+                d,
+                b"second",
+            )
+            .expect("link");
+            fs.unlink(d, b"second").expect("unlink");
+            if i % 500 == 0 {
+                fs.sync().expect("sync");
+            }
+        }
+    });
+    assert!(listings > 0, "the readers listed nothing");
+    eprintln!(
+        "{listings} listings, {} batches without the lock",
+        fs.counters().readdirplus_lock_free.load(Ordering::Relaxed)
+    );
+    assert!(
+        fs.counters().readdirplus_lock_free.load(Ordering::Relaxed) > 0,
+        "no readdirplus took the lock-free path"
     );
     fs.close().expect("close");
     assert_clean(&dev);

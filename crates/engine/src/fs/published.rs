@@ -130,6 +130,17 @@ struct Listing {
     pages: Box<[Arc<Page>]>,
 }
 
+/// What a readdirplus without the lock read (`Published::readdir_plus`).
+pub struct PlusRun {
+    /// The directory's item, for ".".
+    pub dir: InodeItem,
+    /// The parent and its item, for "..".
+    pub parent: (u64, InodeItem),
+    pub entries: Vec<(DirEntryOut, InodeItem)>,
+    /// Stopped at `want`: entries may follow.
+    pub more: bool,
+}
+
 /// What statfs reports that changes: the rest is fixed for a mount.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SpaceCounts {
@@ -300,6 +311,60 @@ impl Published {
                 p.covers(at).then(|| (l.parent, p.clone()))
             })?
         })
+    }
+
+    /// For a readdirplus without the lock: up to `want` entries of `dir` from key offset
+    /// `at` on, each with its inode's item, with the directory's own item and its parent's,
+    /// all from one published state. None unless published runs reach `want` entries or the
+    /// directory's end from `at`, and every inode among them is published: the caller takes
+    /// the lock.
+    pub fn readdir_plus(&self, dir: u64, at: u64, want: usize) -> Option<PlusRun> {
+        self.read(|| {
+            let dir_item = self.inodes.get(dir, |it| *it)?;
+            self.listings.get(dir, |l| {
+                let parent = (l.parent, self.inodes.get(l.parent, |it| *it)?);
+                let mut entries = Vec::with_capacity(want.min(LISTING_ENTRIES_MAX));
+                let mut at = at;
+                loop {
+                    let i = l.pages.partition_point(|p| p.from <= at);
+                    let page = l.pages.get(i.checked_sub(1)?)?;
+                    if !page.covers(at) {
+                        return None;
+                    }
+                    for e in page.entries.iter().filter(|e| e.cookie > at) {
+                        if entries.len() >= want {
+                            return Some(PlusRun {
+                                dir: dir_item,
+                                parent,
+                                entries,
+                                more: true,
+                            });
+                        }
+                        entries.push((e.clone(), self.inodes.get(e.ino, |it| *it)?));
+                    }
+                    if page.end {
+                        return Some(PlusRun {
+                            dir: dir_item,
+                            parent,
+                            entries,
+                            more: false,
+                        });
+                    }
+                    at = page.to;
+                }
+            })?
+        })
+    }
+
+    /// Whether `dir`'s published listing has room for `n` more entries: a readdirplus
+    /// under the lock publishes its run (and the run's inodes) only then, so a pass over a
+    /// huge directory copies nothing past its first `LISTING_ENTRIES_MAX` entries.
+    pub fn listing_room(&self, dir: u64, n: usize) -> bool {
+        let have = self
+            .listings
+            .peek(dir, |l| l.pages.iter().map(|p| p.entries.len()).sum::<usize>())
+            .unwrap_or(0);
+        self.enabled && have + n <= LISTING_ENTRIES_MAX
     }
 
     /// statfs's counts as the last finished operation left them; None when they are not

@@ -11,8 +11,16 @@
 //! earlier readdir under the lock published (`published::Page`) answers from it, run after
 //! run, and takes the lock only where the published listing has no run. What a readdir under
 //! the lock returns is published as a run (up to `published::LISTING_ENTRIES_MAX` entries
-//! per directory). readdirplus stays under the lock: each entry it returns takes a pin on its
-//! inode (the kernel's lookup count), which only the lock holder may take.
+//! per directory).
+//!
+//! readdirplus the same way, with each entry's inode: a batch whose entries the published
+//! runs hold, and whose inodes (and the directory's and its parent's, for "." and "..") are
+//! all published, is read in one published state without the lock. A batch under the lock
+//! publishes its run and its inodes, while the directory's listing has room (the first
+//! `LISTING_ENTRIES_MAX` entries: a pass over a huge directory copies nothing past them).
+//! The front end pins what it returns afterwards, without the operation lock (`pins`): an
+//! entry whose last name went in between is refused its pin, and its inode answers ENOENT,
+//! as for a lookup that raced the same unlink.
 use super::dir::dir_ino_offset;
 use super::{published, Attr, DirEntryOut, Fs, Inner, Ino};
 use crate::counters::Counters;
@@ -124,15 +132,58 @@ impl Fs {
     /// them, and the change sequence they were read at: while it stands, reading them again
     /// would give the same batch, so a front end may read ahead ([`Fs::pin_if_unchanged`]).
     pub fn readdir_plus_batch(&self, dir: Ino, cookie: u64, limit: usize) -> Result<PlusBatch> {
+        let limit = limit.max(1);
+        if let Some(b) = self.readdir_plus_published(dir, cookie, limit) {
+            Counters::inc(&self.shared.counters.readdirplus_lock_free);
+            return Ok(b);
+        }
         let mut g = self.lock();
         let mut batch = Vec::with_capacity(limit.min(4096));
-        g.readdir_in(dir, cookie, |e| {
+        let scan = g.readdir_in(dir, cookie, |e| {
             batch.push(e.clone());
-            batch.len() < limit.max(1)
+            batch.len() < limit
         })?;
-        let more = batch.len() >= limit.max(1);
+        let more = batch.len() >= limit;
         let inos: Vec<Ino> = batch.iter().map(|e| e.ino).collect();
         let items = g.inodes_in_order(&inos)?;
+        // The run and its inodes, for the next readdirplus to read without the lock (see
+        // the module notes), while the directory's listing has room. The batch took every
+        // entry it was offered: the last one ends the run.
+        let run: Vec<(DirEntryOut, InodeItem)> = batch
+            .iter()
+            .zip(&items)
+            .filter(|(e, _)| e.cookie > 2)
+            .map(|(e, it)| (e.clone(), *it))
+            .collect();
+        if scan.single && self.shared.published.listing_room(dir, run.len()) {
+            let end = scan.ended;
+            let to = match (run.last(), end) {
+                (_, true) => Some(u64::MAX),
+                (Some((e, _)), false) => Some(e.cookie),
+                (None, false) => None,
+            };
+            if let Some(to) = to {
+                let parent = match scan.parent {
+                    Some(p) => p,
+                    None => g.parent_of(dir)?,
+                };
+                let mut inodes: Vec<(Ino, InodeItem)> =
+                    run.iter().map(|(e, it)| (e.ino, *it)).collect();
+                inodes.push((dir, g.inode(dir)?));
+                inodes.push((parent, g.inode(parent)?));
+                let page = published::Page {
+                    from: cookie.max(dir_ino_offset(1, 0)),
+                    to,
+                    end,
+                    entries: run.into_iter().map(|(e, _)| e).collect(),
+                };
+                g.publish_read(published::Read {
+                    inodes,
+                    page: Some((dir, parent, page)),
+                    ..Default::default()
+                });
+            }
+        }
         let entries = batch
             .into_iter()
             .zip(&items)
@@ -145,6 +196,40 @@ impl Fs {
             seq: g.store.mod_seq,
             entries,
             more,
+        })
+    }
+
+    /// `readdir_plus_batch` from what is published (`Published::readdir_plus`), as the last
+    /// finished operation left the directory and its inodes; None: take the lock.
+    fn readdir_plus_published(&self, dir: Ino, cookie: u64, limit: usize) -> Option<PlusBatch> {
+        let dots = match cookie {
+            0 => 2,
+            1 => 1,
+            _ => 0,
+        };
+        let want = limit.checked_sub(dots).filter(|&w| w > 0)?;
+        let run = self
+            .shared
+            .published
+            .readdir_plus(dir, cookie.max(dir_ino_offset(1, 0)), want)?;
+        let mut entries = Vec::with_capacity(run.entries.len() + dots);
+        if cookie == 0 {
+            entries.push((dot(dir), Attr::from_item(dir, &run.dir)));
+        }
+        if cookie <= 1 {
+            let (p, it) = run.parent;
+            entries.push((dot_dot(p), Attr::from_item(p, &it)));
+        }
+        entries.extend(
+            run.entries
+                .into_iter()
+                .map(|(e, it)| (Attr::from_item(e.ino, &it), e))
+                .map(|(a, e)| (e, a)),
+        );
+        Some(PlusBatch {
+            seq: PlusBatch::UNSEQUENCED,
+            entries,
+            more: run.more,
         })
     }
 
@@ -167,10 +252,16 @@ impl Fs {
 /// tree or to a cached inode moves and a commit leaves as it was) it was read at.
 #[derive(Debug, Clone)]
 pub struct PlusBatch {
+    /// `UNSEQUENCED` for a batch read without the lock: `pin_if_unchanged` never takes it.
     pub seq: u64,
     pub entries: Vec<(DirEntryOut, Attr)>,
     /// The batch stopped at its limit, not at the end of the directory: entries may follow.
     pub more: bool,
+}
+
+impl PlusBatch {
+    /// The `seq` of a batch read without the lock.
+    pub const UNSEQUENCED: u64 = u64::MAX;
 }
 
 impl Fs {
