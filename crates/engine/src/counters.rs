@@ -66,6 +66,7 @@ counters! {
     in_place_writes: "writes that put some of their blocks where the file already had them (preallocated or NOCOW)",
     pin_alloc_failures: "pins not taken because the pin index could not allocate",
     pins_refused_gone: "pins refused because the inode's last name went before them and it is being freed (its holder gets ENOENT)",
+    space_waits_for_release: "operations refused for space that ran again after an unlinked file's holder let go of it",
 }
 
 impl Counters {

@@ -107,7 +107,10 @@ impl Model {
             let b = fs
                 .readdir_plus_batch(dir, cookie, run)
                 .expect("readdirplus");
-            assert!(b.entries.len() <= run, "step {step}: a batch past its limit");
+            assert!(
+                b.entries.len() <= run,
+                "step {step}: a batch past its limit"
+            );
             if let Some((e, _)) = b.entries.last() {
                 cookie = e.cookie;
             }
@@ -718,9 +721,7 @@ fn a_readdirplus_without_the_lock_is_one_state_never_older_than_a_finished_chang
         let (fs, done) = (&fs, &done);
         move || {
             let floor = done.load(Ordering::Acquire);
-            let b = fs
-                .readdir_plus_batch(d, 0, 1 << 20)
-                .expect("readdirplus");
+            let b = fs.readdir_plus_batch(d, 0, 1 << 20).expect("readdirplus");
             assert!(!b.more, "one batch holds the whole directory");
             let (dot, rest) = b.entries.split_at(2);
             assert_eq!(dot[0].0.name, b".");
@@ -734,7 +735,10 @@ fn a_readdirplus_without_the_lock_is_one_state_never_older_than_a_finished_chang
             for (e, a) in rest {
                 let l = links.entry(e.ino).or_insert((0, a.nlink));
                 l.0 += 1;
-                assert_eq!(l.1, a.nlink, "one inode's two entries from different states");
+                assert_eq!(
+                    l.1, a.nlink,
+                    "one inode's two entries from different states"
+                );
                 assert!(
                     seen.insert(e.name.clone()),
                     "{} listed twice",
@@ -774,7 +778,9 @@ fn a_readdirplus_without_the_lock_is_one_state_never_older_than_a_finished_chang
             done.store(i + 1, Ordering::Release);
             // A second link, gone again: a listing that shows it shows two links.
             fs.link(
-                fs.lookup(d, format!("gen-{i}").as_bytes()).expect("lookup").ino,
+                fs.lookup(d, format!("gen-{i}").as_bytes())
+                    .expect("lookup")
+                    .ino,
                 d,
                 b"second",
             )

@@ -272,6 +272,9 @@ struct Shared {
 /// again, and how long each wait may take (readers outside the lock are in device I/O).
 const SPACE_HELD_TRIES: usize = 2;
 const SPACE_HELD_WAIT: Duration = Duration::from_secs(2);
+/// How long an operation refused for space waits for an unlinked inode's holder to let go
+/// (`Pins::wait_release`): a FUSE FORGET after an unlink comes within milliseconds.
+const KEPT_WAIT: Duration = Duration::from_millis(200);
 
 /// A mounted idxfs image.
 pub struct Fs {
@@ -537,9 +540,10 @@ impl Fs {
     /// Runs a mutating operation: refuses on a read-only or failed file system, reserves space
     /// for `items` item changes, turns an error after a change since the last checkpoint
     /// into a stopped file system, and makes the operation durable before it returns when the
-    /// mount's sync mode covers `durable`. An operation refused for space before any change,
-    /// while freed blocks wait for readers outside the lock (`crate::space::read_fence`),
-    /// waits for those readers without the lock and runs again.
+    /// mount's sync mode covers `durable`. An operation refused for space before any change
+    /// waits without the lock and runs again: while freed blocks wait for readers outside
+    /// the lock (`crate::space::read_fence`), for those readers; while an unlinked inode is
+    /// kept for a holder, briefly for its release (`Pins::wait_release`).
     pub(crate) fn write_op<R>(
         &self,
         items: u64,
@@ -549,29 +553,33 @@ impl Fs {
     ) -> Result<R> {
         for _ in 0..SPACE_HELD_TRIES {
             let mut held = None;
+            let releases = self.shared.pins.releases();
             let r = self.write_op_once(items, kind, durable, &mut f, &mut held);
             match held {
-                Some(stamp) if self.shared.fence.wait_passed(stamp, SPACE_HELD_WAIT) => {}
+                Some(Some(stamp)) if self.shared.fence.wait_passed(stamp, SPACE_HELD_WAIT) => {}
+                Some(_) if self.shared.pins.wait_release(releases, KEPT_WAIT) => {
+                    Counters::inc(&self.shared.counters.space_waits_for_release);
+                }
                 _ => return r,
             }
         }
         self.write_op_once(items, kind, durable, &mut f, &mut None)
     }
 
-    /// One run of `write_op`. `held`: set when it was refused for space before any change
-    /// while blocks were held for readers: the fence stamp that frees them all.
+    /// One run of `write_op`. `held`: set when it was refused for space before any change,
+    /// to the fence stamp that frees the blocks held for readers if any are.
     pub(crate) fn write_op_once<R>(
         &self,
         items: u64,
         kind: Reserve,
         durable: Durable,
         f: &mut impl FnMut(&mut Inner) -> Result<R>,
-        held: &mut Option<u64>,
+        held: &mut Option<Option<u64>>,
     ) -> Result<R> {
         let mut g = self.lock();
         g.writable()?;
         let refused = |g: &Inner, e: &Error| match e {
-            Error::NoSpace => g.store.alloc.held_until(),
+            Error::NoSpace => Some(g.store.alloc.held_until()),
             _ => None,
         };
         if let Err(e) = g.reserve(items, kind) {

@@ -100,6 +100,8 @@ impl Inner {
                 return Ok(());
             }
             self.lives.release.push(ino);
+        } else {
+            self.lives.pins.kept_one();
         }
         self.lives.orphans.add(ino, OrphanKind::Free);
         Ok(())
@@ -295,7 +297,11 @@ impl Fs {
             }
             free
         };
-        self.free_orphans(&free)
+        let r = self.free_orphans(&free);
+        for _ in &free {
+            self.shared.pins.released_one();
+        }
+        r
     }
 
     /// Finishes every orphan nobody pins: at mount (after a crash, none is pinned) and at

@@ -27,7 +27,9 @@
 //! kept as an orphan, and the kernel's later requests for it get ENOENT. Nothing aborts.
 use super::Ino;
 use idxfs_index::XArray;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 /// The count of a buried inode: its last name is gone, nothing held it, it is being freed.
 const BURIED: u64 = u64::MAX - 1;
@@ -46,12 +48,69 @@ pub enum Pin {
 }
 
 #[derive(Default)]
-pub struct Pins(Mutex<XArray<u64>>);
+pub struct Pins {
+    counts: Mutex<XArray<u64>>,
+    /// Inodes kept past their last name because pinned, and how many of them a last unpin
+    /// released since (see [`Pins::wait_release`]).
+    kept: AtomicU64,
+    released: Mutex<u64>,
+    release: Condvar,
+    /// `kept` when a wait for a release last ended with none.
+    fruitless: AtomicU64,
+}
 
 impl Pins {
     fn lock(&self) -> MutexGuard<'_, XArray<u64>> {
         // Every change below is one XArray call: a panic cannot leave the counts half-changed.
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.counts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn released(&self) -> MutexGuard<'_, u64> {
+        self.released.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An inode's last name went while it was pinned: it is kept until its last unpin.
+    pub fn kept_one(&self) {
+        self.kept.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A kept inode's last unpin came and its space is freed: wakes `wait_release`.
+    pub fn released_one(&self) {
+        *self.released() += 1;
+        self.release.notify_all();
+    }
+
+    /// How many kept inodes were released so far (for `wait_release`).
+    pub fn releases(&self) -> u64 {
+        *self.released()
+    }
+
+    /// For an operation refused for space: waits up to `most` for a kept inode to be released
+    /// after `seen` releases; true when one was (run the operation again). A FUSE mount
+    /// learns that the kernel let go of an inode from a FORGET, which comes asynchronously
+    /// after the unlink that took the inode's last name, so `rm big; dd of=new` on a full
+    /// file system would otherwise meet ENOSPC where ext4 frees the space within the
+    /// unlink. Waits only while some kept inode is not released, and not again after a
+    /// wait that saw none until another inode is kept: a file held open for long costs one
+    /// wait, not one per refused operation.
+    pub fn wait_release(&self, seen: u64, most: Duration) -> bool {
+        let kept = self.kept.load(Ordering::Relaxed);
+        let r = self.released();
+        if kept <= *r || kept <= self.fruitless.load(Ordering::Relaxed) {
+            return false;
+        }
+        if *r != seen {
+            return true;
+        }
+        let (r, _) = self
+            .release
+            .wait_timeout_while(r, most, |r| *r == seen)
+            .unwrap_or_else(|p| p.into_inner());
+        if *r == seen {
+            self.fruitless.store(kept, Ordering::Relaxed);
+            return false;
+        }
+        true
     }
 
     /// Adds one pin, unless the inode is buried or the index cannot allocate.

@@ -362,7 +362,9 @@ impl Published {
     pub fn listing_room(&self, dir: u64, n: usize) -> bool {
         let have = self
             .listings
-            .peek(dir, |l| l.pages.iter().map(|p| p.entries.len()).sum::<usize>())
+            .peek(dir, |l| {
+                l.pages.iter().map(|p| p.entries.len()).sum::<usize>()
+            })
             .unwrap_or(0);
         self.enabled && have + n <= LISTING_ENTRIES_MAX
     }
