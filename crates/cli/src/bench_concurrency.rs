@@ -192,6 +192,8 @@ enum ReadOp {
     Statfs,
     /// A whole listing of this directory (`LS_FILES` files) in one readdir call.
     Readdir(u64),
+    /// The same listing with every entry's attributes (readdirplus, as `ls -l` asks for it).
+    ReaddirPlus(u64),
 }
 
 /// Files in the directory `ReadOp::Readdir` lists: a directory `ls` shows in one screen.
@@ -217,6 +219,9 @@ fn readers(fs: &Fs, files: &[(Vec<u8>, u64)], threads: u64, dur: Duration, op: R
                                 ReadOp::Getxattr => fs.getxattr(ino, ACL_XATTR).map(drop),
                                 ReadOp::Statfs => fs.statfs().map(drop),
                                 ReadOp::Readdir(d) => fs.readdir(d, 0, |_| true),
+                                ReadOp::ReaddirPlus(d) => {
+                                    fs.readdir_plus_batch(d, 0, 4096).map(drop)
+                                }
                             };
                         }
                         n += 256;
@@ -243,7 +248,7 @@ fn lat_row(o: &mut String, label: &str, l: [f64; 3], idle: Option<[f64; 3]>) {
 
 /// Calls/s of 1 and 2 readers on a file system whose reads all take the lock: getattr, then
 /// 2 readers of getxattr, of statfs and of listings of a small directory.
-fn locked_readers(files: u64, dur: Duration) -> Result<[f64; 5], String> {
+fn locked_readers(files: u64, dur: Duration) -> Result<[f64; 6], String> {
     let fs = lib_fs(1 << 30, true)?;
     let (_, names) = populate(&fs, b"r", files)?;
     let (ls, _) = populate(&fs, b"ls", LS_FILES)?;
@@ -253,6 +258,7 @@ fn locked_readers(files: u64, dur: Duration) -> Result<[f64; 5], String> {
         readers(&fs, &names, 2, dur, ReadOp::Getxattr),
         readers(&fs, &names, 2, dur, ReadOp::Statfs),
         readers(&fs, &names, 2, dur, ReadOp::Readdir(ls.ino)),
+        readers(&fs, &names, 2, dur, ReadOp::ReaddirPlus(ls.ino)),
     ];
     fs.close().map_err(|e| e.to_string())?;
     Ok(r)
@@ -294,8 +300,10 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
     let (ls, _) = populate(&fs, b"ls", LS_FILES)?;
     let d2 = readers(&fs, &names, 2, dur, ReadOp::Readdir(ls.ino));
     let readdir_free = fs.counters().readdir_lock_free.load(Ordering::Relaxed);
+    let p2 = readers(&fs, &names, 2, dur, ReadOp::ReaddirPlus(ls.ino));
+    let plus_free = fs.counters().readdirplus_lock_free.load(Ordering::Relaxed);
     fs.close().map_err(|e| e.to_string())?;
-    let [l1r, l2r, lx2, ls2, ld2] = locked_readers(files, dur)?;
+    let [l1r, l2r, lx2, ls2, ld2, lp2] = locked_readers(files, dur)?;
     let (g0, l0, g1, l1) = (
         idle.getattr.summary(),
         idle.lookup.summary(),
@@ -366,6 +374,12 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
          without the lock)",
         d2 / ld2
     );
+    let _ = writeln!(
+        o,
+        "the same with attributes (readdirplus), listings/s: {p2:.0} against {lp2:.0} \
+         ({:.2}x; {plus_free} batches answered without the lock)",
+        p2 / lp2
+    );
     let json = json!({
         "getattr_locked_1_reader": l1r, "getattr_locked_2_readers": l2r,
         "getattr_lock_free": lock_free, "lookup_lock_free": lookups_free,
@@ -379,6 +393,8 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
         "statfs_2_readers": s2, "statfs_locked_2_readers": ls2,
         "readdir_2_readers": d2, "readdir_locked_2_readers": ld2,
         "readdir_lock_free": readdir_free,
+        "readdirplus_2_readers": p2, "readdirplus_locked_2_readers": lp2,
+        "readdirplus_lock_free": plus_free,
     });
     Ok((o, json))
 }
