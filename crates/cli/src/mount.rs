@@ -38,6 +38,7 @@ fn check_mountpoint(mp: &Path) -> Result<(), String> {
 }
 
 pub fn mount(a: &MountArgs) -> Result<(), String> {
+    no_huge_pages();
     let mut cfg = MountConfig::default();
     for o in a.options {
         cfg.apply(o).map_err(|e| e.to_string())?;
@@ -221,4 +222,16 @@ fn detach_stdio() {
             unsafe { libc::dup2(null.as_raw_fd(), fd) };
         }
     }
+}
+
+/// The daemon's memory in 4 KiB pages, not transparent huge pages. Its heap grows in small
+/// steps (node and inode caches, published copies, request buffers), and a huge page is
+/// zeroed whole at its first touch: 2 MiB for every fresh region of the allocator, which
+/// costs this PVM guest milliseconds each. Untar of 3,000 files into a fresh mount
+/// (`tar xf` of 14 MB, five runs each): 535-741 ms with huge pages, 424-526 ms without, and
+/// the daemon's peak memory 61-67 MB against 29-32 MB. A failure leaves the default.
+fn no_huge_pages() {
+    // SAFETY: PR_SET_THP_DISABLE takes plain integers and changes only this process's
+    // memory policy.
+    let _ = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
 }
