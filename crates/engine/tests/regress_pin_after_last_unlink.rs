@@ -75,3 +75,34 @@ fn a_pin_after_the_last_unlink_never_holds_a_half_freed_file() {
     drop(fs);
     assert_clean(&dev);
 }
+
+/// The same race at birth: a FUSE create pinned its new inode after the operation let go of
+/// the lock, so another process's unlink in between freed the file under the creator's open
+/// descriptor. With `hold_made`, the operation pins before anyone else can run.
+#[test]
+fn a_file_made_for_a_holder_is_pinned_before_anyone_can_unlink_it() {
+    let (dev, fs) = mem_fs(64 << 20);
+    fs.hold_made();
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
+    let s = fs.symlink(ROOT, b"s", b"target", ME).expect("symlink").ino;
+    let l = fs.link(f, ROOT, b"l").expect("link").ino;
+    assert_eq!(l, f);
+    for name in [b"f".as_slice(), b"s", b"l"] {
+        fs.unlink(ROOT, name).expect("unlink");
+    }
+    // Held: the creator may still write and read its file, and read its link.
+    fs.write(f, 0, b"still mine").expect("write to a held file");
+    assert_eq!(fs.read(f, 0, 64).expect("read"), b"still mine");
+    assert_eq!(fs.readlink(s).expect("readlink"), b"target");
+    assert_eq!(fs.getattr(f).expect("getattr").nlink, 0);
+    // The create's pin and the link's: both must go before the file does.
+    fs.unpin(f, 1).expect("unpin");
+    assert!(fs.getattr(f).is_ok(), "one pin left");
+    fs.unpin(f, 1).expect("unpin");
+    fs.unpin(s, 1).expect("unpin");
+    assert!(matches!(fs.getattr(f), Err(idxfs_engine::Error::NotFound)));
+    assert!(matches!(fs.getattr(s), Err(idxfs_engine::Error::NotFound)));
+    assert_eq!(fs.orphans().expect("orphans"), Vec::<u64>::new());
+    fs.close().expect("close");
+    assert_clean(&dev);
+}

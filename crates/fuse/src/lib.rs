@@ -280,6 +280,9 @@ impl IdxFuse {
         uring: Option<Arc<std::sync::atomic::AtomicBool>>,
         recent: Option<Arc<handoff::Recent>>,
     ) -> IdxFuse {
+        // Every entry a create, mknod, mkdir, symlink or link replies with is the kernel's,
+        // pinned by the engine inside the operation (`entry_made`).
+        fs.hold_made();
         IdxFuse {
             readahead: readahead::ReadAhead::new(fs.clone()),
             fs,
@@ -400,6 +403,15 @@ impl IdxFuse {
     fn begin(&self, op: Op, req: &Request) -> InHandler<'_> {
         pin::pin_this_worker(&self.pin_cpus);
         self.requests.count(op, req.uid() == 0)
+    }
+
+    /// Replies with an entry an operation made or linked: the engine pinned it already, under
+    /// the operation's lock (`Fs::hold_made`), for the lookup count the reply gives.
+    fn entry_made(&self, r: Result<Attr, Error>, reply: ReplyEntry) {
+        match r {
+            Ok(a) => reply.entry(&self.ttl, &file_attr(&a), Generation(a.generation)),
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 
     /// Replies with an entry the kernel now holds: one lookup count, one engine pin.
@@ -738,7 +750,7 @@ impl Filesystem for IdxFuse {
         let r = self
             .fs
             .mknod_umask(parent.0, bytes(name), mode, owner(req), rdev as u64, umask);
-        self.entry(r, reply)
+        self.entry_made(r, reply)
     }
 
     /// O_TMPFILE. The engine pins the file once itself (the kernel's one lookup count), and
@@ -783,7 +795,7 @@ impl Filesystem for IdxFuse {
             0,
             umask,
         );
-        self.entry(r, reply)
+        self.entry_made(r, reply)
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -811,7 +823,7 @@ impl Filesystem for IdxFuse {
             target.as_os_str().as_bytes(),
             owner(req),
         );
-        self.entry(r, reply)
+        self.entry_made(r, reply)
     }
 
     fn rename(
@@ -847,7 +859,7 @@ impl Filesystem for IdxFuse {
     ) {
         let _in = self.begin(Op::Link, req);
         let r = self.fs.link(ino.0, newparent.0, bytes(newname));
-        self.entry(r, reply)
+        self.entry_made(r, reply)
     }
 
     fn open(&self, req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

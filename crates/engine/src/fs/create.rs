@@ -77,6 +77,7 @@ impl Inner {
         if is_dir {
             self.modify_inode(parent, |d| d.nlink = (d.nlink.get() + 1).into())?;
         }
+        self.hold_made(ino);
         Ok((ino, it))
     }
 }
@@ -301,6 +302,7 @@ impl Fs {
                 i.nlink = (i.nlink.get() + 1).into();
                 i.ctime = now;
             })?;
+            g.hold_made(ino);
             Ok(Attr::from_item(ino, &it))
         })
     }

@@ -231,6 +231,15 @@ impl Inner {
         Ok(())
     }
 
+    /// Pins `ino`, just made or linked by this operation, when the front end holds what
+    /// operations return (`Fs::hold_made`): under the operation lock, so no unlink comes
+    /// between the name and the pin.
+    pub(crate) fn hold_made(&mut self, ino: Ino) {
+        if self.lives.pins.holds_made() && self.lives.pins.add(ino) != super::pins::Pin::Pinned {
+            Counters::inc(&self.store.counters.pin_alloc_failures);
+        }
+    }
+
     /// Whether `ino`, whose last name is gone, may be freed: nothing pins it, and no pin can
     /// come any more (`Pins::bury`).
     pub(crate) fn bury(&mut self, ino: Ino) -> bool {
@@ -266,6 +275,15 @@ impl Fs {
     /// as once it is gone; an `unpin` of it does nothing. Takes no operation lock (`pins`).
     pub fn pin(&self, ino: Ino) -> bool {
         self.pin_many(&[ino]) == 0
+    }
+
+    /// Tells the engine that the caller holds (pins) every inode that create, mknod, mkdir,
+    /// symlink and link return, as a FUSE front end does with the kernel's lookup count:
+    /// those operations then pin it themselves before they let go of the lock, so an
+    /// unlink by someone else cannot come between the new name and the pin (the creator's
+    /// open file would then name a freed inode). Unpin it as any other pin.
+    pub fn hold_made(&self) {
+        self.shared.pins.hold_made();
     }
 
     /// `pin` for each of `inos`, under one lock of the pins: how many it could not hold.

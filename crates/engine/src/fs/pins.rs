@@ -27,7 +27,7 @@
 //! kept as an orphan, and the kernel's later requests for it get ENOENT. Nothing aborts.
 use super::Ino;
 use idxfs_index::XArray;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -57,6 +57,8 @@ pub struct Pins {
     release: Condvar,
     /// `kept` when a wait for a release last ended with none.
     fruitless: AtomicU64,
+    /// The front end holds every inode an operation makes or links (`Fs::hold_made`).
+    hold_made: AtomicBool,
 }
 
 impl Pins {
@@ -67,6 +69,16 @@ impl Pins {
 
     fn released(&self) -> MutexGuard<'_, u64> {
         self.released.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// From now on, create, mknod, mkdir, symlink and link pin the inode they return.
+    pub fn hold_made(&self) {
+        self.hold_made.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether they do.
+    pub fn holds_made(&self) -> bool {
+        self.hold_made.load(Ordering::Relaxed)
     }
 
     /// An inode's last name went while it was pinned: it is kept until its last unpin.
