@@ -629,6 +629,54 @@ fn an_xattr_read_without_the_lock_is_never_older_than_a_finished_change() {
     assert_clean(&dev);
 }
 
+/// The writer beside the listing tests' readers: once both have listed, creates gen-0,
+/// gen-1, ... in `d` (`done` counts the creates that returned), each followed by `churn(i)`,
+/// with a pause now and then in which readers list what they published.
+fn gen_writer(fs: &Fs, d: u64, n: u64, listed: &AtomicU64, done: &AtomicU64, churn: impl Fn(u64)) {
+    let start = std::time::Instant::now();
+    while listed.load(Ordering::Relaxed) < 2 {
+        assert!(start.elapsed().as_secs() < 60, "the readers never listed");
+        std::thread::yield_now();
+    }
+    for i in 0..n {
+        if i % 100 == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        fs.create(d, format!("gen-{i}").as_bytes(), 0o644, ME)
+            .expect("gen");
+        done.store(i + 1, Ordering::Release);
+        churn(i);
+        if i % 500 == 0 {
+            fs.sync().expect("sync");
+        }
+    }
+}
+
+/// Directory "d", holding keep-0 .. keep-39 for the whole of a listing test.
+fn keep_dir(fs: &Fs) -> u64 {
+    let d = fs.mkdir(ROOT, b"d", 0o755, ME).expect("mkdir").ino;
+    for i in 0..40 {
+        fs.create(d, format!("keep-{i}").as_bytes(), 0o644, ME)
+            .expect("keep");
+    }
+    d
+}
+
+/// A listing begun once `floor` gen- creates had returned holds them, and keep-0..40.
+fn assert_listed(seen: &std::collections::BTreeSet<Vec<u8>>, floor: u64) {
+    for i in 0..40 {
+        let n = format!("keep-{i}").into_bytes();
+        assert!(seen.contains(&n), "keep-{i} missing from a listing");
+    }
+    for i in 0..floor {
+        let n = format!("gen-{i}").into_bytes();
+        assert!(
+            seen.contains(&n),
+            "gen-{i} missing from a listing begun after its create returned ({floor} had)"
+        );
+    }
+}
+
 /// Readers list a directory in runs (each resumed from its last cookie) while a writer adds a
 /// name at a time to it and churns others: a listing has no name twice, every name present
 /// for the whole listing once, and every name whose create returned before it started, so a
@@ -636,11 +684,7 @@ fn an_xattr_read_without_the_lock_is_never_older_than_a_finished_change() {
 #[test]
 fn a_listing_read_without_the_lock_is_never_older_than_a_finished_change() {
     let (dev, fs) = mem_fs(64 << 20);
-    let d = fs.mkdir(ROOT, b"d", 0o755, ME).expect("mkdir").ino;
-    for i in 0..40 {
-        fs.create(d, format!("keep-{i}").as_bytes(), 0o644, ME)
-            .expect("keep");
-    }
+    let d = keep_dir(&fs);
     // Names gen-0 ..= gen-(done - 1) exist: their creates returned.
     let done = AtomicU64::new(0);
     let reader = |r| {
@@ -656,44 +700,17 @@ fn a_listing_read_without_the_lock_is_never_older_than_a_finished_change() {
                     String::from_utf8_lossy(&e.name)
                 );
             }
-            for i in 0..40 {
-                let n = format!("keep-{i}").into_bytes();
-                assert!(seen.contains(&n), "keep-{i} missing from a listing");
-            }
-            for i in 0..floor {
-                let n = format!("gen-{i}").into_bytes();
-                assert!(
-                    seen.contains(&n),
-                    "gen-{i} missing from a listing begun after its create returned \
-                     ({floor} had)"
-                );
-            }
+            assert_listed(&seen, floor);
             1
         }
     };
+    let n = if cfg!(debug_assertions) { 400 } else { 2500 };
     let listings = beside_readers(reader, |listed| {
-        // Both readers under way before the writer starts.
-        let start = std::time::Instant::now();
-        while listed.load(Ordering::Relaxed) < 2 {
-            assert!(start.elapsed().as_secs() < 60, "the readers never listed");
-            std::thread::yield_now();
-        }
-        let n = if cfg!(debug_assertions) { 400 } else { 2500 };
-        for i in 0..n {
-            // Now and then a pause, in which readers list what they published.
-            if i % 100 == 0 {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            fs.create(d, format!("gen-{i}").as_bytes(), 0o644, ME)
-                .expect("gen");
-            done.store(i + 1, Ordering::Release);
+        gen_writer(&fs, d, n, listed, &done, |_| {
             fs.create(d, b"tmp", 0o644, ME).expect("tmp");
             fs.rename(d, b"tmp", d, b"tmp2", 0).expect("rename");
             fs.unlink(d, b"tmp2").expect("unlink");
-            if i % 500 == 0 {
-                fs.sync().expect("sync");
-            }
-        }
+        })
     });
     assert!(listings > 0, "the readers listed nothing");
     assert!(
@@ -706,15 +723,12 @@ fn a_listing_read_without_the_lock_is_never_older_than_a_finished_change() {
 
 /// readdirplus beside a writer: a whole listing in one batch comes from one state (the
 /// directory's size, in ".", counts exactly the entries listed, and each file's link count
-/// its names in the listing, all its links being there), and is never older than a create that returned before it began.
+/// its names in the listing, all its links being there), and is never older than a create
+/// that returned before it began.
 #[test]
 fn a_readdirplus_without_the_lock_is_one_state_never_older_than_a_finished_change() {
     let (dev, fs) = mem_fs(64 << 20);
-    let d = fs.mkdir(ROOT, b"d", 0o755, ME).expect("mkdir").ino;
-    for i in 0..40 {
-        fs.create(d, format!("keep-{i}").as_bytes(), 0o644, ME)
-            .expect("keep");
-    }
+    let d = keep_dir(&fs);
     // Names gen-0 ..= gen-(done - 1) exist: their creates returned.
     let done = AtomicU64::new(0);
     let reader = |_| {
@@ -748,48 +762,21 @@ fn a_readdirplus_without_the_lock_is_one_state_never_older_than_a_finished_chang
             for (ino, (names, nlink)) in links {
                 assert_eq!(names, nlink, "inode {ino}: its names and its link count");
             }
-            for i in 0..40 {
-                let n = format!("keep-{i}").into_bytes();
-                assert!(seen.contains(&n), "keep-{i} missing from a listing");
-            }
-            for i in 0..floor {
-                let n = format!("gen-{i}").into_bytes();
-                assert!(
-                    seen.contains(&n),
-                    "gen-{i} missing from a listing begun after its create returned"
-                );
-            }
+            assert_listed(&seen, floor);
             1
         }
     };
+    let n = if cfg!(debug_assertions) { 300 } else { 1500 };
     let listings = beside_readers(reader, |listed| {
-        let start = std::time::Instant::now();
-        while listed.load(Ordering::Relaxed) < 2 {
-            assert!(start.elapsed().as_secs() < 60, "the readers never listed");
-            std::thread::yield_now();
-        }
-        let n = if cfg!(debug_assertions) { 300 } else { 1500 };
-        for i in 0..n {
-            if i % 100 == 0 {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            fs.create(d, format!("gen-{i}").as_bytes(), 0o644, ME)
-                .expect("gen");
-            done.store(i + 1, Ordering::Release);
+        gen_writer(&fs, d, n, listed, &done, |i| {
             // A second link, gone again: a listing that shows it shows two links.
-            fs.link(
-                fs.lookup(d, format!("gen-{i}").as_bytes())
-                    .expect("lookup")
-                    .ino,
-                d,
-                b"second",
-            )
-            .expect("link");
+            let ino = fs
+                .lookup(d, format!("gen-{i}").as_bytes())
+                .expect("lookup")
+                .ino;
+            fs.link(ino, d, b"second").expect("link");
             fs.unlink(d, b"second").expect("unlink");
-            if i % 500 == 0 {
-                fs.sync().expect("sync");
-            }
-        }
+        })
     });
     assert!(listings > 0, "the readers listed nothing");
     eprintln!(
