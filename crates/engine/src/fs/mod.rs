@@ -51,7 +51,7 @@
 //!   the two directory indexes' and the inode's inserts, so a second creating thread adds
 //!   no throughput.
 //! - An operation refused for space while an unlinked file is kept for its holder waits
-//!   briefly for the holder to let go, and runs again (`write_op`, `Pins::wait_release`).
+//!   briefly for the holder to let go, and runs again (`write_op`, `Releases::wait`).
 pub mod acl;
 mod create;
 mod damage;
@@ -280,7 +280,7 @@ struct Shared {
 const SPACE_HELD_TRIES: usize = 2;
 const SPACE_HELD_WAIT: Duration = Duration::from_secs(2);
 /// How long an operation refused for space waits for an unlinked inode's holder to let go
-/// (`Pins::wait_release`): a FUSE FORGET after an unlink comes within milliseconds.
+/// (`Releases::wait`): a FUSE FORGET after an unlink comes within milliseconds.
 const KEPT_WAIT: Duration = Duration::from_millis(200);
 
 /// A mounted idxfs image.
@@ -550,7 +550,7 @@ impl Fs {
     /// mount's sync mode covers `durable`. An operation refused for space before any change
     /// waits without the lock and runs again: while freed blocks wait for readers outside
     /// the lock (`crate::space::read_fence`), for those readers; while an unlinked inode is
-    /// kept for a holder, briefly for its release (`Pins::wait_release`).
+    /// kept for a holder, briefly for its release (`Releases::wait`).
     pub(crate) fn write_op<R>(
         &self,
         items: u64,
@@ -560,11 +560,11 @@ impl Fs {
     ) -> Result<R> {
         for _ in 0..SPACE_HELD_TRIES {
             let mut held = None;
-            let releases = self.shared.pins.releases();
+            let releases = self.shared.pins.releases.count();
             let r = self.write_op_once(items, kind, durable, &mut f, &mut held);
             match held {
                 Some(Some(stamp)) if self.shared.fence.wait_passed(stamp, SPACE_HELD_WAIT) => {}
-                Some(_) if self.shared.pins.wait_release(releases, KEPT_WAIT) => {
+                Some(_) if self.shared.pins.releases.wait(releases, KEPT_WAIT) => {
                     Counters::inc(&self.shared.counters.space_waits_for_release);
                 }
                 _ => return r,

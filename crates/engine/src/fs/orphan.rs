@@ -101,7 +101,7 @@ impl Inner {
             }
             self.lives.release.push(ino);
         } else {
-            self.lives.pins.kept_one();
+            self.lives.pins.releases.kept_one();
         }
         self.lives.orphans.add(ino, OrphanKind::Free);
         Ok(())
@@ -317,7 +317,7 @@ impl Fs {
         };
         let r = self.free_orphans(&free);
         for _ in &free {
-            self.shared.pins.released_one();
+            self.shared.pins.releases.released_one();
         }
         r
     }

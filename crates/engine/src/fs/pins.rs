@@ -50,35 +50,26 @@ pub enum Pin {
 #[derive(Default)]
 pub struct Pins {
     counts: Mutex<XArray<u64>>,
-    /// Inodes kept past their last name because pinned, and how many of them a last unpin
-    /// released since (see [`Pins::wait_release`]).
+    /// The front end holds every inode an operation makes or links (`Fs::hold_made`).
+    hold_made: AtomicBool,
+    /// Inodes kept past their last name for their holders, and their releases.
+    pub releases: Releases,
+}
+
+/// Inodes kept past their last name because pinned, and how many of them a last unpin
+/// released since, for operations refused for space (see [`Releases::wait`]).
+#[derive(Default)]
+pub struct Releases {
     kept: AtomicU64,
     released: Mutex<u64>,
     release: Condvar,
     /// `kept` when a wait for a release last ended with none.
     fruitless: AtomicU64,
-    /// The front end holds every inode an operation makes or links (`Fs::hold_made`).
-    hold_made: AtomicBool,
 }
 
-impl Pins {
-    fn lock(&self) -> MutexGuard<'_, XArray<u64>> {
-        // Every change below is one XArray call: a panic cannot leave the counts half-changed.
-        self.counts.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
+impl Releases {
     fn released(&self) -> MutexGuard<'_, u64> {
         self.released.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// From now on, create, mknod, mkdir, symlink and link pin the inode they return.
-    pub fn hold_made(&self) {
-        self.hold_made.store(true, Ordering::Relaxed);
-    }
-
-    /// Whether they do.
-    pub fn holds_made(&self) -> bool {
-        self.hold_made.load(Ordering::Relaxed)
     }
 
     /// An inode's last name went while it was pinned: it is kept until its last unpin.
@@ -86,14 +77,14 @@ impl Pins {
         self.kept.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A kept inode's last unpin came and its space is freed: wakes `wait_release`.
+    /// A kept inode's last unpin came and its space is freed: wakes `wait`.
     pub fn released_one(&self) {
         *self.released() += 1;
         self.release.notify_all();
     }
 
-    /// How many kept inodes were released so far (for `wait_release`).
-    pub fn releases(&self) -> u64 {
+    /// How many kept inodes were released so far (for `wait`).
+    pub fn count(&self) -> u64 {
         *self.released()
     }
 
@@ -105,7 +96,7 @@ impl Pins {
     /// unlink. Waits only while some kept inode is not released, and not again after a
     /// wait that saw none until another inode is kept: a file held open for long costs one
     /// wait, not one per refused operation.
-    pub fn wait_release(&self, seen: u64, most: Duration) -> bool {
+    pub fn wait(&self, seen: u64, most: Duration) -> bool {
         let kept = self.kept.load(Ordering::Relaxed);
         let r = self.released();
         if kept <= *r || kept <= self.fruitless.load(Ordering::Relaxed) {
@@ -123,6 +114,23 @@ impl Pins {
             return false;
         }
         true
+    }
+}
+
+impl Pins {
+    fn lock(&self) -> MutexGuard<'_, XArray<u64>> {
+        // Every change below is one XArray call: a panic cannot leave the counts half-changed.
+        self.counts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// From now on, create, mknod, mkdir, symlink and link pin the inode they return.
+    pub fn hold_made(&self) {
+        self.hold_made.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether they do.
+    pub fn holds_made(&self) -> bool {
+        self.hold_made.load(Ordering::Relaxed)
     }
 
     /// Adds one pin, unless the inode is buried or the index cannot allocate.

@@ -58,8 +58,8 @@ impl Fs {
             g.insert_inode(ino, &it)?;
             g.store_inherited(ino, acls.xattrs)?;
             g.lives.orphans.add(ino, OrphanKind::Free);
-            // Kept for its holder as an unlinked file is (`Pins::wait_release`).
-            g.lives.pins.kept_one();
+            // Kept for its holder as an unlinked file is (`Releases::wait`).
+            g.lives.pins.releases.kept_one();
             Ok(Attr::from_item(ino, &it))
         })
     }
