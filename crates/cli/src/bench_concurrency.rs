@@ -402,6 +402,16 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
 /// stat latencies through a mount for `dur`: statx with AT_STATX_FORCE_SYNC, which FUSE answers
 /// with a GETATTR to the daemon every time (a plain stat is served from the kernel's cache).
 fn stat_lat(paths: &[std::ffi::CString], dur: Duration) -> Lat {
+    statx_lat(libc::AT_FDCWD, paths, libc::AT_STATX_FORCE_SYNC, dur)
+}
+
+/// Latencies of statx of random `names` relative to `dir` with `flags`, for `dur`.
+fn statx_lat(
+    dir: libc::c_int,
+    names: &[std::ffi::CString],
+    flags: libc::c_int,
+    dur: Duration,
+) -> Lat {
     let mut v = Vec::new();
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     // SAFETY: a statx buffer we own, valid C paths.
@@ -412,42 +422,22 @@ fn stat_lat(paths: &[std::ffi::CString], dur: Duration) -> Lat {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            let p = &paths[(x % paths.len() as u64) as usize];
+            let p = &names[(x % names.len() as u64) as usize];
             let t = Instant::now();
-            // SAFETY: as above.
-            unsafe {
-                libc::statx(
-                    libc::AT_FDCWD,
-                    p.as_ptr(),
-                    libc::AT_STATX_FORCE_SYNC,
-                    libc::STATX_BASIC_STATS,
-                    &mut st,
-                )
-            };
+            // SAFETY: as above; `dir` is AT_FDCWD or a descriptor the caller holds open.
+            unsafe { libc::statx(dir, p.as_ptr(), flags, libc::STATX_BASIC_STATS, &mut st) };
             v.push(t.elapsed().as_nanos() as u64);
         }
     }
     Lat(v)
 }
 
-/// The mount half: stat latency idle and while a thread creates and fsyncs; fs_mark with 2
-/// threads against 1 (`creates_n` files each run).
-fn mount(base: &Path, secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), String> {
-    let idx = Target::make(base, FsKind::Idxfs, 2 << 30, files * 4 + 65_536)?;
-    let dir = idx.mp.join("r");
-    std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let mut paths = Vec::new();
-    for i in 0..files {
-        let p = dir.join(format!("r{i:07}"));
-        bench_env::create_close(&cpath(&p), &p)?;
-        paths.push(cpath(&p));
-    }
-    let dur = Duration::from_secs_f64(secs);
-    let mut idle = stat_lat(&paths, dur);
+/// Runs `measure` while a thread creates empty files in `wdir` through the mount, with an
+/// fsync every 64 (so commits and fsync log batches run too).
+fn beside_mount_writer<R>(wdir: &Path, measure: impl FnOnce() -> R) -> Result<R, String> {
     let stop = AtomicBool::new(false);
-    let wdir = idx.mp.join("w");
-    std::fs::create_dir(&wdir).map_err(|e| format!("{}: {e}", wdir.display()))?;
-    let mut load = std::thread::scope(|s| {
+    std::fs::create_dir(wdir).map_err(|e| format!("{}: {e}", wdir.display()))?;
+    std::thread::scope(|s| {
         let w = s.spawn(|| -> Result<(), String> {
             use std::os::unix::fs::OpenOptionsExt;
             let mut i = 0u64;
@@ -468,12 +458,60 @@ fn mount(base: &Path, secs: f64, files: u64, creates_n: u64) -> Result<(String, 
             Ok(())
         });
         std::thread::sleep(Duration::from_millis(50));
-        let l = stat_lat(&paths, dur);
+        let r = measure();
         stop.store(true, Ordering::Relaxed);
         w.join().map_err(|_| "writer panicked".to_string())??;
-        Ok::<_, String>(l)
+        Ok::<_, String>(r)
+    })
+}
+
+/// Lookup latencies through a mount with `-o ttl=0`, idle and beside the writer: statx of a
+/// name relative to its open directory with AT_STATX_DONT_SYNC, so the kernel revalidates
+/// that one dentry with a LOOKUP and takes the attributes it returned, one request a call.
+/// Every lookup's reply pins its inode (`Fs::pin`).
+fn lookup_lat(base: &Path, secs: f64, files: u64) -> Result<(Lat, Lat), String> {
+    let t = Target::make_with(
+        base,
+        FsKind::Idxfs,
+        2 << 30,
+        files * 4 + 65_536,
+        Some("ttl=0"),
+    )?;
+    let dir = t.mp.join("r");
+    std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut names = Vec::new();
+    for i in 0..files {
+        let p = dir.join(format!("r{i:07}"));
+        bench_env::create_close(&cpath(&p), &p)?;
+        names.push(cpath(Path::new(&format!("r{i:07}"))));
+    }
+    let d = std::fs::File::open(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    use std::os::fd::AsRawFd;
+    let dur = Duration::from_secs_f64(secs);
+    let idle = statx_lat(d.as_raw_fd(), &names, libc::AT_STATX_DONT_SYNC, dur);
+    let load = beside_mount_writer(&t.mp.join("w"), || {
+        statx_lat(d.as_raw_fd(), &names, libc::AT_STATX_DONT_SYNC, dur)
     })?;
+    Ok((idle, load))
+}
+
+/// The mount half: stat latency idle and while a thread creates and fsyncs; fs_mark with 2
+/// threads against 1 (`creates_n` files each run).
+fn mount(base: &Path, secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), String> {
+    let idx = Target::make(base, FsKind::Idxfs, 2 << 30, files * 4 + 65_536)?;
+    let dir = idx.mp.join("r");
+    std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut paths = Vec::new();
+    for i in 0..files {
+        let p = dir.join(format!("r{i:07}"));
+        bench_env::create_close(&cpath(&p), &p)?;
+        paths.push(cpath(&p));
+    }
+    let dur = Duration::from_secs_f64(secs);
+    let mut idle = stat_lat(&paths, dur);
+    let mut load = beside_mount_writer(&idx.mp.join("w"), || stat_lat(&paths, dur))?;
     drop(idx);
+    let (mut lookup_idle, mut lookup_load) = lookup_lat(base, secs, files)?;
     let floor = crate::bench_mount::floor_ns(base)? / 1000.0;
     let (i, l) = (idle.summary(), load.summary());
     let mut o = String::new();
@@ -484,6 +522,9 @@ fn mount(base: &Path, secs: f64, files: u64, creates_n: u64) -> Result<(String, 
     );
     lat_row(&mut o, "stat, idle", i, None);
     lat_row(&mut o, "stat, writer creating+fsyncing", l, Some(i));
+    let (li, ll) = (lookup_idle.summary(), lookup_load.summary());
+    lat_row(&mut o, "lookup (ttl=0: a LOOKUP a call), idle", li, None);
+    lat_row(&mut o, "lookup, writer creating+fsyncing", ll, Some(li));
     let fm1 = fs_mark_rate(base, 1, creates_n)?;
     let fm2 = fs_mark_rate(base, 2, creates_n)?;
     let _ = writeln!(
@@ -495,6 +536,7 @@ fn mount(base: &Path, secs: f64, files: u64, creates_n: u64) -> Result<(String, 
     Ok((
         o,
         json!({"files": files, "stat_idle_us": i, "stat_load_us": l, "fuse_floor_us": floor,
+            "lookup_idle_us": li, "lookup_load_us": ll,
             "fs_mark_1_thread": fm1, "fs_mark_2_threads": fm2}),
     ))
 }
