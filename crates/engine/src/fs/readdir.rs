@@ -220,12 +220,10 @@ impl Fs {
             let (p, it) = run.parent;
             entries.push((dot_dot(p), Attr::from_item(p, &it)));
         }
-        entries.extend(
-            run.entries
-                .into_iter()
-                .map(|(e, it)| (Attr::from_item(e.ino, &it), e))
-                .map(|(a, e)| (e, a)),
-        );
+        entries.extend(run.entries.into_iter().map(|(e, it)| {
+            let a = Attr::from_item(e.ino, &it);
+            (e, a)
+        }));
         Some(PlusBatch {
             seq: PlusBatch::UNSEQUENCED,
             entries,
