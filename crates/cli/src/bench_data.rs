@@ -73,9 +73,8 @@ fn read_small(dir: &Path) -> Result<f64, String> {
 }
 
 /// Writes and deletes a file of `bytes` where the images are (/dev/shm): the first large
-/// write of a run into fresh memory is slower, whichever file system makes it (here, 2 GiB
-/// in 1 MiB writes through a fresh idxfs mount: about 440 MB/s first, then 1.0-1.1 GB/s,
-/// with or without data sums), and would count against whoever runs first.
+/// write of a run into fresh memory is slower, whichever file system makes it (measured in
+/// docs/benchmarks.md, "nocow-write and data"), and would count against whoever runs first.
 fn warm_up(base: &Path, big: u64) -> Result<(), String> {
     let p = base.join("data-warm-up");
     let buf = vec![1u8; MIB];

@@ -226,10 +226,9 @@ fn detach_stdio() {
 
 /// The daemon's memory in 4 KiB pages, not transparent huge pages. Its heap grows in small
 /// steps (node and inode caches, published copies, request buffers), and a huge page is
-/// zeroed whole at its first touch: 2 MiB for every fresh region of the allocator, which
-/// costs this PVM guest milliseconds each. Untar of 3,000 files into a fresh mount
-/// (`tar xf` of 14 MB, five runs each): 535-741 ms with huge pages, 424-526 ms without, and
-/// the daemon's peak memory 61-67 MB against 29-32 MB. A failure leaves the default.
+/// zeroed whole at its first touch: 2 MiB for every fresh region of the allocator, paid
+/// inside whichever request grew the heap, while most of it stays unused (docs/benchmarks.md,
+/// "apps", for what it saves). A failure leaves the default.
 fn no_huge_pages() {
     // SAFETY: PR_SET_THP_DISABLE takes plain integers and changes only this process's
     // memory policy.

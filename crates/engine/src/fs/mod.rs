@@ -46,10 +46,9 @@
 //!   beside a writer would need a published root per operation, and two writers in
 //!   different leaves would need locks per node (btrfs's tree locking); neither is built
 //!   (see the README's table), so the tree changes of two writers never overlap, though
-//!   their data I/O does. That is most of a create: perf of one thread creating empty
-//!   files through the library puts 93% of its time inside the lock, nearly all of it in
-//!   the two directory indexes' and the inode's inserts, so a second creating thread adds
-//!   no throughput.
+//!   their data I/O does. That is most of a create (nearly all of it is the two directory
+//!   indexes' and the inode's inserts; docs/benchmarks.md, "concurrency"), so a second
+//!   creating thread adds no throughput.
 //! - An operation refused for space while an unlinked file is kept for its holder waits
 //!   briefly for the holder to let go, and runs again (`write_op`, `Releases::wait`).
 pub mod acl;
