@@ -477,14 +477,8 @@ fn lookup_lat(base: &Path, secs: f64, files: u64) -> Result<(Lat, Lat), String> 
         files * 4 + 65_536,
         Some("ttl=0"),
     )?;
-    let dir = t.mp.join("r");
-    std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let mut names = Vec::new();
-    for i in 0..files {
-        let p = dir.join(format!("r{i:07}"));
-        bench_env::create_close(&cpath(&p), &p)?;
-        names.push(cpath(Path::new(&format!("r{i:07}"))));
-    }
+    let (dir, names) = mount_files(&t.mp, files)?;
+    let names: Vec<_> = names.iter().map(|n| cpath(Path::new(n))).collect();
     let d = std::fs::File::open(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     use std::os::fd::AsRawFd;
     let dur = Duration::from_secs_f64(secs);
@@ -495,18 +489,24 @@ fn lookup_lat(base: &Path, secs: f64, files: u64) -> Result<(Lat, Lat), String> 
     Ok((idle, load))
 }
 
+/// Directory "r" under `mp` with `files` empty files in it: the directory and their names.
+fn mount_files(mp: &Path, files: u64) -> Result<(std::path::PathBuf, Vec<String>), String> {
+    let dir = mp.join("r");
+    std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let names: Vec<String> = (0..files).map(|i| format!("r{i:07}")).collect();
+    for n in &names {
+        let p = dir.join(n);
+        bench_env::create_close(&cpath(&p), &p)?;
+    }
+    Ok((dir, names))
+}
+
 /// The mount half: stat latency idle and while a thread creates and fsyncs; fs_mark with 2
 /// threads against 1 (`creates_n` files each run).
 fn mount(base: &Path, secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), String> {
     let idx = Target::make(base, FsKind::Idxfs, 2 << 30, files * 4 + 65_536)?;
-    let dir = idx.mp.join("r");
-    std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let mut paths = Vec::new();
-    for i in 0..files {
-        let p = dir.join(format!("r{i:07}"));
-        bench_env::create_close(&cpath(&p), &p)?;
-        paths.push(cpath(&p));
-    }
+    let (dir, names) = mount_files(&idx.mp, files)?;
+    let paths: Vec<_> = names.iter().map(|n| cpath(&dir.join(n))).collect();
     let dur = Duration::from_secs_f64(secs);
     let mut idle = stat_lat(&paths, dur);
     let mut load = beside_mount_writer(&idx.mp.join("w"), || stat_lat(&paths, dur))?;

@@ -61,15 +61,18 @@ pub struct Pins {
 #[derive(Default)]
 pub struct Releases {
     kept: AtomicU64,
-    released: Mutex<u64>,
+    /// Read before every operation (`Fs::write_op`), so an atomic; changed under `lock`,
+    /// which `release` waits with.
+    released: AtomicU64,
+    lock: Mutex<()>,
     release: Condvar,
     /// `kept` when a wait for a release last ended with none.
     fruitless: AtomicU64,
 }
 
 impl Releases {
-    fn released(&self) -> MutexGuard<'_, u64> {
-        self.released.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, ()> {
+        self.lock.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// An inode's last name went while it was pinned: it is kept until its last unpin.
@@ -79,13 +82,16 @@ impl Releases {
 
     /// A kept inode's last unpin came and its space is freed: wakes `wait`.
     pub fn released_one(&self) {
-        *self.released() += 1;
+        {
+            let _g = self.lock();
+            self.released.fetch_add(1, Ordering::Relaxed);
+        }
         self.release.notify_all();
     }
 
     /// How many kept inodes were released so far (for `wait`).
     pub fn count(&self) -> u64 {
-        *self.released()
+        self.released.load(Ordering::Relaxed)
     }
 
     /// For an operation refused for space: waits up to `most` for a kept inode to be released
@@ -98,18 +104,19 @@ impl Releases {
     /// wait, not one per refused operation.
     pub fn wait(&self, seen: u64, most: Duration) -> bool {
         let kept = self.kept.load(Ordering::Relaxed);
-        let r = self.released();
-        if kept <= *r || kept <= self.fruitless.load(Ordering::Relaxed) {
+        let g = self.lock();
+        let released = || self.released.load(Ordering::Relaxed);
+        if kept <= released() || kept <= self.fruitless.load(Ordering::Relaxed) {
             return false;
         }
-        if *r != seen {
+        if released() != seen {
             return true;
         }
-        let (r, _) = self
+        let (_g, _) = self
             .release
-            .wait_timeout_while(r, most, |r| *r == seen)
+            .wait_timeout_while(g, most, |_| released() == seen)
             .unwrap_or_else(|p| p.into_inner());
-        if *r == seen {
+        if released() == seen {
             self.fruitless.store(kept, Ordering::Relaxed);
             return false;
         }

@@ -149,13 +149,14 @@ impl Fs {
         // The run and its inodes, for the next readdirplus to read without the lock (see
         // the module notes), while the directory's listing has room. The batch took every
         // entry it was offered: the last one ends the run.
-        let run: Vec<(DirEntryOut, InodeItem)> = batch
-            .iter()
-            .zip(&items)
-            .filter(|(e, _)| e.cookie > 2)
-            .map(|(e, it)| (e.clone(), *it))
-            .collect();
-        if scan.single && self.shared.published.listing_room(dir, run.len()) {
+        let named = batch.iter().filter(|e| e.cookie > 2).count();
+        if scan.single && self.shared.published.listing_room(dir, named) {
+            let run: Vec<(DirEntryOut, InodeItem)> = batch
+                .iter()
+                .zip(&items)
+                .filter(|(e, _)| e.cookie > 2)
+                .map(|(e, it)| (e.clone(), *it))
+                .collect();
             let end = scan.ended;
             let to = match (run.last(), end) {
                 (_, true) => Some(u64::MAX),
