@@ -1,7 +1,8 @@
 //! idxfs against tmpfs, through the kernel: seeded random operation sequences run on an idxfs
 //! mount and on a tmpfs side by side, every result (value or errno) compared, the files each
 //! step touched compared byte for byte (contents, size, type, mode, links, xattrs, symlink
-//! targets) after every step, and the whole trees now and then, across clean remounts and
+//! targets) after every step, which of their and their directories' mtimes and ctimes the
+//! step moved, and the whole trees now and then, across clean remounts and
 //! crashes (SIGKILL of the server right after an fsync, which makes everything before it
 //! durable: the crashed image must open to exactly the tmpfs state of that moment). On
 //! idxfs, what is made in `d1` is NOCOW (`chattr +C`), so its writes go in place.
@@ -133,6 +134,58 @@ fn observe(p: &Path) -> String {
     out
 }
 
+/// mtime and ctime of `p` itself (seconds, nanoseconds) and its inode number, or None when
+/// it is absent.
+fn times(p: &Path) -> Option<[i64; 5]> {
+    fs::symlink_metadata(p).ok().map(|m| {
+        [
+            m.mtime(),
+            m.mtime_nsec(),
+            m.ctime(),
+            m.ctime_nsec(),
+            m.ino() as i64,
+        ]
+    })
+}
+
+/// How often the kernel's coarse clock moves (a timer tick). tmpfs stamps times from it, and
+/// from a floor within the current tick (multigrain timestamps): a directory changed twice
+/// within one tick can keep the very same time, so a step whose timestamps are compared
+/// starts a tick after the last one.
+fn tick() -> std::time::Duration {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a timespec to fill.
+    let r = unsafe { libc::clock_getres(libc::CLOCK_REALTIME_COARSE, &mut t) };
+    assert_eq!(r, 0, "clock_getres");
+    std::time::Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+        + std::time::Duration::from_millis(1)
+}
+
+/// For each of `watched` (under `root`), what an operation did to its timestamps: whether it
+/// was there before and after, whether it is still the same inode, and if so whether its
+/// mtime and its ctime moved. The values differ by design between two file systems; which of
+/// them move must not.
+fn moved(root: &Path, watched: &[PathBuf], before: &[Option<[i64; 5]>]) -> Vec<String> {
+    let word = |m: bool| if m { "moved" } else { "kept" };
+    watched
+        .iter()
+        .zip(before)
+        .map(|(p, b)| match (b, times(&root.join(p))) {
+            (Some(b), Some(a)) if a[4] != b[4] => format!("{p:?}: another inode"),
+            (Some(b), Some(a)) => format!(
+                "{:?}: mtime {} ctime {}",
+                p,
+                word(a[..2] != b[..2]),
+                word(a[2..] != b[2..])
+            ),
+            (b, a) => format!("{:?}: there {} -> {}", p, b.is_some(), a.is_some()),
+        })
+        .collect()
+}
+
 /// Asks the kernel to drop the clean cached pages of `p`, so the next read reaches the file
 /// system (idxfs's server; tmpfs keeps its pages, which are its storage).
 fn drop_cached_pages(p: &Path) {
@@ -178,6 +231,8 @@ struct World {
     tally: std::collections::BTreeMap<(String, bool), u64>,
     /// Paths the reference tree held at the last look (some may be gone since).
     seen: Vec<PathBuf>,
+    /// `tick()`, once.
+    tick: std::time::Duration,
 }
 
 const DIRS: [&str; 4] = ["", "d0", "d1", "d0/e"];
@@ -251,11 +306,51 @@ impl World {
         }
         let a: Vec<PathBuf> = paths.iter().map(|p| self.idx.mp.join(p)).collect();
         let b: Vec<PathBuf> = paths.iter().map(|p| self.tmp.root().join(p)).collect();
-        let (ra, rb) = (f(&a), f(&b));
         let kind = what.split(' ').next().unwrap_or("").to_string();
+        // The paths and their directories, whose timestamps the operation may move.
+        let mut watched: Vec<PathBuf> = Vec::new();
+        for p in paths {
+            for w in [Some(*p), p.parent()].into_iter().flatten() {
+                if !watched.iter().any(|x| x == w) {
+                    watched.push(w.to_path_buf());
+                }
+            }
+        }
+        // Not compared: what a read does (atime only), a fallocate (the kernel's file
+        // systems differ on which of its modes move which time), a write through a
+        // mapping (its times move when the kernel writes the pages back) and an ACL's
+        // removal (tmpfs moves the change time when there was none to remove; ext4, as
+        // idxfs, does not).
+        let stamped = !["read", "fallocate", "mmap", "fsync", "remove"].contains(&kind.as_str());
+        if stamped {
+            std::thread::sleep(self.tick);
+        }
+        let (ta, tb): (Vec<_>, Vec<_>) = watched
+            .iter()
+            .map(|p| (times(&self.idx.mp.join(p)), times(&self.tmp.root().join(p))))
+            .unzip();
+        let (ra, rb) = (f(&a), f(&b));
         *self.tally.entry((kind, ra.is_ok())).or_default() += 1;
         if ra != rb {
             self.fail(&format!("{what}: idxfs gave {ra:?}, tmpfs {rb:?}"));
+        }
+        if stamped {
+            let (ma, mb) = (
+                moved(&self.idx.mp, &watched, &ta),
+                moved(self.tmp.root(), &watched, &tb),
+            );
+            if ma != mb {
+                let now = |root: &Path| -> Vec<_> {
+                    watched.iter().map(|p| times(&root.join(p))).collect()
+                };
+                self.fail(&format!(
+                    "after {what}: timestamps:\n idxfs {ma:?}\n tmpfs {mb:?}\n \
+                     (mtime s, ns, ctime s, ns, inode) before and after: idxfs {ta:?} {:?}, \
+                     tmpfs {tb:?} {:?}",
+                    now(&self.idx.mp),
+                    now(self.tmp.root())
+                ));
+            }
         }
         for p in paths {
             let (pa, pb) = self.both(p);
@@ -330,7 +425,7 @@ impl World {
 
     fn step(&mut self) {
         let p = self.path();
-        match self.rng.below(26) {
+        match self.rng.below(30) {
             0..=3 => {
                 let (off, data) = (self.offset(), {
                     let l = self.len();
@@ -561,6 +656,120 @@ impl World {
                     })
                 });
             }
+            26 => {
+                let to = self.path();
+                let (flag, word) = if self.rng.chance(50) {
+                    (libc::RENAME_NOREPLACE, "noreplace")
+                } else {
+                    (libc::RENAME_EXCHANGE, "exchange")
+                };
+                self.run(
+                    format!("rename2 {word} {} -> {}", p.display(), to.display()),
+                    &[&p, &to],
+                    |ps| {
+                        let (a, b) = (cpath(&ps[0]), cpath(&ps[1]));
+                        // SAFETY: valid C strings.
+                        rc(unsafe {
+                            libc::renameat2(
+                                libc::AT_FDCWD,
+                                a.as_ptr(),
+                                libc::AT_FDCWD,
+                                b.as_ptr(),
+                                flag,
+                            )
+                        })
+                    },
+                );
+            }
+            27 => {
+                let to = self.path();
+                let (from, at, len) = (self.offset(), self.offset(), self.len());
+                self.run(
+                    format!(
+                        "copy_file_range {}+{from} -> {}+{at}, {len} bytes",
+                        p.display(),
+                        to.display()
+                    ),
+                    &[&p, &to],
+                    |ps| copy_range(&ps[0], from, &ps[1], at, len),
+                );
+            }
+            28 => {
+                // Times set explicitly read back the same; before 1970 and past 2038 too.
+                let mut t = [0i64; 4];
+                for k in 0..2 {
+                    t[2 * k] = match self.rng.below(4) {
+                        0 => -(self.rng.below(1 << 31) as i64),
+                        1 => (1 << 32) + self.rng.below(1 << 32) as i64,
+                        _ => self.rng.below(1 << 31) as i64,
+                    };
+                    t[2 * k + 1] = self.rng.below(1_000_000_000) as i64;
+                }
+                let omit_atime = self.rng.chance(25);
+                self.run(
+                    format!(
+                        "utimes {} atime {}.{:09}{} mtime {}.{:09}",
+                        p.display(),
+                        t[0],
+                        t[1],
+                        if omit_atime { " (omitted)" } else { "" },
+                        t[2],
+                        t[3]
+                    ),
+                    &[&p],
+                    |ps| {
+                        let c = cpath(&ps[0]);
+                        let ts = [
+                            libc::timespec {
+                                tv_sec: t[0],
+                                tv_nsec: if omit_atime { libc::UTIME_OMIT } else { t[1] },
+                            },
+                            libc::timespec {
+                                tv_sec: t[2],
+                                tv_nsec: t[3],
+                            },
+                        ];
+                        // SAFETY: a valid C string and two timespecs.
+                        let r = unsafe {
+                            libc::utimensat(
+                                libc::AT_FDCWD,
+                                c.as_ptr(),
+                                ts.as_ptr(),
+                                libc::AT_SYMLINK_NOFOLLOW,
+                            )
+                        };
+                        rc(r)?;
+                        let m = fs::symlink_metadata(&ps[0])
+                            .map_err(|e| e.raw_os_error().unwrap_or(-1))?;
+                        // atime only where it was set: otherwise relatime decides it.
+                        let atime = (!omit_atime).then(|| (m.atime(), m.atime_nsec()));
+                        Ok(format!("{atime:?} {} {}", m.mtime(), m.mtime_nsec()))
+                    },
+                );
+            }
+            29 => {
+                let data = {
+                    let l = self.len();
+                    self.data(l)
+                };
+                self.run(
+                    format!(
+                        "rewrite {} with {} bytes (O_TRUNC)",
+                        p.display(),
+                        data.len()
+                    ),
+                    &[&p],
+                    |ps| {
+                        io(fs::OpenOptions::new()
+                            .write(true)
+                            .create(true)
+                            .truncate(true)
+                            .mode(0o644)
+                            .open(&ps[0])
+                            .and_then(|mut f| f.write_all(&data)))
+                    },
+                );
+            }
             22 => {
                 self.trail.push(format!("{}: remount", self.step));
                 self.idx.unmount();
@@ -578,6 +787,42 @@ impl World {
             }
         }
     }
+}
+
+/// copy_file_range(2) of `len` bytes from `src` at `from` to `dst` at `at` (made if absent),
+/// called until it has copied them all or copies nothing more; the bytes copied.
+fn copy_range(src: &Path, from: u64, dst: &Path, at: u64, len: usize) -> Outcome {
+    use std::os::fd::AsRawFd;
+    let fi = fs::File::open(src).map_err(|e| e.raw_os_error().unwrap_or(-1))?;
+    let fo = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o644)
+        .open(dst)
+        .map_err(|e| e.raw_os_error().unwrap_or(-1))?;
+    let (mut oi, mut oo, mut done) = (from as i64, at as i64, 0usize);
+    while done < len {
+        // SAFETY: valid descriptors and offsets.
+        let n = unsafe {
+            libc::copy_file_range(
+                fi.as_raw_fd(),
+                &mut oi,
+                fo.as_raw_fd(),
+                &mut oo,
+                len - done,
+                0,
+            )
+        };
+        if n < 0 {
+            return Err(errno());
+        }
+        if n == 0 {
+            break;
+        }
+        done += n as usize;
+    }
+    Ok(done.to_string())
 }
 
 /// Writes `data` at `off` through a shared mapping (growing the file first if it is shorter,
@@ -647,6 +892,7 @@ fn random_operations_match_tmpfs_across_remounts_and_crashes() {
             step: 0,
             tally: Default::default(),
             seen: Vec::new(),
+            tick: tick(),
         };
         for d in ["d0", "d1", "d0/e"] {
             let (a, b) = w.both(Path::new(d));
@@ -687,6 +933,10 @@ fn random_operations_match_tmpfs_across_remounts_and_crashes() {
             "rename",
             "unlink",
             "setxattr",
+            "rename2",
+            "copy_file_range",
+            "utimes",
+            "rewrite",
         ] {
             assert!(
                 // (links succeed least: 12-25 times in 3,000 steps)

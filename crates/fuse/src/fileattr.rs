@@ -37,9 +37,17 @@ impl IdxFuse {
         let Some(raw) = in_data.get(..4).and_then(|b| <[u8; 4]>::try_from(b).ok()) else {
             return reply.error(Errno::EINVAL);
         };
-        match self.fs.set_flags(ino.0, u32::from_ne_bytes(raw) as u64) {
-            Ok(_) => reply.ioctl(0, &[]),
-            Err(e) => reply.error(errno(&e)),
+        if let Err(e) = self.fs.set_flags(ino.0, u32::from_ne_bytes(raw) as u64) {
+            return reply.error(errno(&e));
+        }
+        // The change time moved, and the kernel would keep the one it has (for an hour by
+        // default): its attributes are dropped before the reply, so the caller's next stat
+        // asks again (as for a mode set by an ACL). ENOENT (the kernel dropped the inode)
+        // is no error; any other failure means the connection is going away. Without a
+        // notifier (not yet serving) nothing is cached to drop.
+        match self.notifier.get().map(|n| n.inval_inode(ino, -1, 0)) {
+            None | Some(Ok(())) => reply.ioctl(0, &[]),
+            Some(Err(_)) => reply.error(Errno::EIO),
         }
     }
 }

@@ -36,14 +36,16 @@ pub(crate) fn time_from_system_time(system_time: &SystemTime) -> (i64, u32) {
 
 /// Converts a tuple of (seconds, nanoseconds) since the Unix epoch to a `SystemTime`.
 ///
-/// This handles negative seconds (times before the Unix epoch).
+/// As in the kernel's `timespec`, the nanoseconds count forward from `secs` also when `secs`
+/// is negative: (-2, 800_000_000) is 1.2 s before the epoch. (Upstream 0.18.0 took it as
+/// 2.8 s before, so every time set before 1970 with a fraction of a second moved; patched
+/// for idxfs.) `secs` covers all of `i64`, as a Linux `SystemTime` does.
 pub(crate) fn system_time_from_time(secs: i64, nsecs: u32) -> SystemTime {
+    let frac = Duration::from_nanos(u64::from(nsecs));
     if secs >= 0 {
-        SystemTime::UNIX_EPOCH + Duration::new(secs as u64, nsecs)
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs as u64) + frac
     } else {
-        // TODO: overflow
-        // TODO: 1_000_000_000 - nsec
-        SystemTime::UNIX_EPOCH - Duration::new((-secs) as u64, nsecs)
+        SystemTime::UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs()) + frac
     }
 }
 
@@ -52,7 +54,23 @@ mod test {
     use std::time::Duration;
     use std::time::UNIX_EPOCH;
 
+    use crate::time::system_time_from_time;
     use crate::time::time_from_system_time;
+
+    #[test]
+    fn test_system_time_from_time_negative_counts_nanoseconds_forward() {
+        assert_eq!(
+            system_time_from_time(-2, 800_000_000),
+            UNIX_EPOCH - Duration::new(1, 200_000_000)
+        );
+        assert_eq!(system_time_from_time(-1, 0), UNIX_EPOCH - Duration::new(1, 0));
+        for (secs, nanos) in [(-1_201_046_404, 407_143_571), (-1, 1), (i64::MIN, 5), (3, 9)] {
+            assert_eq!(
+                time_from_system_time(&system_time_from_time(secs, nanos)),
+                (secs, nanos)
+            );
+        }
+    }
 
     #[test]
     fn test_time_from_system_time_negative() {
