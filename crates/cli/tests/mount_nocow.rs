@@ -51,9 +51,22 @@ fn chattr_c_lsattr_and_writes_in_place_on_a_full_device() {
     let d = m.path("d");
     std::fs::create_dir(&d).expect("mkdir");
     assert!(!lsattr(&d).contains('C'), "no flag yet: {}", lsattr(&d));
+    let ctime = |p: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(p).expect("stat");
+        (m.ctime(), m.ctime_nsec())
+    };
+    let before = ctime(&d);
     let (ok, err) = chattr("+C", &d);
     assert!(ok, "chattr +C dir: {err}");
     assert!(lsattr(&d).contains('C'), "dir: {}", lsattr(&d));
+    // The change time moved, and the kernel shows it at once rather than the one it had
+    // cached (for the mount's ttl, an hour).
+    assert!(
+        ctime(&d) > before,
+        "ctime after chattr: {:?}, before {before:?}",
+        ctime(&d)
+    );
     let f = d.join("f");
     std::fs::write(&f, b"").expect("create");
     assert!(lsattr(&f).contains('C'), "inherited: {}", lsattr(&f));
