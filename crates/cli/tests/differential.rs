@@ -233,6 +233,10 @@ struct World {
     seen: Vec<PathBuf>,
     /// `tick()`, once.
     tick: std::time::Duration,
+    /// Files held open on both sides (idxfs's, tmpfs's), by the path they were opened at:
+    /// written and read through the descriptor also after that path is unlinked or renamed
+    /// over. Closed before a remount or a crash.
+    held: Vec<(fs::File, fs::File, PathBuf)>,
 }
 
 const DIRS: [&str; 4] = ["", "d0", "d1", "d0/e"];
@@ -425,7 +429,7 @@ impl World {
 
     fn step(&mut self) {
         let p = self.path();
-        match self.rng.below(30) {
+        match self.rng.below(32) {
             0..=3 => {
                 let (off, data) = (self.offset(), {
                     let l = self.len();
@@ -770,8 +774,75 @@ impl World {
                     },
                 );
             }
+            30 => {
+                // Opened on both sides or on neither (the outcomes are compared).
+                let mut got = None;
+                self.run(format!("hold {}", p.display()), &[&p], |ps| {
+                    io(fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .open(&ps[0])
+                        .map(|_| ()))
+                });
+                if let (Ok(a), Ok(b)) = (
+                    fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .open(self.idx.mp.join(&p)),
+                    fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .open(self.tmp.root().join(&p)),
+                ) {
+                    got = Some((a, b, p.clone()));
+                }
+                if let Some(h) = got {
+                    if self.held.len() == 4 {
+                        self.held.remove(0);
+                    }
+                    self.held.push(h);
+                }
+            }
+            31 => {
+                if self.held.is_empty() {
+                    return;
+                }
+                let i = self.rng.below(self.held.len() as u64) as usize;
+                let (off, data) = (self.offset(), {
+                    let l = self.len();
+                    self.data(l)
+                });
+                let what = format!(
+                    "fdwrite {} bytes at {off} to the file held from {}",
+                    data.len(),
+                    self.held[i].2.display()
+                );
+                self.trail.push(format!("{}: {what}", self.step));
+                // Through each descriptor: the write, then the file's size, links and
+                // every byte, read back through the same descriptor.
+                let through = |f: &fs::File| -> Outcome {
+                    use std::os::unix::fs::MetadataExt;
+                    f.write_all_at(&data, off)
+                        .map_err(|e| e.raw_os_error().unwrap_or(-1))?;
+                    let m = f.metadata().map_err(|e| e.raw_os_error().unwrap_or(-1))?;
+                    let mut buf = vec![0u8; m.len() as usize];
+                    f.read_exact_at(&mut buf, 0)
+                        .map_err(|e| e.raw_os_error().unwrap_or(-1))?;
+                    let h = buf.iter().fold(0u64, |h, b| h.wrapping_mul(31) ^ *b as u64);
+                    Ok(format!("size {} links {} data {h:x}", m.len(), m.nlink()))
+                };
+                let (ra, rb) = (through(&self.held[i].0), through(&self.held[i].1));
+                *self
+                    .tally
+                    .entry(("fdwrite".into(), ra.is_ok()))
+                    .or_default() += 1;
+                if ra != rb {
+                    self.fail(&format!("{what}: idxfs gave {ra:?}, tmpfs {rb:?}"));
+                }
+            }
             22 => {
                 self.trail.push(format!("{}: remount", self.step));
+                self.held.clear();
                 self.idx.unmount();
                 self.idx.mount("");
                 self.compare_trees("after a clean remount");
@@ -781,6 +852,7 @@ impl World {
                 // exactly this state.
                 self.trail.push(format!("{}: fsync + SIGKILL", self.step));
                 let _ = fs::File::open(&self.idx.mp).and_then(|f| f.sync_all());
+                self.held.clear();
                 self.idx.kill();
                 self.idx.mount("");
                 self.compare_trees("after a crash right after an fsync");
@@ -893,6 +965,7 @@ fn random_operations_match_tmpfs_across_remounts_and_crashes() {
             tally: Default::default(),
             seen: Vec::new(),
             tick: tick(),
+            held: Vec::new(),
         };
         for d in ["d0", "d1", "d0/e"] {
             let (a, b) = w.both(Path::new(d));
@@ -914,6 +987,7 @@ fn random_operations_match_tmpfs_across_remounts_and_crashes() {
                 w.compare_trees("every 200 steps");
             }
         }
+        w.held.clear();
         w.compare_trees("at the end");
         let ok: u64 = w.tally.iter().filter(|(k, _)| k.1).map(|(_, n)| n).sum();
         let all: u64 = w.tally.values().sum();
@@ -937,6 +1011,7 @@ fn random_operations_match_tmpfs_across_remounts_and_crashes() {
             "copy_file_range",
             "utimes",
             "rewrite",
+            "fdwrite",
         ] {
             assert!(
                 // (links succeed least: 12-25 times in 3,000 steps)
