@@ -509,18 +509,34 @@ fn beside_readers<B: FnMut() -> u64>(
     }
     let stop = AtomicBool::new(false);
     let reads = AtomicU64::new(0);
+    // Reader passes finished, and reader threads ended (a panicking one included).
+    let (rounds, ended) = (AtomicU64::new(0), AtomicU64::new(0));
     std::thread::scope(|s| {
         let (reader, stop, reads) = (&reader, &stop, &reads);
+        let (rounds, ended) = (&rounds, &ended);
         for r in 0..2 {
             s.spawn(move || {
+                struct Ended<'a>(&'a AtomicU64);
+                impl Drop for Ended<'_> {
+                    fn drop(&mut self) {
+                        self.0.fetch_add(1, Ordering::Release);
+                    }
+                }
+                let _ended = Ended(ended);
                 let mut body = reader(r);
                 while !stop.load(Ordering::Relaxed) {
                     reads.fetch_add(body(), Ordering::Relaxed);
+                    rounds.fetch_add(1, Ordering::Release);
                 }
             });
         }
         let _stop = Stop(stop);
         write(reads);
+        // On a loaded machine the writer can finish before a reader was scheduled at all:
+        // each reader gets a pass (a count, not a time) before they stop.
+        while rounds.load(Ordering::Acquire) < 2 && ended.load(Ordering::Acquire) == 0 {
+            std::thread::yield_now();
+        }
     });
     reads.into_inner()
 }

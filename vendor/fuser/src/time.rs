@@ -39,14 +39,19 @@ pub(crate) fn time_from_system_time(system_time: &SystemTime) -> (i64, u32) {
 /// As in the kernel's `timespec`, the nanoseconds count forward from `secs` also when `secs`
 /// is negative: (-2, 800_000_000) is 1.2 s before the epoch. (Upstream 0.18.0 took it as
 /// 2.8 s before, so every time set before 1970 with a fraction of a second moved; patched
-/// for idxfs.) `secs` covers all of `i64`, as a Linux `SystemTime` does.
+/// for idxfs.) `secs` covers all of `i64`, as a Linux `SystemTime` does; nanoseconds past a
+/// second (which no kernel sends) that would carry past that range saturate at its end
+/// rather than panic.
 pub(crate) fn system_time_from_time(secs: i64, nsecs: u32) -> SystemTime {
     let frac = Duration::from_nanos(u64::from(nsecs));
-    if secs >= 0 {
-        SystemTime::UNIX_EPOCH + Duration::from_secs(secs as u64) + frac
+    let whole = if secs >= 0 {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs as u64)
     } else {
-        SystemTime::UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs()) + frac
-    }
+        SystemTime::UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
+    };
+    whole
+        .checked_add(frac)
+        .unwrap_or(SystemTime::UNIX_EPOCH + Duration::new(i64::MAX as u64, 999_999_999))
 }
 
 #[cfg(test)]
@@ -64,6 +69,10 @@ mod test {
             UNIX_EPOCH - Duration::new(1, 200_000_000)
         );
         assert_eq!(system_time_from_time(-1, 0), UNIX_EPOCH - Duration::new(1, 0));
+        assert_eq!(
+            time_from_system_time(&system_time_from_time(i64::MAX, u32::MAX)),
+            (i64::MAX, 999_999_999)
+        );
         for (secs, nanos) in [(-1_201_046_404, 407_143_571), (-1, 1), (i64::MIN, 5), (3, 9)] {
             assert_eq!(
                 time_from_system_time(&system_time_from_time(secs, nanos)),
