@@ -125,10 +125,8 @@ fn library_creates(files: u64, hash_index_only: bool) -> Result<(f64, f64), Stri
     let secs = t.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu0;
     let c = fs.counters();
-    let hits = c.leaf_hint_hits.load(std::sync::atomic::Ordering::Relaxed);
-    let misses = c
-        .leaf_hint_misses
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let hits = c.leaf_hint_hits.get();
+    let misses = c.leaf_hint_misses.get();
     if hits + misses > 0 {
         eprintln!(
             "  inode-order inserts straight to the hinted leaf: {hits} of {}",
@@ -304,9 +302,7 @@ pub fn run(cmd: BenchCmd) -> Result<(), String> {
             println!(
                 "idxfs: {:.0} files per CPU-second; {} commits",
                 files as f64 / cpu.max(1e-9),
-                fs.counters()
-                    .commits
-                    .load(std::sync::atomic::Ordering::Relaxed)
+                fs.counters().commits.get()
             );
             if std::env::var_os("IDXFS_COUNTERS").is_some() {
                 eprint!("{}", fs.counters());

@@ -281,16 +281,16 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
         Ok::<_, String>((r, made?))
     })?;
     let c = fs.counters();
-    let lock_free = c.getattr_lock_free.load(Ordering::Relaxed);
-    let lookups_free = c.lookup_lock_free.load(Ordering::Relaxed);
+    let lock_free = c.getattr_lock_free.get();
+    let lookups_free = c.lookup_lock_free.get();
     let getattrs = (idle.getattr.0.len() + load.getattr.0.len()) as u64;
     let lookups = (idle.lookup.0.len() + load.lookup.0.len()) as u64;
-    let xattrs_free = c.xattr_lock_free.load(Ordering::Relaxed);
-    let statfs_free = c.statfs_lock_free.load(Ordering::Relaxed);
+    let xattrs_free = c.xattr_lock_free.get();
+    let statfs_free = c.statfs_lock_free.get();
     let xattrs = (idle.getxattr.0.len() + load.getxattr.0.len()) as u64;
     let statfses = (idle.statfs.0.len() + load.statfs.0.len()) as u64;
-    let commits = c.commits.load(Ordering::Relaxed);
-    let batches = c.log_batches.load(Ordering::Relaxed);
+    let commits = c.commits.get();
+    let batches = c.log_batches.get();
     let one = creates(&fs, "one", 1, creates_n)?;
     let two = creates(&fs, "two", 2, creates_n / 2)?;
     let r1 = readers(&fs, &names, 1, dur, ReadOp::Getattr);
@@ -299,9 +299,9 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
     let s2 = readers(&fs, &names, 2, dur, ReadOp::Statfs);
     let (ls, _) = populate(&fs, b"ls", LS_FILES)?;
     let d2 = readers(&fs, &names, 2, dur, ReadOp::Readdir(ls.ino));
-    let readdir_free = fs.counters().readdir_lock_free.load(Ordering::Relaxed);
+    let readdir_free = fs.counters().readdir_lock_free.get();
     let p2 = readers(&fs, &names, 2, dur, ReadOp::ReaddirPlus(ls.ino));
-    let plus_free = fs.counters().readdirplus_lock_free.load(Ordering::Relaxed);
+    let plus_free = fs.counters().readdirplus_lock_free.get();
     fs.close().map_err(|e| e.to_string())?;
     let [l1r, l2r, lx2, ls2, ld2, lp2] = locked_readers(files, dur)?;
     let (g0, l0, g1, l1) = (

@@ -1,14 +1,68 @@
 //! Counters for every distinct code path, readable at run time ("the humble counter").
+//!
+//! A counter is striped, as the kernel's percpu counters are: each thread adds to a stripe of
+//! its own (a cache line no other thread of the first `STRIPES` writes), and a read sums the
+//! stripes. Lock-free readers bump a counter on every call (`getattr_lock_free`, say), and one
+//! shared word would bounce between their CPUs on every call: measured with
+//! `idxfs bench concurrency`, 2 getattr readers made 0.52x the calls of 1 with a single word,
+//! 1.95x with none. A read is exact once the adds it should see have happened (Relaxed adds,
+//! then whatever made them visible to the reader: a join, a lock, the end of a call).
+use std::cell::Cell;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// Stripes per counter: threads beyond this many share stripes (still correct, only slower).
+const STRIPES: usize = 8;
+
+/// One stripe, alone in its cache line pair (x86's adjacent-line prefetcher pulls lines in
+/// pairs, so 64-byte alignment would still let two stripes' writers disturb each other).
+#[derive(Default)]
+#[repr(align(128))]
+struct Stripe(AtomicU64);
+
+/// A count many threads add to without sharing a cache line; `get` sums it.
+#[derive(Default)]
+pub struct Counter([Stripe; STRIPES]);
+
+impl Counter {
+    #[inline]
+    pub fn add(&self, n: u64) {
+        self.0[stripe()].0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The sum of every stripe (wrapping, as one word's adds would).
+    pub fn get(&self) -> u64 {
+        self.0
+            .iter()
+            .fold(0u64, |a, s| a.wrapping_add(s.0.load(Ordering::Relaxed)))
+    }
+}
+
+/// The calling thread's stripe: threads take stripes in turn as they first count.
+#[inline]
+fn stripe() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static MINE: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    MINE.with(|m| {
+        let s = m.get();
+        if s < STRIPES {
+            return s;
+        }
+        let s = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+        m.set(s);
+        s
+    })
+}
 
 macro_rules! counters {
     ($($name:ident: $doc:literal,)*) => {
         #[derive(Default)]
-        pub struct Counters { $(#[doc = $doc] pub $name: AtomicU64,)* }
+        pub struct Counters { $(#[doc = $doc] pub $name: Counter,)* }
         impl Counters {
             pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
-                vec![$((stringify!($name), self.$name.load(Ordering::Relaxed)),)*]
+                vec![$((stringify!($name), self.$name.get()),)*]
             }
         }
     };
@@ -71,12 +125,12 @@ counters! {
 
 impl Counters {
     #[inline]
-    pub fn inc(c: &AtomicU64) {
-        c.fetch_add(1, Ordering::Relaxed);
+    pub fn inc(c: &Counter) {
+        c.add(1);
     }
     #[inline]
-    pub fn add(c: &AtomicU64, n: u64) {
-        c.fetch_add(n, Ordering::Relaxed);
+    pub fn add(c: &Counter, n: u64) {
+        c.add(n);
     }
 }
 
@@ -86,5 +140,31 @@ impl fmt::Display for Counters {
             writeln!(f, "{name:24} {v}")?;
         }
         Ok(())
+    }
+}
+
+// Each stripe alone in its 128 bytes: no two threads' adds share a line pair.
+const _: () = assert!(std::mem::size_of::<Stripe>() == 128);
+const _: () = assert!(std::mem::size_of::<Counter>() == 128 * STRIPES);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_every_threads_adds() {
+        let c = Counter::default();
+        std::thread::scope(|s| {
+            for t in 0..(2 * STRIPES as u64 + 3) {
+                let c = &c;
+                s.spawn(move || {
+                    for _ in 0..1000 {
+                        c.add(t + 1);
+                    }
+                });
+            }
+        });
+        let n = 2 * STRIPES as u64 + 3;
+        assert_eq!(c.get(), 1000 * n * (n + 1) / 2);
     }
 }

@@ -336,7 +336,7 @@ fn threads_changing_files_while_commits_run_match_their_models() {
             .collect();
         hs.into_iter().map(|h| h.join().expect("worker")).collect()
     });
-    let commits = fs.counters().commits.load(Ordering::Relaxed);
+    let commits = fs.counters().commits.get();
     assert!(
         commits > 10,
         "seed {seed}: commits ran beside the work: {commits}"

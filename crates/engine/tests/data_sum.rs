@@ -86,10 +86,7 @@ fn a_flipped_bit_in_a_data_block_is_eio_and_an_fsck_data_problem_and_nothing_els
         );
         assert_eq!(Error::DataSum { ino: f, block: 3 }.errno(), 5);
     }
-    let errors = fs
-        .counters()
-        .data_sum_errors
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let errors = fs.counters().data_sum_errors.get();
     assert!(errors >= 4, "{errors} mismatches counted");
     // The blocks around it read as written.
     let a = &data[..3 * BS as usize];
@@ -447,7 +444,7 @@ fn a_truncate_into_a_group_of_sums_frees_in_one_go_without_a_trim_orphan() {
     // not work left for a trim orphan.
     let size = 100 * BS + 123;
     fs.truncate(f, size).expect("truncate");
-    let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    let n = |a: &idxfs_engine::counters::Counter| a.get();
     assert_eq!(
         n(&fs.counters().trim_orphans),
         0,

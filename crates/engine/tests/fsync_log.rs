@@ -111,7 +111,7 @@ fn every_crash_opens_to_an_fsynced_state_no_older_than_the_last_returned() {
     let (mut rng, seed) = Rng::from_env("fsync log crash");
     let (rec, fs) = recording_fs(16 << 20);
     let states = workload(&fs, &mut rng, 16, &rec);
-    let batches = fs.counters().log_batches.load(Ordering::Relaxed);
+    let batches = fs.counters().log_batches.get();
     drop(fs);
     let events = rec.event_count();
     eprintln!(
@@ -134,7 +134,7 @@ fn every_crash_opens_to_an_fsynced_state_no_older_than_the_last_returned() {
             let fs = Fs::open(dev.clone(), opts()).unwrap_or_else(|e| {
                 panic!("seed {seed} prefix {prefix} {tear:?}: open failed: {e}")
             });
-            replayed += fs.counters().log_replayed_batches.load(Ordering::Relaxed);
+            replayed += fs.counters().log_replayed_batches.get();
             let got = digest(&fs);
             let at = states.iter().rposition(|s| s.1 == got).unwrap_or_else(|| {
                 panic!("seed {seed} prefix {prefix} {tear:?}: opened a state no fsync or commit produced")
@@ -168,7 +168,7 @@ fn data_freed_after_an_fsync_is_not_reused_before_the_commit() {
     let pa = vec![0xa5u8; 64 << 10];
     fs.write(a.ino, 0, &pa).expect("write a");
     fs.fsync(a.ino).expect("fsync a");
-    assert_eq!(fs.counters().log_batches.load(Ordering::Relaxed), 1);
+    assert_eq!(fs.counters().log_batches.get(), 1);
     // Freed after the batch that names them: reusing them now would overwrite what a crash
     // brings back, so they wait for the commit like committed data does.
     let pinned = |fs: &Fs| fs.with_store(|s, _, _| s.alloc.pinned_blocks());
@@ -232,21 +232,14 @@ fn an_fsync_logs_what_changed_not_the_directory() {
         }
         fs.sync().expect("sync");
         let c = fs.counters();
-        let (blocks, nodes) = (
-            c.log_blocks.load(Ordering::Relaxed),
-            c.node_writes.load(Ordering::Relaxed),
-        );
+        let (blocks, nodes) = (c.log_blocks.get(), c.node_writes.get());
         for i in 0..100 {
             fs.create(d.ino, format!("new{i:08}").as_bytes(), 0o644, ME)
                 .expect("create");
         }
         fs.fsync(d.ino).expect("fsync");
-        assert_eq!(
-            c.node_writes.load(Ordering::Relaxed),
-            nodes,
-            "fsync committed"
-        );
-        sizes.push(c.log_blocks.load(Ordering::Relaxed) - blocks);
+        assert_eq!(c.node_writes.get(), nodes, "fsync committed");
+        sizes.push(c.log_blocks.get() - blocks);
         fs.close().expect("close");
     }
     eprintln!("log blocks for 100 creates and an fsync: {sizes:?}");
@@ -265,18 +258,14 @@ fn a_change_too_large_to_log_commits_and_the_log_resumes_after() {
         fs.create(d.ino, format!("f{i:06}").as_bytes(), 0o644, ME)
             .expect("create");
     }
-    let commits = c.commits.load(Ordering::Relaxed);
+    let commits = c.commits.get();
     fs.fsync(d.ino).expect("fsync");
-    assert_eq!(c.log_batches.load(Ordering::Relaxed), 0, "too large to log");
-    assert_eq!(c.log_fallback_commits.load(Ordering::Relaxed), 1);
-    assert_eq!(c.commits.load(Ordering::Relaxed), commits + 1);
+    assert_eq!(c.log_batches.get(), 0, "too large to log");
+    assert_eq!(c.log_fallback_commits.get(), 1);
+    assert_eq!(c.commits.get(), commits + 1);
     fs.create(d.ino, b"small", 0o644, ME).expect("create");
     fs.fsync(d.ino).expect("fsync");
-    assert_eq!(
-        c.log_batches.load(Ordering::Relaxed),
-        1,
-        "the next fsync logs"
-    );
+    assert_eq!(c.log_batches.get(), 1, "the next fsync logs");
 }
 
 #[test]
@@ -438,7 +427,7 @@ fn concurrent_fsyncs_survive_every_crash_whatever_order_their_batches_land_in() 
             .map(|h| h.join().expect("thread"))
             .collect()
     });
-    let batches = fs.counters().log_batches.load(Ordering::Relaxed);
+    let batches = fs.counters().log_batches.get();
     drop(fs);
     let events = rec.event_count();
     eprintln!("seed {seed}: {events} device events, {batches} log batches");

@@ -466,10 +466,7 @@ fn a_crash_while_a_full_device_overwrites_in_place_never_leaves_a_stale_sum() {
             fs.sync().expect("sync");
         }
     }
-    let drops = fs
-        .counters()
-        .sum_drop_commits
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let drops = fs.counters().sum_drop_commits.get();
     assert!(drops > 0, "no overwrite dropped sums first");
     drop(fs);
     let events = rec.event_count();

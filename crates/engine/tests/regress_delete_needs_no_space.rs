@@ -157,17 +157,13 @@ fn a_truncate_of_many_extents_is_finished_after_a_crash() {
     let size = at - BS;
     fs.sync().expect("sync");
     let start = rec.event_count();
-    let commits = || {
-        fs.counters()
-            .commits
-            .load(std::sync::atomic::Ordering::Relaxed)
-    };
+    let commits = || fs.counters().commits.get();
     let c0 = commits();
     fs.truncate(f.ino, 0).expect("truncate");
     let during = commits() - c0;
     fs.sync().expect("sync");
     let end = rec.event_count();
-    let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    let n = |c: &idxfs_engine::counters::Counter| c.get();
     let (trims, batches) = (
         n(&fs.counters().trim_orphans),
         n(&fs.counters().free_batches),

@@ -6,7 +6,6 @@
 mod common;
 use common::*;
 use idxfs_engine::Error;
-use std::sync::atomic::Ordering;
 
 #[test]
 fn a_write_refused_for_space_runs_again_once_a_kept_file_is_released() {
@@ -37,9 +36,7 @@ fn a_write_refused_for_space_runs_again_once_a_kept_file_is_released() {
             .expect("1 MiB into the 4 MiB the removed file gives back");
     });
     assert_eq!(
-        fs.counters()
-            .space_waits_for_release
-            .load(Ordering::Relaxed),
+        fs.counters().space_waits_for_release.get(),
         1,
         "the write waited for the release once"
     );
@@ -48,12 +45,7 @@ fn a_write_refused_for_space_runs_again_once_a_kept_file_is_released() {
         fs.write(filler, off, &vec![2u8; 8 << 20]),
         Err(Error::NoSpace)
     ));
-    assert_eq!(
-        fs.counters()
-            .space_waits_for_release
-            .load(Ordering::Relaxed),
-        1
-    );
+    assert_eq!(fs.counters().space_waits_for_release.get(), 1);
     assert_eq!(fs.read(new, 0, 1 << 20).expect("read"), vec![3u8; 1 << 20]);
     fs.close().expect("close");
     assert_clean(&dev);

@@ -74,6 +74,7 @@ use fuser::{
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen,
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
+use idxfs_engine::counters::Counter;
 use idxfs_engine::fs::{Attr, Kill, Owner, Seek, SetAttr, SetTime, Time, WriteHow};
 use idxfs_engine::{Error, Fs};
 use std::ffi::OsStr;
@@ -163,16 +164,16 @@ const OP_NAMES: [&str; OPS] = [
 ];
 
 pub struct Requests {
-    ops: [std::sync::atomic::AtomicU64; OPS],
+    ops: [Counter; OPS],
     /// Nanoseconds spent in each kind's handler (engine work and building the reply), when
     /// `timed`. A caller waiting on one request at a time waits for this and for the transport,
     /// so wall time minus this is what the FUSE round trips cost.
-    nanos: [std::sync::atomic::AtomicU64; OPS],
+    nanos: [Counter; OPS],
     timed: bool,
     /// readdirplus replies made of a batch read ahead (`readahead.rs`).
-    pub plus_read_ahead: std::sync::atomic::AtomicU64,
+    pub plus_read_ahead: Counter,
     /// Batches read ahead and then not used because something changed meanwhile.
-    pub plus_ahead_stale: std::sync::atomic::AtomicU64,
+    pub plus_ahead_stale: Counter,
 }
 
 /// One request in its handler: adds the time to its kind's total when dropped, and holds the
@@ -188,8 +189,7 @@ impl Drop for InHandler<'_> {
     fn drop(&mut self) {
         if let Some(t) = self.since {
             let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
-            self.requests.nanos[self.op as usize]
-                .fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
+            self.requests.nanos[self.op as usize].add(ns);
         }
     }
 }
@@ -216,7 +216,7 @@ impl Requests {
     }
 
     fn count(&self, op: Op, privileged: bool) -> InHandler<'_> {
-        self.ops[op as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.ops[op as usize].add(1);
         InHandler {
             requests: self,
             op,
@@ -228,11 +228,10 @@ impl Requests {
     /// (request kind, count, seconds in its handler) for every kind seen; seconds are 0
     /// unless the requests were [`Requests::timed`].
     pub fn snapshot(&self) -> Vec<(&'static str, u64, f64)> {
-        use std::sync::atomic::Ordering::Relaxed;
         OP_NAMES
             .iter()
             .zip(self.ops.iter().zip(&self.nanos))
-            .map(|(n, (c, t))| (*n, c.load(Relaxed), t.load(Relaxed) as f64 / 1e9))
+            .map(|(n, (c, t))| (*n, c.get(), t.get() as f64 / 1e9))
             .filter(|(_, c, _)| *c > 0)
             .collect()
     }
@@ -1011,9 +1010,9 @@ impl Filesystem for IdxFuse {
         let ahead = ahead.filter(|b| self.fs.pin_if_unchanged(b.seq, &kernel_held(&b.entries)));
         let pinned = ahead.is_some();
         if pinned {
-            self.requests.plus_read_ahead.fetch_add(1, Relaxed);
+            self.requests.plus_read_ahead.add(1);
         } else if had_ahead {
-            self.requests.plus_ahead_stale.fetch_add(1, Relaxed);
+            self.requests.plus_ahead_stale.add(1);
         }
         let batch = match ahead {
             Some(b) => b,

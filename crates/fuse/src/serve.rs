@@ -247,7 +247,7 @@ pub fn serve(
                 secs * 1e6 / n as f64
             );
         }
-        let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        let n = |a: &idxfs_engine::counters::Counter| a.get();
         eprintln!(
             "readdirplus read ahead: {} replies from a batch read ahead, {} batches void (a change came)",
             n(&requests.plus_read_ahead),

@@ -28,10 +28,10 @@
 use crate::handoff::{Handoff, Recent};
 use crate::IdxFuse;
 use fuser::{Dispatcher, ReplySink};
+use idxfs_engine::counters::Counter;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -72,19 +72,19 @@ const _: () = assert!(std::mem::size_of::<squeue::Entry128>() == 128);
 const _: () = assert!(PREFIX.is_multiple_of(8) && IN_HEADER.is_multiple_of(8));
 
 /// What the ring workers did, for `IDXFS_COUNTERS`.
-#[derive(Default, Debug)]
+#[derive(Default)]
 pub struct Stats {
     /// Requests taken from a ring.
-    pub requests: AtomicU64,
+    pub requests: Counter,
     /// Requests that could not be parsed or got no reply (answered EIO).
-    pub malformed: AtomicU64,
+    pub malformed: Counter,
     /// Entries registered again after the kernel refused their commit outside a teardown.
-    pub reregistered: AtomicU64,
+    pub reregistered: Counter,
     /// Workers that were to hand the CPU off with their replies and could not (`handoff.rs`).
-    pub no_handoff: AtomicU64,
+    pub no_handoff: Counter,
     /// Requests served at SCHED_IDLE: the next request of the caller a reply handed off to,
     /// there already when the worker ran again (`handoff.rs`).
-    pub served_idle: AtomicU64,
+    pub served_idle: Counter,
 }
 
 /// What a worker does with an entry whose command failed with `errno`.
@@ -304,7 +304,7 @@ impl Queue<'_> {
         if q.handoff.is_on() {
             recent.worker_hands_off();
         } else if handoff {
-            stats.no_handoff.fetch_add(1, Relaxed);
+            stats.no_handoff.add(1);
         }
         // The entries outlive the ring (declared first, dropped last): closing the ring
         // cancels what the kernel still holds before the buffers go.
@@ -413,7 +413,7 @@ impl Queue<'_> {
                                 "idxfs: FUSE over io_uring queue {}: commit refused ({err}); registering the entry again",
                                 self.qid
                             );
-                            self.stats.reregistered.fetch_add(1, Relaxed);
+                            self.stats.reregistered.add(1);
                             *was_register = true;
                             pending.push(command(self.dev, CMD_REGISTER, slot, 0, self.qid, e));
                         }
@@ -431,7 +431,7 @@ impl Queue<'_> {
                 if self.handoff.is_idle() {
                     let h = bytes_of(&mut e.headers);
                     if self.recent.may_serve_idle(u32_at(h, 32), u32_at(h, 4)) {
-                        self.stats.served_idle.fetch_add(1, Relaxed);
+                        self.stats.served_idle.add(1);
                     } else {
                         self.handoff.normal();
                     }
@@ -452,7 +452,7 @@ impl Queue<'_> {
 
     /// Runs the request in `e` and leaves its reply there; returns the commit id.
     fn handle(&mut self, e: &mut Entry) -> u64 {
-        self.stats.requests.fetch_add(1, Relaxed);
+        self.stats.requests.add(1);
         // Disjoint fields: the header area is read while the request is built in `buf`.
         let h = bytes_of(&mut e.headers);
         let in_len = u32_at(h, 0) as usize;
@@ -498,7 +498,7 @@ impl Queue<'_> {
             _ => {
                 // A request we could not parse, or no reply: answer EIO so the caller does not
                 // wait forever and the entry goes back to the kernel.
-                self.stats.malformed.fetch_add(1, Relaxed);
+                self.stats.malformed.add(1);
                 let mut r = Vec::with_capacity(OUT_HEADER);
                 r.extend_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
                 r.extend_from_slice(&(-libc::EIO).to_ne_bytes());

@@ -149,9 +149,7 @@ impl Store {
         Counters::inc(&self.counters.node_reads);
         if self.cache.over_limit() {
             let n = self.cache.evict(self.generation);
-            self.counters
-                .node_evictions
-                .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            self.counters.node_evictions.add(n);
         }
         self.cache.insert(block, node, false);
         Ok(())

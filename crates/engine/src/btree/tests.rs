@@ -176,12 +176,7 @@ fn sequential_inserts_fill_leaves() {
         fill > 0.97,
         "ascending inserts should fill leaves, got {fill:.3}"
     );
-    assert_eq!(
-        s.counters
-            .leaf_splits_half
-            .load(std::sync::atomic::Ordering::Relaxed),
-        0
-    );
+    assert_eq!(s.counters.leaf_splits_half.get(), 0);
 }
 
 #[test]
@@ -193,22 +188,14 @@ fn alternating_insert_delete_does_not_thrash() {
             .expect("insert");
     }
     let c = s.counters.clone();
-    let before = c.leaf_merges.load(std::sync::atomic::Ordering::Relaxed)
-        + c.leaf_splits_half
-            .load(std::sync::atomic::Ordering::Relaxed)
-        + c.leaf_splits_append
-            .load(std::sync::atomic::Ordering::Relaxed);
+    let before = c.leaf_merges.get() + c.leaf_splits_half.get() + c.leaf_splits_append.get();
     for _ in 0..10_000 {
         t.insert(&mut s, Key::new(1000, ItemType::Inode, 1), vec![1; 60])
             .expect("insert");
         t.delete(&mut s, &Key::new(1000, ItemType::Inode, 1))
             .expect("delete");
     }
-    let after = c.leaf_merges.load(std::sync::atomic::Ordering::Relaxed)
-        + c.leaf_splits_half
-            .load(std::sync::atomic::Ordering::Relaxed)
-        + c.leaf_splits_append
-            .load(std::sync::atomic::Ordering::Relaxed);
+    let after = c.leaf_merges.get() + c.leaf_splits_half.get() + c.leaf_splits_append.get();
     assert!(
         after - before <= 2,
         "insert/delete at one spot split or merged {} times",
@@ -283,14 +270,8 @@ fn hinted_inserts_match_model() {
         }
     }
     check_all(&t, &mut s, &model, seed);
-    let hits = s
-        .counters
-        .leaf_hint_hits
-        .load(std::sync::atomic::Ordering::Relaxed);
-    let misses = s
-        .counters
-        .leaf_hint_misses
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let hits = s.counters.leaf_hint_hits.get();
+    let misses = s.counters.leaf_hint_misses.get();
     // The fast path must actually run, and the slow one too (stale hints after splits).
     assert!(
         hits > misses && misses > 100,

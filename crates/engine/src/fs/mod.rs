@@ -1273,7 +1273,7 @@ impl Inner {
         self.store
             .counters
             .commit_dirty_inodes
-            .fetch_add(dirty.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            .add(dirty.len() as u64);
         for (ino, it) in dirty {
             let key = Key::new(ino, ItemType::Inode, 0);
             let found = self.fs_tree.update(&mut self.store, &key, |v| {
