@@ -5,11 +5,14 @@
 //! step moved, and the whole trees now and then, across clean remounts and
 //! crashes (SIGKILL of the server right after an fsync, which makes everything before it
 //! durable: the crashed image must open to exactly the tmpfs state of that moment). On
-//! idxfs, what is made in `d1` is NOCOW (`chattr +C`), so its writes go in place.
+//! idxfs, what is made in `d1` is NOCOW (`chattr +C`), so its writes go in place. Every other
+//! seed mounts idxfs with the kernel's writeback cache (`-o writeback`); before its crashes a
+//! syncfs sends the kernel's dirty pages to the daemon first, as `sync` would.
 //!
 //! Each run takes new seeds (3 by default, 3,000 steps each, about a minute and a half) and
-//! prints them. Replay a failure with `IDXFS_SEED=n IDXFS_DIFF_SEEDS=1`; run longer with
-//! `IDXFS_DIFF_OPS=n` and `IDXFS_DIFF_SEEDS=k`.
+//! prints them. Replay a failure with `IDXFS_SEED=n IDXFS_DIFF_SEEDS=1 IDXFS_DIFF_MOUNT=opts`
+//! (the options it printed; empty for none); run longer with `IDXFS_DIFF_OPS=n` and
+//! `IDXFS_DIFF_SEEDS=k`.
 mod common;
 use common::*;
 use idxfs_engine::testutil::Rng;
@@ -237,6 +240,8 @@ struct World {
     /// written and read through the descriptor also after that path is unlinked or renamed
     /// over. Closed before a remount or a crash.
     held: Vec<(fs::File, fs::File, PathBuf)>,
+    /// The idxfs mount's options, for every remount.
+    opts: String,
 }
 
 const DIRS: [&str; 4] = ["", "d0", "d1", "d0/e"];
@@ -248,9 +253,10 @@ impl World {
 
     fn fail(&self, what: &str) -> ! {
         panic!(
-            "seed {} step {}: {what}\nlast steps:\n{}",
+            "seed {} step {} (mounted with \"{}\"): {what}\nlast steps:\n{}",
             self.seed,
             self.step,
+            self.opts,
             self.trail.join("\n")
         );
     }
@@ -844,17 +850,26 @@ impl World {
                 self.trail.push(format!("{}: remount", self.step));
                 self.held.clear();
                 self.idx.unmount();
-                self.idx.mount("");
+                self.idx.mount(&self.opts);
                 self.compare_trees("after a clean remount");
             }
             _ => {
                 // Everything before an fsync is durable: a crash right after it must open to
                 // exactly this state.
                 self.trail.push(format!("{}: fsync + SIGKILL", self.step));
-                let _ = fs::File::open(&self.idx.mp).and_then(|f| f.sync_all());
+                let root = fs::File::open(&self.idx.mp);
+                if let Ok(f) = &root {
+                    // With the writeback cache, written pages wait in the kernel until
+                    // written back; syncfs sends them all to the daemon (as sync(1) does),
+                    // whose fsync then makes them durable with everything else.
+                    use std::os::fd::AsRawFd;
+                    // SAFETY: a descriptor we hold.
+                    unsafe { libc::syncfs(f.as_raw_fd()) };
+                }
+                let _ = root.and_then(|f| f.sync_all());
                 self.held.clear();
                 self.idx.kill();
-                self.idx.mount("");
+                self.idx.mount(&self.opts);
                 self.compare_trees("after a crash right after an fsync");
             }
         }
@@ -952,11 +967,21 @@ fn random_operations_match_tmpfs_across_remounts_and_crashes() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
     let (_, seed0) = Rng::from_env("differential");
+    let forced = std::env::var("IDXFS_DIFF_MOUNT").ok();
     for k in 0..seeds {
         let seed = seed0.wrapping_add(k);
-        eprintln!("differential: seed {seed}, {steps} steps (IDXFS_SEED={seed} replays)");
+        // Every other seed runs on the kernel's writeback cache (`-o writeback`): written
+        // pages wait in the kernel, which also keeps the times and size of the files it
+        // caches, so the daemon sees other requests in another order.
+        let opts = forced
+            .clone()
+            .unwrap_or_else(|| if k % 2 == 1 { "writeback" } else { "" }.into());
+        eprintln!(
+            "differential: seed {seed}, {steps} steps, mounted with \"{opts}\" \
+             (IDXFS_SEED={seed} IDXFS_DIFF_SEEDS=1 IDXFS_DIFF_MOUNT={opts} replays)"
+        );
         let mut w = World {
-            idx: Mounted::new("1G", ""),
+            idx: Mounted::new("1G", &opts),
             tmp: Tmpfs::new(),
             rng: Rng::new(seed),
             seed,
@@ -966,6 +991,7 @@ fn random_operations_match_tmpfs_across_remounts_and_crashes() {
             seen: Vec::new(),
             tick: tick(),
             held: Vec::new(),
+            opts: opts.clone(),
         };
         for d in ["d0", "d1", "d0/e"] {
             let (a, b) = w.both(Path::new(d));
