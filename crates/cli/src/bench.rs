@@ -12,7 +12,7 @@ use std::time::Instant;
 pub enum BenchCmd {
     /// Per-operation cost through the idxfs mount beside ext4 on a memory-backed loop device
     /// (stat, open+close, create+unlink, creates/s with 1 and 2 threads), and the FUSE round
-    /// trip of an empty daemon. Needs root.
+    /// trip (`stat` of an idxfs root, TTL 0). Needs root.
     Mount {
         #[arg(long, default_value_t = 20_000)]
         files: u64,

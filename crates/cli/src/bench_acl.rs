@@ -41,14 +41,6 @@ struct Run {
     requests: Option<[(u64, u64); 3]>,
 }
 
-fn count(report: &str, op: &str) -> u64 {
-    report
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("fuse requests {op}: ")))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 /// Seconds per step, and (GETXATTR, GETATTR) requests per step.
 type Measured = ([f64; 3], [(u64, u64); 3]);
 
@@ -84,7 +76,10 @@ fn on(t: &mut Target, files: u64) -> Result<Measured, String> {
         }
         secs[i] = start.elapsed().as_secs_f64();
         let report = t.cold_report()?;
-        asked[i] = (count(&report, "getxattr"), count(&report, "getattr"));
+        asked[i] = (
+            bench_env::requests_of(&report, "getxattr"),
+            bench_env::requests_of(&report, "getattr"),
+        );
     }
     Ok((secs, asked))
 }

@@ -85,35 +85,66 @@ fn sources(base: &Path, files: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// Step `i` of the four (sqlite WAL, sqlite rollback journal, git, untar) on the file system
+/// mounted at `mp`; its seconds.
+fn step(i: usize, mp: &Path, base: &Path, rows: u64) -> Result<f64, String> {
+    match i {
+        0 | 1 => {
+            let mode = if i == 0 { "wal" } else { "delete" };
+            let db = mp.join(format!("{mode}.db"));
+            let mut py = Command::new("python3");
+            py.arg("-c")
+                .arg(SQLITE)
+                .arg(&db)
+                .arg(rows.to_string())
+                .arg(mode);
+            timed(&mut py)
+        }
+        2 => {
+            let clone = mp.join("clone");
+            let src = format!("file://{}", base.join("apps-src").display());
+            let g = Instant::now();
+            run(Command::new("git").args(["clone", "-q", &src]).arg(&clone))?;
+            run(git(&clone).args(["checkout", "-q", "other"]))?;
+            run(git(&clone).args(["status", "--porcelain"]))?;
+            Ok(g.elapsed().as_secs_f64())
+        }
+        _ => {
+            let untar = mp.join("untar");
+            std::fs::create_dir(&untar).map_err(|e| format!("{}: {e}", untar.display()))?;
+            timed(
+                Command::new("tar")
+                    .arg("-xf")
+                    .arg(base.join("apps-src.tar"))
+                    .arg("-C")
+                    .arg(&untar),
+            )
+        }
+    }
+}
+
 /// The four timings on one mounted file system, in seconds.
 fn on(t: &Target, base: &Path, rows: u64) -> Result<[f64; 4], String> {
     let mut out = [0.0; 4];
-    for (i, mode) in ["wal", "delete"].into_iter().enumerate() {
-        let db = t.mp.join(format!("{mode}.db"));
-        let mut py = Command::new("python3");
-        py.arg("-c")
-            .arg(SQLITE)
-            .arg(&db)
-            .arg(rows.to_string())
-            .arg(mode);
-        out[i] = timed(&mut py)?;
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = step(i, &t.mp, base, rows)?;
     }
-    let clone = t.mp.join("clone");
-    let src = format!("file://{}", base.join("apps-src").display());
-    let g = Instant::now();
-    run(Command::new("git").args(["clone", "-q", &src]).arg(&clone))?;
-    run(git(&clone).args(["checkout", "-q", "other"]))?;
-    run(git(&clone).args(["status", "--porcelain"]))?;
-    out[2] = g.elapsed().as_secs_f64();
-    let untar = t.mp.join("untar");
-    std::fs::create_dir(&untar).map_err(|e| format!("{}: {e}", untar.display()))?;
-    out[3] = timed(
-        Command::new("tar")
-            .arg("-xf")
-            .arg(base.join("apps-src.tar"))
-            .arg("-C")
-            .arg(&untar),
-    )?;
+    Ok(out)
+}
+
+/// The FUSE floor of each step: an idxfs run (not timed) whose daemon counts its requests,
+/// restarted after each step for the count; the requests the kernel waits on, times one round
+/// trip (`bench_mount::floor_ns`), in seconds.
+fn floors(base: &Path, bytes: u64, rows: u64) -> Result<[(u64, f64); 4], String> {
+    let rt = crate::bench_mount::floor_ns(base)? / 1e9;
+    let mut t = Target::make_counted(base, FsKind::Idxfs, bytes, 1 << 20, None)?;
+    t.cold_report()?;
+    let mut out = [(0, 0.0); 4];
+    for (i, o) in out.iter_mut().enumerate() {
+        step(i, &t.mp, base, rows)?;
+        let n = bench_env::round_trips(&t.cold_report()?);
+        *o = (n, n as f64 * rt);
+    }
     Ok(out)
 }
 
@@ -133,15 +164,10 @@ pub fn apps(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Value),
     }
     let mut rows_of: [Vec<Row>; 4] = Default::default();
     let mut raw = serde_json::Map::new();
+    let bytes = scale.pick(2 << 30, 8 << 30, 16 << 30);
     for (label, kind, opts) in runs {
         eprintln!("  apps on {label}");
-        let t = Target::make_with(
-            base,
-            kind,
-            scale.pick(2 << 30, 8 << 30, 16 << 30),
-            1 << 20,
-            opts,
-        )?;
+        let t = Target::make_with(base, kind, bytes, 1 << 20, opts)?;
         let cpu0 = bench_env::self_and_children_cpu();
         let secs = on(&t, base, rows)?;
         let cpu = bench_env::self_and_children_cpu() - cpu0
@@ -167,5 +193,25 @@ pub fn apps(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Value),
         table.push('\n');
     }
     table.push_str("(CPU-s: the whole application run on that file system, daemon included)\n");
-    Ok((table, json!({"files": files, "rows": rows, "runs": raw})))
+    let mut floor_raw = Value::Null;
+    if fs.contains(&FsKind::Idxfs) {
+        eprintln!("  apps on idxfs, counting requests");
+        let f = floors(base, bytes, rows)?;
+        table.push_str(
+            "FUSE floor on idxfs (requests the kernel waited on, times one round trip; a \
+             separate run):",
+        );
+        for ((n, secs), name) in f.iter().zip(["sqlite WAL", "rollback", "git", "untar"]) {
+            table.push_str(&format!(" {name} {n} -> {:.0} ms;", secs * 1e3));
+        }
+        table.push('\n');
+        floor_raw = json!(f
+            .iter()
+            .map(|(n, secs)| json!({"requests": n, "floor_s": secs}))
+            .collect::<Vec<_>>());
+    }
+    Ok((
+        table,
+        json!({"files": files, "rows": rows, "runs": raw, "fuse_floor": floor_raw}),
+    ))
 }

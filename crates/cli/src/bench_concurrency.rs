@@ -6,7 +6,7 @@
 //! threads in two directories against one; getattr throughput of two reader threads against
 //! one, and getattr, getxattr and statfs throughput of two readers against two that take the
 //! lock for every read (the same-run baseline of the lock-free path). Through the mount (when idxfs is among the file systems): stat latency
-//! idle and while a thread creates and fsyncs, beside the FUSE round trip of an empty daemon;
+//! idle and while a thread creates and fsyncs, beside the FUSE round trip (`bench_mount::floor_ns`);
 //! fs_mark with 2 threads against 1. fsync beside other work: on a device whose flush takes
 //! `FLUSH_DELAY`, one thread creating, writing 4 KiB and fsyncing each file while another creates
 //! files, and two such fsyncing threads, with the log batch written and flushed outside the
@@ -517,8 +517,8 @@ fn mount(base: &Path, secs: f64, files: u64, creates_n: u64) -> Result<(String, 
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "concurrency, through the mount: statx(AT_STATX_FORCE_SYNC) of {files} files (FUSE \
-         round trip of an empty daemon: {floor:.1} us)"
+        "concurrency, through the mount: statx(AT_STATX_FORCE_SYNC) of {files} files \
+         (FUSE round trip: {floor:.1} us)"
     );
     lat_row(&mut o, "stat, idle", i, None);
     lat_row(&mut o, "stat, writer creating+fsyncing", l, Some(i));

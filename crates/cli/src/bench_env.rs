@@ -624,3 +624,26 @@ impl Drop for Progress {
         }
     }
 }
+
+/// How many `op` requests (FUSE's name for it, as `IDXFS_COUNTERS` prints them) a daemon's
+/// report (`Target::cold_report`) counted.
+pub fn requests_of(report: &str, op: &str) -> u64 {
+    report
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("fuse requests {op}: ")))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The requests in a daemon's report that the kernel waits a reply for: all but FORGET and
+/// BATCH_FORGET, which have none. At one round trip each, times the FUSE round trip, they give
+/// the time no server could go below on this transport.
+pub fn round_trips(report: &str) -> u64 {
+    report
+        .lines()
+        .filter_map(|l| l.strip_prefix("fuse requests "))
+        .filter_map(|l| l.split_once(": "))
+        .filter(|(op, _)| !op.contains("forget"))
+        .filter_map(|(_, v)| v.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}

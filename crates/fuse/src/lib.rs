@@ -55,7 +55,6 @@ mod acl;
 mod fileattr;
 pub mod handoff;
 mod kill;
-pub mod null;
 mod options;
 mod pin;
 mod readahead;
