@@ -78,20 +78,6 @@ fn read_small(dir: &Path) -> Result<f64, String> {
     Ok(files as f64 / t.elapsed().as_secs_f64())
 }
 
-/// Writes and deletes a file of `bytes` where the images are (/dev/shm): the first large
-/// write of a run into fresh memory is slower, whichever file system makes it (measured in
-/// docs/benchmarks.md, "nocow-write and data"), and would count against whoever runs first.
-fn warm_up(base: &Path, big: u64) -> Result<(), String> {
-    let p = base.join("data-warm-up");
-    let buf = vec![1u8; MIB];
-    let mut f = std::fs::File::create(&p).map_err(|e| err(&p, e))?;
-    for _ in 0..big / MIB as u64 {
-        f.write_all(&buf).map_err(|e| err(&p, e))?;
-    }
-    drop(f);
-    std::fs::remove_file(&p).map_err(|e| err(&p, e))
-}
-
 /// The measurements on one file system (`STEPS` order).
 fn on(t: &mut Target, big: u64, small: u64) -> Result<[f64; N], String> {
     let mut out = [0.0; N];
@@ -143,7 +129,7 @@ pub fn data(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Value),
             runs.push(("nodatasum".into(), k, Some("nodatasum")));
         }
     }
-    warm_up(base, 2 * big)?;
+    bench_env::warm_up(base, 2 * big)?;
     // Two rounds, every file system in turn in each, the best of the two per step: which
     // one runs first in a round still moves its numbers by up to a quarter here.
     let mut cols: Vec<(String, FsKind, [f64; N])> = runs

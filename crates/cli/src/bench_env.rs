@@ -647,3 +647,20 @@ pub fn round_trips(report: &str) -> u64 {
         .filter_map(|(_, v)| v.split_whitespace().next()?.parse::<u64>().ok())
         .sum()
 }
+
+/// Writes and deletes a file of `big` bytes where the images are (/dev/shm): the first large
+/// write of a run into fresh memory is slower, whichever file system makes it (measured in
+/// docs/benchmarks.md, "nocow-write and data": a fresh page of this PVM guest costs
+/// up to 3.3 ms a MiB to touch first), and would count against whoever runs first.
+pub fn warm_up(base: &Path, big: u64) -> Result<(), String> {
+    use std::io::Write;
+    let p = base.join("warm-up");
+    let err = |e: std::io::Error| format!("{}: {e}", p.display());
+    let buf = vec![1u8; 1 << 20];
+    let mut f = std::fs::File::create(&p).map_err(err)?;
+    for _ in 0..big >> 20 {
+        f.write_all(&buf).map_err(err)?;
+    }
+    drop(f);
+    std::fs::remove_file(&p).map_err(err)
+}
