@@ -142,11 +142,18 @@ fn on(t: &Target, base: &Path, rows: u64) -> Result<[f64; 4], String> {
 fn floors(base: &Path, bytes: u64, rows: u64) -> Result<[(u64, f64); 4], String> {
     let rt = crate::bench_mount::floor_ns(base)? / 1e9;
     let mut t = Target::make_counted(base, FsKind::Idxfs, bytes, 1 << 20, None)?;
+    // Counting starts after the test bed's own setup of the mount.
     t.cold_report()?;
     let mut out = [(0, 0.0); 4];
     for (i, o) in out.iter_mut().enumerate() {
         step(i, &t.mp, base, rows)?;
         let n = bench_env::round_trips(&t.cold_report()?);
+        if n == 0 {
+            // Every step makes files: no count means the daemon's report never came.
+            return Err(format!(
+                "apps step {i}: the idxfs daemon reported no requests"
+            ));
+        }
         *o = (n, n as f64 * rt);
     }
     Ok(out)

@@ -650,8 +650,8 @@ pub fn round_trips(report: &str) -> u64 {
 
 /// Writes and deletes a file of `big` bytes where the images are (/dev/shm): the first large
 /// write of a run into fresh memory is slower, whichever file system makes it (measured in
-/// docs/benchmarks.md, "nocow-write and data": a fresh page of this PVM guest costs
-/// up to 3.3 ms a MiB to touch first), and would count against whoever runs first.
+/// docs/benchmarks.md, "nocow-write and data": this PVM guest makes a fresh page slow to
+/// touch first), and would count against whoever runs first.
 pub fn warm_up(base: &Path, big: u64) -> Result<(), String> {
     use std::io::Write;
     let p = base.join("warm-up");

@@ -83,9 +83,9 @@ fn measure(root: &Path, files: u64) -> Result<[f64; 5], String> {
 /// The FUSE floor, in ns: one round trip over the transport idxfs serves with (FUSE over
 /// io_uring, a ring per CPU, replies handed off at SCHED_IDLE), to a daemon with nothing to
 /// do: `stat` of the root of a fresh idxfs mount with `ttl=0` is one GETATTR, answered from
-/// the published inode (a fraction of a microsecond of the total). An empty fuser daemon on
-/// /dev/fuse, used here before, measured 14.4 us a round trip where idxfs served two requests
-/// a file in 13 us: not a floor for idxfs's own transport.
+/// the published inode (a fraction of a microsecond of the total). Not an empty daemon on
+/// /dev/fuse: that is another, slower transport, whose round trip idxfs's own requests beat,
+/// so it bounds nothing idxfs does.
 pub(crate) fn floor_ns(base: &Path) -> Result<f64, String> {
     // A directory of its own: a target's image and mount point are named by its kind.
     let dir = base.join("floor");

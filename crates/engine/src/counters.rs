@@ -3,9 +3,8 @@
 //! A counter is striped, as the kernel's percpu counters are: each thread adds to a stripe of
 //! its own (a cache line no other thread of the first `STRIPES` writes), and a read sums the
 //! stripes. Lock-free readers bump a counter on every call (`getattr_lock_free`, say), and one
-//! shared word would bounce between their CPUs on every call: measured with
-//! `idxfs bench concurrency`, 2 getattr readers made 0.52x the calls of 1 with a single word,
-//! 1.95x with no counter at all, 1.83-1.91x striped. A read is exact once the adds it should see have happened (Relaxed adds,
+//! shared word would bounce between their CPUs on every call, so that two readers made fewer
+//! calls than one (docs/benchmarks.md, "concurrency"). A read is exact once the adds it should see have happened (Relaxed adds,
 //! then whatever made them visible to the reader: a join, a lock, the end of a call).
 use std::cell::Cell;
 use std::fmt;
