@@ -29,7 +29,7 @@
 //! changes during the copy is copied as the reads saw it, with the size its `lstat` gave).
 //! The walk crosses into file systems mounted below DIR, as `cp -a` does.
 use crate::mkfs::MkfsArgs;
-use idxfs_engine::fs::{Ino, Owner, SetAttr, SetTime, Time, WriteHow};
+use idxfs_engine::fs::{Ino, NewFile, Owner, SetAttr, SetTime, Time, WriteHow, NEW_FILE_MAX};
 use idxfs_engine::Fs;
 use std::collections::HashMap;
 use std::ffi::{CString, OsString};
@@ -108,8 +108,11 @@ enum Kind {
     Dir {
         id: usize,
     },
-    /// A regular file; its data follows in `Item::Data`.
-    File,
+    /// A regular file: all its bytes when it has at most `NEW_FILE_MAX` and no holes, else
+    /// none here and its data ranges in the `Item::Data` that follow.
+    File {
+        whole: Option<Vec<u8>>,
+    },
     Symlink(Vec<u8>),
     /// A fifo, socket, or character or block device.
     Special,
@@ -367,7 +370,9 @@ fn walk_into(dir: &Path, out: &mut Batch) -> Result<(), WalkError> {
                     }
                 }
                 if ft.is_file() {
-                    Kind::File
+                    Kind::File {
+                        whole: read_whole(&p, &m)?,
+                    }
                 } else if ft.is_symlink() {
                     let t = std::fs::read_link(&p).map_err(|e| failed(&p, e))?;
                     Kind::Symlink(t.into_os_string().into_vec())
@@ -376,7 +381,7 @@ fn walk_into(dir: &Path, out: &mut Batch) -> Result<(), WalkError> {
                 }
             };
             let xattrs = xattrs_of(&p)?;
-            let file = matches!(kind, Kind::File);
+            let streamed = matches!(kind, Kind::File { whole: None });
             out.push(Item::Make {
                 parent: id,
                 name: name.into_vec(),
@@ -386,7 +391,7 @@ fn walk_into(dir: &Path, out: &mut Batch) -> Result<(), WalkError> {
                 xattrs,
                 first_link,
             })?;
-            if file && m.size() > 0 {
+            if streamed {
                 read_data(&p, &m, out)?;
             }
         }
@@ -456,12 +461,34 @@ fn list(p: &Path) -> std::io::Result<Vec<OsString>> {
     r.map(|()| names)
 }
 
+/// Whether `m` may have holes: fewer blocks than its size needs.
+fn maybe_sparse(m: &std::fs::Metadata) -> bool {
+    m.blocks() * 512 < m.size()
+}
+
+/// All the bytes of the regular file at `p` when it is small and has no holes (see
+/// `Kind::File`); None for the others, whose data `read_data` sends.
+fn read_whole(p: &Path, m: &std::fs::Metadata) -> Result<Option<Vec<u8>>, WalkError> {
+    let size = m.size();
+    if size == 0 {
+        return Ok(Some(Vec::new()));
+    }
+    if size > NEW_FILE_MAX as u64 || maybe_sparse(m) {
+        return Ok(None);
+    }
+    let f = open_noatime(p, libc::O_NOFOLLOW).map_err(|e| failed(p, e))?;
+    let mut bytes = vec![0u8; size as usize];
+    let got = read_at(&f, 0, &mut bytes).map_err(|e| failed(p, e))?;
+    // A file that shrank since its lstat: what was read is what there is.
+    bytes.truncate(got);
+    Ok(Some(bytes))
+}
+
 /// Sends the data ranges of the regular file at `p` as `Item::Data`.
 fn read_data(p: &Path, m: &std::fs::Metadata, out: &mut Batch) -> Result<(), WalkError> {
     let f = open_noatime(p, libc::O_NOFOLLOW).map_err(|e| failed(p, e))?;
     let size = m.size();
-    // Fewer blocks than the size holds: it may have holes, worth asking where the data is.
-    let ranges = if m.blocks() * 512 < size {
+    let ranges = if maybe_sparse(m) {
         data_ranges(&f, size).map_err(|e| failed(p, e))?
     } else {
         vec![(0, size)]
@@ -726,7 +753,42 @@ impl<'a> Writer<'a> {
                 // Its xattrs and attributes come with `Item::DirDone`.
                 return Ok(());
             }
-            Kind::File => {
+            Kind::File { whole: Some(data) } => {
+                let new = NewFile {
+                    mode: attrs.mode,
+                    owner: attrs.owner(),
+                    atime: attrs.atime,
+                    mtime: attrs.mtime,
+                    ctime: attrs.ctime,
+                    data: &data,
+                };
+                let a = fs
+                    .create_file(dir, name, &new)
+                    .map_err(|e| at(&path, "create", e))?;
+                self.totals.files += 1;
+                self.totals.bytes += data.len() as u64;
+                if let Some(id) = first_link {
+                    self.links.insert(id, (a.ino, attrs));
+                }
+                // Made whole, times included, unless there is more to set: xattrs (which
+                // move the ctime), a size the reads did not reach, or an owner or mode that
+                // the directory's set-group-ID bit or default ACL changed.
+                let done = xattrs.is_empty()
+                    && data.len() as u64 == attrs.size
+                    && (a.mode, a.uid, a.gid) == (attrs.mode, attrs.uid, attrs.gid);
+                if done {
+                    return Ok(());
+                }
+                self.open = Some(OpenFile {
+                    ino: a.ino,
+                    path,
+                    attrs,
+                    xattrs,
+                    end: data.len() as u64,
+                });
+                return Ok(());
+            }
+            Kind::File { whole: None } => {
                 let a = fs
                     .create(dir, name, attrs.mode & 0o7777, attrs.owner())
                     .map_err(|e| at(&path, "create", e))?;

@@ -119,6 +119,24 @@ pub struct SetAttr {
     pub kill: Kill,
 }
 
+/// A regular file as `Fs::create_file` makes it, whole: what a copy of a file made elsewhere
+/// knows of it before it starts.
+#[derive(Debug, Clone, Copy)]
+pub struct NewFile<'a> {
+    /// Permission bits (07777).
+    pub mode: u32,
+    pub owner: Owner,
+    pub atime: Time,
+    pub mtime: Time,
+    pub ctime: Time,
+    /// Its bytes, at most `NEW_FILE_MAX`.
+    pub data: &'a [u8],
+}
+
+/// The most bytes `Fs::create_file` writes: its data is written under the operation lock,
+/// where `write` writes without it.
+pub const NEW_FILE_MAX: usize = 1 << 20;
+
 /// Who creates an inode.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Owner {
