@@ -88,3 +88,8 @@ if "nocow-write" in w:
     r = w["nocow-write"]["results"]
     bars("nocow-write", [x["fs"] for x in r], [x["mib_per_sec"] for x in r], "MiB/s",
          "nocow-write: fio randwrite 64 KiB O_DIRECT (seed 004)")
+
+if "mkfs-from" in w:
+    b = w["mkfs-from"]["builders"]
+    bars("mkfs-from", list(b), [x["files_per_s"] for x in b.values()], "files / s",
+         f"an image from {w['mkfs-from']['files']:,} small files (issue 25)")

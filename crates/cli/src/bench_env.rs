@@ -222,7 +222,7 @@ pub fn apt_install(pkgs: &[&str]) -> Result<(), String> {
 /// This very binary, for the idxfs children (mkfs, mount). When the file was replaced while
 /// this ran (a rebuild during an hour-long run), `current_exe()` is a path ending in
 /// " (deleted)"; `/proc/self/exe` still names the running image, so that is used instead.
-fn self_exe() -> PathBuf {
+pub fn self_exe() -> PathBuf {
     match std::env::current_exe() {
         Ok(p) if p.exists() => p,
         _ => PathBuf::from("/proc/self/exe"),
@@ -385,7 +385,9 @@ impl Target {
         self.daemon.as_ref().map(|c| c.id())
     }
 
-    fn unmount(&mut self) {
+    /// Unmounts (and for idxfs waits for its daemon's last commit and exit): after it, what
+    /// was written is on the image. Dropping the target does it too.
+    pub fn unmount(&mut self) {
         if !self.mounted {
             return;
         }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-pub const WORKLOADS: [&str; 9] = [
+pub const WORKLOADS: [&str; 10] = [
     "fs_mark",
     "dir-fsync",
     "huge-dir",
@@ -18,6 +18,7 @@ pub const WORKLOADS: [&str; 9] = [
     "concurrency",
     "apps",
     "acl",
+    "mkfs-from",
     "micro",
 ];
 
@@ -723,6 +724,10 @@ pub fn run(s: &Suite) -> Result<(), String> {
             }
             "acl" => {
                 let (table, json) = crate::bench_acl::acl(s.scale, s.files, &s.fs, &scratch.0)?;
+                Report { table, json }
+            }
+            "mkfs-from" => {
+                let (table, json) = crate::bench_import::mkfs_from(s.scale, &s.fs, &scratch.0)?;
                 Report { table, json }
             }
             _ => micro(s)?,

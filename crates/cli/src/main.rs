@@ -8,6 +8,7 @@ mod bench_concurrency;
 mod bench_data;
 mod bench_env;
 mod bench_hugedir;
+mod bench_import;
 mod bench_mount;
 mod bench_suite;
 mod import;
@@ -135,8 +136,8 @@ enum Cmd {
     },
     /// Benchmarks (not tests), side by side with ext4, btrfs and XFS in the same run:
     /// `idxfs bench [WORKLOAD ...]` runs the seeds' workloads (fs_mark, dir-fsync, huge-dir,
-    /// nocow-write, concurrency, apps, acl, micro; all by default); the subcommands below are single
-    /// measurements.
+    /// nocow-write, data, concurrency, apps, acl, mkfs-from, micro; all by default); the
+    /// subcommands below are single measurements.
     /// Needs root. See docs/benchmarks.md.
     #[command(args_conflicts_with_subcommands = true)]
     Bench {

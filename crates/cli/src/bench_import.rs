@@ -1,0 +1,193 @@
+//! `idxfs bench mkfs-from`: an image built from a directory of small files (issue 25's
+//! "packing a data set into an image"), beside the kernel file systems' own builders in one
+//! run: `idxfs mkfs --from` against `mke2fs -d` (ext4), `mkfs.btrfs --rootdir`, and `cp -a`
+//! into a fresh mount of every file system asked for (idxfs's through FUSE included). Each
+//! is timed until its image holds the tree: the builders until they exit, `cp -a` until the
+//! unmount after it returns.
+//!
+//! The source is made once on /dev/shm: `files` files of 0 to 4 KiB (sizes from a fixed
+//! seed) in directories of 1,000. Every builder runs twice, in turn, after a warm-up write
+//! (`bench_env::warm_up`), and keeps its best.
+use crate::bench_env::{self, FsKind, Target};
+use crate::bench_suite::{ratio_table, Row, Scale};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+const ROUNDS: usize = 2;
+const PER_DIR: u64 = 1_000;
+
+/// Makes the source tree under `dir`; returns its data bytes.
+fn source(dir: &Path, files: u64) -> Result<u64, String> {
+    let err = |p: &Path, e: std::io::Error| format!("{}: {e}", p.display());
+    std::fs::create_dir_all(dir).map_err(|e| err(dir, e))?;
+    let mut s = 0x9e37_79b9_7f4a_7c15u64;
+    let mut bytes = 0;
+    let mut progress = bench_env::Progress::new("  making the source tree", files);
+    let buf: Vec<u8> = (0..4096u32).map(|i| (i * 7 + i / 251) as u8).collect();
+    for i in 0..files {
+        let d = dir.join(format!("d{:05}", i / PER_DIR));
+        if i % PER_DIR == 0 {
+            std::fs::create_dir(&d).map_err(|e| err(&d, e))?;
+            progress.set(i);
+        }
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        let n = (s % 4096) as usize;
+        let p = d.join(format!("f{:07}", i));
+        std::fs::write(&p, &buf[..n]).map_err(|e| err(&p, e))?;
+        bytes += n as u64;
+    }
+    Ok(bytes)
+}
+
+/// One way to build an image of the source.
+#[derive(Clone, Copy)]
+enum Builder {
+    MkfsFrom,
+    Mke2fs,
+    MkfsBtrfs,
+    /// `cp -a` into a fresh mount of this file system.
+    Copy(FsKind),
+}
+
+impl Builder {
+    fn label(self) -> String {
+        match self {
+            Builder::MkfsFrom => "idxfs mkfs --from".into(),
+            Builder::Mke2fs => "mke2fs -d (ext4)".into(),
+            Builder::MkfsBtrfs => "mkfs.btrfs --rootdir".into(),
+            Builder::Copy(k) => format!("cp -a into {}", k.name()),
+        }
+    }
+
+    fn kind(self) -> FsKind {
+        match self {
+            Builder::MkfsFrom => FsKind::Idxfs,
+            Builder::Mke2fs => FsKind::Ext4,
+            Builder::MkfsBtrfs => FsKind::Btrfs,
+            Builder::Copy(k) => k,
+        }
+    }
+
+    /// Builds an image of `src` under `base`; the seconds it took.
+    fn run(self, src: &Path, base: &Path, bytes: u64, inodes: u64) -> Result<f64, String> {
+        let img = base.join("built.img");
+        let _ = std::fs::remove_file(&img);
+        let sized = || {
+            std::fs::File::create(&img)
+                .and_then(|f| f.set_len(bytes))
+                .map_err(|e| format!("{}: {e}", img.display()))
+        };
+        let secs = match self {
+            Builder::MkfsFrom => {
+                let t = Instant::now();
+                bench_env::run(
+                    Command::new(bench_env::self_exe())
+                        .args(["mkfs", "--size", &bytes.to_string(), "--from"])
+                        .arg(src)
+                        .arg(&img),
+                )?;
+                t.elapsed().as_secs_f64()
+            }
+            Builder::Mke2fs => {
+                sized()?;
+                let t = Instant::now();
+                bench_env::run(
+                    Command::new("mke2fs")
+                        .args(["-q", "-F", "-t", "ext4", "-N", &inodes.to_string(), "-d"])
+                        .arg(src)
+                        .arg(&img),
+                )?;
+                t.elapsed().as_secs_f64()
+            }
+            Builder::MkfsBtrfs => {
+                sized()?;
+                let t = Instant::now();
+                bench_env::run(
+                    Command::new("mkfs.btrfs")
+                        .args(["-q", "-f", "--rootdir"])
+                        .arg(src)
+                        .arg(&img),
+                )?;
+                t.elapsed().as_secs_f64()
+            }
+            Builder::Copy(kind) => {
+                let mut t = Target::make(base, kind, bytes, inodes)?;
+                let start = Instant::now();
+                let mut from = src.as_os_str().to_owned();
+                from.push("/.");
+                bench_env::run(Command::new("cp").arg("-a").arg(from).arg(&t.mp))?;
+                t.unmount();
+                start.elapsed().as_secs_f64()
+            }
+        };
+        let _ = std::fs::remove_file(&img);
+        Ok(secs)
+    }
+}
+
+pub fn mkfs_from(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Value), String> {
+    let files = scale.pick(2_000u64, 100_000, 1_000_000);
+    let src = base.join("mkfs-from-src");
+    let data = source(&src, files)?;
+    let dirs = files.div_ceil(PER_DIR);
+    let inodes = (files + dirs) * 5 / 4 + 1024;
+    // Room for the data three times over: every builder fits, none is pressed for space.
+    let bytes = (data * 3).max(1 << 30).div_ceil(1 << 20) << 20;
+    let mut builders = Vec::new();
+    for &k in fs {
+        match k {
+            FsKind::Idxfs => builders.push(Builder::MkfsFrom),
+            FsKind::Ext4 => builders.push(Builder::Mke2fs),
+            FsKind::Btrfs => builders.push(Builder::MkfsBtrfs),
+            _ => {}
+        }
+        builders.push(Builder::Copy(k));
+    }
+    bench_env::warm_up(base, scale.pick(256 << 20, 2 << 30, 4 << 30))?;
+    let mut best = vec![f64::INFINITY; builders.len()];
+    for round in 0..ROUNDS {
+        for (b, best) in builders.iter().zip(best.iter_mut()) {
+            bench_env::interrupted()?;
+            eprintln!("  {}, round {round}", b.label());
+            *best = best.min(b.run(&src, base, bytes, inodes)?);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&src);
+    let rows: Vec<Row> = builders
+        .iter()
+        .zip(&best)
+        .map(|(b, s)| (b.label(), b.kind(), files as f64 / s, 0.0, 0.0))
+        .collect();
+    let mut table = ratio_table(
+        &format!(
+            "mkfs-from: an image of {files} files of 0-4 KiB ({} MiB) in {dirs} directories; \
+             best of {ROUNDS} rounds",
+            data >> 20
+        ),
+        "files/s",
+        &rows,
+        true,
+    );
+    table.push_str(
+        "(until the image holds the tree: builders until they exit, cp -a until the unmount \
+         after it; CPU-s and load not measured here)\n",
+    );
+    let raw: serde_json::Map<String, Value> = builders
+        .iter()
+        .zip(&best)
+        .map(|(b, s)| {
+            (
+                b.label(),
+                json!({"seconds": s, "files_per_s": files as f64 / s}),
+            )
+        })
+        .collect();
+    Ok((
+        table,
+        json!({"files": files, "data_bytes": data, "builders": raw}),
+    ))
+}
