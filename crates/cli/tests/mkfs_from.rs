@@ -3,7 +3,8 @@
 //! mounted, and every entry's type, mode, owner, size, link count, device number, three
 //! times, xattrs (ACLs included), data or target, and which names share an inode, read back
 //! through the kernel and compared with what `lstat` and friends said of the source before
-//! the copy. Then what must fail does, with one line and nothing left behind.
+//! the copy. Then what must fail does, with one line, removing an image it made and leaving
+//! one that was there clean.
 mod common;
 
 use common::{idxfs, shm_tempdir, Mounted};
@@ -539,7 +540,7 @@ fn a_random_tree_is_copied_exactly() {
 }
 
 #[test]
-fn what_cannot_be_copied_is_refused_in_one_line_and_leaves_no_image() {
+fn what_cannot_be_copied_is_refused_in_one_line_and_an_image_it_made_goes() {
     let dir = shm_tempdir();
     let img = dir.path().join("fs.img");
     let i = img.to_str().expect("utf8");
@@ -591,4 +592,17 @@ fn what_cannot_be_copied_is_refused_in_one_line_and_leaves_no_image() {
     let (code, out, err) = idxfs(&["mkfs", "--force", "--from", src.to_str().expect("utf8"), i]);
     assert_eq!(code, 0, "64 MiB holds 40 MiB: {out}{err}");
     assert!(img.exists(), "an image that was there before stays");
+
+    // One that was there and is too small keeps what was copied, committed, and says so.
+    let (code, out, err) = idxfs(&["mkfs", "--force", i, "--size", "16M"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, _, err) = idxfs(&["mkfs", "--force", "--from", src.to_str().expect("utf8"), i]);
+    assert_eq!(code, 1, "{err}");
+    one_line(&err);
+    assert!(err.contains("holds what was copied before"), "{err}");
+    let (code, out, err) = idxfs(&["fsck", i]);
+    assert_eq!(
+        code, 0,
+        "what was copied is a clean file system: {out}{err}"
+    );
 }

@@ -1,5 +1,5 @@
 //! `idxfs mkfs --from DIR IMAGE`: a directory tree copied into a new image through the
-//! engine's library API, with no FUSE round trip (and no kernel page cache) per file.
+//! engine's library API, with no FUSE round trip per file.
 //!
 //! Two threads share the work. The reader (`walk`) lists DIR and reads what each entry holds:
 //! its metadata, data, symlink target and xattrs. The writer (`Writer`, the calling thread)
@@ -168,7 +168,8 @@ impl Totals {
 
 /// `idxfs mkfs --from DIR`: formats `a.image` (sized for `dir` when new and no size is
 /// given), copies the tree in and commits it. Returns what was copied and the seconds it
-/// took. An image file this made is removed again when the copy fails.
+/// took. An image file this made is removed again when the copy fails; one that was there
+/// keeps what was copied, committed, and the error says so.
 pub(crate) fn mkfs_from(a: &MkfsArgs, dir: &Path) -> Result<(Totals, f64), String> {
     let start = Instant::now();
     let d = dir.display();
@@ -198,10 +199,17 @@ pub(crate) fn mkfs_from(a: &MkfsArgs, dir: &Path) -> Result<(Totals, f64), Strin
             .map_err(|e| format!("{}: the last commit: {e}", a.image.display()));
         totals.and_then(|t| closed.map(|()| t))
     })();
-    if copied.is_err() && made {
-        let _ = std::fs::remove_file(a.image);
+    match copied {
+        Ok(t) => Ok((t, start.elapsed().as_secs_f64())),
+        Err(why) if made => {
+            let _ = std::fs::remove_file(a.image);
+            Err(why)
+        }
+        Err(why) => Err(format!(
+            "{why} ({} holds what was copied before)",
+            a.image.display()
+        )),
     }
-    copied.map(|t| (t, start.elapsed().as_secs_f64()))
 }
 
 /// An estimate of the image size `dir` needs: its data rounded to blocks, room for its
