@@ -8,6 +8,7 @@
 mod common;
 
 use common::{idxfs, shm_tempdir, Mounted};
+use idxfs_engine::testutil::Rng;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
@@ -365,14 +366,8 @@ fn every_kind(src: &Path) {
 
 /// A seeded random tree: directories nested at random, files of random sizes, modes, owners,
 /// times and xattrs, symlinks and hard links to files made before.
-fn random_tree(src: &Path, seed: u64) {
-    let mut s = seed | 1;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
+fn random_tree(src: &Path, rng: &mut Rng) {
+    let mut next = || rng.next_u64();
     let mut dirs = vec![src.to_path_buf()];
     let mut files: Vec<PathBuf> = Vec::new();
     for i in 0..400 {
@@ -522,20 +517,11 @@ fn every_kind_of_entry_is_copied_with_its_attributes_and_names_in_inode_order() 
 
 #[test]
 fn a_random_tree_is_copied_exactly() {
-    let seed = std::env::var("IDXFS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
-    eprintln!("seed {seed} (IDXFS_SEED={seed} replays)");
+    let (mut rng, _) = Rng::from_env("a_random_tree_is_copied_exactly");
     let dir = shm_tempdir();
     let src = dir.path().join("src");
     std::fs::create_dir(&src).expect("mkdir");
-    random_tree(&src, seed);
+    random_tree(&src, &mut rng);
     copy_and_compare(&src);
 }
 
