@@ -28,6 +28,19 @@ fn bytes(n: usize, salt: usize) -> Vec<u8> {
     (0..n).map(|i| (i * 131 + salt + i / 4096) as u8).collect()
 }
 
+/// A file of mode 0644, owned by `ME`, with every time at 1970, holding `data`.
+fn plain(data: &[u8]) -> NewFile<'_> {
+    let t = Time { sec: 0, nsec: 0 };
+    NewFile {
+        mode: 0o644,
+        owner: ME,
+        atime: t,
+        mtime: t,
+        ctime: t,
+        data,
+    }
+}
+
 /// Makes `name` in `dir` the three-operation way.
 fn by_hand(fs: &Fs, dir: u64, name: &[u8], f: &NewFile) -> Attr {
     let a = fs.create(dir, name, f.mode, f.owner).expect("create");
@@ -132,21 +145,12 @@ fn a_set_group_id_directory_passes_its_group_on_as_to_create() {
 #[test]
 fn what_create_file_refuses_it_refuses_before_any_change() {
     let (dev, fs) = mem_fs(64 << 20);
-    let t = Time { sec: 0, nsec: 0 };
-    let file = |data: &'static [u8]| NewFile {
-        mode: 0o644,
-        owner: ME,
-        atime: t,
-        mtime: t,
-        ctime: t,
-        data,
-    };
-    fs.create_file(ROOT, b"there", &file(b"first"))
+    fs.create_file(ROOT, b"there", &plain(b"first"))
         .expect("create_file");
     let before = digest::digest(&fs);
-    let r = fs.create_file(ROOT, b"there", &file(b"second"));
+    let r = fs.create_file(ROOT, b"there", &plain(b"second"));
     assert!(matches!(r, Err(Error::Exists)), "{r:?}");
-    let r = fs.create_file(ROOT, &[b'n'; 256], &file(b""));
+    let r = fs.create_file(ROOT, &[b'n'; 256], &plain(b""));
     assert!(matches!(r, Err(Error::NameTooLong)), "{r:?}");
     let big = vec![0u8; NEW_FILE_MAX + 1];
     let r = fs.create_file(
@@ -154,7 +158,7 @@ fn what_create_file_refuses_it_refuses_before_any_change() {
         b"big",
         &NewFile {
             data: &big,
-            ..file(b"")
+            ..plain(b"")
         },
     );
     assert!(matches!(r, Err(Error::Invalid(_))), "{r:?}");
@@ -163,7 +167,7 @@ fn what_create_file_refuses_it_refuses_before_any_change() {
             sec: 0,
             nsec: 1_000_000_000,
         },
-        ..file(b"")
+        ..plain(b"")
     };
     let r = fs.create_file(ROOT, b"bad", &bad);
     assert!(matches!(r, Err(Error::Invalid(_))), "{r:?}");
@@ -175,18 +179,10 @@ fn what_create_file_refuses_it_refuses_before_any_change() {
 #[test]
 fn a_full_device_refuses_the_file_whole_and_stays_writable() {
     let (dev, fs) = mem_fs(32 << 20);
-    let t = Time { sec: 9, nsec: 9 };
     let data = vec![0x5au8; NEW_FILE_MAX];
+    let f = plain(&data);
     let mut made = 0;
     let refused = loop {
-        let f = NewFile {
-            mode: 0o644,
-            owner: ME,
-            atime: t,
-            mtime: t,
-            ctime: t,
-            data: &data,
-        };
         match fs.create_file(ROOT, format!("f{made}").as_bytes(), &f) {
             Ok(_) => made += 1,
             Err(e) => break e,
@@ -205,14 +201,6 @@ fn a_full_device_refuses_the_file_whole_and_stays_writable() {
     fs.unlink(ROOT, format!("f{}", made - 1).as_bytes())
         .expect("unlink");
     fs.sync().expect("sync");
-    let f = NewFile {
-        mode: 0o644,
-        owner: ME,
-        atime: t,
-        mtime: t,
-        ctime: t,
-        data: &data,
-    };
     fs.create_file(ROOT, format!("f{made}").as_bytes(), &f)
         .expect("room again");
     fs.close().expect("close");
