@@ -132,6 +132,17 @@ fn describe(k: &Key, v: &[u8], total: u64) -> String {
             Ok(kind) => format!("{kind:?}"),
             Err(e) => format!("BAD {e}"),
         },
+        Some(ItemType::SharedBlocks) => {
+            match idxfs_format::items::decode_shared(v, k.offset, u64::MAX) {
+                Ok(it) => format!(
+                    "blocks {}+{} named by {} extents",
+                    k.offset,
+                    it.blocks.get(),
+                    it.refs.get()
+                ),
+                Err(e) => format!("BAD {e}"),
+            }
+        }
         Some(ItemType::BlockGroup) => decode_block_group(v, k.objectid, k.offset)
             .map(|b| format!("used {} flags {}", b.used_blocks.get(), b.flags.get()))
             .unwrap_or_else(|e| format!("BAD {e}")),

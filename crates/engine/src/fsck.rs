@@ -7,9 +7,10 @@
 //! size but under a trim orphan; long xattr values have exactly their chunks; ACLs are valid
 //! and agree with the mode; symlink targets; data sums name only blocks of a copy-on-write
 //! file's regular extents (and, with `check_with(.., data: true)`, match what those blocks
-//! hold); the feature bits the items need; and every block is accounted for exactly once
+//! hold); the feature bits the items need; every block is accounted for exactly once
 //! (referenced by one tree node or extent, or a superblock, exactly when its bitmap bit is
-//! set).
+//! set), except data blocks several extents share, which the `SharedBlocks` items count
+//! exactly (`check_shared`).
 //!
 //! Then the fsync log, if the superblock names one with whole batches: it is replayed in
 //! memory (an open through an `OverlayDevice`, so the image is not written) and the state an
@@ -22,17 +23,18 @@ use idxfs_blockdev::BlockDevice;
 use idxfs_format::items::{block_sum, BlockSums, SUM_GROUP_BLOCKS, S_IFREG};
 use idxfs_format::items::{
     decode_block_group, decode_dir_entries, decode_ext_refs, decode_extent, decode_inode,
-    decode_names, decode_orphan, decode_xattrs, dtype_of_mode, OrphanKind, XattrValue,
-    EXTENT_INLINE, EXTENT_REGULAR, S_IFDIR, S_IFLNK, S_IFMT,
+    decode_names, decode_orphan, decode_shared, decode_xattrs, dtype_of_mode, OrphanKind,
+    XattrValue, EXTENT_INLINE, EXTENT_REGULAR, S_IFDIR, S_IFLNK, S_IFMT,
 };
 use idxfs_format::node::{Expect, KeyRange};
 use idxfs_format::superblock::{RootPtr, Superblock};
 use idxfs_format::versions::{
-    COMPAT_RO_DATA_SUMS, INCOMPAT_EXT_REF, INCOMPAT_ORPHAN_TRIM, INCOMPAT_XATTR_CHUNKS,
+    COMPAT_RO_DATA_SUMS, INCOMPAT_EXT_REF, INCOMPAT_ORPHAN_TRIM, INCOMPAT_SHARED_BLOCKS,
+    INCOMPAT_XATTR_CHUNKS,
 };
 use idxfs_format::{
-    ItemType, Key, BLOCK_SIZE, ORPHAN_OBJECTID, ROOT_INO, SUPER_COPIES, SYMLINK_MAX, TREE_FS,
-    TREE_SPACE,
+    ItemType, Key, BLOCK_SIZE, ORPHAN_OBJECTID, ROOT_INO, SHARED_OBJECTID, SUPER_COPIES,
+    SYMLINK_MAX, TREE_FS, TREE_SPACE,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -111,6 +113,12 @@ struct Checker<'a> {
     data_of: (u64, Vec<(u64, u64, u64)>),
     /// Read every block that has a data sum and compare (`idxfs fsck --data`).
     verify_data: bool,
+    /// Data blocks named by more than one extent: block -> how many.
+    shared_refs: HashMap<u64, u64>,
+    /// Runs of blocks that must be named by one extent only: (start, length, whose).
+    unshared: Vec<(u64, u64, String)>,
+    /// `SharedBlocks` items: (first block, blocks, refs).
+    shared_items: Vec<(u64, u64, u64)>,
     progress: &'a mut dyn FnMut(u64),
 }
 
@@ -194,6 +202,9 @@ fn check_state(
         needs_ro: 0,
         data_of: (0, Vec::new()),
         verify_data,
+        shared_refs: HashMap::new(),
+        unshared: Vec::new(),
+        shared_items: Vec::new(),
         progress,
     };
     for b in 0..SUPER_COPIES {
@@ -203,6 +214,7 @@ fn check_state(
     c.walk(&sb.space_root, TREE_SPACE, "space tree");
     c.cross_check();
     c.check_chunks();
+    c.check_shared();
     c.check_features();
     c.check_space();
     Ok(c.report)
@@ -277,6 +289,75 @@ impl Checker<'_> {
             if let Some(prev) = self.owners.insert(b, what) {
                 self.report.problem(format!(
                     "block {b} referenced twice: by {prev} and by {what}"
+                ));
+            }
+        }
+    }
+
+    /// A file extent names blocks [start, start + n): the first extent owns them as `claim`
+    /// says, each further one adds to their count of naming extents (`shared_refs`).
+    fn claim_data(&mut self, start: u64, n: u64) {
+        for b in start..start + n {
+            match self.owners.get(&b) {
+                None => {
+                    self.owners.insert(b, "file extent");
+                }
+                Some(&"file extent") => *self.shared_refs.entry(b).or_insert(1) += 1,
+                Some(prev) => self.report.problem(format!(
+                    "block {b} referenced twice: by {prev} and by file extent"
+                )),
+            }
+        }
+    }
+
+    /// Blocks several extents name agree with the `SharedBlocks` items: the items do not
+    /// overlap, each names blocks exactly `refs` extents name, every block named more than
+    /// once has one, and no preallocated or NOCOW extent's block is shared.
+    fn check_shared(&mut self) {
+        let mut items = std::mem::take(&mut self.shared_items);
+        items.sort_unstable();
+        let mut covered: HashMap<u64, u64> = HashMap::new();
+        let mut end = 0;
+        for &(s, n, refs) in &items {
+            if s < end {
+                self.report.problem(format!(
+                    "shared blocks at {s}: overlaps the item before (which ends at {end})"
+                ));
+            }
+            end = end.max(s + n);
+            let mut wrong = None;
+            for b in s..s + n {
+                covered.insert(b, refs);
+                let have = match self.shared_refs.get(&b) {
+                    Some(&c) => c,
+                    None => u64::from(self.owners.get(&b) == Some(&"file extent")),
+                };
+                if have != refs && wrong.is_none() {
+                    wrong = Some((b, have));
+                }
+            }
+            if let Some((b, have)) = wrong {
+                self.report.problem(format!(
+                    "shared blocks at {s}+{n}: {refs} references, but block {b} is named by {have} extents"
+                ));
+            }
+        }
+        let mut missing: Vec<(u64, u64)> = self
+            .shared_refs
+            .iter()
+            .filter(|(b, _)| !covered.contains_key(b))
+            .map(|(&b, &c)| (b, c))
+            .collect();
+        missing.sort_unstable();
+        for (b, c) in missing.into_iter().take(100) {
+            self.report.problem(format!(
+                "block {b} is named by {c} extents, and no shared-blocks item counts them"
+            ));
+        }
+        for (s, n, whose) in std::mem::take(&mut self.unshared) {
+            if let Some(b) = (s..s + n).find(|b| self.shared_refs.contains_key(b)) {
+                self.report.problem(format!(
+                    "{whose}: block {b} is shared, which only copy-on-write files' written blocks may be"
                 ));
             }
         }
@@ -538,7 +619,18 @@ impl Checker<'_> {
                             self.report
                                 .problem(format!("{what}: regular extent at unaligned offset"));
                         }
-                        self.claim(e.disk_block.get(), n, "file extent");
+                        let nocow = info.flags & NOCOW_FL != 0;
+                        if e.kind != EXTENT_REGULAR || nocow {
+                            self.unshared.push((
+                                d,
+                                n,
+                                format!(
+                                    "{what} ({})",
+                                    if nocow { "NOCOW" } else { "preallocated" }
+                                ),
+                            ));
+                        }
+                        self.claim_data(d, n);
                     }
                 }
                 Err(e) => self.report.problem(format!("{e}")),
@@ -557,6 +649,16 @@ impl Checker<'_> {
                             self.needs |= INCOMPAT_ORPHAN_TRIM;
                         }
                         self.inodes.entry(k.offset).or_default().orphan = Some(kind);
+                    }
+                    Err(e) => self.report.problem(format!("{e}")),
+                }
+            }
+            Some(ItemType::SharedBlocks) if k.objectid == SHARED_OBJECTID => {
+                match decode_shared(v, k.offset, total) {
+                    Ok(it) => {
+                        self.needs |= INCOMPAT_SHARED_BLOCKS;
+                        self.shared_items
+                            .push((k.offset, it.blocks.get(), it.refs.get()));
                     }
                     Err(e) => self.report.problem(format!("{e}")),
                 }

@@ -363,8 +363,12 @@ pub(crate) fn replay(inner: &mut Inner) -> Result<u64> {
             }
         }
     }
-    // Space: what the logged extents name beyond the committed ones is taken before any tree
-    // change can allocate it; what only the committed extents named is freed after.
+    // Space: each block's count of naming extents moves by what the changed extent items
+    // name after the log less what they named before (`counts`). Blocks that go from no
+    // extent to some are taken before any tree change can allocate them; blocks left with
+    // none are freed after. The counts the log's shared-block items then give must be
+    // exactly those (`check_counts`): a log that names a block already in use without
+    // saying it is shared is damaged.
     let tree = inner.fs_tree;
     let (mut old, mut new) = (Vec::new(), Vec::new());
     for (k, v) in items
@@ -378,8 +382,11 @@ pub(crate) fn replay(inner: &mut Inner) -> Result<u64> {
             new.extend(extent_blocks(v, k, total)?);
         }
     }
-    let taken: Vec<(u64, u64)> = subtract(&new, &old)
-        .into_iter()
+    let counts = counts_before(inner, &deltas(&new, &old))?;
+    let taken: Vec<(u64, u64)> = counts
+        .iter()
+        .filter(|c| c.before == 0)
+        .map(|c| (c.start, c.blocks))
         .chain(chain.iter().map(|&b| (b, 1)))
         .collect();
     reserve(inner, &taken)?;
@@ -393,8 +400,9 @@ pub(crate) fn replay(inner: &mut Inner) -> Result<u64> {
         }
     }
     inner.fs_tree = fs_tree;
-    for (s, n) in subtract(&old, &new) {
-        inner.store.alloc.free(s, n, false)?;
+    check_counts(inner, &counts)?;
+    for c in counts.iter().filter(|c| c.after == 0) {
+        inner.store.alloc.free(c.start, c.blocks, false)?;
     }
     if let Some((next_ino, inode_count)) = counters {
         ensure!(
@@ -448,6 +456,7 @@ fn check_key(k: &Key) -> Result<()> {
                 | ItemType::DirIno
                 | ItemType::Extent
                 | ItemType::DataSum
+                | ItemType::SharedBlocks
         )
     );
     ensure!(
@@ -465,49 +474,114 @@ fn extent_blocks(v: &[u8], k: &Key, total: u64) -> Result<Option<(u64, u64)>> {
     Ok((e.kind != EXTENT_INLINE).then(|| (e.disk_block.get(), e.blocks.get())))
 }
 
-/// The parts of the ranges `a` that no range of `b` covers. Ranges are (start, length); within
-/// each list they do not overlap (a block belongs to one extent).
-fn subtract(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let mut b: Vec<(u64, u64)> = b.to_vec();
-    b.sort_unstable();
-    let mut out = Vec::new();
-    for &(s, n) in a {
-        let mut at = s;
-        let end = s + n;
-        // First range of b that ends after `s`.
-        let mut i = b.partition_point(|&(bs, bn)| bs + bn <= s);
-        while at < end {
-            match b.get(i) {
-                Some(&(bs, bn)) if bs < end => {
-                    if bs > at {
-                        out.push((at, bs - at));
-                    }
-                    at = at.max(bs + bn);
-                    i += 1;
-                }
-                _ => {
-                    out.push((at, end - at));
-                    at = end;
-                }
-            }
+/// Blocks whose count of naming extents a replay changes: before and after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Count {
+    start: u64,
+    blocks: u64,
+    before: u64,
+    after: u64,
+}
+
+/// The net change in naming extents per block, as runs (start, length, change != 0), from
+/// the ranges the changed items name after (`plus`) and before (`minus`). Within each list
+/// ranges may overlap (two extents sharing blocks).
+fn deltas(plus: &[(u64, u64)], minus: &[(u64, u64)]) -> Vec<(u64, u64, i64)> {
+    let mut edges: BTreeMap<u64, i64> = BTreeMap::new();
+    for (list, sign) in [(plus, 1i64), (minus, -1)] {
+        for &(s, n) in list {
+            *edges.entry(s).or_default() += sign;
+            *edges.entry(s + n).or_default() -= sign;
         }
+    }
+    let mut out = Vec::new();
+    let mut level = 0i64;
+    let mut from = 0u64;
+    for (&at, &step) in &edges {
+        if level != 0 && at > from {
+            out.push((from, at - from, level));
+        }
+        level += step;
+        from = at;
     }
     out
 }
 
+/// Each changed run's count in the committed state: what its shared-block items say, else
+/// one extent if the block is in use and none if it is free.
+fn counts_before(inner: &mut Inner, deltas: &[(u64, u64, i64)]) -> Result<Vec<Count>> {
+    let mut out = Vec::new();
+    for &(start, n, d) in deltas {
+        for r in inner.block_refs(start, n)? {
+            let mut at = r.start;
+            while at < r.start + r.blocks {
+                let used = inner.store.alloc.is_used(at);
+                let mut end = at + 1;
+                while end < r.start + r.blocks && inner.store.alloc.is_used(end) == used {
+                    end += 1;
+                }
+                let before = if used { r.refs } else { 0 };
+                let after = before.checked_add_signed(d).ok_or_else(|| {
+                    Corrupt::new(
+                        format!("blocks {at}+{} in the fsync log", end - at),
+                        format!("named by {before} extents, {d:+} by the log"),
+                        "a count >= 0",
+                    )
+                })?;
+                out.push(Count {
+                    start: at,
+                    blocks: end - at,
+                    before,
+                    after,
+                });
+                at = end;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// After the items are applied: the shared-block items give every changed run the count
+/// its extents say (none for a count of 0 or 1).
+fn check_counts(inner: &mut Inner, counts: &[Count]) -> Result<()> {
+    for c in counts {
+        let want = c.after.max(1);
+        for r in inner.block_refs(c.start, c.blocks)? {
+            ensure!(
+                r.refs == want,
+                format!(
+                    "shared-block count of blocks {}+{} after the fsync log",
+                    r.start, r.blocks
+                ),
+                r.refs,
+                format!("{want} (as its extents say)")
+            );
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
-    use super::subtract;
+    use super::deltas;
 
     #[test]
-    fn subtract_ranges() {
-        assert_eq!(subtract(&[(10, 10)], &[]), vec![(10, 10)]);
-        assert_eq!(subtract(&[(10, 10)], &[(10, 10)]), vec![]);
-        assert_eq!(subtract(&[(10, 10)], &[(12, 3)]), vec![(10, 2), (15, 5)]);
+    fn deltas_of_ranges() {
+        assert_eq!(deltas(&[(10, 10)], &[]), vec![(10, 10, 1)]);
+        assert_eq!(deltas(&[(10, 10)], &[(10, 10)]), vec![]);
         assert_eq!(
-            subtract(&[(10, 10), (30, 5)], &[(5, 7), (18, 14)]),
-            vec![(12, 6), (32, 3)]
+            deltas(&[(10, 10)], &[(12, 3)]),
+            vec![(10, 2, 1), (15, 5, 1)]
         );
-        assert_eq!(subtract(&[(10, 3)], &[(0, 5), (20, 5)]), vec![(10, 3)]);
+        assert_eq!(
+            deltas(&[(10, 3)], &[(12, 3)]),
+            vec![(10, 2, 1), (13, 2, -1)]
+        );
+        // A clone: the same blocks named twice after, once before.
+        assert_eq!(deltas(&[(10, 4), (10, 4)], &[(10, 4)]), vec![(10, 4, 1)]);
+        assert_eq!(
+            deltas(&[(10, 4), (12, 4)], &[]),
+            vec![(10, 2, 1), (12, 2, 2), (14, 2, 1)]
+        );
     }
 }

@@ -607,6 +607,45 @@ pub fn block_sum(block: &[u8]) -> u32 {
     crc32c::crc32c(block)
 }
 
+/// A run of data blocks that `refs` file extents name (`refs` >= 2): the value of a
+/// `SharedBlocks` item keyed by the run's first block. Runs never overlap; a data block that
+/// no run covers is named by one extent.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned,
+)]
+#[repr(C)]
+pub struct SharedItem {
+    /// Length of the run, in blocks (>= 1).
+    pub blocks: U64,
+    /// How many extents name each block of the run (>= 2).
+    pub refs: U64,
+}
+pub const SHARED_ITEM_SIZE: usize = 16;
+const _: () = assert!(size_of::<SharedItem>() == SHARED_ITEM_SIZE);
+
+/// Decodes the `SharedBlocks` item of the run starting at device block `start`.
+pub fn decode_shared(v: &[u8], start: u64, total_blocks: u64) -> Result<SharedItem, Corrupt> {
+    let what = format!("shared blocks at {start}");
+    let it = SharedItem::read_from_bytes(v)
+        .map_err(|_| Corrupt::new(format!("{what} item size"), v.len(), SHARED_ITEM_SIZE))?;
+    let n = it.blocks.get();
+    ensure!(
+        n >= 1
+            && start >= crate::SUPER_COPIES
+            && start.checked_add(n).is_some_and(|end| end <= total_blocks),
+        format!("{what} range"),
+        format!("{start}+{n}"),
+        format!("inside {}..{total_blocks}", crate::SUPER_COPIES)
+    );
+    ensure!(
+        it.refs.get() >= 2,
+        format!("{what} references"),
+        it.refs.get(),
+        ">= 2 (one reference has no item)"
+    );
+    Ok(it)
+}
+
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned,
 )]

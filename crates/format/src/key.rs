@@ -39,10 +39,15 @@ pub enum ItemType {
     FreeSpaceBitmap = 200,
     /// Reserved for the fsync log tree (seed 003); no v1 image contains it.
     LogEntry = 144,
+    /// (SHARED_OBJECTID, SharedBlocks, first device block) -> [`crate::items::SharedItem`]:
+    /// data blocks that more than one file extent names (copies that share, `copy_file_range`),
+    /// with how many. A data block no such item covers is named by exactly one extent. Incompat
+    /// bit `INCOMPAT_SHARED_BLOCKS`.
+    SharedBlocks = 176,
 }
 
 impl ItemType {
-    pub const ALL: [ItemType; 13] = [
+    pub const ALL: [ItemType; 14] = [
         ItemType::Inode,
         ItemType::InodeRef,
         ItemType::InodeExtRef,
@@ -54,6 +59,7 @@ impl ItemType {
         ItemType::Extent,
         ItemType::DataSum,
         ItemType::LogEntry,
+        ItemType::SharedBlocks,
         ItemType::BlockGroup,
         ItemType::FreeSpaceBitmap,
     ];
@@ -77,6 +83,7 @@ impl ItemType {
             ItemType::BlockGroup => "BLOCK_GROUP",
             ItemType::FreeSpaceBitmap => "FREE_SPACE_BITMAP",
             ItemType::LogEntry => "LOG_ENTRY",
+            ItemType::SharedBlocks => "SHARED_BLOCKS",
         }
     }
 }

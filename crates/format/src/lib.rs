@@ -53,6 +53,8 @@ pub const FIRST_FREE_INO: u64 = 2;
 pub const MAX_INO: u64 = (1 << 48) - 1;
 /// Object id under which orphan items live: (ORPHAN_OBJECTID, Orphan, ino).
 pub const ORPHAN_OBJECTID: u64 = u64::MAX - 4;
+/// Object id under which shared-block items live: (SHARED_OBJECTID, SharedBlocks, block).
+pub const SHARED_OBJECTID: u64 = u64::MAX - 5;
 
 /// Longest file name, in bytes (as every Linux file system).
 pub const NAME_MAX: usize = 255;

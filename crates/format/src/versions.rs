@@ -20,8 +20,11 @@ pub const CURRENT_VERSION: u32 = 1;
 
 /// Incompatible features: an image with a bit set that this code does not know must not be
 /// opened at all.
-pub const INCOMPAT_SUPPORTED: u64 =
-    INCOMPAT_LOG | INCOMPAT_EXT_REF | INCOMPAT_XATTR_CHUNKS | INCOMPAT_ORPHAN_TRIM;
+pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_LOG
+    | INCOMPAT_EXT_REF
+    | INCOMPAT_XATTR_CHUNKS
+    | INCOMPAT_ORPHAN_TRIM
+    | INCOMPAT_SHARED_BLOCKS;
 /// (2026-11-21) The superblock's `log_root` names an fsync log chain (seed 003, `log.rs`): a
 /// reader that does not replay it would miss what was fsynced after the commit. Set by every
 /// commit that names a log.
@@ -39,6 +42,11 @@ pub const INCOMPAT_XATTR_CHUNKS: u64 = 4;
 /// reader that took every orphan item for an unlinked inode would delete a live file. Set by
 /// the commit before the first such item.
 pub const INCOMPAT_ORPHAN_TRIM: u64 = 8;
+/// (2026-11-25) `SharedBlocks` items: data blocks that several file extents name (a copy that
+/// shares its source's blocks). A reader that does not know them would free a shared block
+/// when one of its files lets go of it, while the others still read it. Set by the commit
+/// before the first such item.
+pub const INCOMPAT_SHARED_BLOCKS: u64 = 16;
 /// Read-only-compatible features: unknown bits allow a read-only open.
 pub const COMPAT_RO_SUPPORTED: u64 = COMPAT_RO_DATA_SUMS;
 /// (2026-11-24) `DataSum` items: crc32c of file blocks written copy-on-write. A reader that

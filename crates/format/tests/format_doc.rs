@@ -33,6 +33,7 @@ fn constants_sizes_and_item_types_match() {
         ("FIRST_FREE_INO", FIRST_FREE_INO.to_string()),
         ("MAX_INO", MAX_INO.to_string()),
         ("ORPHAN_OBJECTID", ORPHAN_OBJECTID.to_string()),
+        ("SHARED_OBJECTID", SHARED_OBJECTID.to_string()),
         ("NAME_MAX", NAME_MAX.to_string()),
         ("SYMLINK_MAX", SYMLINK_MAX.to_string()),
         ("CURRENT_VERSION", versions::CURRENT_VERSION.to_string()),
@@ -43,6 +44,7 @@ fn constants_sizes_and_item_types_match() {
         ("KEY_SIZE", key::KEY_SIZE.to_string()),
         ("INODE_ITEM_SIZE", items::INODE_ITEM_SIZE.to_string()),
         ("EXTENT_ITEM_SIZE", items::EXTENT_ITEM_SIZE.to_string()),
+        ("SHARED_ITEM_SIZE", items::SHARED_ITEM_SIZE.to_string()),
         (
             "BLOCK_GROUP_ITEM_SIZE",
             items::BLOCK_GROUP_ITEM_SIZE.to_string(),
@@ -68,6 +70,10 @@ fn constants_sizes_and_item_types_match() {
         (
             "INCOMPAT_ORPHAN_TRIM",
             versions::INCOMPAT_ORPHAN_TRIM.to_string(),
+        ),
+        (
+            "INCOMPAT_SHARED_BLOCKS",
+            versions::INCOMPAT_SHARED_BLOCKS.to_string(),
         ),
     ];
     for t in ItemType::ALL {

@@ -299,8 +299,9 @@ impl Inner {
         Ok(inline)
     }
 
-    /// Frees the blocks of a removed extent item; returns how many. Data of this transaction
-    /// is reusable at once, unless an fsync batch may name it (`crate::log`).
+    /// Lets go of the blocks of a removed extent item (freeing those no other extent names,
+    /// `shared`); returns how many it named. Data of this transaction is reusable at once,
+    /// unless an fsync batch may name it (`crate::log`).
     pub(crate) fn free_extent_item(&mut self, k: &Key, v: &[u8]) -> Result<u64> {
         let (e, _) = decode_extent(v, format_args!("extent {k}"), self.store.total_blocks)?;
         if e.kind == EXTENT_INLINE {
@@ -308,7 +309,7 @@ impl Inner {
         }
         let now = e.generation.get() == self.store.generation && !self.log.frees_must_wait();
         let n = e.blocks.get();
-        self.store.alloc.free_data(e.disk_block.get(), n, now)?;
+        self.release(e.disk_block.get(), n, now)?;
         Ok(n)
     }
 
@@ -353,7 +354,7 @@ impl Inner {
             let now =
                 e.item.generation.get() == self.store.generation && !self.log.frees_must_wait();
             if tail > head {
-                self.store.alloc.free_data(eb + head, tail - head, now)?;
+                self.release(eb + head, tail - head, now)?;
                 freed += tail - head;
             }
             let key = extent_key(ino, e.offset);
@@ -399,11 +400,12 @@ impl Inner {
     /// One batch of freeing [start, end) after `trim_edges`: the extents of one leaf. Returns
     /// (blocks freed, whether more remain).
     fn punch_batch(&mut self, ino: Ino, start: u64, end: u64) -> Result<(u64, bool)> {
+        let batch = self.free_batch_items();
         let removed = self.fs_tree.delete_batch(
             &mut self.store,
             extent_key(ino, start),
             extent_key(ino, end),
-            FREE_BATCH_ITEMS,
+            batch,
         )?;
         if !removed.is_empty() {
             Counters::inc(&self.store.counters.free_batches);

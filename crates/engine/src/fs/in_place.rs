@@ -26,9 +26,10 @@
 //! for converting unwritten extents; an overwrite changes only the inode. The parts of a
 //! write that fall on holes are copy-on-write as usual, and need space.
 //!
-//! A block is written in place only while this file alone references it: nothing shares
-//! data blocks yet. Snapshots or reflinks will have to copy a shared block first, as btrfs
-//! does for a NOCOW file's shared extents.
+//! A block is written in place only while this file alone references it. Shared blocks
+//! (`shared`) are only ever a copy-on-write file's regular extents: a NOCOW file never
+//! shares, preallocated extents are never shared, and a full device does not overwrite a
+//! shared block in place (such a write is refused for space, as on btrfs).
 //!
 //! These writes run whole under the operation lock, their device I/O included: a write
 //! planned outside it (`data_io`) counts on blocks not changing under an unchanged extent
@@ -111,6 +112,24 @@ impl Inner {
         out
     }
 
+    /// Whether any written block of `exts` in file blocks [b0, b1) is shared.
+    fn shares_any(&mut self, b0: u64, b1: u64, exts: &[Ext]) -> Result<bool> {
+        if !self.may_share() {
+            return Ok(false);
+        }
+        for e in exts.iter().filter(|e| e.item.kind == EXTENT_REGULAR) {
+            let (s, t) = (e.offset / BS, e.offset / BS + e.item.blocks.get());
+            let (s, t) = (s.max(b0), t.min(b1));
+            if s < t {
+                let disk = e.item.disk_block.get() + (s - e.offset / BS);
+                if self.any_shared(disk, t - s)? {
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
     /// Whether a write of blocks [b0, b1) of a file (not inline) with inode `it` over `exts`
     /// (the extents there) would put some of its blocks in place: it is then not planned
     /// outside the lock (`data_io`) but runs whole under it (`write_in_place`).
@@ -143,7 +162,9 @@ impl Inner {
         }
         let (b0, b1) = (off / BS, end.div_ceil(BS));
         let exts = self.extents(ino, b0 * BS, b1 * BS)?;
-        let pieces = Inner::pieces(b0, b1, &exts, full || is_nocow(&it));
+        // A shared block is another file's too: never written in place (`shared`).
+        let overwrite = (full || is_nocow(&it)) && !self.shares_any(b0, b1, &exts)?;
+        let pieces = Inner::pieces(b0, b1, &exts, overwrite);
         if pieces.iter().all(|p| p.how == How::Cow) {
             return Ok(None);
         }

@@ -52,6 +52,7 @@
 //! - An operation refused for space while an unlinked file is kept for its holder waits
 //!   briefly for the holder to let go, and runs again (`write_op`, `Releases::wait`).
 pub mod acl;
+mod clone;
 mod create;
 mod damage;
 mod data_io;
@@ -71,6 +72,7 @@ mod remove;
 mod rename;
 mod reserve;
 mod setattr;
+mod shared;
 mod tmpfile;
 pub mod types;
 mod xattr;

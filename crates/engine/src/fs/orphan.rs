@@ -18,7 +18,6 @@
 //! Pins live in memory only. After a crash the image still lists its orphans, and the next
 //! read-write open finishes them all (`reclaim_orphans`); a clean close does the same, since
 //! nothing can hold an inode of a closed file system.
-use super::file::FREE_BATCH_ITEMS;
 use super::{Durable, Fs, Inner, Ino, Reserve};
 use crate::counters::Counters;
 use crate::error::Result;
@@ -114,9 +113,8 @@ impl Inner {
     pub(crate) fn free_inode_batch(&mut self, ino: Ino) -> Result<bool> {
         let lo = Key::new(ino, ItemType::Inode, 0);
         let hi = Key::new(ino + 1, ItemType::Inode, 0);
-        let removed = self
-            .fs_tree
-            .delete_batch(&mut self.store, lo, hi, FREE_BATCH_ITEMS)?;
+        let batch = self.free_batch_items();
+        let removed = self.fs_tree.delete_batch(&mut self.store, lo, hi, batch)?;
         Counters::inc(&self.store.counters.free_batches);
         let mut freed = 0;
         let mut gone = removed.is_empty();

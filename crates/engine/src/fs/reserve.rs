@@ -113,7 +113,8 @@ impl Inner {
     /// also add a level, and a delete must still fit then.
     fn delete_need(&self) -> u64 {
         let later = self.commit_need().div_ceil(self.bpn()) + 4 * (self.fs_tree.level as u64 + 2);
-        (DELETE_ITEMS * (self.item_nodes() + 2) + later) * self.bpn() + 2
+        let shared = self.shared_nodes(super::shared::SHARED_FREE_BATCH as u64 + 2);
+        (DELETE_ITEMS * (self.item_nodes() + 2) + shared + later) * self.bpn() + 2
     }
 
     /// Blocks only privileged callers may grow into.
@@ -169,7 +170,11 @@ impl Inner {
         let path = self.fs_tree.level as u64 + 1;
         let copies = (touched + 2) * path;
         let merges = (touched + 2) * path;
-        copies + merges + self.run_nodes(data + 2, (data + 2) * EXTENT_BYTES) + self.sum_nodes(data)
+        copies
+            + merges
+            + self.run_nodes(data + 2, (data + 2) * EXTENT_BYTES)
+            + self.sum_nodes(data)
+            + self.shared_nodes(touched + 2)
     }
 
     /// The nodes of changing the data sums of `blocks` consecutive file blocks
@@ -209,6 +214,9 @@ impl Inner {
         data_blocks: u64,
         kind: Reserve,
     ) -> Result<()> {
+        // Any operation may let go of the blocks of a freeing batch's extents and two cut
+        // ones; while blocks may be shared, each changes counts (`shared`).
+        let nodes = nodes + self.shared_nodes(super::shared::SHARED_FREE_BATCH as u64 + 2);
         if self.space_fits(nodes, data_blocks, kind) {
             return Ok(());
         }

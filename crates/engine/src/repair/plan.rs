@@ -13,7 +13,9 @@
 //! - **Inodes** whose item is lost are gone, with their names, data and xattrs; an inode
 //!   with a free orphan item and no links was being deleted and is freed.
 //! - **Data**: an extent whose blocks another extent claimed first gets a copy of them (the
-//!   rebuild writes it); one that overlaps another in its file, crosses a block group, or
+//!   rebuild writes it), which is also what becomes of blocks files shared (a copy that
+//!   shared, `fs/shared.rs`): the rebuilt image shares nothing, and has no shared-block
+//!   items; one that overlaps another in its file, crosses a block group, or
 //!   (inline) is not alone at offset 0, is dropped; written blocks past the
 //!   block holding the last byte are cut off, as the truncate that left them meant; a
 //!   symlink without its whole target is dropped. Extents lost with a leaf read as holes:
@@ -211,6 +213,8 @@ pub(crate) fn plan(
                     Err(_) => drop("orphan items that do not decode"),
                 }
             }
+            // Rebuilt images share no block (module docs): the counts go with the sharing.
+            Some(ItemType::SharedBlocks) if k.objectid == idxfs_format::SHARED_OBJECTID => {}
             _ => drop("items of a type the fs tree does not hold"),
         }
     }

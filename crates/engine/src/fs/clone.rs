@@ -1,0 +1,290 @@
+//! copy_file_range(2) inside one file system: copies that share their source's blocks.
+//!
+//! Where the source and destination offsets are block-aligned, the destination gets extents
+//! naming the source's blocks, their counts go up (`shared`), and the source's data sums
+//! are copied beside them; no data block is read or written, so copying a large file costs
+//! its extent and sum items (about 1 MiB of metadata per GiB), not its bytes. A later write
+//! to either file is copy-on-write as always and leaves the other's bytes alone; a block is
+//! freed when the last extent naming it goes.
+//!
+//! What is shared: written blocks of copy-on-write files. Holes and preallocated extents
+//! of the source become holes of the destination (both read as zeros; preallocated blocks
+//! are written in place, so they are never shared). A NOCOW source or destination, inline
+//! data, and offsets that are not block-aligned are copied byte by byte instead, through
+//! the ordinary read and write paths. The last, partial block of the source is shared
+//! when the copy ends the destination too (as a reflink does); else it is copied.
+//!
+//! The copy runs in batches of `CLONE_BATCH_BLOCKS`, each reserving for itself and ending
+//! in a whole state: a copy refused for space part-way returns the bytes done so far (a
+//! short copy, as copy_file_range allows), and a crash leaves a prefix of the copy, as a
+//! crash in the middle of a long write would.
+use super::file::{check_regular, MAX_FILE_SIZE};
+use super::inode_flags::is_nocow;
+use super::{privs, Durable, Fs, Inner, Ino, Kill, Reserve, WriteHow};
+use crate::error::{Error, Result};
+use idxfs_format::items::{EXTENT_INLINE, EXTENT_REGULAR};
+use idxfs_format::BLOCK_SIZE;
+
+const BS: u64 = BLOCK_SIZE;
+/// File blocks one batch of a sharing copy covers (8 MiB).
+const CLONE_BATCH_BLOCKS: u64 = 2048;
+/// Bytes a byte-by-byte copy moves per read and write.
+const COPY_CHUNK: u64 = 1 << 20;
+
+/// How a copy of `len` bytes goes, decided under the lock.
+enum Plan {
+    /// Nothing to copy: the source ends at or before `src_off`.
+    Nothing,
+    /// Shares whole blocks: `blocks` of them from block `src_b` to block `dst_b`, and sets
+    /// the destination's size to at least `dst_end`.
+    Share {
+        src_b: u64,
+        dst_b: u64,
+        blocks: u64,
+        dst_end: u64,
+    },
+    /// Byte by byte, `len` bytes.
+    Copy { len: u64 },
+}
+
+impl Fs {
+    /// copy_file_range(2) from `src` at `src_off` to `dst` at `dst_off`, at most `len` bytes
+    /// (fewer when the source ends first); returns how many were copied. Shares the source's
+    /// blocks where it can (module docs). `kill` is what a write by this caller drops from
+    /// the destination (`privs`). Overlapping ranges of one file are refused (EINVAL, as
+    /// Linux does).
+    pub fn copy_range(
+        &self,
+        src: Ino,
+        src_off: u64,
+        dst: Ino,
+        dst_off: u64,
+        len: u64,
+        kill: Kill,
+    ) -> Result<u64> {
+        if src_off.checked_add(len).is_none() {
+            return Err(Error::Invalid("copy range past the largest offset"));
+        }
+        let plan = {
+            let mut g = self.lock();
+            g.writable()?;
+            g.plan_copy(src, src_off, dst, dst_off, len)?
+        };
+        match plan {
+            Plan::Nothing => Ok(0),
+            Plan::Copy { len } => self.copy_bytes(src, src_off, dst, dst_off, len, kill),
+            Plan::Share {
+                src_b,
+                dst_b,
+                blocks,
+                dst_end,
+            } => {
+                let done = self.share_blocks(src, src_b, dst, dst_b, blocks, dst_end, kill)?;
+                // Bytes: whole blocks, the last one cut at the source's end.
+                Ok((done * BS).min(dst_end - dst_off))
+            }
+        }
+    }
+
+    /// The byte-by-byte copy, through read and write (which drop privileges as any write).
+    fn copy_bytes(
+        &self,
+        src: Ino,
+        src_off: u64,
+        dst: Ino,
+        dst_off: u64,
+        len: u64,
+        kill: Kill,
+    ) -> Result<u64> {
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(COPY_CHUNK) as usize;
+            let data = self.read(src, src_off + done, n)?;
+            if data.is_empty() {
+                break;
+            }
+            let how = WriteHow { times: true, kill };
+            match self.write_with(dst, dst_off + done, &data, how) {
+                Ok(w) => done += w as u64,
+                Err(Error::NoSpace) if done > 0 => break,
+                Err(e) => return Err(e),
+            }
+            if data.len() < n {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
+    /// Shares `blocks` blocks of `src` from file block `src_b` as `dst`'s from `dst_b`, in
+    /// batches; returns how many were done (fewer only when space ran out after the first
+    /// batch).
+    #[allow(clippy::too_many_arguments)]
+    fn share_blocks(
+        &self,
+        src: Ino,
+        src_b: u64,
+        dst: Ino,
+        dst_b: u64,
+        blocks: u64,
+        dst_end: u64,
+        kill: Kill,
+    ) -> Result<u64> {
+        let mut done = 0;
+        while done < blocks {
+            let n = (blocks - done).min(CLONE_BATCH_BLOCKS);
+            let end = if done + n == blocks {
+                dst_end
+            } else {
+                (dst_b + done + n) * BS
+            };
+            let r = self.write_op(0, Reserve::Grow, Durable::Data, |g| {
+                g.share_batch(src, src_b + done, dst, dst_b + done, n, end, kill)
+            });
+            match r {
+                Ok(()) => done += n,
+                Err(Error::NoSpace) if done > 0 => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    }
+}
+
+impl Inner {
+    fn plan_copy(
+        &mut self,
+        src: Ino,
+        src_off: u64,
+        dst: Ino,
+        dst_off: u64,
+        len: u64,
+    ) -> Result<Plan> {
+        let s = self.held_inode(src)?;
+        check_regular(&s)?;
+        let d = self.held_inode(dst)?;
+        check_regular(&d)?;
+        let size = s.size.get();
+        let len = len.min(size.saturating_sub(src_off));
+        if len == 0 {
+            return Ok(Plan::Nothing);
+        }
+        if dst_off.checked_add(len).is_none_or(|e| e > MAX_FILE_SIZE) {
+            return Err(Error::FileTooBig);
+        }
+        if src == dst && src_off < dst_off + len && dst_off < src_off + len {
+            return Err(Error::Invalid(
+                "copy onto an overlapping range of the same file",
+            ));
+        }
+        let dst_end = dst_off + len;
+        // The source's partial last block is shared only when the copy ends the destination
+        // too, so the bytes past the source's end read as zeros on both sides.
+        let whole = len.is_multiple_of(BS) || (src_off + len == size && dst_end >= d.size.get());
+        let shareable = src_off.is_multiple_of(BS)
+            && dst_off.is_multiple_of(BS)
+            && whole
+            && !is_nocow(&s)
+            && !is_nocow(&d)
+            && !self.is_inline(src, &s)?
+            && !self.is_inline(dst, &d)?;
+        if !shareable {
+            return Ok(Plan::Copy { len });
+        }
+        Ok(Plan::Share {
+            src_b: src_off / BS,
+            dst_b: dst_off / BS,
+            blocks: len.div_ceil(BS),
+            dst_end,
+        })
+    }
+
+    /// One batch: `n` blocks of `src` from file block `sb` become `dst`'s from `db`, whose
+    /// old extents and sums there go first; the destination's size becomes at least `end`.
+    /// Reserves for itself before the first change.
+    #[allow(clippy::too_many_arguments)]
+    fn share_batch(
+        &mut self,
+        src: Ino,
+        sb: u64,
+        dst: Ino,
+        db: u64,
+        n: u64,
+        end: u64,
+        kill: Kill,
+    ) -> Result<()> {
+        // Checked again under this lock: either file may have changed since the plan.
+        let (s, d) = (self.held_inode(src)?, self.held_inode(dst)?);
+        check_regular(&d)?;
+        if is_nocow(&s) || is_nocow(&d) || self.is_inline(src, &s)? || self.is_inline(dst, &d)? {
+            return Err(Error::NotSupported("sharing with a NOCOW or inline file"));
+        }
+        let drops = self.write_drops(dst, kill)?;
+        if drops.any() {
+            self.reserve(4, Reserve::Shrink)?;
+            self.apply_drop(dst, drops)?;
+            self.checkpoint();
+        }
+        // The destination's range is emptied first, in batches of its own.
+        if !self.punch_batched(dst, db * BS, (db + n) * BS)? {
+            return Err(Error::NoSpace);
+        }
+        let exts = self.extents(src, sb * BS, (sb + n) * BS)?;
+        // (file block in src, disk block, blocks, generation) of each written piece.
+        let mut pieces = Vec::new();
+        for e in &exts {
+            if e.item.kind == EXTENT_INLINE {
+                return Err(Error::NotSupported("sharing inline data"));
+            }
+            if e.item.kind != EXTENT_REGULAR {
+                continue;
+            }
+            let (es, et) = (e.offset / BS, e.offset / BS + e.item.blocks.get());
+            let (ps, pt) = (es.max(sb), et.min(sb + n));
+            if ps < pt {
+                let disk = e.item.disk_block.get() + (ps - es);
+                pieces.push((ps, disk, pt - ps, e.item.generation.get()));
+            }
+        }
+        let shared: u64 = pieces.iter().map(|p| p.2).sum();
+        let items = pieces.len() as u64 + 2;
+        let nodes = self.run_nodes(items, items * 57)
+            + self.sum_nodes(shared)
+            + self.shared_nodes(pieces.len() as u64)
+            + 2 * self.item_nodes();
+        self.reserve_nodes(nodes, 0, Reserve::Grow)?;
+        let sums = self.block_sums(src, sb, sb + n)?;
+        for &(fb, disk, k, gen) in &pieces {
+            self.share(disk, k)?;
+            let to = db + (fb - sb);
+            self.insert_extent(dst, to * BS, disk, k, gen)?;
+            // The source's sums, in runs of blocks that have one.
+            let mut at = fb;
+            while at < fb + k {
+                let i = (at - sb) as usize;
+                let run: Vec<u32> = sums
+                    .get(i..)
+                    .unwrap_or_default()
+                    .iter()
+                    .take((fb + k - at) as usize)
+                    .map_while(|s| *s)
+                    .collect();
+                if run.is_empty() {
+                    at += 1;
+                    continue;
+                }
+                self.put_sums(dst, db + (at - sb), &run)?;
+                at += run.len() as u64;
+            }
+        }
+        let now = self.now();
+        self.modify_inode(dst, |i| {
+            i.size = i.size.get().max(end).into();
+            i.alloc_bytes = (i.alloc_bytes.get() + shared * BS).into();
+            i.mtime = now;
+            i.ctime = now;
+            i.mode = privs::after(i.mode.get(), kill).into();
+        })?;
+        Ok(())
+    }
+}
