@@ -121,10 +121,11 @@ enum Op {
     BatchForget,
     Ioctl,
     Tmpfile,
+    CopyFileRange,
 }
 
 /// One per `Op`, in its order.
-const OPS: usize = 33;
+const OPS: usize = 34;
 
 const OP_NAMES: [&str; OPS] = [
     "lookup",
@@ -160,6 +161,7 @@ const OP_NAMES: [&str; OPS] = [
     "batch_forget",
     "ioctl",
     "tmpfile",
+    "copy_file_range",
 ];
 
 pub struct Requests {
@@ -1218,6 +1220,41 @@ impl Filesystem for IdxFuse {
                 .fallocate_with(ino.0, offset, length, mode as u32, kill)
                 .map(|_| ()),
         )
+    }
+
+    /// copy_file_range(2) between two files of this mount: the engine shares the source's
+    /// blocks where offsets are block-aligned (`engine/src/fs/clone.rs`), so `cp` of a large
+    /// file moves no data. The kernel has checked the open modes and flushed the source's
+    /// cached writes; it drops the destination's cached pages after the reply.
+    fn copy_file_range(
+        &self,
+        req: &Request,
+        ino_in: INodeNo,
+        _fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        _fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: fuser::CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        let _in = self.begin(Op::CopyFileRange, req);
+        // As with fallocate, no kill flag comes with the request: a caller other than root
+        // counts as lacking CAP_FSETID.
+        let kill = match self.kill(req, ino_out, req.uid() != 0) {
+            Ok(k) => k,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        // The reply's count is 32 bits; a longer copy is a short one, which callers repeat.
+        let len = len.min(u64::from(u32::MAX) & !4095);
+        match self
+            .fs
+            .copy_range(ino_in.0, offset_in, ino_out.0, offset_out, len, kill)
+        {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 
     fn ioctl(

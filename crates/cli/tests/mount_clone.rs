@@ -1,0 +1,129 @@
+//! Copies inside the mount share blocks (issue 25): GNU `cp` of a large file sends one
+//! COPY_FILE_RANGE and no WRITE, the copy takes almost no space, reads the same bytes, and
+//! either side changes alone; an unaligned copy_file_range copies bytes instead; everything
+//! survives a remount, and `fsck --data` is clean.
+mod common;
+use common::*;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::process::Command;
+
+fn used_bytes(p: &std::path::Path) -> u64 {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: statvfs(3) into a zeroed struct, with a valid C string.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0, "statvfs");
+    (s.f_blocks - s.f_bfree) * s.f_frsize
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i / 4096) as u8).wrapping_mul(7) ^ (i as u8))
+        .collect()
+}
+
+#[test]
+fn cp_shares_blocks_and_either_side_changes_alone() {
+    const SIZE: usize = (256 << 20) + 1234;
+    let mut m = Mounted::new("1G", "");
+    let data = pattern(SIZE);
+    std::fs::write(m.path("big"), &data).expect("write");
+    m.unmount();
+    m.counters = true;
+    m.mount("");
+    let before = used_bytes(&m.mp);
+    let st = Command::new("cp")
+        .arg(m.path("big"))
+        .arg(m.path("copy"))
+        .status()
+        .expect("run cp");
+    assert!(st.success(), "cp: {st}");
+    let grew = used_bytes(&m.mp) - before;
+    assert!(
+        grew < 4 << 20,
+        "a 256 MiB copy took {grew} bytes (only its extents and sums should)"
+    );
+    assert!(
+        std::fs::read(m.path("copy")).expect("read") == data,
+        "copy differs"
+    );
+    // A change to the copy leaves the source alone, and the other way round.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.path("copy"))
+        .expect("open");
+    f.write_all_at(b"copy changed", 5000).expect("pwrite");
+    drop(f);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.path("big"))
+        .expect("open");
+    f.write_all_at(b"source changed", 9000).expect("pwrite");
+    drop(f);
+    let mut want_copy = data.clone();
+    want_copy[5000..5012].copy_from_slice(b"copy changed");
+    let mut want_big = data.clone();
+    want_big[9000..9014].copy_from_slice(b"source changed");
+    // Unaligned: copied byte by byte inside the daemon.
+    let src = std::fs::File::open(m.path("big")).expect("open");
+    let dst = std::fs::File::create(m.path("odd")).expect("create");
+    let (mut off_in, mut off_out): (i64, i64) = (4097, 3);
+    let mut left = 3 << 20;
+    while left > 0 {
+        // SAFETY: copy_file_range(2) between two open files with valid offset pointers.
+        let n = unsafe {
+            libc::copy_file_range(
+                src.as_raw_fd(),
+                &mut off_in,
+                dst.as_raw_fd(),
+                &mut off_out,
+                left,
+                0,
+            )
+        };
+        assert!(
+            n > 0,
+            "copy_file_range: {}",
+            std::io::Error::last_os_error()
+        );
+        left -= n as usize;
+    }
+    drop((src, dst));
+    let mut want_odd = vec![0u8; 3];
+    want_odd.extend_from_slice(&want_big[4097..4097 + (3 << 20)]);
+    for (name, want) in [("big", &want_big), ("copy", &want_copy), ("odd", &want_odd)] {
+        assert!(
+            std::fs::read(m.path(name)).expect("read") == *want,
+            "{name} differs"
+        );
+    }
+    let err = m.unmount();
+    assert!(
+        Mounted::requests(&err, "copy_file_range") >= 2,
+        "cp and the odd copy used copy_file_range: {err}"
+    );
+    assert!(
+        Mounted::requests(&err, "write") <= 4,
+        "no data went through WRITE requests but the two pwrites: {err}"
+    );
+    m.assert_fsck_clean();
+    m.mount("");
+    for (name, want) in [("big", &want_big), ("copy", &want_copy), ("odd", &want_odd)] {
+        assert!(
+            std::fs::read(m.path(name)).expect("read") == *want,
+            "{name} differs after a remount"
+        );
+    }
+    // Removing both gives the space back.
+    std::fs::remove_file(m.path("big")).expect("rm");
+    std::fs::remove_file(m.path("copy")).expect("rm");
+    std::fs::remove_file(m.path("odd")).expect("rm");
+    m.unmount();
+    m.assert_fsck_clean();
+    m.mount("");
+    assert!(
+        used_bytes(&m.mp) < before - (200 << 20),
+        "the shared blocks were freed with the last file naming them"
+    );
+    m.unmount();
+}
