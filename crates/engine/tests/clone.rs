@@ -387,3 +387,40 @@ fn a_crash_at_every_write_prefix_opens_to_a_synced_state() {
         "{opened} crash images, {replayed} log batches replayed"
     );
 }
+
+/// A full device overwrites a copy-on-write file's blocks in place rather than refuse a
+/// write (`in_place.rs`), but never a shared block: that write is refused, and the other
+/// file keeps its bytes.
+#[test]
+fn a_full_device_never_overwrites_a_shared_block_in_place() {
+    let (dev, fs) = mem_fs(32 << 20);
+    let a = fs.create(ROOT, b"a", 0o644, ME).expect("create").ino;
+    let b = fs.create(ROOT, b"b", 0o644, ME).expect("create").ino;
+    let data = vec![0x5A; 2 << 20];
+    fs.write(a, 0, &data).expect("write");
+    fs.copy_range(a, 0, b, 0, data.len() as u64, Default::default())
+        .expect("copy");
+    fs.sync().expect("sync");
+    let c = fs.create(ROOT, b"c", 0o644, ME).expect("create").ino;
+    let chunk = vec![1u8; 256 << 10];
+    let mut off = 0;
+    while fs.write(c, off, &chunk).is_ok() {
+        off += chunk.len() as u64;
+    }
+    fs.sync().expect("sync");
+    let mut refused = 0;
+    for i in 0..64u64 {
+        match fs.write(a, i * 16384, &[0xA5; 8192]) {
+            Ok(_) => {}
+            Err(Error::NoSpace) => refused += 1,
+            Err(e) => panic!("write: {e}"),
+        }
+    }
+    assert!(refused > 0, "the device was not full");
+    assert!(
+        fs.read(b, 0, data.len()).expect("read") == data,
+        "a write to one file changed the other's shared blocks"
+    );
+    fs.close().expect("close");
+    assert_clean(&dev);
+}

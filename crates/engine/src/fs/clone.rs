@@ -78,11 +78,7 @@ impl Fs {
                 dst_b,
                 blocks,
                 dst_end,
-            } => {
-                let done = self.share_blocks(src, src_b, dst, dst_b, blocks, dst_end, kill)?;
-                // Bytes: whole blocks, the last one cut at the source's end.
-                Ok((done * BS).min(dst_end - dst_off))
-            }
+            } => self.share_blocks(src, src_b, dst, dst_b, blocks, dst_end, kill),
         }
     }
 
@@ -117,7 +113,7 @@ impl Fs {
     }
 
     /// Shares `blocks` blocks of `src` from file block `src_b` as `dst`'s from `dst_b`, in
-    /// batches; returns how many were done (fewer only when space ran out after the first
+    /// batches; returns the bytes copied (fewer only when space ran out after the first
     /// batch).
     #[allow(clippy::too_many_arguments)]
     fn share_blocks(
@@ -142,12 +138,23 @@ impl Fs {
                 g.share_batch(src, src_b + done, dst, dst_b + done, n, end, kill)
             });
             match r {
-                Ok(()) => done += n,
+                Ok(k) if k == n => done += n,
+                Ok(k) => {
+                    // The destination grew past the copy's end meanwhile: its last block
+                    // keeps the bytes past the end, so that block is copied, not shared.
+                    done += k;
+                    let at = (dst_b + done) * BS;
+                    let tail = dst_end - at;
+                    let src_at = (src_b + done) * BS;
+                    let copied = self.copy_bytes(src, src_at, dst, at, tail, kill)?;
+                    return Ok(at - dst_b * BS + copied);
+                }
                 Err(Error::NoSpace) if done > 0 => break,
                 Err(e) => return Err(e),
             }
         }
-        Ok(done)
+        // Bytes: whole blocks, the last one cut at the copy's end.
+        Ok((done * BS).min(dst_end - dst_b * BS))
     }
 }
 
@@ -201,7 +208,9 @@ impl Inner {
 
     /// One batch: `n` blocks of `src` from file block `sb` become `dst`'s from `db`, whose
     /// old extents and sums there go first; the destination's size becomes at least `end`.
-    /// Reserves for itself before the first change.
+    /// Reserves for itself before the first change. Returns the blocks shared: one fewer
+    /// when `end` cuts the last block and the destination has grown past it since the plan
+    /// (that block's bytes past `end` are the destination's; the caller copies the rest).
     #[allow(clippy::too_many_arguments)]
     fn share_batch(
         &mut self,
@@ -212,10 +221,19 @@ impl Inner {
         n: u64,
         end: u64,
         kill: Kill,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         // Checked again under this lock: either file may have changed since the plan.
         let (s, d) = (self.held_inode(src)?, self.held_inode(dst)?);
         check_regular(&d)?;
+        let n = if end.is_multiple_of(BS) || d.size.get() <= end {
+            n
+        } else {
+            n - 1
+        };
+        let end = end.min((db + n) * BS);
+        if n == 0 {
+            return Ok(0);
+        }
         if is_nocow(&s) || is_nocow(&d) || self.is_inline(src, &s)? || self.is_inline(dst, &d)? {
             return Err(Error::NotSupported("sharing with a NOCOW or inline file"));
         }
@@ -285,6 +303,6 @@ impl Inner {
             i.ctime = now;
             i.mode = privs::after(i.mode.get(), kill).into();
         })?;
-        Ok(())
+        Ok(n)
     }
 }
