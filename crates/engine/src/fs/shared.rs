@@ -103,42 +103,12 @@ impl Inner {
 
     /// Blocks [start, start + n) cut into runs of one count each (1 where no item says more).
     pub(crate) fn block_refs(&mut self, start: u64, n: u64) -> Result<Vec<Run>> {
-        let end = start + n;
-        if !self.may_share() {
-            return Ok(vec![Run {
-                start,
-                blocks: n,
-                refs: 1,
-            }]);
-        }
-        let mut out = Vec::new();
-        let mut at = start;
-        for r in self.shared_items(start, end)? {
-            let (s, t) = (r.start.max(at), r.end().min(end));
-            if s > at {
-                out.push(Run {
-                    start: at,
-                    blocks: s - at,
-                    refs: 1,
-                });
-            }
-            if t > s {
-                out.push(Run {
-                    start: s,
-                    blocks: t - s,
-                    refs: r.refs,
-                });
-                at = t;
-            }
-        }
-        if at < end {
-            out.push(Run {
-                start: at,
-                blocks: end - at,
-                refs: 1,
-            });
-        }
-        Ok(out)
+        let items = if self.may_share() {
+            self.shared_items(start, start + n)?
+        } else {
+            Vec::new()
+        };
+        Ok(cut(start, start + n, &items))
     }
 
     /// Whether any of blocks [start, start + n) is named by another extent too.
@@ -160,7 +130,7 @@ impl Inner {
             });
         }
         let mut zero = Vec::new();
-        for r in self.block_refs(start, n)? {
+        for r in cut(start, end, &items) {
             let refs = r.refs.checked_add_signed(delta).ok_or_else(|| {
                 idxfs_format::Corrupt::new(
                     format!("references of blocks {}+{}", r.start, r.blocks),
@@ -244,4 +214,37 @@ impl Inner {
         let path = self.fs_tree.level as u64 + 2;
         extents * (3 * path + 2)
     }
+}
+
+/// Blocks [start, end) cut into runs of one count each, from `items` (the items overlapping
+/// the range, in order): their counts where they lie, 1 between them.
+fn cut(start: u64, end: u64, items: &[Run]) -> Vec<Run> {
+    let mut out = Vec::new();
+    let mut at = start;
+    for r in items {
+        let (s, t) = (r.start.max(at), r.end().min(end));
+        if s > at {
+            out.push(Run {
+                start: at,
+                blocks: s - at,
+                refs: 1,
+            });
+        }
+        if t > s {
+            out.push(Run {
+                start: s,
+                blocks: t - s,
+                refs: r.refs,
+            });
+            at = t;
+        }
+    }
+    if at < end {
+        out.push(Run {
+            start: at,
+            blocks: end - at,
+            refs: 1,
+        });
+    }
+    out
 }
