@@ -65,3 +65,50 @@ fn writes_get_what_statfs_says_is_available() {
     fs.close().expect("close");
     assert_clean(&dev);
 }
+
+/// Once blocks may be shared (a copy shared some), every reservation also covers the count
+/// changes of a freeing batch (`shared_nodes`); `statfs` must leave that out too, or a
+/// fallocate or the writes of what it promised fail short.
+#[test]
+fn promises_hold_once_blocks_are_shared() {
+    for ns in [16384u32, 4096] {
+        let (dev, fs) = mem_fs_with(256 << 20, ns);
+        let a = fs.create(ROOT, b"a", 0o644, ME).expect("create");
+        fs.write(a.ino, 0, &vec![7u8; 1 << 20]).expect("write");
+        let b = fs.create(ROOT, b"b", 0o644, ME).expect("create");
+        let n = fs
+            .copy_range(a.ino, 0, b.ino, 0, 1 << 20, Default::default())
+            .expect("copy");
+        assert_eq!(n, 1 << 20);
+        assert_eq!(
+            extent_blocks(&fs, a.ino),
+            extent_blocks(&fs, b.ino),
+            "the copy shares"
+        );
+        let avail = fs.statfs().expect("statfs").blocks_avail;
+        as_caller(false, || {
+            let f = fs.create(ROOT, b"f", 0o644, ME).expect("create");
+            fs.fallocate(f.ino, 0, avail * 4096, 0)
+                .unwrap_or_else(|e| panic!("{ns} node: fallocate of avail {avail}: {e}"));
+        });
+        fs.unlink(ROOT, b"f").expect("unlink");
+        fs.sync().expect("sync");
+        let avail = fs.statfs().expect("statfs").blocks_avail * 4096;
+        let g = fs.create(ROOT, b"g", 0o644, ME).expect("create");
+        let chunk = vec![1u8; 1 << 20];
+        let mut written = 0u64;
+        as_caller(false, || loop {
+            match fs.write(g.ino, written, &chunk) {
+                Ok(n) => written += n as u64,
+                Err(Error::NoSpace) => break,
+                Err(e) => panic!("write: {e}"),
+            }
+        });
+        assert!(
+            written + (1 << 20) >= avail,
+            "{ns} node: promised {avail}, written {written}"
+        );
+        fs.close().expect("close");
+        assert_clean(&dev);
+    }
+}

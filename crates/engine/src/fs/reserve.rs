@@ -32,7 +32,8 @@
 //!
 //! `statfs` answers with the same arithmetic: available = free (counting what the next
 //! commit releases and what the pools hold) - global reserve - root reserve - the commit's
-//! fixed need - the metadata margin of one large operation - the share of the rest that
+//! fixed need - the metadata margin of one large operation (with, once blocks may be shared,
+//! the count changes it may make) - the share of the rest that
 //! data sums take when it is written (about 0.4%: a group item per 256 KiB, in leaves at
 //! least half full, and their copies until the commit). So an unprivileged `fallocate` or
 //! write of what `df` says is available succeeds (root may go on into the root reserve); a
@@ -289,9 +290,13 @@ impl Inner {
             + self.store.alloc.pinned_blocks()
             + self.store.node_pool_blocks();
         let blocks = MARGIN_WRITE_BYTES / BLOCK_SIZE + 2;
+        // Once blocks may be shared, every reservation also covers the count changes of a
+        // freeing batch (`reserve_nodes`), and a write those of the extents it replaces.
+        let shared = self.shared_nodes(super::shared::SHARED_FREE_BATCH as u64 + 2 + MARGIN_ITEMS);
         let margin = (self.run_nodes(blocks, blocks * EXTENT_BYTES)
             + self.sum_nodes(blocks)
-            + MARGIN_ITEMS * self.item_nodes())
+            + MARGIN_ITEMS * self.item_nodes()
+            + shared)
             * self.bpn();
         let hidden = self.global_reserve() + self.commit_base() + margin;
         let avail = free.saturating_sub(hidden + self.root_reserve());
