@@ -10,7 +10,7 @@ use idxfs_engine::fs::read_superblock;
 use idxfs_engine::testutil::Rng;
 use idxfs_engine::{repair, Fs};
 use idxfs_format::node::{KEY_PTR_SIZE, NODE_HEADER_SIZE};
-use idxfs_format::{ItemType, Key, TREE_FS, TREE_SPACE};
+use idxfs_format::{ItemType, Key, SHARED_OBJECTID, TREE_FS, TREE_SPACE};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -69,9 +69,9 @@ fn seen(dev: &Arc<MemDevice>) -> BTreeMap<u64, Seen> {
     out
 }
 
-/// An image with nested directories, empty, inline and multi-block files, short and long
-/// symlinks, hard links (some with long names, past the back-reference item), and small and
-/// long (chunked) xattrs.
+/// An image with nested directories, empty, inline and multi-block files, copies sharing
+/// their sources' blocks, short and long symlinks, hard links (some with long names, past the
+/// back-reference item), and small and long (chunked) xattrs.
 fn image(rng: &mut Rng) -> Arc<MemDevice> {
     let (dev, fs) = mem_fs_with(24 << 20, NS as u32);
     let mut dirs = vec![ROOT];
@@ -96,6 +96,17 @@ fn image(rng: &mut Rng) -> Arc<MemDevice> {
                 let mut n = format!("link{i}-").into_bytes();
                 n.resize(if rng.below(2) == 0 { 12 } else { 250 }, b'l');
                 fs.link(f, parent, &n).expect("link");
+            }
+            // A copy that shares the source's blocks (`SharedBlocks` counts).
+            3 if !files.is_empty() => {
+                let (src, _) = files[rng.below(files.len() as u64) as usize];
+                let f = fs
+                    .create(parent, name.as_bytes(), 0o644, ME)
+                    .expect("create");
+                let len = fs.getattr(src).expect("getattr").size;
+                fs.copy_range(src, 0, f.ino, 0, len, Default::default())
+                    .expect("copy_range");
+                files.push((f.ino, parent));
             }
             _ => {
                 let f = fs
@@ -169,6 +180,11 @@ fn every_node_damaged_in_turn_repairs_clean_keeping_what_survived() {
     assert!(
         sb.fs_root.level.get() >= 1 && fs_nodes.len() > 20,
         "the test wants a tree of many leaves"
+    );
+    assert!(
+        fs_nodes.iter().any(|&(_, first, below, level)| level == 0
+            && touched(SHARED_OBJECTID, &[ItemType::SharedBlocks], first, below)),
+        "the test wants blocks that copies share"
     );
     let all = fs_nodes
         .iter()
