@@ -17,6 +17,7 @@ fn a_pin_after_the_last_unlink_never_holds_a_half_freed_file() {
     let (dev, fs) = mem_fs(256 << 20);
     let d = fs.mkdir(ROOT, b"d", 0o755, ME).expect("mkdir").ino;
     let current = AtomicU64::new(0);
+    let tried = AtomicU64::new(0);
     let done = AtomicBool::new(false);
     let (mut held, mut refused, mut gone) = (0u64, 0u64, 0u64);
     let last = (BLOCKS - 1) * 2 * 4096;
@@ -29,6 +30,14 @@ fn a_pin_after_the_last_unlink_never_holds_a_half_freed_file() {
                         .expect("write");
                 }
                 current.store(ino, Ordering::Release);
+                // Every other round waits until the reader has tried to pin this file, so
+                // some pins surely come before the unlink (under load the reader may
+                // otherwise never run inside the window); the other rounds race.
+                if round % 2 == 0 {
+                    while tried.load(Ordering::Acquire) != ino {
+                        std::thread::yield_now();
+                    }
+                }
                 fs.unlink(d, b"f").expect("unlink");
             }
             done.store(true, Ordering::Release);
@@ -39,7 +48,9 @@ fn a_pin_after_the_last_unlink_never_holds_a_half_freed_file() {
                 std::hint::spin_loop();
                 continue;
             }
-            if !fs.pin(ino) {
+            let pinned = fs.pin(ino);
+            tried.store(ino, Ordering::Release);
+            if !pinned {
                 refused += 1;
                 continue;
             }
