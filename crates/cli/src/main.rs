@@ -83,6 +83,14 @@ enum Cmd {
     /// on a block device): what `-o nodiscard` or an older idxfs left allocated. TARGET is an
     /// unmounted image, or a directory on an idxfs mount (its server then does the pass).
     Trim { target: PathBuf },
+    /// Copy the tree under DIR into a mounted idxfs as the new directory PATH, made by the
+    /// mount's server through its engine instead of file by file through FUSE: what
+    /// `mkfs --from` keeps is kept. Only root or the mount's owner may. Durable on return.
+    Import {
+        dir: PathBuf,
+        /// A new directory on an idxfs mount.
+        path: PathBuf,
+    },
     /// Make every change on the idxfs mount holding PATH durable (sync and sync -f cannot:
     /// FUSE does not pass them on; an fsync of any file on the mount does the same).
     Sync { path: PathBuf },
@@ -420,8 +428,8 @@ pub(crate) fn tempdir_in_shm() -> Result<PathBuf, String> {
     Ok(p)
 }
 
-const SUBCOMMANDS: [&str; 10] = [
-    "mkfs", "fsck", "mount", "sync", "trim", "dump", "demo", "bench", "help", "--help",
+const SUBCOMMANDS: [&str; 11] = [
+    "mkfs", "fsck", "mount", "sync", "trim", "import", "dump", "demo", "bench", "help", "--help",
 ];
 
 /// The other names and forms this binary answers to; `None` when it is the `idxfs` command.
@@ -587,6 +595,22 @@ fn main() -> ExitCode {
                 "{}: idxfs formatted, {} bytes, node size {node_size}",
                 image.display(),
                 d.size()
+            );
+            ExitCode::SUCCESS
+        }),
+        Cmd::Import { dir, path } => import::import_into(&dir, &path).map(|(t, secs)| {
+            println!(
+                "{}: imported from {}: {} directories, {} files ({} MiB), {} symlinks, \
+                 {} other, {} more hard links, in {secs:.2} s ({:.0} entries/s)",
+                path.display(),
+                dir.display(),
+                t.dirs,
+                t.files,
+                t.bytes >> 20,
+                t.symlinks,
+                t.specials,
+                t.links,
+                t.entries() as f64 / secs.max(1e-9)
             );
             ExitCode::SUCCESS
         }),

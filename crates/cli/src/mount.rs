@@ -3,7 +3,7 @@
 //! return once the mount is up (so that form serves from a background process).
 use idxfs_blockdev::{BlockDevice, FileDevice};
 use idxfs_engine::{Fs, OpenOptions};
-use idxfs_fuse::{block_shutdown_signals, serve, MountConfig};
+use idxfs_fuse::{block_shutdown_signals, serve_with, MountConfig};
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
@@ -147,7 +147,9 @@ fn serve_image(
         .display()
         .to_string();
     let mut once = Some(());
-    serve(fs, &source, a.mountpoint, cfg, || {
+    let import: std::sync::Arc<dyn idxfs_fuse::import::ImportServer> =
+        std::sync::Arc::new(crate::import::Sessions::default());
+    serve_with(fs, &source, a.mountpoint, cfg, Some(import), || {
         if once.take().is_some() {
             mounted(Ok(()));
         }

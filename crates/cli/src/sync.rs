@@ -51,7 +51,7 @@ fn unescape(s: &str) -> PathBuf {
 
 /// `path` made absolute, and the idxfs mount holding it; `elsewhere`: what to use on
 /// another file system, for the message.
-fn idxfs_mount(path: &Path, elsewhere: &str) -> Result<(PathBuf, PathBuf), String> {
+pub(crate) fn idxfs_mount(path: &Path, elsewhere: &str) -> Result<(PathBuf, PathBuf), String> {
     let p = path.display();
     let canon = std::fs::canonicalize(path).map_err(|e| format!("{p}: {e}"))?;
     let (mp, fstype) = mount_of(&canon)?;

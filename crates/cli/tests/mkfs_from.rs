@@ -1,10 +1,11 @@
-//! `idxfs mkfs --from DIR IMAGE` against its reference, the source tree itself: a tree of
-//! every kind of entry (and a seeded random one) is copied, the image checked by fsck and
-//! mounted, and every entry's type, mode, owner, size, link count, device number, three
-//! times, xattrs (ACLs included), data or target, and which names share an inode, read back
-//! through the kernel and compared with what `lstat` and friends said of the source before
-//! the copy. Then what must fail does, with one line, removing an image it made and leaving
-//! one that was there clean.
+//! `idxfs mkfs --from DIR IMAGE` and `idxfs import DIR MOUNT/PATH` against their reference,
+//! the source tree itself: a tree of every kind of entry (and a seeded random one) is copied,
+//! the image checked by fsck and mounted, and every entry's type, mode, owner, size, link
+//! count, device number, three times, xattrs (ACLs included), data or target, and which names
+//! share an inode, read back through the kernel and compared with what `lstat` and friends
+//! said of the source before the copy. Then what must fail does, with one line, removing an
+//! image it made and leaving one that was there clean; an import into a mount frees all it
+//! made once removed, and is refused to other users.
 mod common;
 
 use common::{idxfs, shm_tempdir, Mounted};
@@ -427,28 +428,60 @@ fn random_tree(src: &Path, rng: &mut Rng) {
     }
 }
 
-/// Copies `src` with `mkfs --from`, checks the image, mounts it read-only and compares every
-/// entry with the source's `before`.
-fn copy_and_compare(src: &Path) {
+/// How a test copies its tree.
+#[derive(Clone, Copy, Debug)]
+enum Builder {
+    /// `mkfs --from` into a new image; the copy is its root.
+    Mkfs,
+    /// `import` into a mounted image, as the new directory "sub/copy".
+    Import,
+}
+
+/// Copies `src` with `how`, checks the image, mounts it read-only and compares every entry
+/// of the copy with the source's `before`.
+fn copy_and_compare(src: &Path, how: Builder) {
     // readlink moves a symlink's atime under relatime (the source's mount) when it is not
     // newer than the mtime, and no flag says otherwise: one pass first, so the source stands
     // still from then on (the random tree's symlinks have past mtimes for this).
     snapshot(src);
     let before = snapshot(src);
-    let mut m = Mounted::new("64M", "ro");
-    m.unmount();
-    std::fs::remove_file(&m.image).expect("rm image");
-    let (code, out, err) = idxfs(&[
-        "mkfs",
-        "--from",
-        src.to_str().expect("utf8"),
-        m.image.to_str().expect("utf8"),
-    ]);
-    assert_eq!(code, 0, "mkfs --from: {out}{err}");
-    assert!(out.contains("formatted from"), "{out}");
+    let mut m = Mounted::new("128M", "acl");
+    let copy = match how {
+        Builder::Mkfs => {
+            m.unmount();
+            std::fs::remove_file(&m.image).expect("rm image");
+            let (code, out, err) = idxfs(&[
+                "mkfs",
+                "--from",
+                src.to_str().expect("utf8"),
+                m.image.to_str().expect("utf8"),
+            ]);
+            assert_eq!(code, 0, "mkfs --from: {out}{err}");
+            assert!(out.contains("formatted from"), "{out}");
+            m.mp.clone()
+        }
+        Builder::Import => {
+            std::fs::create_dir(m.path("sub")).expect("mkdir");
+            // Looked for first, so the kernel may hold that the name is absent.
+            assert!(!m.path("sub/copy").exists());
+            let (code, out, err) = idxfs(&[
+                "import",
+                src.to_str().expect("utf8"),
+                m.path("sub/copy").to_str().expect("utf8"),
+            ]);
+            assert_eq!(code, 0, "import: {out}{err}");
+            assert!(out.contains("imported from"), "{out}");
+            assert!(
+                m.path("sub/copy").is_dir(),
+                "the copy is seen at once through the mount that made it"
+            );
+            m.unmount();
+            m.path("sub/copy")
+        }
+    };
     m.assert_fsck_clean();
     m.mount("ro,acl");
-    let after = snapshot(&m.mp);
+    let after = snapshot(&copy);
     let same_keys = before.0.keys().eq(after.0.keys());
     for (path, want) in &before.0 {
         let name = String::from_utf8_lossy(path);
@@ -470,7 +503,7 @@ fn every_kind_of_entry_is_copied_with_its_attributes_and_names_in_inode_order() 
     let src = dir.path().join("src");
     std::fs::create_dir(&src).expect("mkdir");
     every_kind(&src);
-    copy_and_compare(&src);
+    copy_and_compare(&src, Builder::Mkfs);
 
     // The copy made each directory's names in name order, so the image's readdir (inode
     // order) lists them sorted, with ascending inode numbers; and a sparse file stayed
@@ -522,7 +555,118 @@ fn a_random_tree_is_copied_exactly() {
     let src = dir.path().join("src");
     std::fs::create_dir(&src).expect("mkdir");
     random_tree(&src, &mut rng);
-    copy_and_compare(&src);
+    copy_and_compare(&src, Builder::Mkfs);
+}
+
+#[test]
+fn import_into_a_mount_copies_every_kind_of_entry_exactly() {
+    let dir = shm_tempdir();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    every_kind(&src);
+    copy_and_compare(&src, Builder::Import);
+}
+
+#[test]
+fn import_into_a_mount_copies_a_random_tree_exactly() {
+    let (mut rng, _) = Rng::from_env("import_into_a_mount_copies_a_random_tree_exactly");
+    let dir = shm_tempdir();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    random_tree(&src, &mut rng);
+    copy_and_compare(&src, Builder::Import);
+}
+
+fn used_bytes(p: &Path) -> u64 {
+    let c = cpath(p);
+    // SAFETY: statvfs(3) into a zeroed struct, with a valid C string.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0, "statvfs");
+    (s.f_blocks - s.f_bfree) * s.f_frsize
+}
+
+#[test]
+fn an_import_frees_all_it_made_once_removed_and_refuses_what_it_cannot_do() {
+    let dir = shm_tempdir();
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(src.join("d")).expect("mkdir");
+    for k in 0..200 {
+        std::fs::write(src.join(format!("d/f{k}")), vec![k as u8; 3000]).expect("write");
+    }
+    std::fs::write(src.join("big"), vec![7u8; 24 << 20]).expect("write");
+    std::fs::hard_link(src.join("big"), src.join("d/big-too")).expect("link");
+    let s = src.to_str().expect("utf8");
+    let mut m = Mounted::new("256M", "");
+    let at = |r: &str| m.path(r).to_str().expect("utf8").to_string();
+    let one_line = |err: &str| {
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err:?}");
+        assert!(!err.contains("panicked"), "{err}");
+    };
+
+    // Removed again, every block it took comes back: nothing the server made stays held
+    // (the engine pins what it makes for the kernel, and no kernel holds these).
+    idxfs(&["sync", &at("")]);
+    let before = used_bytes(&m.mp);
+    let (code, out, err) = idxfs(&["import", s, &at("copy")]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("201 files") && out.contains("1 more hard links"),
+        "{out}"
+    );
+    assert!(
+        used_bytes(&m.mp) > before + (24 << 20),
+        "the copy holds its data"
+    );
+    std::fs::remove_dir_all(m.path("copy")).expect("rm -rf");
+    let (code, out, err) = idxfs(&["sync", &at("")]);
+    assert_eq!(code, 0, "{out}{err}");
+    let after = used_bytes(&m.mp);
+    assert!(
+        after <= before + (1 << 20),
+        "{} bytes still used after the copy was removed",
+        after - before
+    );
+
+    // Refused, each in one line: a name that exists, a source that is not there, a target
+    // on another file system, a copy into the source itself.
+    std::fs::create_dir(m.path("there")).expect("mkdir");
+    let (code, _, err) = idxfs(&["import", s, &at("there")]);
+    assert_eq!(code, 1);
+    one_line(&err);
+    assert!(err.contains("exists"), "{err}");
+    let (code, _, err) = idxfs(&["import", "/no/such/dir", &at("x")]);
+    assert_eq!(code, 1);
+    one_line(&err);
+    let elsewhere = dir.path().join("elsewhere");
+    let (code, _, err) = idxfs(&["import", s, elsewhere.to_str().expect("utf8")]);
+    assert_eq!(code, 1);
+    one_line(&err);
+    assert!(err.contains("not idxfs"), "{err}");
+    let (code, _, err) = idxfs(&["import", &at("there"), &at("there/inside")]);
+    assert_eq!(code, 1);
+    one_line(&err);
+    assert!(err.contains("into itself"), "{err}");
+
+    // Another user, who may write the directory, is still refused by the server: an import
+    // sets owners and modes as it likes, which only root and the mount's owner may.
+    use std::os::unix::fs::PermissionsExt;
+    for p in [dir.path(), &m.mp, &m.path("there")] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    }
+    use std::os::unix::process::CommandExt;
+    let o = std::process::Command::new(common::bin())
+        .args(["import", s, &at("there/theirs")])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("run as another user");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    one_line(&err);
+    assert!(err.contains("only root or the mount's owner"), "{err}");
+    assert!(!m.path("there/theirs").exists(), "nothing made");
+    m.unmount();
+    m.assert_fsck_clean();
 }
 
 #[test]

@@ -54,6 +54,7 @@
 mod acl;
 mod fileattr;
 pub mod handoff;
+pub mod import;
 mod kill;
 mod options;
 mod pin;
@@ -65,7 +66,7 @@ pub mod trim;
 pub mod uring;
 
 pub use options::{MountConfig, OptionError};
-pub use serve::{block_shutdown_signals, serve, unmount, ServeError};
+pub use serve::{block_shutdown_signals, serve, serve_with, unmount, ServeError};
 
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, ForgetOne, Generation, INodeNo,
@@ -269,6 +270,8 @@ pub struct IdxFuse {
     owner_uid: u32,
     /// POSIX ACLs kept by the engine and enforced by the kernel (`MountConfig::acl`).
     acl: bool,
+    /// What makes the entries of `idxfs import` (`import.rs`); None: the ioctl is unknown.
+    import: Option<Arc<dyn import::ImportServer>>,
 }
 
 impl IdxFuse {
@@ -302,7 +305,14 @@ impl IdxFuse {
             notifier: Arc::default(),
             // SAFETY: getuid has no preconditions and cannot fail.
             owner_uid: unsafe { libc::getuid() },
+            import: None,
         }
+    }
+
+    /// Takes `idxfs import` requests, made by `server`.
+    pub fn with_import(mut self, server: Option<Arc<dyn import::ImportServer>>) -> IdxFuse {
+        self.import = server;
+        self
     }
 
     /// Where `serve` puts the session's notifier, before the session takes `self`.
@@ -1272,6 +1282,7 @@ impl Filesystem for IdxFuse {
         match cmd {
             remount::IOC_REMOUNT => self.remount_request(req, ino, in_data, reply),
             trim::IOC_TRIM => self.trim_request(req, ino, reply),
+            import::IOC_IMPORT => self.import_request(req, ino, in_data, reply),
             c if fileattr::GETFLAGS.contains(&c) => self.getflags_request(ino, reply),
             c if fileattr::SETFLAGS.contains(&c) => self.setflags_request(ino, in_data, reply),
             fileattr::FSGETXATTR => self.fsgetxattr_request(ino, reply),
@@ -1325,6 +1336,52 @@ impl IdxFuse {
             }
             Err(e) => reply.error(errno(&e)),
         }
+    }
+
+    /// `idxfs import` (`import.rs`): on the directory that gets the copy, from root or the
+    /// mount's owner. A refusal by the copy itself (a name that exists, a full device) is a
+    /// reply with its message; only a request no import could take is an errno.
+    fn import_request(&self, req: &Request, ino: INodeNo, in_data: &[u8], reply: ReplyIoctl) {
+        let Some(server) = self.import.as_ref() else {
+            return reply.error(Errno::ENOTTY);
+        };
+        if req.uid() != 0 && req.uid() != self.owner_uid {
+            return reply.error(Errno::EPERM);
+        }
+        let Some(r) = import::decode(in_data) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let who = import::Caller {
+            uid: req.uid(),
+            gid: req.gid(),
+            pid: req.pid(),
+        };
+        let (session, out) = match r.op {
+            import::Op::Begin => match server.begin(&self.fs, ino.0, r.payload, who) {
+                Ok(session) => {
+                    // The kernel may hold a negative entry for the new name (the client
+                    // looked for it) and the directory's old times and link count.
+                    if let Some(n) = self.notifier.get() {
+                        let name = std::ffi::OsStr::from_bytes(r.payload);
+                        let _ = n.inval_entry(ino, name);
+                        let _ = n.inval_inode(ino, -1, 0);
+                    }
+                    (session, Ok(String::new()))
+                }
+                Err(e) => (0, Err(e)),
+            },
+            import::Op::Data => (
+                r.session,
+                server
+                    .data(r.session, who, r.payload)
+                    .map(|()| String::new()),
+            ),
+            import::Op::End => (r.session, server.end(r.session, who)),
+        };
+        if let Err(e) = &out {
+            log::warn!("import by uid {}: {e}", who.uid);
+        }
+        reply.ioctl(0, &import::encode_reply(session, &out))
     }
 
     fn remount_request(&self, req: &Request, ino: INodeNo, in_data: &[u8], reply: ReplyIoctl) {

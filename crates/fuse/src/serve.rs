@@ -160,6 +160,18 @@ pub fn serve(
     cfg: &MountConfig,
     on_mounted: impl FnOnce(),
 ) -> Result<(), ServeError> {
+    serve_with(fs, source, mountpoint, cfg, None, on_mounted)
+}
+
+/// `serve`, taking `idxfs import` requests made by `import` (`import.rs`).
+pub fn serve_with(
+    fs: Fs,
+    source: &str,
+    mountpoint: &Path,
+    cfg: &MountConfig,
+    import: Option<Arc<dyn crate::import::ImportServer>>,
+    on_mounted: impl FnOnce(),
+) -> Result<(), ServeError> {
     let fs = Arc::new(fs);
     let requests = Arc::new(if std::env::var_os("IDXFS_COUNTERS").is_some() {
         crate::Requests::timed()
@@ -192,7 +204,8 @@ pub fn serve(
         requests.clone(),
         want_uring.then(|| granted.clone()),
         want_uring.then(|| recent.clone()),
-    );
+    )
+    .with_import(import);
     let notifier = fuse.notifier_slot();
     let config = cfg.fuser_config(source);
     // SAFETY: geteuid has no preconditions.

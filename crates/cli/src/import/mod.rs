@@ -28,7 +28,10 @@
 //! Not kept: inode flags (`chattr`), and what a file becomes while it is read (a file that
 //! changes during the copy is copied as the reads saw it, with the size its `lstat` gave).
 //! The walk crosses into file systems mounted below DIR, as `cp -a` does.
+mod client;
+mod serve;
 mod walk;
+mod wire;
 mod write;
 
 use crate::mkfs::MkfsArgs;
@@ -40,6 +43,9 @@ use std::sync::mpsc::sync_channel;
 use std::time::{Duration, Instant};
 use walk::{list, walk};
 use write::Writer;
+
+pub(crate) use client::import_into;
+pub(crate) use serve::Sessions;
 
 /// The most file bytes one `Item::Data` carries.
 const CHUNK: usize = 1 << 20;
@@ -255,7 +261,7 @@ pub(crate) fn import(fs: &Fs, dir: &Path, expect: u64) -> Result<Totals, String>
             .name("idxfs-import-read".into())
             .spawn_scoped(s, move || walk(dir, tx))
             .map_err(|e| format!("a reader thread: {e}"))?;
-        let mut w = Writer::new(fs, expect);
+        let mut w = Writer::new(fs, idxfs_format::ROOT_INO, Progress::new(expect));
         let wrote = w.run(&rx);
         // Unblocks a reader waiting to send, whatever the writer's result.
         drop(rx);
@@ -287,6 +293,14 @@ impl Progress {
             expect,
             start: now,
             last: now,
+        }
+    }
+
+    /// No line at all: for a mount's server, whose client shows its own.
+    fn quiet() -> Progress {
+        Progress {
+            tty: false,
+            ..Progress::new(0)
         }
     }
 

@@ -4,6 +4,7 @@ use super::{Attrs, Item, Kind, Progress, Totals, Xattrs};
 use idxfs_engine::fs::{Ino, NewFile, SetAttr, WriteHow};
 use idxfs_engine::Fs;
 use std::collections::HashMap;
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Receiver;
 
@@ -17,8 +18,12 @@ struct OpenFile {
     end: u64,
 }
 
-pub(super) struct Writer<'a> {
-    fs: &'a Fs,
+/// `F`: the engine, borrowed (`mkfs --from`) or shared with a mount's server (`serve.rs`).
+pub(super) struct Writer<F: Deref<Target = Fs>> {
+    fs: F,
+    /// Unpin every inode made: the engine pins what it makes for a FUSE server, whose
+    /// kernel holds what a reply names; what an import makes no reply names.
+    unpin_made: bool,
     /// A directory's id (`Kind::Dir`) to its inode.
     dirs: Vec<Ino>,
     /// The first name's id of an inode with several names, to the inode and its attributes.
@@ -28,6 +33,14 @@ pub(super) struct Writer<'a> {
     open: Option<OpenFile>,
     pub(super) totals: Totals,
     pub(super) progress: Progress,
+}
+
+/// Drops the pin the engine took on `ino` for a FUSE server's kernel (`Writer::unpin_made`).
+fn made(fs: &Fs, unpin: bool, ino: Ino, path: &Path) -> Result<(), String> {
+    match unpin {
+        true => fs.unpin(ino, 1).map_err(|e| at(path, "unpin", e)),
+        false => Ok(()),
+    }
 }
 
 /// One line naming the source path of what failed.
@@ -41,17 +54,24 @@ fn at(path: &Path, what: &str, e: idxfs_engine::Error) -> String {
     }
 }
 
-impl<'a> Writer<'a> {
-    pub(super) fn new(fs: &'a Fs, expect: u64) -> Writer<'a> {
+impl<F: Deref<Target = Fs>> Writer<F> {
+    /// A writer whose source directory's copy is `root` (its entries go there).
+    pub(super) fn new(fs: F, root: Ino, progress: Progress) -> Writer<F> {
+        let unpin_made = fs.holds_made();
         Writer {
             fs,
-            dirs: vec![idxfs_format::ROOT_INO],
+            unpin_made,
+            dirs: vec![root],
             links: HashMap::new(),
             relinked: Vec::new(),
             open: None,
             totals: Totals::default(),
-            progress: Progress::new(expect),
+            progress,
         }
+    }
+
+    pub(super) fn fs(&self) -> &F {
+        &self.fs
     }
 
     pub(super) fn run(&mut self, rx: &Receiver<Vec<Item>>) -> Result<(), String> {
@@ -61,6 +81,12 @@ impl<'a> Writer<'a> {
             }
             self.progress.show(&self.totals);
         }
+        self.end()
+    }
+
+    /// After the last item: the attributes of the file made last, and of inodes linked to
+    /// after theirs were set.
+    pub(super) fn end(&mut self) -> Result<(), String> {
         self.close_file()?;
         let mut relinked = std::mem::take(&mut self.relinked);
         relinked.sort_unstable();
@@ -75,7 +101,7 @@ impl<'a> Writer<'a> {
         Ok(())
     }
 
-    fn item(&mut self, item: Item) -> Result<(), String> {
+    pub(super) fn item(&mut self, item: Item) -> Result<(), String> {
         let item = match item {
             Item::Data { off, bytes } => return self.data(off, &bytes),
             other => other,
@@ -126,7 +152,8 @@ impl<'a> Writer<'a> {
         first_link: Option<u64>,
     ) -> Result<(), String> {
         let dir = self.dir(parent, &path)?;
-        let fs = self.fs;
+        let fs: &Fs = &self.fs;
+        let unpin = self.unpin_made;
         let ino = match kind {
             Kind::Link(id) => {
                 let Some(&(ino, _)) = self.links.get(&id) else {
@@ -134,6 +161,7 @@ impl<'a> Writer<'a> {
                 };
                 fs.link(ino, dir, name)
                     .map_err(|e| at(&path, "a hard link", e))?;
+                made(fs, unpin, ino, &path)?;
                 self.relinked.push(id);
                 self.totals.links += 1;
                 return Ok(());
@@ -142,6 +170,7 @@ impl<'a> Writer<'a> {
                 let a = fs
                     .mkdir(dir, name, attrs.mode, attrs.owner())
                     .map_err(|e| at(&path, "mkdir", e))?;
+                made(fs, unpin, a.ino, &path)?;
                 if id != self.dirs.len() {
                     return Err(format!(
                         "{}: directory id {id} out of order",
@@ -165,6 +194,7 @@ impl<'a> Writer<'a> {
                 let a = fs
                     .create_file(dir, name, &new)
                     .map_err(|e| at(&path, "create", e))?;
+                made(fs, unpin, a.ino, &path)?;
                 self.totals.files += 1;
                 self.totals.bytes += data.len() as u64;
                 if let Some(id) = first_link {
@@ -192,6 +222,7 @@ impl<'a> Writer<'a> {
                 let a = fs
                     .create(dir, name, attrs.mode & 0o7777, attrs.owner())
                     .map_err(|e| at(&path, "create", e))?;
+                made(fs, unpin, a.ino, &path)?;
                 self.totals.files += 1;
                 if let Some(id) = first_link {
                     self.links.insert(id, (a.ino, attrs));
@@ -218,6 +249,7 @@ impl<'a> Writer<'a> {
                     .ino
             }
         };
+        made(fs, unpin, ino, &path)?;
         if let Some(id) = first_link {
             self.links.insert(id, (ino, attrs));
         }

@@ -284,6 +284,11 @@ impl Fs {
         self.shared.pins.hold_made();
     }
 
+    /// Whether `hold_made` was called: every inode an operation makes comes pinned.
+    pub fn holds_made(&self) -> bool {
+        self.shared.pins.holds_made()
+    }
+
     /// `pin` for each of `inos`, under one lock of the pins: how many it could not hold.
     pub fn pin_many(&self, inos: &[Ino]) -> usize {
         self.shared.pin_all(inos)
