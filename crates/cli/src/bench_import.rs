@@ -51,6 +51,8 @@ enum Builder {
     MkfsBtrfs,
     /// `cp -a` into a fresh mount of this file system.
     Copy(FsKind),
+    /// `idxfs import` into a fresh idxfs mount.
+    Import,
 }
 
 impl Builder {
@@ -60,6 +62,7 @@ impl Builder {
             Builder::Mke2fs => "mke2fs -d (ext4)".into(),
             Builder::MkfsBtrfs => "mkfs.btrfs --rootdir".into(),
             Builder::Copy(k) => format!("cp -a into {}", k.name()),
+            Builder::Import => "idxfs import (a mount)".into(),
         }
     }
 
@@ -69,6 +72,7 @@ impl Builder {
             Builder::Mke2fs => FsKind::Ext4,
             Builder::MkfsBtrfs => FsKind::Btrfs,
             Builder::Copy(k) => k,
+            Builder::Import => FsKind::Idxfs,
         }
     }
 
@@ -108,15 +112,23 @@ impl Builder {
                 target = Some(t);
                 c
             }
+            Builder::Import => {
+                target = Some(Target::make(base, FsKind::Idxfs, bytes, inodes)?);
+                let mut c = Command::new(bench_env::self_exe());
+                c.arg("import");
+                c
+            }
         };
-        match &target {
+        match (&target, self) {
+            // `idxfs import SRC MP/copy`.
+            (Some(t), Builder::Import) => cmd.arg(src).arg(t.mp.join("copy")),
             // Into the mount: `cp -a SRC/. MP`.
-            Some(t) => {
+            (Some(t), _) => {
                 let mut from = src.as_os_str().to_owned();
                 from.push("/.");
                 cmd.arg(from).arg(&t.mp)
             }
-            None => cmd.arg(src).arg(&img),
+            (None, _) => cmd.arg(src).arg(&img),
         };
         let cpu0 = bench_env::self_and_children_cpu();
         let start = Instant::now();
@@ -144,7 +156,7 @@ pub fn mkfs_from(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Va
     let mut builders = Vec::new();
     for &k in fs {
         match k {
-            FsKind::Idxfs => builders.push(Builder::MkfsFrom),
+            FsKind::Idxfs => builders.extend([Builder::MkfsFrom, Builder::Import]),
             FsKind::Ext4 => builders.push(Builder::Mke2fs),
             FsKind::Btrfs => builders.push(Builder::MkfsBtrfs),
             _ => {}
