@@ -1,5 +1,6 @@
 //! `idxfs mkfs --from DIR IMAGE`: a directory tree copied into a new image through the
-//! engine's library API, with no FUSE round trip per file.
+//! engine's library API, with no FUSE round trip per file; and `idxfs import DIR MOUNT/PATH`,
+//! the same copy made by a mount's server (`client.rs`, `serve.rs`, `wire.rs`).
 //!
 //! Two threads share the work. The reader (`walk`) lists DIR and reads what each entry holds:
 //! its metadata, data, symlink target and xattrs. The writer (`Writer`, the calling thread)

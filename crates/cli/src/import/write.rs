@@ -1,5 +1,5 @@
-//! The writer of `mkfs --from`: makes each entry the reader sends in the file system, then its
-//! xattrs and attributes.
+//! The writer of `mkfs --from` and of `idxfs import`'s server: makes each entry the reader
+//! sends in the file system, then its xattrs and attributes.
 use super::{Attrs, Item, Kind, Progress, Totals, Xattrs};
 use idxfs_engine::fs::{Ino, NewFile, SetAttr, WriteHow};
 use idxfs_engine::Fs;

@@ -33,9 +33,9 @@
 //! `statfs` answers with the same arithmetic: available = free (counting what the next
 //! commit releases and what the pools hold) - global reserve - root reserve - the commit's
 //! fixed need - the metadata margin of one large operation (with, once blocks may be shared,
-//! the count changes it may make) - the share of the rest that
-//! data sums take when it is written (about 0.4%: a group item per 256 KiB, in leaves at
-//! least half full, and their copies until the commit). So an unprivileged `fallocate` or
+//! the count changes it may make) - the share of the rest that data sums take when it is
+//! written (about 0.4%: a group item per 256 KiB, in leaves at least half full, and their
+//! copies until the commit). So an unprivileged `fallocate` or
 //! write of what `df` says is available succeeds (root may go on into the root reserve); a
 //! fallocate, which takes no sums, leaves that share available after it.
 //! Free space cut into single blocks is the exception: it holds data, but no node slots.
