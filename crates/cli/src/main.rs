@@ -564,17 +564,10 @@ fn main() -> ExitCode {
         )
         .map(|(t, secs)| {
             println!(
-                "{}: idxfs formatted from {}: {} directories, {} files ({} MiB), {} symlinks, \
-                 {} other, {} more hard links, in {secs:.2} s ({:.0} entries/s)",
+                "{}: idxfs formatted from {}: {}",
                 image.display(),
                 dir.display(),
-                t.dirs,
-                t.files,
-                t.bytes >> 20,
-                t.symlinks,
-                t.specials,
-                t.links,
-                t.entries() as f64 / secs.max(1e-9)
+                t.describe(secs)
             );
             ExitCode::SUCCESS
         }),
@@ -600,17 +593,10 @@ fn main() -> ExitCode {
         }),
         Cmd::Import { dir, path } => import::import_into(&dir, &path).map(|(t, secs)| {
             println!(
-                "{}: imported from {}: {} directories, {} files ({} MiB), {} symlinks, \
-                 {} other, {} more hard links, in {secs:.2} s ({:.0} entries/s)",
+                "{}: imported from {}: {}",
                 path.display(),
                 dir.display(),
-                t.dirs,
-                t.files,
-                t.bytes >> 20,
-                t.symlinks,
-                t.specials,
-                t.links,
-                t.entries() as f64 / secs.max(1e-9)
+                t.describe(secs)
             );
             ExitCode::SUCCESS
         }),

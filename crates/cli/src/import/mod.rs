@@ -171,6 +171,21 @@ impl Totals {
     pub fn entries(&self) -> u64 {
         self.dirs + self.files + self.symlinks + self.specials + self.links
     }
+
+    /// What a copy made in `secs` seconds, for its closing line.
+    pub fn describe(&self, secs: f64) -> String {
+        format!(
+            "{} directories, {} files ({} MiB), {} symlinks, {} other, {} more hard links, \
+             in {secs:.2} s ({:.0} entries/s)",
+            self.dirs,
+            self.files,
+            self.bytes >> 20,
+            self.symlinks,
+            self.specials,
+            self.links,
+            self.entries() as f64 / secs.max(1e-9)
+        )
+    }
 }
 
 /// `idxfs mkfs --from DIR`: formats `a.image` (sized for `dir` when new and no size is

@@ -36,9 +36,11 @@ impl Sessions {
     /// Takes session `id` out while it works (others go on beside it), if `who` opened it.
     fn take(&self, id: u64, who: Caller) -> Result<Session, String> {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        match open.get(&id) {
-            Some(s) if s.who.uid == who.uid => Ok(open.remove(&id).ok_or("gone")?),
-            _ => Err(format!("no import session {id} of uid {}", who.uid)),
+        // Another uid's session stays where it is.
+        let mine = open.get(&id).is_some_and(|s| s.who.uid == who.uid);
+        match mine.then(|| open.remove(&id)).flatten() {
+            Some(s) => Ok(s),
+            None => Err(format!("no import session {id} of uid {}", who.uid)),
         }
     }
 
@@ -103,8 +105,9 @@ impl ImportServer for Sessions {
         }
         s.writer.end()?;
         // What `idxfs import` returns is on the device, as after `mkfs --from`.
-        let fs = s.writer.fs().clone();
-        fs.sync()
+        s.writer
+            .fs()
+            .sync()
             .map_err(|e| format!("the commit after the copy: {e}"))?;
         Ok(summary(&s.writer.totals))
     }
