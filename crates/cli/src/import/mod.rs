@@ -27,10 +27,12 @@
 //! that inode's ctime; such inodes get their attributes again at the end.
 //!
 //! Not kept: inode flags (`chattr`), and what a file becomes while it is read (a file that
-//! changes during the copy is copied as the reads saw it, with the size its `lstat` gave).
+//! changes during the copy is copied as the reads saw it, with the size its stat gave).
 //! The walk crosses into file systems mounted below DIR, as `cp -a` does.
 mod client;
+mod estimate;
 mod serve;
+mod source;
 mod walk;
 mod wire;
 mod write;
@@ -38,11 +40,10 @@ mod write;
 use crate::mkfs::MkfsArgs;
 use idxfs_engine::fs::{Owner, SetAttr, SetTime, Time};
 use idxfs_engine::Fs;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::sync_channel;
 use std::time::{Duration, Instant};
-use walk::{list, walk};
+use walk::walk;
 use write::Writer;
 
 pub(crate) use client::import_into;
@@ -56,7 +57,7 @@ const BATCH_BYTES: usize = 4 << 20;
 /// Batches in flight between the reader and the writer.
 const QUEUE: usize = 8;
 
-/// An entry's attributes, as `lstat` gave them.
+/// An entry's attributes, as its stat (not following a symlink) gave them.
 #[derive(Clone, Copy)]
 struct Attrs {
     /// Type and permission bits (`st_mode`).
@@ -71,20 +72,21 @@ struct Attrs {
 }
 
 impl Attrs {
-    fn of(m: &std::fs::Metadata) -> Attrs {
-        let t = |sec: i64, nsec: i64| Time {
+    fn of(m: &source::Stat) -> Attrs {
+        let t = |(sec, nsec): (i64, i64)| Time {
             sec,
             nsec: nsec.clamp(0, 999_999_999) as u32,
         };
+        let [atime, mtime, ctime] = m.times();
         Attrs {
             mode: m.mode(),
             uid: m.uid(),
             gid: m.gid(),
             rdev: m.rdev(),
             size: m.size(),
-            atime: t(m.atime(), m.atime_nsec()),
-            mtime: t(m.mtime(), m.mtime_nsec()),
-            ctime: t(m.ctime(), m.ctime_nsec()),
+            atime: t(atime),
+            mtime: t(mtime),
+            ctime: t(ctime),
         }
     }
 
@@ -204,7 +206,7 @@ pub(crate) fn mkfs_from(a: &MkfsArgs, dir: &Path) -> Result<(Totals, f64), Strin
     let (size, expect) = match a.size {
         Some(s) => (Some(s), 0),
         None if made => {
-            let (s, n) = estimate(dir)?;
+            let (s, n) = estimate::estimate(dir)?;
             (Some(s), n)
         }
         None => (None, 0),
@@ -232,35 +234,6 @@ pub(crate) fn mkfs_from(a: &MkfsArgs, dir: &Path) -> Result<(Totals, f64), Strin
             a.image.display()
         )),
     }
-}
-
-/// An estimate of the image size `dir` needs: its data rounded to blocks, room for its
-/// metadata, and the share idxfs keeps free (the reserves of `fs::reserve`), by one `lstat`
-/// walk. Returns the size and the entries counted.
-pub(crate) fn estimate(dir: &Path) -> Result<(u64, u64), String> {
-    let mut data = 0u64;
-    let mut entries = 0u64;
-    let mut names = 0u64;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for name in list(&d).map_err(|e| format!("{}: {e}", d.display()))? {
-            let p = d.join(&name);
-            let m = std::fs::symlink_metadata(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-            entries += 1;
-            names += name.len() as u64;
-            if m.is_dir() {
-                stack.push(p);
-            } else if m.is_file() || m.file_type().is_symlink() {
-                // Allocated bytes, so holes cost nothing; a file written since may need more.
-                data += (m.blocks() * 512).min(m.size()).div_ceil(4096) * 4096;
-            }
-        }
-    }
-    // Per entry: the inode item, an entry in each directory index, a back reference and an
-    // extent, with the B+trees' slack (leaves kept from half full), copied on write.
-    let meta = entries * 1024 + names * 4;
-    let size = (data + meta) / 4 * 5 + (64 << 20);
-    Ok((size.div_ceil(1 << 20) << 20, entries))
 }
 
 /// Copies the tree under `dir` (its own attributes onto the root) into `fs`, which must be

@@ -1,11 +1,11 @@
 //! The reader of `mkfs --from`: lists the source tree and reads each entry into batches for
 //! the writer, in the order the module notes of `super` give.
-use super::{Attrs, Item, Kind, Xattrs, BATCH_BYTES, BATCH_ITEMS, CHUNK};
+use super::source::{c_path, Dir, Entry, Stat, XattrsOf};
+use super::{Attrs, Item, Kind, BATCH_BYTES, BATCH_ITEMS, CHUNK};
 use idxfs_engine::fs::NEW_FILE_MAX;
 use std::collections::HashMap;
-use std::ffi::{CString, OsString};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStringExt;
 use std::path::Path;
 use std::sync::mpsc::SyncSender;
 
@@ -76,74 +76,115 @@ fn walk_into(dir: &Path, out: &mut Batch) -> Result<(), WalkError> {
     // (dev, ino) of inodes with several names seen so far, to the id of their first name.
     let mut linked: HashMap<(u64, u64), u64> = HashMap::new();
     let mut next_dir = 1usize;
-    let root = std::fs::symlink_metadata(dir).map_err(|e| failed(dir, e))?;
+    let root = Dir::open(dir)
+        .and_then(|d| d.stat_self())
+        .map_err(|e| failed(dir, e))?;
     // Directories whose entries are still to be made, the next one last.
     let mut todo = vec![(0usize, dir.to_path_buf(), root)];
     while let Some((id, path, meta)) = todo.pop() {
-        let mut names = list(&path).map_err(|e| failed(&path, e))?;
-        names.sort_unstable();
+        let d = Dir::open(&path).map_err(|e| failed(&path, e))?;
+        let mut entries = d.entries().map_err(|e| failed(&path, e))?;
+        entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         let mut subdirs = Vec::new();
-        for name in names {
+        for Entry { name, dtype } in entries {
             let p = path.join(&name);
-            let m = std::fs::symlink_metadata(&p).map_err(|e| failed(&p, e))?;
+            // A regular file is opened first and stat'ed through its descriptor (fstatat
+            // then openat looked its name up twice); anything else, or a name whose type
+            // changed since the listing, is stat'ed by name and never opened.
+            let opened = match dtype {
+                libc::DT_REG => d.open_regular(&name).map_err(|e| failed(&p, e))?,
+                _ => None,
+            };
+            let m = match &opened {
+                Some((_, m)) => *m,
+                None => d.stat(&name).map_err(|e| failed(&p, e))?,
+            };
             let attrs = Attrs::of(&m);
             let mut first_link = None;
-            let ft = m.file_type();
-            let kind = if ft.is_dir() {
+            if m.is_dir() {
                 let kid = next_dir;
                 next_dir += 1;
-                subdirs.push((kid, p.clone(), m.clone()));
-                Kind::Dir { id: kid }
+                subdirs.push((kid, p.clone(), m));
+                // Its xattrs go with its attributes, once its entries are made (`DirDone`).
+                out.push(Item::Make {
+                    parent: id,
+                    name: name.into_vec(),
+                    path: p,
+                    kind: Kind::Dir { id: kid },
+                    attrs,
+                    xattrs: Vec::new(),
+                    first_link,
+                })?;
+                continue;
+            }
+            // A name of an inode seen before is a link to it, whatever its type.
+            if m.nlink() > 1 {
+                let n = linked.len() as u64;
+                match linked.entry((m.dev(), m.ino())) {
+                    std::collections::hash_map::Entry::Occupied(o) => {
+                        out.push(Item::Make {
+                            parent: id,
+                            name: name.into_vec(),
+                            path: p,
+                            kind: Kind::Link(*o.get()),
+                            attrs,
+                            xattrs: Vec::new(),
+                            first_link: None,
+                        })?;
+                        continue;
+                    }
+                    std::collections::hash_map::Entry::Vacant(v) => {
+                        v.insert(n);
+                        first_link = Some(n);
+                    }
+                }
+            }
+            if m.is_file() {
+                let f = match opened {
+                    Some((f, _)) => f,
+                    None => d.open_file(&name).map_err(|e| failed(&p, e))?,
+                };
+                let whole = read_whole(&f, &m).map_err(|e| failed(&p, e))?;
+                let xattrs = XattrsOf::Fd(f.as_raw_fd())
+                    .read()
+                    .map_err(|e| failed(&p, e))?;
+                let streamed = whole.is_none();
+                out.push(Item::Make {
+                    parent: id,
+                    name: name.into_vec(),
+                    path: p.clone(),
+                    kind: Kind::File { whole },
+                    attrs,
+                    xattrs,
+                    first_link,
+                })?;
+                if streamed {
+                    read_data(&f, &m, out).map_err(|e| match e {
+                        ReadError::Stopped => WalkError::Stopped,
+                        ReadError::Io(e) => failed(&p, e),
+                    })?;
+                }
+                continue;
+            }
+            let kind = if m.is_symlink() {
+                Kind::Symlink(d.read_link(&name).map_err(|e| failed(&p, e))?)
             } else {
-                // A name of an inode seen before is a link to it, whatever its type.
-                if m.nlink() > 1 {
-                    let n = linked.len() as u64;
-                    match linked.entry((m.dev(), m.ino())) {
-                        std::collections::hash_map::Entry::Occupied(o) => {
-                            out.push(Item::Make {
-                                parent: id,
-                                name: name.into_vec(),
-                                path: p,
-                                kind: Kind::Link(*o.get()),
-                                attrs,
-                                xattrs: Vec::new(),
-                                first_link: None,
-                            })?;
-                            continue;
-                        }
-                        std::collections::hash_map::Entry::Vacant(v) => {
-                            v.insert(n);
-                            first_link = Some(n);
-                        }
-                    }
-                }
-                if ft.is_file() {
-                    Kind::File {
-                        whole: read_whole(&p, &m)?,
-                    }
-                } else if ft.is_symlink() {
-                    let t = std::fs::read_link(&p).map_err(|e| failed(&p, e))?;
-                    Kind::Symlink(t.into_os_string().into_vec())
-                } else {
-                    Kind::Special
-                }
+                Kind::Special
             };
-            let xattrs = xattrs_of(&p)?;
-            let streamed = matches!(kind, Kind::File { whole: None });
+            let c = c_path(&p).map_err(|e| failed(&p, e))?;
+            let xattrs = XattrsOf::Path(&c).read().map_err(|e| failed(&p, e))?;
             out.push(Item::Make {
                 parent: id,
                 name: name.into_vec(),
-                path: p.clone(),
+                path: p,
                 kind,
                 attrs,
                 xattrs,
                 first_link,
             })?;
-            if streamed {
-                read_data(&p, &m, out)?;
-            }
         }
-        let xattrs = xattrs_of(&path)?;
+        let xattrs = d.xattrs().map_err(|e| failed(&path, e))?;
+        drop(d);
         out.push(Item::DirDone {
             id,
             attrs: Attrs::of(&meta),
@@ -156,67 +197,14 @@ fn walk_into(dir: &Path, out: &mut Batch) -> Result<(), WalkError> {
     Ok(())
 }
 
-/// Opens `p` with `flags` and O_NOATIME, so reading it leaves its atime alone; without
-/// O_NOATIME when the caller may not use it (only the owner or CAP_FOWNER may).
-fn open_noatime(p: &Path, flags: i32) -> std::io::Result<std::fs::File> {
-    let open = |more: i32| {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(flags | more)
-            .open(p)
-    };
-    open(libc::O_NOATIME).or_else(|e| match e.raw_os_error() {
-        Some(libc::EPERM) => open(0),
-        _ => Err(e),
-    })
-}
-
-/// The names in directory `p` (not "." and ".."), read without moving its atime.
-pub(super) fn list(p: &Path) -> std::io::Result<Vec<OsString>> {
-    use std::os::fd::IntoRawFd;
-    let fd = open_noatime(p, libc::O_DIRECTORY | libc::O_NOFOLLOW)?.into_raw_fd();
-    // SAFETY: an open directory descriptor, which the stream owns from here (closedir).
-    let d = unsafe { libc::fdopendir(fd) };
-    if d.is_null() {
-        let e = std::io::Error::last_os_error();
-        // SAFETY: fdopendir failed, so the descriptor is still ours.
-        unsafe { libc::close(fd) };
-        return Err(e);
-    }
-    let mut names = Vec::new();
-    let r = loop {
-        // readdir reports an error only through errno, which it leaves alone at the end.
-        // SAFETY: errno is this thread's.
-        unsafe { *libc::__errno_location() = 0 };
-        // SAFETY: a stream we opened; the entry is used before the next call.
-        let e = unsafe { libc::readdir64(d) };
-        if e.is_null() {
-            let err = std::io::Error::last_os_error();
-            break if err.raw_os_error() == Some(0) {
-                Ok(())
-            } else {
-                Err(err)
-            };
-        }
-        // SAFETY: d_name is NUL-terminated within the entry.
-        let name = unsafe { std::ffi::CStr::from_ptr((*e).d_name.as_ptr()) }.to_bytes();
-        if name != b"." && name != b".." {
-            names.push(OsString::from_vec(name.to_vec()));
-        }
-    };
-    // SAFETY: the stream opened above, closed once.
-    unsafe { libc::closedir(d) };
-    r.map(|()| names)
-}
-
 /// Whether `m` may have holes: fewer blocks than its size needs.
-fn maybe_sparse(m: &std::fs::Metadata) -> bool {
+fn maybe_sparse(m: &Stat) -> bool {
     m.blocks() * 512 < m.size()
 }
 
-/// All the bytes of the regular file at `p` when it is small and has no holes (see
+/// All the bytes of the regular file `f` when it is small and has no holes (see
 /// `Kind::File`); None for the others, whose data `read_data` sends.
-fn read_whole(p: &Path, m: &std::fs::Metadata) -> Result<Option<Vec<u8>>, WalkError> {
+fn read_whole(f: &std::fs::File, m: &Stat) -> std::io::Result<Option<Vec<u8>>> {
     let size = m.size();
     if size == 0 {
         return Ok(Some(Vec::new()));
@@ -224,20 +212,36 @@ fn read_whole(p: &Path, m: &std::fs::Metadata) -> Result<Option<Vec<u8>>, WalkEr
     if size > NEW_FILE_MAX as u64 || maybe_sparse(m) {
         return Ok(None);
     }
-    let f = open_noatime(p, libc::O_NOFOLLOW).map_err(|e| failed(p, e))?;
     let mut bytes = vec![0u8; size as usize];
-    let got = read_at(&f, 0, &mut bytes).map_err(|e| failed(p, e))?;
-    // A file that shrank since its lstat: what was read is what there is.
+    let got = read_at(f, 0, &mut bytes)?;
+    // A file that shrank since its stat: what was read is what there is.
     bytes.truncate(got);
     Ok(Some(bytes))
 }
 
-/// Sends the data ranges of the regular file at `p` as `Item::Data`.
-fn read_data(p: &Path, m: &std::fs::Metadata, out: &mut Batch) -> Result<(), WalkError> {
-    let f = open_noatime(p, libc::O_NOFOLLOW).map_err(|e| failed(p, e))?;
+/// Why `read_data` ended early.
+enum ReadError {
+    Stopped,
+    Io(std::io::Error),
+}
+
+impl From<Stopped> for ReadError {
+    fn from(_: Stopped) -> Self {
+        ReadError::Stopped
+    }
+}
+
+impl From<std::io::Error> for ReadError {
+    fn from(e: std::io::Error) -> Self {
+        ReadError::Io(e)
+    }
+}
+
+/// Sends the data ranges of the regular file `f` as `Item::Data`.
+fn read_data(f: &std::fs::File, m: &Stat, out: &mut Batch) -> Result<(), ReadError> {
     let size = m.size();
     let ranges = if maybe_sparse(m) {
-        data_ranges(&f, size).map_err(|e| failed(p, e))?
+        data_ranges(f, size)?
     } else {
         vec![(0, size)]
     };
@@ -246,13 +250,13 @@ fn read_data(p: &Path, m: &std::fs::Metadata, out: &mut Batch) -> Result<(), Wal
         while off < end {
             let want = (end - off).min(CHUNK as u64) as usize;
             let mut bytes = vec![0u8; want];
-            let got = read_at(&f, off, &mut bytes).map_err(|e| failed(p, e))?;
+            let got = read_at(f, off, &mut bytes)?;
             bytes.truncate(got);
             if got > 0 {
                 out.push(Item::Data { off, bytes })?;
             }
             if got < want {
-                // The file shrank since its lstat: what was read is what there is.
+                // The file shrank since its stat: what was read is what there is.
                 return Ok(());
             }
             off += got as u64;
@@ -306,51 +310,4 @@ fn data_ranges(f: &std::fs::File, size: u64) -> std::io::Result<Vec<(u64, u64)>>
         off = end;
     }
     Ok(ranges)
-}
-
-/// The extended attributes of `p` (not followed if a symlink), every namespace the caller may
-/// read; none where the source file system has none.
-fn xattrs_of(p: &Path) -> Result<Xattrs, WalkError> {
-    let c = CString::new(p.as_os_str().as_bytes()).map_err(|e| failed(p, e))?;
-    let mut list = vec![0u8; 1024];
-    let len = loop {
-        // SAFETY: the buffer is valid for its length; the path is NUL-terminated.
-        let n = unsafe { libc::llistxattr(c.as_ptr(), list.as_mut_ptr().cast(), list.len()) };
-        if n >= 0 {
-            break n as usize;
-        }
-        let e = std::io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::ENOTSUP) => return Ok(Vec::new()),
-            Some(libc::ERANGE) => list.resize(list.len() * 4, 0),
-            _ => return Err(failed(p, format!("listing xattrs: {e}"))),
-        }
-    };
-    let mut out = Vec::new();
-    for name in list[..len].split(|&b| b == 0).filter(|n| !n.is_empty()) {
-        let cn = CString::new(name).map_err(|e| failed(p, e))?;
-        let mut val = vec![0u8; 256];
-        loop {
-            // SAFETY: as above.
-            let n = unsafe {
-                libc::lgetxattr(c.as_ptr(), cn.as_ptr(), val.as_mut_ptr().cast(), val.len())
-            };
-            if n >= 0 {
-                val.truncate(n as usize);
-                out.push((name.to_vec(), val));
-                break;
-            }
-            let e = std::io::Error::last_os_error();
-            match e.raw_os_error() {
-                // Removed since the list: not there to copy.
-                Some(libc::ENODATA) => break,
-                Some(libc::ERANGE) if val.len() < 1 << 20 => val.resize(val.len() * 4, 0),
-                _ => {
-                    let n = String::from_utf8_lossy(name);
-                    return Err(failed(p, format!("reading xattr {n}: {e}")));
-                }
-            }
-        }
-    }
-    Ok(out)
 }

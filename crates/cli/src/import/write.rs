@@ -281,7 +281,7 @@ impl<F: Deref<Target = Fs>> Writer<F> {
     }
 
     /// Sets the attributes of the file whose data came last: its size too when it ends in a
-    /// hole (or shrank while it was read, then its data ends short of the size `lstat` gave).
+    /// hole (or shrank while it was read, then its data ends short of the size its stat gave).
     fn close_file(&mut self) -> Result<(), String> {
         let Some(f) = self.open.take() else {
             return Ok(());

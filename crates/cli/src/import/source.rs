@@ -1,0 +1,353 @@
+//! The source tree of a copy, read relative to open directories: every entry is stat'ed,
+//! opened and read by its name in its directory's descriptor (`fstatat`, `openat`,
+//! `readlinkat`), and a regular file's xattrs through its open descriptor, so a file costs
+//! no walk of its whole path. Walking `DIR/d00042/f0042137` from `/` three times a file
+//! (lstat, open, llistxattr) was a fifth of the reader's time, and the size estimate's lstat
+//! walk ran before the copy started (`super::estimate`).
+//!
+//! Directories are opened by path (once each, when the walk reaches them), so the walk holds
+//! one directory descriptor at a time however wide the tree is.
+use std::ffi::{CStr, CString, OsStr, OsString};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::Path;
+
+/// One entry of a listing: its name and the type `getdents` gave (`libc::DT_*`;
+/// `DT_UNKNOWN` where the source file system does not say).
+pub(super) struct Entry {
+    pub name: OsString,
+    pub dtype: u8,
+}
+
+/// What `fstat` gave for an entry (not followed if a symlink).
+#[derive(Clone, Copy)]
+pub(super) struct Stat(libc::stat64);
+
+impl Stat {
+    pub fn mode(&self) -> u32 {
+        self.0.st_mode
+    }
+    fn kind(&self) -> u32 {
+        self.0.st_mode & libc::S_IFMT
+    }
+    pub fn is_dir(&self) -> bool {
+        self.kind() == libc::S_IFDIR
+    }
+    pub fn is_file(&self) -> bool {
+        self.kind() == libc::S_IFREG
+    }
+    pub fn is_symlink(&self) -> bool {
+        self.kind() == libc::S_IFLNK
+    }
+    pub fn uid(&self) -> u32 {
+        self.0.st_uid
+    }
+    pub fn gid(&self) -> u32 {
+        self.0.st_gid
+    }
+    pub fn rdev(&self) -> u64 {
+        self.0.st_rdev
+    }
+    pub fn size(&self) -> u64 {
+        self.0.st_size.max(0) as u64
+    }
+    /// 512-byte blocks allocated.
+    pub fn blocks(&self) -> u64 {
+        self.0.st_blocks.max(0) as u64
+    }
+    pub fn nlink(&self) -> u64 {
+        self.0.st_nlink
+    }
+    pub fn dev(&self) -> u64 {
+        self.0.st_dev
+    }
+    pub fn ino(&self) -> u64 {
+        self.0.st_ino
+    }
+    /// (seconds, nanoseconds) of the access, modification and change times.
+    pub fn times(&self) -> [(i64, i64); 3] {
+        let s = &self.0;
+        [
+            (s.st_atime, s.st_atime_nsec),
+            (s.st_mtime, s.st_mtime_nsec),
+            (s.st_ctime, s.st_ctime_nsec),
+        ]
+    }
+}
+
+fn cstr(name: &OsStr) -> std::io::Result<CString> {
+    CString::new(name.as_bytes()).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// `r` as a result: the errno of the call when it is negative.
+fn check(r: libc::c_int) -> std::io::Result<libc::c_int> {
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// Opens `name` in `dir` (or the path itself when `dir` is None) with `flags` and O_NOATIME,
+/// so reading it leaves its atime alone; without O_NOATIME when the caller may not use it
+/// (only the owner or CAP_FOWNER may).
+fn open_noatime(dir: Option<RawFd>, name: &CStr, flags: i32) -> std::io::Result<OwnedFd> {
+    let open = |more: i32| {
+        let at = dir.unwrap_or(libc::AT_FDCWD);
+        // SAFETY: a NUL-terminated name; the descriptor returned is owned by the caller.
+        check(unsafe { libc::openat(at, name.as_ptr(), flags | more | libc::O_CLOEXEC) })
+            // SAFETY: a descriptor openat just returned, owned by nobody else.
+            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+    };
+    open(libc::O_NOATIME).or_else(|e| match e.raw_os_error() {
+        Some(libc::EPERM) => open(0),
+        _ => Err(e),
+    })
+}
+
+/// An open directory of the source tree.
+pub(super) struct Dir {
+    fd: OwnedFd,
+}
+
+impl Dir {
+    /// Opens the directory at `path` (not followed if a symlink).
+    pub fn open(path: &Path) -> std::io::Result<Dir> {
+        let c = cstr(path.as_os_str())?;
+        let fd = open_noatime(
+            None,
+            &c,
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        )?;
+        Ok(Dir { fd })
+    }
+
+    /// The directory's own extended attributes (`XattrsOf::read`).
+    pub fn xattrs(&self) -> Result<super::Xattrs, String> {
+        XattrsOf::Fd(self.fd.as_raw_fd()).read()
+    }
+
+    /// The directory's own attributes.
+    pub fn stat_self(&self) -> std::io::Result<Stat> {
+        fd_stat(self.fd.as_raw_fd())
+    }
+
+    /// The entries of the directory (not "." and ".."), read without moving its atime.
+    pub fn entries(&self) -> std::io::Result<Vec<Entry>> {
+        // The stream gets a descriptor of its own (closedir closes it); both share one open
+        // file, whose position only the stream moves.
+        // SAFETY: dup of a descriptor we own.
+        let fd = check(unsafe { libc::fcntl(self.fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) })?;
+        // SAFETY: a descriptor of our own, which the stream owns from here.
+        let d = unsafe { libc::fdopendir(fd) };
+        if d.is_null() {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: fdopendir failed, so the descriptor is still ours.
+            unsafe { libc::close(fd) };
+            return Err(e);
+        }
+        // SAFETY: the stream was just opened: start from its first entry.
+        unsafe { libc::rewinddir(d) };
+        let mut out = Vec::new();
+        let r = loop {
+            // readdir reports an error only through errno, which it leaves alone at the end.
+            // SAFETY: errno is this thread's.
+            unsafe { *libc::__errno_location() = 0 };
+            // SAFETY: a stream we opened; the entry is used before the next call.
+            let e = unsafe { libc::readdir64(d) };
+            if e.is_null() {
+                let err = std::io::Error::last_os_error();
+                break if err.raw_os_error() == Some(0) {
+                    Ok(())
+                } else {
+                    Err(err)
+                };
+            }
+            // SAFETY: d_name is NUL-terminated within the entry.
+            let name = unsafe { CStr::from_ptr((*e).d_name.as_ptr()) }.to_bytes();
+            if name != b"." && name != b".." {
+                out.push(Entry {
+                    name: OsString::from_vec(name.to_vec()),
+                    // SAFETY: the entry is valid until the next readdir.
+                    dtype: unsafe { (*e).d_type },
+                });
+            }
+        };
+        // SAFETY: the stream opened above, closed once.
+        unsafe { libc::closedir(d) };
+        r.map(|()| out)
+    }
+
+    /// `name`'s attributes (not followed if a symlink).
+    pub fn stat(&self, name: &OsStr) -> std::io::Result<Stat> {
+        let c = cstr(name)?;
+        let mut st = std::mem::MaybeUninit::<libc::stat64>::zeroed();
+        // SAFETY: a NUL-terminated name and a stat buffer to fill.
+        check(unsafe {
+            libc::fstatat64(
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                st.as_mut_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        })?;
+        // SAFETY: fstatat filled it.
+        Ok(Stat(unsafe { st.assume_init() }))
+    }
+
+    /// Opens the regular file `name` for reading (never following a symlink, never
+    /// blocking on a FIFO put in its place since its stat).
+    pub fn open_file(&self, name: &OsStr) -> std::io::Result<std::fs::File> {
+        let c = cstr(name)?;
+        let fd = open_noatime(
+            Some(self.fd.as_raw_fd()),
+            &c,
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+        )?;
+        Ok(std::fs::File::from(fd))
+    }
+
+    /// Opens `name` as `open_file` does and stats it through the descriptor: the file and
+    /// its attributes when it is a regular file, None when it is something else now (the
+    /// caller then stats it by name; it was closed unread).
+    pub fn open_regular(&self, name: &OsStr) -> std::io::Result<Option<(std::fs::File, Stat)>> {
+        let f = match self.open_file(name) {
+            Ok(f) => f,
+            // A symlink now (O_NOFOLLOW), or a device or FIFO whose driver refused.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENXIO)) => {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
+        };
+        let m = fd_stat(f.as_raw_fd())?;
+        Ok(m.is_file().then_some((f, m)))
+    }
+
+    /// The target of the symlink `name`.
+    pub fn read_link(&self, name: &OsStr) -> std::io::Result<Vec<u8>> {
+        let c = cstr(name)?;
+        let mut buf = vec![0u8; 256];
+        loop {
+            // SAFETY: the buffer is valid for its length; the name is NUL-terminated.
+            let n = unsafe {
+                libc::readlinkat(
+                    self.fd.as_raw_fd(),
+                    c.as_ptr(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                )
+            };
+            if n < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let n = n as usize;
+            if n < buf.len() {
+                buf.truncate(n);
+                return Ok(buf);
+            }
+            // Perhaps cut short: again with room to spare (a target is at most PATH_MAX).
+            if buf.len() > libc::PATH_MAX as usize {
+                return Err(std::io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+            }
+            buf.resize(buf.len() * 4, 0);
+        }
+    }
+}
+
+/// `fstat` of an open descriptor.
+pub(super) fn fd_stat(fd: RawFd) -> std::io::Result<Stat> {
+    let mut st = std::mem::MaybeUninit::<libc::stat64>::zeroed();
+    // SAFETY: a descriptor we hold and a stat buffer to fill.
+    check(unsafe { libc::fstat64(fd, st.as_mut_ptr()) })?;
+    // SAFETY: fstat filled it.
+    Ok(Stat(unsafe { st.assume_init() }))
+}
+
+/// Where the xattrs of an entry are read from.
+pub(super) enum XattrsOf<'a> {
+    /// An open descriptor of it (a regular file being read, a directory).
+    Fd(RawFd),
+    /// Its path (symlinks and special files, which are not opened).
+    Path(&'a CStr),
+}
+
+impl XattrsOf<'_> {
+    fn list(&self, buf: &mut [u8]) -> isize {
+        match self {
+            // SAFETY: the buffer is valid for its length; the descriptor is open.
+            XattrsOf::Fd(fd) => unsafe {
+                libc::flistxattr(*fd, buf.as_mut_ptr().cast(), buf.len())
+            },
+            // SAFETY: as above, with a NUL-terminated path.
+            XattrsOf::Path(p) => unsafe {
+                libc::llistxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+            },
+        }
+    }
+
+    fn get(&self, name: &CStr, buf: &mut [u8]) -> isize {
+        match self {
+            // SAFETY: the buffer is valid for its length; the descriptor is open; the name
+            // is NUL-terminated.
+            XattrsOf::Fd(fd) => unsafe {
+                libc::fgetxattr(*fd, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+            },
+            // SAFETY: as above, with a NUL-terminated path.
+            XattrsOf::Path(p) => unsafe {
+                libc::lgetxattr(
+                    p.as_ptr(),
+                    name.as_ptr(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                )
+            },
+        }
+    }
+
+    /// Every extended attribute the caller may read, as (name, value); none where the source
+    /// file system keeps none. Err: one line saying which call failed.
+    pub fn read(&self) -> Result<super::Xattrs, String> {
+        let mut list = vec![0u8; 1024];
+        let len = loop {
+            let n = self.list(&mut list);
+            if n >= 0 {
+                break n as usize;
+            }
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::ENOTSUP) => return Ok(Vec::new()),
+                Some(libc::ERANGE) => list.resize(list.len() * 4, 0),
+                _ => return Err(format!("listing xattrs: {e}")),
+            }
+        };
+        let mut out = Vec::new();
+        for name in list[..len].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+            let cn = CString::new(name).map_err(|e| format!("xattr name: {e}"))?;
+            let mut val = vec![0u8; 256];
+            loop {
+                let n = self.get(&cn, &mut val);
+                if n >= 0 {
+                    val.truncate(n as usize);
+                    out.push((name.to_vec(), val));
+                    break;
+                }
+                let e = std::io::Error::last_os_error();
+                match e.raw_os_error() {
+                    // Removed since the list: not there to copy.
+                    Some(libc::ENODATA) => break,
+                    Some(libc::ERANGE) if val.len() < 1 << 20 => val.resize(val.len() * 4, 0),
+                    _ => {
+                        let n = String::from_utf8_lossy(name);
+                        return Err(format!("reading xattr {n}: {e}"));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `path` as a C string, for the calls that take a path.
+pub(super) fn c_path(path: &Path) -> std::io::Result<CString> {
+    cstr(path.as_os_str())
+}
