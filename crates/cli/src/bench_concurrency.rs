@@ -2,7 +2,9 @@
 //!
 //! Through the library: getattr and lookup latency (p50, p99, max) idle, then while another
 //! thread creates files with fsyncs every 64 creates and a commit every 4,096, and the same for
-//! getxattr of a name files lack (the ACL `ls -l` asks for) and statfs; creates with two
+//! getxattr of a name files lack (the ACL `ls -l` asks for) and statfs, beside the same
+//! reader's timing of no call at all (two clock reads back to back: the maximum the machine
+//! alone puts under every row, as a reader descheduled on these 2 CPUs); creates with two
 //! threads in two directories against one; getattr throughput of two reader threads against
 //! one, and getattr, getxattr and statfs throughput of two readers against two that take the
 //! lock for every read (the same-run baseline of the lock-free path). Through the mount (when idxfs is among the file systems): stat latency
@@ -86,6 +88,9 @@ struct ReadLat {
     /// getxattr of a name the file does not have (`ACL_XATTR`).
     getxattr: Lat,
     statfs: Lat,
+    /// Two clock reads with no call between them: what the machine alone adds (a reader
+    /// descheduled, a timer tick), the floor under every other row's maximum.
+    nothing: Lat,
 }
 
 fn read_lat(fs: &Fs, dir: u64, files: &[(Vec<u8>, u64)], dur: Duration) -> ReadLat {
@@ -94,6 +99,7 @@ fn read_lat(fs: &Fs, dir: u64, files: &[(Vec<u8>, u64)], dur: Duration) -> ReadL
         lookup: Lat(Vec::new()),
         getxattr: Lat(Vec::new()),
         statfs: Lat(Vec::new()),
+        nothing: Lat(Vec::new()),
     };
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     let end = Instant::now() + dur;
@@ -112,6 +118,8 @@ fn read_lat(fs: &Fs, dir: u64, files: &[(Vec<u8>, u64)], dur: Duration) -> ReadL
             let t4 = Instant::now();
             let _ = fs.statfs();
             let t5 = Instant::now();
+            let t6 = Instant::now();
+            r.nothing.0.push((t6 - t5).as_nanos() as u64);
             r.getattr.0.push((t2 - t).as_nanos() as u64);
             r.lookup.0.push((t3 - t2).as_nanos() as u64);
             r.getxattr.0.push((t4 - t3).as_nanos() as u64);
@@ -316,6 +324,7 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
         idle.statfs.summary(),
         load.statfs.summary(),
     );
+    let (n0, n1) = (idle.nothing.summary(), load.nothing.summary());
     let mut o = String::new();
     let _ = writeln!(
         o,
@@ -346,6 +355,8 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
     );
     lat_row(&mut o, "statfs, idle", s0, None);
     lat_row(&mut o, "statfs, writer creating+fsyncing", s1, Some(s0));
+    lat_row(&mut o, "no call (the machine's floor), idle", n0, None);
+    lat_row(&mut o, "no call, writer creating+fsyncing", n1, Some(n0));
     let _ = writeln!(
         o,
         "creates/s: 1 thread {one:.0}, 2 threads in 2 directories {two:.0} ({:.2}x)",
@@ -389,7 +400,7 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
         "getattr_1_reader": r1, "getattr_2_readers": r2,
         "getxattr_lock_free": xattrs_free, "statfs_lock_free": statfs_free,
         "getxattr_idle_us": x0, "getxattr_load_us": x1, "statfs_idle_us": s0,
-        "statfs_load_us": s1, "getxattr_2_readers": x2, "getxattr_locked_2_readers": lx2,
+        "statfs_load_us": s1, "no_call_idle_us": n0, "no_call_load_us": n1, "getxattr_2_readers": x2, "getxattr_locked_2_readers": lx2,
         "statfs_2_readers": s2, "statfs_locked_2_readers": ls2,
         "readdir_2_readers": d2, "readdir_locked_2_readers": ld2,
         "readdir_lock_free": readdir_free,
