@@ -167,6 +167,37 @@ fn tick() -> std::time::Duration {
         + std::time::Duration::from_millis(1)
 }
 
+/// Waits until the kernel's coarse clock, which stamps tmpfs's times (and idxfs's under
+/// `-o writeback`, where the kernel keeps them), is past every recent time in `stamps`, so
+/// that a time the next step sets cannot equal one set before it. A tick's sleep was not
+/// always enough: twice in nine seeds a time set a tick later kept its value (on tmpfs
+/// once, on idxfs under writeback once), and the test took it for a time the step did not
+/// move. Times more than a second ahead of the clock were set by utimes, never by the
+/// clock, and are left out; the wait gives up after two seconds.
+fn wait_past<'a>(stamps: impl Iterator<Item = &'a Option<[i64; 5]>>) {
+    let coarse = || {
+        let mut t = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid clock id and a timespec to fill.
+        let r = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut t) };
+        assert_eq!(r, 0, "clock_gettime");
+        (t.tv_sec as i64, t.tv_nsec as i64)
+    };
+    let now = coarse();
+    let last = stamps
+        .flatten()
+        .flat_map(|t| [(t[0], t[1]), (t[2], t[3])])
+        .filter(|&(sec, _)| sec <= now.0 + 1)
+        .max();
+    let Some(last) = last else { return };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while coarse() <= last && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// For each of `watched` (under `root`), what an operation did to its timestamps: whether it
 /// was there before and after, whether it is still the same inode, and if so whether its
 /// mtime and its ctime moved. The values differ by design between two file systems; which of
@@ -339,6 +370,9 @@ impl World {
             .iter()
             .map(|p| (times(&self.idx.mp.join(p)), times(&self.tmp.root().join(p))))
             .unzip();
+        if stamped {
+            wait_past(ta.iter().chain(&tb));
+        }
         let (ra, rb) = (f(&a), f(&b));
         *self.tally.entry((kind, ra.is_ok())).or_default() += 1;
         if ra != rb {

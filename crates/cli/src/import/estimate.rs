@@ -183,13 +183,13 @@ mod tests {
     fn a_directory_it_cannot_list_is_one_line_naming_it() {
         let dir = tempfile::tempdir().expect("tempdir");
         let gone = dir.path().join("missing");
-        let e = estimate(&gone).err().expect("a missing directory fails");
+        let e = estimate(&gone).expect_err("a missing directory fails");
         assert!(e.starts_with(&gone.display().to_string()), "{e}");
         assert!(!e.contains('\n'), "{e}");
         // A file where a directory should be: the walk names it and stops.
         let file = dir.path().join("file");
         std::fs::write(&file, b"x").expect("write");
-        let e = estimate(&file).err().expect("a file is not listed");
+        let e = estimate(&file).expect_err("a file is not listed");
         assert!(e.starts_with(&file.display().to_string()), "{e}");
     }
 }
