@@ -183,7 +183,7 @@ fn wait_past<'a>(stamps: impl Iterator<Item = &'a Option<[i64; 5]>>) {
         // SAFETY: a valid clock id and a timespec to fill.
         let r = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut t) };
         assert_eq!(r, 0, "clock_gettime");
-        (t.tv_sec as i64, t.tv_nsec as i64)
+        (t.tv_sec, t.tv_nsec)
     };
     let now = coarse();
     let last = stamps
