@@ -49,9 +49,17 @@ pub(crate) fn estimate(dir: &Path) -> Result<(u64, u64), String> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(THREADS));
     let mut total = Count::default();
     std::thread::scope(|s| {
-        let hs: Vec<_> = (0..threads)
-            .map(|_| s.spawn(|| walker(&work, &moved)))
+        // Helpers the system refuses to start are fewer helpers: the calling thread walks too,
+        // so the walk ends with none of them.
+        let hs: Vec<_> = (1..threads)
+            .filter_map(|_| {
+                std::thread::Builder::new()
+                    .name("idxfs-estimate".into())
+                    .spawn_scoped(s, || walker(&work, &moved))
+                    .ok()
+            })
             .collect();
+        total.add(walker(&work, &moved));
         for h in hs {
             // A walker that panicked counted nothing more; its failure is reported below.
             match h.join() {

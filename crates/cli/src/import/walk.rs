@@ -99,47 +99,29 @@ fn walk_into(dir: &Path, out: &mut Batch) -> Result<(), WalkError> {
                 Some((_, m)) => *m,
                 None => d.stat(&name).map_err(|e| failed(&p, e))?,
             };
-            let attrs = Attrs::of(&m);
-            let mut first_link = None;
-            if m.is_dir() {
-                let kid = next_dir;
-                next_dir += 1;
-                subdirs.push((kid, p.clone(), m));
-                // Its xattrs go with its attributes, once its entries are made (`DirDone`).
-                out.push(Item::Make {
-                    parent: id,
-                    name: name.into_vec(),
-                    path: p,
-                    kind: Kind::Dir { id: kid },
-                    attrs,
-                    xattrs: Vec::new(),
-                    first_link,
-                })?;
-                continue;
-            }
             // A name of an inode seen before is a link to it, whatever its type.
-            if m.nlink() > 1 {
+            let mut first_link = None;
+            let mut linked_to = None;
+            if !m.is_dir() && m.nlink() > 1 {
                 let n = linked.len() as u64;
                 match linked.entry((m.dev(), m.ino())) {
-                    std::collections::hash_map::Entry::Occupied(o) => {
-                        out.push(Item::Make {
-                            parent: id,
-                            name: name.into_vec(),
-                            path: p,
-                            kind: Kind::Link(*o.get()),
-                            attrs,
-                            xattrs: Vec::new(),
-                            first_link: None,
-                        })?;
-                        continue;
-                    }
+                    std::collections::hash_map::Entry::Occupied(o) => linked_to = Some(*o.get()),
                     std::collections::hash_map::Entry::Vacant(v) => {
                         v.insert(n);
                         first_link = Some(n);
                     }
                 }
             }
-            if m.is_file() {
+            // What it is, its xattrs, and the file whose data follows it in `Item::Data`.
+            let (kind, xattrs, streamed) = if let Some(first) = linked_to {
+                (Kind::Link(first), Vec::new(), None)
+            } else if m.is_dir() {
+                let kid = next_dir;
+                next_dir += 1;
+                subdirs.push((kid, p.clone(), m));
+                // Its xattrs go with its attributes, once its entries are made (`DirDone`).
+                (Kind::Dir { id: kid }, Vec::new(), None)
+            } else if m.is_file() {
                 let f = match opened {
                     Some((f, _)) => f,
                     None => d.open_file(&name).map_err(|e| failed(&p, e))?,
@@ -148,40 +130,33 @@ fn walk_into(dir: &Path, out: &mut Batch) -> Result<(), WalkError> {
                 let xattrs = XattrsOf::Fd(f.as_raw_fd())
                     .read()
                     .map_err(|e| failed(&p, e))?;
-                let streamed = whole.is_none();
-                out.push(Item::Make {
-                    parent: id,
-                    name: name.into_vec(),
-                    path: p.clone(),
-                    kind: Kind::File { whole },
-                    attrs,
-                    xattrs,
-                    first_link,
-                })?;
-                if streamed {
-                    read_data(&f, &m, out).map_err(|e| match e {
-                        ReadError::Stopped => WalkError::Stopped,
-                        ReadError::Io(e) => failed(&p, e),
-                    })?;
-                }
-                continue;
-            }
-            let kind = if m.is_symlink() {
-                Kind::Symlink(d.read_link(&name).map_err(|e| failed(&p, e))?)
+                let streamed = whole.is_none().then_some(f);
+                (Kind::File { whole }, xattrs, streamed)
             } else {
-                Kind::Special
+                let kind = if m.is_symlink() {
+                    Kind::Symlink(d.read_link(&name).map_err(|e| failed(&p, e))?)
+                } else {
+                    Kind::Special
+                };
+                let c = c_path(&p).map_err(|e| failed(&p, e))?;
+                let xattrs = XattrsOf::Path(&c).read().map_err(|e| failed(&p, e))?;
+                (kind, xattrs, None)
             };
-            let c = c_path(&p).map_err(|e| failed(&p, e))?;
-            let xattrs = XattrsOf::Path(&c).read().map_err(|e| failed(&p, e))?;
             out.push(Item::Make {
                 parent: id,
                 name: name.into_vec(),
-                path: p,
+                path: p.clone(),
                 kind,
-                attrs,
+                attrs: Attrs::of(&m),
                 xattrs,
                 first_link,
             })?;
+            if let Some(f) = streamed {
+                read_data(&f, &m, out).map_err(|e| match e {
+                    ReadError::Stopped => WalkError::Stopped,
+                    ReadError::Io(e) => failed(&p, e),
+                })?;
+            }
         }
         let xattrs = d.xattrs().map_err(|e| failed(&path, e))?;
         drop(d);
