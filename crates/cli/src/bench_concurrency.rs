@@ -3,8 +3,9 @@
 //! Through the library: getattr and lookup latency (p50, p99, max) idle, then while another
 //! thread creates files with fsyncs every 64 creates and a commit every 4,096, and the same for
 //! getxattr of a name files lack (the ACL `ls -l` asks for) and statfs, beside the same
-//! reader's timing of no call at all (two clock reads back to back: the maximum the machine
-//! alone puts under every row, as a reader descheduled on these 2 CPUs); creates with two
+//! reader's timing of two floors the machine alone puts under every row: no call at all (two
+//! clock reads back to back) and a few random reads of a plain buffer (`ReadLat::memory`);
+//! each row also counts its calls over 1 ms; creates with two
 //! threads in two directories against one; getattr throughput of two reader threads against
 //! one, and getattr, getxattr and statfs throughput of two readers against two that take the
 //! lock for every read (the same-run baseline of the lock-free path). Through the mount (when idxfs is among the file systems): stat latency
@@ -43,9 +44,12 @@ impl Lat {
         let i = ((self.0.len() - 1) as f64 * p).round() as usize;
         self.0[i]
     }
-    /// (p50, p99, max) in microseconds.
-    fn summary(&mut self) -> [f64; 3] {
-        [self.pct(0.5), self.pct(0.99), self.pct(1.0)].map(|ns| ns as f64 / 1000.0)
+    /// (p50, p99, max) in microseconds, and how many took over 1 ms.
+    fn summary(&mut self) -> [f64; 4] {
+        let [p50, p99, max] =
+            [self.pct(0.5), self.pct(0.99), self.pct(1.0)].map(|ns| ns as f64 / 1000.0);
+        let over = self.0.iter().filter(|&&ns| ns > 1_000_000).count();
+        [p50, p99, max, over as f64]
     }
 }
 
@@ -88,10 +92,22 @@ struct ReadLat {
     /// getxattr of a name the file does not have (`ACL_XATTR`).
     getxattr: Lat,
     statfs: Lat,
-    /// Two clock reads with no call between them: what the machine alone adds (a reader
-    /// descheduled, a timer tick), the floor under every other row's maximum.
+    /// Two clock reads with no call between them: what the machine alone adds to a call that
+    /// touches no memory (a reader descheduled, a timer tick).
     nothing: Lat,
+    /// `FLOOR_READS` random reads of a `FLOOR_BYTES` buffer, about a lookup's time: what the
+    /// machine alone adds to code that touches memory. On a PVM guest the host fills the
+    /// shadow page tables behind the guest's back, and while it does the vCPU does not run:
+    /// no guest sample, page fault or context switch shows it (perf's samples stop), yet
+    /// reads of a plain buffer take milliseconds now and then. So this, not `nothing`, is
+    /// the floor under every other row's maximum.
+    memory: Lat,
 }
+
+/// The memory floor's buffer: larger than the caches, as the readers' tables are together.
+const FLOOR_BYTES: usize = 64 << 20;
+/// Random reads per memory-floor sample.
+const FLOOR_READS: usize = 4;
 
 fn read_lat(fs: &Fs, dir: u64, files: &[(Vec<u8>, u64)], dur: Duration) -> ReadLat {
     let mut r = ReadLat {
@@ -100,7 +116,11 @@ fn read_lat(fs: &Fs, dir: u64, files: &[(Vec<u8>, u64)], dur: Duration) -> ReadL
         getxattr: Lat(Vec::new()),
         statfs: Lat(Vec::new()),
         nothing: Lat(Vec::new()),
+        memory: Lat(Vec::new()),
     };
+    let words = FLOOR_BYTES / 8;
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let mut sum = 0u64;
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     let end = Instant::now() + dur;
     while Instant::now() < end {
@@ -119,13 +139,22 @@ fn read_lat(fs: &Fs, dir: u64, files: &[(Vec<u8>, u64)], dur: Duration) -> ReadL
             let _ = fs.statfs();
             let t5 = Instant::now();
             let t6 = Instant::now();
+            for _ in 0..FLOOR_READS {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                sum = sum.wrapping_add(buf[(x % words as u64) as usize]);
+            }
+            let t7 = Instant::now();
             r.nothing.0.push((t6 - t5).as_nanos() as u64);
+            r.memory.0.push((t7 - t6).as_nanos() as u64);
             r.getattr.0.push((t2 - t).as_nanos() as u64);
             r.lookup.0.push((t3 - t2).as_nanos() as u64);
             r.getxattr.0.push((t4 - t3).as_nanos() as u64);
             r.statfs.0.push((t5 - t4).as_nanos() as u64);
         }
     }
+    std::hint::black_box(sum);
     r
 }
 
@@ -243,14 +272,23 @@ fn readers(fs: &Fs, files: &[(Vec<u8>, u64)], threads: u64, dur: Duration, op: R
     total as f64 / dur.as_secs_f64()
 }
 
-fn lat_row(o: &mut String, label: &str, l: [f64; 3], idle: Option<[f64; 3]>) {
+fn lat_row(o: &mut String, label: &str, l: [f64; 4], idle: Option<[f64; 4]>) {
     let ratio = idle.map_or("-".to_string(), |i| {
         format!("{:.2}x", l[1] / i[1].max(1e-3))
     });
     let _ = writeln!(
         o,
-        "{label:<44} {:>9.2} {:>9.2} {:>10.1} {ratio:>12}",
-        l[0], l[1], l[2]
+        "{label:<48} {:>9.2} {:>9.2} {:>10.1} {:>7} {ratio:>12}",
+        l[0], l[1], l[2], l[3]
+    );
+}
+
+/// The header of `lat_row`'s table.
+fn lat_header(o: &mut String) {
+    let _ = writeln!(
+        o,
+        "{:<48} {:>9} {:>9} {:>10} {:>7} {:>12}",
+        "latency (us)", "p50", "p99", "max", ">1 ms", "p99 vs idle"
     );
 }
 
@@ -325,6 +363,7 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
         load.statfs.summary(),
     );
     let (n0, n1) = (idle.nothing.summary(), load.nothing.summary());
+    let (m0, m1) = (idle.memory.summary(), load.memory.summary());
     let mut o = String::new();
     let _ = writeln!(
         o,
@@ -337,11 +376,7 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
          of {lookups}, getxattr {xattrs_free} of {xattrs}, statfs {statfs_free} of \
          {statfses} (the rest: first reads, which publish)"
     );
-    let _ = writeln!(
-        o,
-        "{:<44} {:>9} {:>9} {:>10} {:>12}",
-        "latency (us)", "p50", "p99", "max", "p99 vs idle"
-    );
+    lat_header(&mut o);
     lat_row(&mut o, "getattr, idle", g0, None);
     lat_row(&mut o, "getattr, writer creating+fsyncing", g1, Some(g0));
     lat_row(&mut o, "lookup, idle", l0, None);
@@ -357,6 +392,17 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
     lat_row(&mut o, "statfs, writer creating+fsyncing", s1, Some(s0));
     lat_row(&mut o, "no call (the machine's floor), idle", n0, None);
     lat_row(&mut o, "no call, writer creating+fsyncing", n1, Some(n0));
+    let reads = format!(
+        "{FLOOR_READS} reads of {} MiB (floor touching memory)",
+        FLOOR_BYTES >> 20
+    );
+    lat_row(&mut o, &format!("{reads}, idle"), m0, None);
+    lat_row(
+        &mut o,
+        &format!("{FLOOR_READS} reads, writer creating+fsyncing"),
+        m1,
+        Some(m0),
+    );
     let _ = writeln!(
         o,
         "creates/s: 1 thread {one:.0}, 2 threads in 2 directories {two:.0} ({:.2}x)",
@@ -400,7 +446,7 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
         "getattr_1_reader": r1, "getattr_2_readers": r2,
         "getxattr_lock_free": xattrs_free, "statfs_lock_free": statfs_free,
         "getxattr_idle_us": x0, "getxattr_load_us": x1, "statfs_idle_us": s0,
-        "statfs_load_us": s1, "no_call_idle_us": n0, "no_call_load_us": n1, "getxattr_2_readers": x2, "getxattr_locked_2_readers": lx2,
+        "statfs_load_us": s1, "no_call_idle_us": n0, "no_call_load_us": n1, "memory_floor_idle_us": m0, "memory_floor_load_us": m1, "getxattr_2_readers": x2, "getxattr_locked_2_readers": lx2,
         "statfs_2_readers": s2, "statfs_locked_2_readers": ls2,
         "readdir_2_readers": d2, "readdir_locked_2_readers": ld2,
         "readdir_lock_free": readdir_free,
@@ -531,6 +577,7 @@ fn mount(base: &Path, secs: f64, files: u64, creates_n: u64) -> Result<(String, 
         "concurrency, through the mount: statx(AT_STATX_FORCE_SYNC) of {files} files \
          (FUSE round trip: {floor:.1} us)"
     );
+    lat_header(&mut o);
     lat_row(&mut o, "stat, idle", i, None);
     lat_row(&mut o, "stat, writer creating+fsyncing", l, Some(i));
     let (li, ll) = (lookup_idle.summary(), lookup_load.summary());
