@@ -275,12 +275,21 @@ impl Fs {
     }
 }
 
+/// Inode numbers at most this far apart are read by one scan (the items between them
+/// are stepped through); farther apart, the next scan descends from the root. A leaf holds
+/// about 90 inodes with their back references: a gap of 32 numbers is at most half a leaf
+/// of items stepped through, about what a descent through cached nodes costs.
+const SCAN_GAP: u64 = 32;
+
 impl Inner {
     /// The inode items of `inos` (in readdir's order: ascending, after "." and ".."): cached
-    /// inodes (maybe changed since the last commit) as they are, the rest with one ordered scan
+    /// inodes (maybe changed since the last commit) as they are, the rest with ordered scans
     /// of the tree over their key range, so a directory pass reads inode leaves once each, in
-    /// order. Where the wanted inodes are sparse in that range (other files' items between
-    /// them), the scan gives up after a budget and the rest are looked up one by one.
+    /// order. Wanted numbers more than `SCAN_GAP` apart start a new scan (one descent), so
+    /// the runs of other directories' inodes between a directory's own runs
+    /// (`super::ino_runs`) are stepped over, not read. Where the wanted inodes are sparse
+    /// within a scan (other files' items between them), it gives up after a budget and the
+    /// rest are looked up one by one.
     fn inodes_in_order(&mut self, inos: &[Ino]) -> Result<Vec<InodeItem>> {
         let mut out: Vec<Option<InodeItem>> =
             inos.iter().map(|i| self.inodes.get(*i).copied()).collect();
@@ -288,10 +297,19 @@ impl Inner {
         // The scan wants them ascending: "." and ".." may sort after the first children.
         // Already sorted but for those, so this costs one pass.
         missing.sort_by_key(|&i| inos[i]);
-        if let (Some(&a), Some(&b)) = (missing.first(), missing.last()) {
-            let budget = 16 * missing.len() + 256;
+        let tree = self.fs_tree;
+        let mut rest = &missing[..];
+        while let Some(&a) = rest.first() {
+            // This scan's wanted numbers: up to the first gap wider than SCAN_GAP.
+            let len = 1 + rest
+                .windows(2)
+                .take_while(|w| inos[w[1]] - inos[w[0]] <= SCAN_GAP)
+                .count();
+            let (part, after) = rest.split_at(len);
+            rest = after;
+            let b = part[len - 1];
+            let budget = 16 * part.len() + 256;
             let (mut visited, mut j) = (0usize, 0usize);
-            let tree = self.fs_tree;
             tree.scan(
                 &mut self.store,
                 Key::new(inos[a], ItemType::Inode, 0),
@@ -299,20 +317,20 @@ impl Inner {
                 |k, v| {
                     visited += 1;
                     if k.item_type() == Some(ItemType::Inode) {
-                        while j < missing.len() && inos[missing[j]] < k.objectid {
+                        while j < part.len() && inos[part[j]] < k.objectid {
                             j += 1;
                         }
-                        while j < missing.len() && inos[missing[j]] == k.objectid {
-                            out[missing[j]] = Some(decode_inode(v, k.objectid)?);
+                        while j < part.len() && inos[part[j]] == k.objectid {
+                            out[part[j]] = Some(decode_inode(v, k.objectid)?);
                             j += 1;
                         }
                     }
-                    Ok(j < missing.len() && visited < budget)
+                    Ok(j < part.len() && visited < budget)
                 },
             )?;
-            let found = missing.iter().filter(|i| out[**i].is_some()).count() as u64;
-            Counters::add(&self.store.counters.inode_scan_reads, found);
         }
+        let found = missing.iter().filter(|i| out[**i].is_some()).count() as u64;
+        Counters::add(&self.store.counters.inode_scan_reads, found);
         out.into_iter()
             .zip(inos)
             .map(|(it, ino)| match it {
