@@ -11,7 +11,10 @@
 //! (inode numbers, directory indexes) fill nodes instead of leaving them half empty. An insert
 //! that ends a run of one object's items of one type, with other items after it (a directory's
 //! inode-order entries, then the next inode), splits right after itself when that left part
-//! fits. Anywhere else the node splits at its byte midpoint.
+//! fits; so does a new inode's item or back reference that follows the previous number's items
+//! with a later object's after it (a directory's run of inode numbers filling in front of
+//! another directory's run, `fs::ino_runs`). Anywhere else the node splits at its byte
+//! midpoint.
 //!
 //! Leaf hints: an insert made through a [`LeafHint`] right after one that went to the same leaf
 //! skips the descent, checked by a counter of shape changes (`Store::shape_seq`), not trust.
@@ -27,7 +30,7 @@ use crate::error::{Error, Result};
 use idxfs_format::node::{
     internal_capacity, leaf_capacity, KeyRange, ITEM_HEADER_SIZE, KEY_PTR_SIZE, MAX_LEVEL,
 };
-use idxfs_format::Key;
+use idxfs_format::{ItemType, Key};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Tree {
@@ -561,14 +564,24 @@ impl Tree {
         //   inode-order entries followed by the next inode's items): split right after it, so
         //   the run's later inserts append to a node that fills, instead of splitting it in half
         //   again and again;
+        // - a new inode's item or back reference right after the previous number's items, with
+        //   a later object's after it: inode numbers come in runs per directory
+        //   (`fs::ino_runs`), so while two directories fill, one's run goes on in front of the
+        //   other's; split right after it too, for the same reason;
         // - anywhere else (random keys such as name hashes): at the byte midpoint.
-        let ends_run = node.is_leaf()
-            && pos + 1 < n
-            && pos > 0
+        let inner = node.is_leaf() && pos + 1 < n && pos > 0;
+        let ends_run = inner
             && (node.keys[pos + 1].objectid, node.keys[pos + 1].ty)
                 != (node.keys[pos].objectid, node.keys[pos].ty)
             && (node.keys[pos - 1].objectid, node.keys[pos - 1].ty)
-                == (node.keys[pos].objectid, node.keys[pos].ty)
+                == (node.keys[pos].objectid, node.keys[pos].ty);
+        let run_goes_on = inner && {
+            let (before, new, after) = (node.keys[pos - 1], node.keys[pos], node.keys[pos + 1]);
+            (new.ty == ItemType::Inode as u8 || new.ty == ItemType::InodeRef as u8)
+                && after.objectid > new.objectid
+                && (before.objectid == new.objectid || before.objectid + 1 == new.objectid)
+        };
+        let after_new = (ends_run || run_goes_on)
             // The left part keeps the new item: it must fit (a large new item followed by
             // small ones need not, and then the byte midpoint is the only safe split).
             && node.leaf_vals()
@@ -579,7 +592,7 @@ impl Tree {
                 >= node.used.saturating_sub(cap);
         let at = if pos == n - 1 {
             n - 1
-        } else if ends_run {
+        } else if after_new {
             pos + 1
         } else {
             let half = node.used / 2;
@@ -607,7 +620,7 @@ impl Tree {
             (super::node::Body::Leaf(l), super::node::Body::Leaf(r)) => {
                 *r = l.split_off(at);
                 right.used = r.live_bytes() + r.len() * ITEM_HEADER_SIZE;
-                if at == n - 1 || ends_run {
+                if at == n - 1 || after_new {
                     Counters::inc(&counters.leaf_splits_append);
                 } else {
                     Counters::inc(&counters.leaf_splits_half);
