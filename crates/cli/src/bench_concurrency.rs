@@ -5,7 +5,8 @@
 //! getxattr of a name files lack (the ACL `ls -l` asks for) and statfs, beside the same
 //! reader's timing of two floors the machine alone puts under every row: no call at all (two
 //! clock reads back to back) and a few random reads of a plain buffer (`ReadLat::memory`);
-//! each row also counts its calls over 1 ms; creates with two
+//! each row also counts its calls over 1 ms; a cold readdirplus of one of two directories
+//! filled by two threads at once against the same filled one after the other; creates with two
 //! threads in two directories against one; getattr throughput of two reader threads against
 //! one, and getattr, getxattr and statfs throughput of two readers against two that take the
 //! lock for every read (the same-run baseline of the lock-free path). Through the mount (when idxfs is among the file systems): stat latency
@@ -103,6 +104,9 @@ struct ReadLat {
     /// the floor under every other row's maximum.
     memory: Lat,
 }
+
+/// Files in each of the two directories `listing_after_two_writers` fills.
+const LISTED: u64 = 50_000;
 
 /// The memory floor's buffer: larger than the caches, as the readers' tables are together.
 const FLOOR_BYTES: usize = 64 << 20;
@@ -311,6 +315,61 @@ fn locked_readers(files: u64, dur: Duration) -> Result<[f64; 6], String> {
 }
 
 /// The library half.
+/// A cold whole-directory readdirplus of one of two directories of `n` files each, filled
+/// by two threads at once and, as the baseline, one after the other by one thread: (nodes
+/// read, seconds) for each. Filled at once, the creates of the two interleave; what a later
+/// pass over one directory pays for that is what `fs::ino_runs` keeps small.
+fn listing_after_two_writers(n: u64) -> Result<[(u64, f64); 2], String> {
+    let mut out = [(0, 0.0); 2];
+    for (slot, at_once) in [(0, true), (1, false)] {
+        let dev = Arc::new(MemDevice::new_prefaulted(1 << 30));
+        Fs::mkfs(dev.clone(), &MkfsOptions::default()).map_err(|e| e.to_string())?;
+        let fs = Fs::open(dev.clone(), OpenOptions::default()).map_err(|e| e.to_string())?;
+        let mk = |name: &[u8]| {
+            fs.mkdir(idxfs_format::ROOT_INO, name, 0o755, Owner::default())
+                .map(|a| a.ino)
+                .map_err(|e| e.to_string())
+        };
+        let (a, b) = (mk(b"a")?, mk(b"b")?);
+        let fill = |d: u64| -> Result<(), String> {
+            for i in 0..n {
+                fs.create(d, format!("f{i:08}").as_bytes(), 0o644, Owner::default())
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        };
+        if at_once {
+            std::thread::scope(|s| {
+                let h = s.spawn(|| fill(b));
+                let mine = fill(a);
+                h.join().map_err(|_| "writer panicked".to_string())??;
+                mine
+            })?;
+        } else {
+            fill(a)?;
+            fill(b)?;
+        }
+        fs.close().map_err(|e| e.to_string())?;
+        let fs = Fs::open(dev, OpenOptions::default()).map_err(|e| e.to_string())?;
+        let before = fs.counters().node_reads.get();
+        let t = Instant::now();
+        let mut cookie = 0;
+        loop {
+            let batch = fs
+                .readdir_plus_batch(a, cookie, 512)
+                .map_err(|e| e.to_string())?;
+            match batch.entries.last() {
+                Some((e, _)) if batch.more => cookie = e.cookie,
+                _ => break,
+            }
+        }
+        let secs = t.elapsed().as_secs_f64();
+        out[slot] = (fs.counters().node_reads.get() - before, secs);
+        fs.close().map_err(|e| e.to_string())?;
+    }
+    Ok(out)
+}
+
 fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), String> {
     let fs = lib_fs(4 << 30, false)?;
     let (dir, names) = populate(&fs, b"r", files)?;
@@ -339,6 +398,7 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
     let batches = c.log_batches.get();
     let one = creates(&fs, "one", 1, creates_n)?;
     let two = creates(&fs, "two", 2, creates_n / 2)?;
+    let [at_once, alone] = listing_after_two_writers(LISTED)?;
     let r1 = readers(&fs, &names, 1, dur, ReadOp::Getattr);
     let r2 = readers(&fs, &names, 2, dur, ReadOp::Getattr);
     let x2 = readers(&fs, &names, 2, dur, ReadOp::Getxattr);
@@ -410,6 +470,17 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
     );
     let _ = writeln!(
         o,
+        "cold readdirplus of one of 2 directories of {LISTED} files: filled by 2 threads at \
+         once {} nodes in {:.1} ms, one after the other {} nodes in {:.1} ms ({:.2}x the \
+         nodes)",
+        at_once.0,
+        at_once.1 * 1e3,
+        alone.0,
+        alone.1 * 1e3,
+        at_once.0 as f64 / alone.0.max(1) as f64
+    );
+    let _ = writeln!(
+        o,
         "getattr/s: 1 reader {r1:.0}, 2 readers {r2:.0} ({:.2}x); every read under the lock: \
          1 reader {l1r:.0}, 2 readers {l2r:.0} ({:.2}x); lock-free against locked, 2 readers: \
          {:.2}x",
@@ -443,6 +514,8 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
         "files": files, "writer_creates": made, "commits": commits, "log_batches": batches,
         "getattr_idle_us": g0, "getattr_load_us": g1, "lookup_idle_us": l0, "lookup_load_us": l1,
         "creates_1_thread": one, "creates_2_threads": two,
+        "listing_after_2_writers_nodes": at_once.0, "listing_after_2_writers_s": at_once.1,
+        "listing_after_1_writer_nodes": alone.0, "listing_after_1_writer_s": alone.1,
         "getattr_1_reader": r1, "getattr_2_readers": r2,
         "getxattr_lock_free": xattrs_free, "statfs_lock_free": statfs_free,
         "getxattr_idle_us": x0, "getxattr_load_us": x1, "statfs_idle_us": s0,

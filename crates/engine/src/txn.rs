@@ -367,10 +367,14 @@ pub(crate) struct TxnState {
     /// moved. So a commit inside an operation (to reclaim space, or between freeing
     /// batches) takes what the operation changed so far, though the operation has not ended.
     pub frozen_seq: u64,
-    /// The next inode number to hand out, and the inodes that exist (the superblock's, as the
-    /// running transaction has them).
+    /// The inode number sequence's next number, and the inodes that exist (the superblock's,
+    /// as the running transaction has them). New inodes take their numbers through
+    /// `ino_runs`, which moves `next_ino` past every run it hands out.
     pub next_ino: u64,
     pub inode_count: u64,
+    /// Runs of inode numbers below `next_ino` reserved for the directories that create
+    /// (`crate::fs::ino_runs`); in memory only.
+    pub ino_runs: crate::fs::ino_runs::InoRuns,
     /// Incompat bits the next commit adds to the superblock: an item needing them exists in
     /// the running transaction (`Inner::require_incompat`).
     pub incompat_wanted: u64,
@@ -383,6 +387,24 @@ pub(crate) struct TxnState {
 }
 
 impl TxnState {
+    /// The number the next inode made in `dir` gets (not taken yet); None when none is left.
+    pub fn peek_ino(&self, dir: u64) -> Option<u64> {
+        self.ino_runs.peek(dir, self.next_ino)
+    }
+
+    /// Takes `ino`, the number `peek_ino(dir)` gave, for an inode made now. Nothing between
+    /// the two may take a number or commit (which ends the runs): an error says the engine
+    /// broke that.
+    pub fn take_ino(&mut self, dir: u64, ino: u64) -> crate::error::Result<()> {
+        if self.ino_runs.take(dir, &mut self.next_ino) != Some(ino) {
+            return Err(crate::error::Error::Invalid(
+                "engine bug: an inode number was taken between its plan and its use",
+            ));
+        }
+        self.inode_count += 1;
+        Ok(())
+    }
+
     /// The state of an image whose last commit wrote `sb`.
     pub fn new(sb: Superblock) -> TxnState {
         TxnState {
@@ -391,6 +413,7 @@ impl TxnState {
             frozen_seq: 0,
             next_ino: sb.next_ino.get(),
             inode_count: sb.inode_count.get(),
+            ino_runs: Default::default(),
             incompat_wanted: 0,
             compat_ro_wanted: 0,
             space_nodes: 0,
@@ -482,6 +505,7 @@ impl Inner {
         sb.space_root = root(&self.space_tree);
         sb.next_ino = self.txn.next_ino.into();
         sb.inode_count = self.txn.inode_count.into();
+        self.txn.ino_runs.expire();
         sb.used_blocks = self.store.alloc.used_blocks().into();
         let nodes = freeze_store(&mut self.store);
         // After used_blocks: the committed bitmaps call the log's first block free. After the

@@ -10,7 +10,7 @@ use idxfs_format::items::{
     dtype_of_mode, ExtentItem, EXTENT_INLINE, EXTENT_REGULAR, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO,
     S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK,
 };
-use idxfs_format::{ItemType, Key, BLOCK_SIZE, MAX_INO, SYMLINK_MAX};
+use idxfs_format::{ItemType, Key, BLOCK_SIZE, SYMLINK_MAX};
 use zerocopy::IntoBytes;
 
 /// Item changes a create makes: inode, two dir indexes, back reference, plus slack.
@@ -42,7 +42,7 @@ impl Inner {
         if found.is_some() {
             return Err(Error::Exists);
         }
-        if self.txn.next_ino >= MAX_INO {
+        if self.txn.peek_ino(parent).is_none() {
             return Err(Error::NoSpace);
         }
         let is_dir = mode & S_IFMT == S_IFDIR;
@@ -57,16 +57,16 @@ impl Inner {
                 mode |= S_ISGID;
             }
         }
-        let ino = self.txn.next_ino;
         let acls = self.inherit(parent, mode, umask)?;
         let mode = acls.mode;
         if acls.nodes > 0 {
             let nodes = CREATE_ITEMS * self.item_nodes() + acls.nodes;
             self.reserve_nodes(nodes, 0, Reserve::Grow)?;
         }
+        // After the reservation, which may commit (ending the directory's run).
+        let ino = self.txn.peek_ino(parent).ok_or(Error::NoSpace)?;
         let plan = self.plan_entry(parent, name, ino, hash_item_len, true)?;
-        self.txn.next_ino += 1;
-        self.txn.inode_count += 1;
+        self.txn.take_ino(parent, ino)?;
         let now = self.now();
         let mut it = new_inode_item(mode, owner, rdev, self.store.generation, now);
         it.flags = super::inode_flags::inherited(&p, mode).into();

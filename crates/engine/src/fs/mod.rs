@@ -60,6 +60,7 @@ pub(crate) mod data_sum;
 mod dir;
 mod file;
 mod in_place;
+pub(crate) mod ino_runs;
 mod inode_flags;
 mod layout;
 mod orphan;

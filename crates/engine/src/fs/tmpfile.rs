@@ -10,7 +10,6 @@
 use super::{new_inode_item, Attr, Durable, Fs, Inner, Ino, Owner, Reserve};
 use crate::error::{Error, Result};
 use idxfs_format::items::{OrphanKind, S_IFMT, S_IFREG};
-use idxfs_format::MAX_INO;
 
 const S_ISGID: u32 = 0o2000;
 
@@ -33,14 +32,15 @@ impl Fs {
             if p.nlink.get() == 0 {
                 return Err(Error::NotFound);
             }
-            if g.txn.next_ino >= MAX_INO {
+            if g.txn.peek_ino(dir).is_none() {
                 return Err(Error::NoSpace);
             }
-            let ino = g.txn.next_ino;
             let acls = g.inherit(dir, S_IFREG | (mode & 0o7777), umask)?;
             if acls.nodes > 0 {
                 g.reserve_nodes(2 * g.item_nodes() + acls.nodes, 0, Reserve::Grow)?;
             }
+            // After the reservation, which may commit (ending the directory's run).
+            let ino = g.txn.peek_ino(dir).ok_or(Error::NoSpace)?;
             // The pin first: a file nobody holds would be freed as soon as it is made.
             if g.lives.pins.add(ino) != super::pins::Pin::Pinned {
                 return Err(Error::NoSpace);
@@ -50,8 +50,7 @@ impl Fs {
             if p.mode.get() & S_ISGID != 0 {
                 owner.gid = p.gid.get();
             }
-            g.txn.next_ino += 1;
-            g.txn.inode_count += 1;
+            g.txn.take_ino(dir, ino)?;
             let now = g.now();
             let mut it = new_inode_item(acls.mode, owner, 0, g.store.generation, now);
             it.nlink = 0.into();
