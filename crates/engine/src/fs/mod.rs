@@ -48,7 +48,9 @@
 //!   (see the README's table), so the tree changes of two writers never overlap, though
 //!   their data I/O does. That is most of a create (nearly all of it is the two directory
 //!   indexes' and the inode's inserts; docs/benchmarks.md, "concurrency"), so a second
-//!   creating thread adds no throughput.
+//!   creating thread adds no throughput. Two writers creating in two directories do change
+//!   mostly different leaves (each directory's inodes are numbered from runs of its own,
+//!   `ino_runs`), which is what locks per node would let run side by side.
 //! - An operation refused for space while an unlinked file is kept for its holder waits
 //!   briefly for the holder to let go, and runs again (`write_op`, `Releases::wait`).
 pub mod acl;
