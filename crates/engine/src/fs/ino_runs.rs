@@ -14,9 +14,11 @@
 //! steps over other runs instead of scanning through them (`readdir`, `SCAN_GAP`).
 //!
 //! A directory's first run is `RUN_MIN` numbers, and each next one twice the last up to
-//! `RUN_MAX`: a directory that gets one file leaves at most `RUN_MIN - 1` numbers unused, and
-//! the XArrays keyed by inode number (the inode cache, the published inodes) stay dense (a
-//! run of 8 fills an eighth of an XArray node). A run starts where its length divides the
+//! `RUN_MAX` when the last was used up, or half of it down to `RUN_MIN` when less than half
+//! of it was used before it ended (`next_len`): a directory that gets one file leaves at most
+//! `RUN_MIN - 1` numbers unused, one that gets a file now and then (a mail folder) stays
+//! there, and the XArrays keyed by inode number (the inode cache, the published inodes) stay
+//! dense (a run of 8 fills an eighth of an XArray node). A run starts where its length divides the
 //! number, or, when the directory's last run ended at the sequence's end (nobody else took a
 //! number since: one directory filled alone), right there, so a lone writer's numbers are as
 //! dense as one sequence.
@@ -114,9 +116,9 @@ impl InoRuns {
         }
         let (start, len) = match last {
             // The last run ended where the sequence still is: go on right there.
-            Some(r) if r.end == next_ino => (next_ino, (r.len * 2).min(RUN_MAX)),
+            Some(r) if r.end == next_ino => (next_ino, next_len(&r)),
             Some(r) => {
-                let len = (r.len * 2).min(RUN_MAX);
+                let len = next_len(&r);
                 (next_ino.next_multiple_of(len), len)
             }
             None => (next_ino.next_multiple_of(RUN_MIN), RUN_MIN),
@@ -134,6 +136,19 @@ impl InoRuns {
             // No whole run fits below MAX_INO: the last numbers go one by one.
             _ => Some((next_ino, None)),
         }
+    }
+}
+
+/// The length of the run after `r`: twice as long when `r` was used up, half as long
+/// when less than half of it was used (it ended with its transaction first), else the same.
+fn next_len(r: &Run) -> u64 {
+    let used = r.next - (r.end - r.len);
+    if used >= r.len {
+        (r.len * 2).min(RUN_MAX)
+    } else if used * 2 < r.len {
+        (r.len / 2).max(RUN_MIN)
+    } else {
+        r.len
     }
 }
 
@@ -209,6 +224,27 @@ mod tests {
         // The length stayed: the run after expiry is as long as the last one.
         let run: Vec<u64> = take_n(&mut r, 3, &mut next, 15);
         assert!(run.windows(2).all(|w| w[1] == w[0] + 1), "{run:?}");
+    }
+
+    #[test]
+    fn a_directory_that_gets_a_file_now_and_then_takes_short_runs() {
+        let mut r = InoRuns::default();
+        let mut next = 64;
+        // A burst: runs grow.
+        take_n(&mut r, 3, &mut next, 3000);
+        r.expire();
+        // Then one file a transaction: runs shrink back to RUN_MIN, so each file leaves at
+        // most RUN_MIN - 1 numbers unused.
+        for _ in 0..12 {
+            take_n(&mut r, 3, &mut next, 1);
+            r.expire();
+        }
+        let before = next;
+        for _ in 0..10 {
+            take_n(&mut r, 3, &mut next, 1);
+            r.expire();
+        }
+        assert!(next - before <= 10 * RUN_MIN, "{} numbers for 10 files", next - before);
     }
 
     #[test]
