@@ -579,7 +579,8 @@ impl Tree {
             let (before, new, after) = (node.keys[pos - 1], node.keys[pos], node.keys[pos + 1]);
             (new.ty == ItemType::Inode as u8 || new.ty == ItemType::InodeRef as u8)
                 && after.objectid > new.objectid
-                && (before.objectid == new.objectid || before.objectid + 1 == new.objectid)
+                && (before.objectid == new.objectid
+                    || new.objectid.checked_sub(1) == Some(before.objectid))
         };
         let after_new = (ends_run || run_goes_on)
             // The left part keeps the new item: it must fit (a large new item followed by

@@ -244,7 +244,11 @@ mod tests {
             take_n(&mut r, 3, &mut next, 1);
             r.expire();
         }
-        assert!(next - before <= 10 * RUN_MIN, "{} numbers for 10 files", next - before);
+        assert!(
+            next - before <= 10 * RUN_MIN,
+            "{} numbers for 10 files",
+            next - before
+        );
     }
 
     #[test]
