@@ -225,7 +225,14 @@ pub fn run(cmd: BenchCmd) -> Result<(), String> {
         } => {
             crate::bench_env::catch_interrupts();
             let scratch = crate::bench_env::Scratch::new()?;
-            let (text, _) = crate::bench_concurrency::run(&scratch.0, secs, files, creates, mount)?;
+            let (text, _) = crate::bench_concurrency::run(
+                &scratch.0,
+                secs,
+                files,
+                creates,
+                crate::bench_concurrency::LISTED,
+                mount,
+            )?;
             print!("{text}");
             Ok(())
         }

@@ -105,8 +105,9 @@ struct ReadLat {
     memory: Lat,
 }
 
-/// Files in each of the two directories `listing_after_two_writers` fills.
-const LISTED: u64 = 50_000;
+/// Files in each of the two directories `listing_after_two_writers` fills, unless the
+/// caller asks for fewer (the suite's test scale).
+pub const LISTED: u64 = 50_000;
 
 /// The memory floor's buffer: larger than the caches, as the readers' tables are together.
 const FLOOR_BYTES: usize = 64 << 20;
@@ -322,7 +323,9 @@ fn locked_readers(files: u64, dur: Duration) -> Result<[f64; 6], String> {
 fn listing_after_two_writers(n: u64) -> Result<[(u64, f64); 2], String> {
     let mut out = [(0, 0.0); 2];
     for (slot, at_once) in [(0, true), (1, false)] {
-        let dev = Arc::new(MemDevice::new_prefaulted(1 << 30));
+        // 16 KiB a file (two directories: 8 KiB each), far more than their items take.
+        let bytes = (n << 14).clamp(256 << 20, 1 << 30);
+        let dev = Arc::new(MemDevice::new_prefaulted(bytes));
         Fs::mkfs(dev.clone(), &MkfsOptions::default()).map_err(|e| e.to_string())?;
         let fs = Fs::open(dev.clone(), OpenOptions::default()).map_err(|e| e.to_string())?;
         let mk = |name: &[u8]| {
@@ -370,7 +373,7 @@ fn listing_after_two_writers(n: u64) -> Result<[(u64, f64); 2], String> {
     Ok(out)
 }
 
-fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), String> {
+fn library(secs: f64, files: u64, creates_n: u64, listed: u64) -> Result<(String, Value), String> {
     let fs = lib_fs(4 << 30, false)?;
     let (dir, names) = populate(&fs, b"r", files)?;
     let dur = Duration::from_secs_f64(secs);
@@ -398,7 +401,7 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
     let batches = c.log_batches.get();
     let one = creates(&fs, "one", 1, creates_n)?;
     let two = creates(&fs, "two", 2, creates_n / 2)?;
-    let [at_once, alone] = listing_after_two_writers(LISTED)?;
+    let [at_once, alone] = listing_after_two_writers(listed)?;
     let r1 = readers(&fs, &names, 1, dur, ReadOp::Getattr);
     let r2 = readers(&fs, &names, 2, dur, ReadOp::Getattr);
     let x2 = readers(&fs, &names, 2, dur, ReadOp::Getxattr);
@@ -470,7 +473,7 @@ fn library(secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), Str
     );
     let _ = writeln!(
         o,
-        "cold readdirplus of one of 2 directories of {LISTED} files: filled by 2 threads at \
+        "cold readdirplus of one of 2 directories of {listed} files: filled by 2 threads at \
          once {} nodes in {:.1} ms, one after the other {} nodes in {:.1} ms ({:.2}x the \
          nodes)",
         at_once.0,
@@ -984,14 +987,16 @@ fn data_rows(dur: Duration) -> Result<(String, Value), String> {
 }
 
 /// The `concurrency` workload of `idxfs bench`: `secs` per measurement, `files` read.
+/// `listed`: files in each directory of the readdirplus-after-two-writers row.
 pub fn run(
     base: &Path,
     secs: f64,
     files: u64,
     creates_n: u64,
+    listed: u64,
     with_mount: bool,
 ) -> Result<(String, Value), String> {
-    let (mut text, lib) = library(secs, files, creates_n)?;
+    let (mut text, lib) = library(secs, files, creates_n, listed)?;
     let (t, f) = fsync_rows(Duration::from_secs_f64(secs))?;
     text.push_str(&t);
     let (t, d) = data_rows(Duration::from_secs_f64(secs))?;

@@ -635,8 +635,10 @@ fn concurrency(s: &Suite, base: &Path) -> Result<Report, String> {
     let secs = s.scale.pick(0.3, 3.0, 10.0);
     let files = s.scale.pick(2_000, 20_000, 100_000);
     let creates = s.scale.pick(10_000, 200_000, 1_000_000);
+    let listed = s.scale.pick(2_000, 50_000, 50_000);
     let with_mount = s.fs.contains(&FsKind::Idxfs);
-    let (table, json) = crate::bench_concurrency::run(base, secs, files, creates, with_mount)?;
+    let (table, json) =
+        crate::bench_concurrency::run(base, secs, files, creates, listed, with_mount)?;
     Ok(Report { table, json })
 }
 
