@@ -465,9 +465,9 @@ fn cold_plus_reads(dev: &Arc<MemDevice>, dir: u64) -> (u64, Vec<u64>) {
 /// Two directories filled at once (creates alternating between them, as two writers or a
 /// mail server delivering to two folders make them) against the same two filled one after the
 /// other: each directory's inodes come in runs of its own (`fs::ino_runs`), so the inode
-/// leaves fill as full, and a whole-directory pass reads no more nodes. Taking inode numbers
-/// from one sequence, the inodes of the two interleaved: a cold readdirplus of one read 1.8x
-/// the nodes.
+/// leaves fill as full, and a whole-directory pass reads about as many nodes (with numbers
+/// from one sequence the two directories' inodes interleave, and a pass over one reads the
+/// other's leaves too, far past the bound).
 #[test]
 fn directories_filled_at_once_keep_their_inodes_apart() {
     const N: usize = 20_000;

@@ -2,8 +2,6 @@
 //! stats every entry but the directories their listing already names as such, before the
 //! copy can start (the image's size is part of its format). Nothing else runs meanwhile, so
 //! the walk takes every CPU: a few threads share one stack of directories still to list.
-//! At 100,000 files it was a sixth of the whole `mkfs --from` on one thread
-//! (docs/benchmarks.md, "mkfs-from and import").
 use super::source::{Dir, Entry};
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex};

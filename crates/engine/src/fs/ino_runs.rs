@@ -40,9 +40,9 @@ use idxfs_format::MAX_INO;
 /// A directory's first run, in numbers.
 pub const RUN_MIN: u64 = 8;
 /// The longest run: about eleven leaves of inode items with their back references, so the
-/// leaf a run's last items share with another run's first is at most a tenth of its leaves
-/// (runs of 64, under a leaf, left the inode leaves 71% full when two directories filled
-/// at once; 256, 94%; 1024, 98%, as full as one directory filled alone).
+/// leaf a run's last items share with another run's first is at most a tenth of its leaves.
+/// A run shorter than a leaf would leave every leaf shared, each partly empty once both
+/// runs end (docs/benchmarks.md, "concurrency", has the fill by run length).
 pub const RUN_MAX: u64 = 1024;
 /// Directories with a run at once: past it the table starts over (every run forgotten).
 const DIRS_MAX: usize = 4096;
