@@ -199,6 +199,10 @@ fn others_still_work(m: &Mounted, round: usize) {
         .unwrap_or_else(|e| panic!("root write after {round}: {e}"));
     f.sync_all()
         .unwrap_or_else(|e| panic!("root fsync after {round}: {e}"));
+    // Closed before the remove: an open file keeps its blocks after its last name goes, and
+    // root's megabyte (written into the root reserve) would then leave the neighbour's
+    // megabyte only half the 2 MiB they free below.
+    drop(f);
     fs::remove_file(&p).expect("root remove");
     as_neighbour(
         m,
