@@ -19,9 +19,8 @@
 //! worker serves that one still at SCHED_IDLE ([`Recent::may_serve_idle`]). It takes its own
 //! policy back before it sleeps waiting for a request, so that a request that wakes it is
 //! picked up at normal priority, and before it serves a request of another caller or an
-//! fsync. While it runs at SCHED_IDLE any normal task on its CPU goes first; with a CPU hog
-//! on each CPU beside one caller, no request waited long enough to show (docs/benchmarks.md).
-//! One process creating 50,000 files went from 18,000-20,000 to 24,000-28,000 creates/s with
+//! fsync. While it runs at SCHED_IDLE any normal task on its CPU goes first, which a CPU hog
+//! turns into starvation (below). One process creating 50,000 files went from 18,000-20,000 to 24,000-28,000 creates/s with
 //! that, against two policy changes per reply.
 //!
 //! The reply and the look for the next request stay two `io_uring_enter` calls. One call that
@@ -45,11 +44,31 @@
 //! makes a create loop with 20% deletes at random, whose unlinks bring forgets all along, 1.2x
 //! faster (50,000 files: 4.0-4.4 -> 3.4-3.5 s), so forgets no longer matter.
 //!
+//! A worker at SCHED_IDLE gets almost no CPU while a normal task wants its CPU: under a CPU
+//! hog on each CPU (a build beside the mount) it waited milliseconds for every step, and 3,000
+//! `echo x > f` took 19 s against 0.38 s with `-o nohandoff`; a starved worker holding the
+//! engine's lock also held up every other thread, the forget thread among them, so an
+//! unlinked file's space came back too late for a write after the `rm`. So a worker times
+//! each stay at SCHED_IDLE (from the reply that handed off, and from each request it takes
+//! there): one longer than [`STARVED`] means something else wants the CPU (or the caller
+//! computes between requests, when a handoff gains nothing either), and the worker takes its
+//! own policy back and hands off no more for [`STARVED_PAUSE`]. Under a lasting hog that costs
+//! one starved stay a pause, not one a request. The clock is the vDSO's: no system call.
+//!
 //! Coming back from SCHED_IDLE needs the right to raise priority (CAP_SYS_NICE, or an
 //! RLIMIT_NICE that allows nice 0), so a probe thread tries the round trip once per process
 //! first; without that right the workers never drop.
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Longest stay at SCHED_IDLE that does not count as starved: a caller that keeps the file
+/// system busy sends its next request within tens of microseconds, and a request served at
+/// SCHED_IDLE (no fsync) takes about as long.
+pub const STARVED: Duration = Duration::from_millis(2);
+
+/// How long a worker that was starved at SCHED_IDLE hands off no more.
+pub const STARVED_PAUSE: Duration = Duration::from_secs(1);
 
 /// How many requests must pass with one caller before replies hand off again.
 pub const QUIET: u64 = 64;
@@ -163,6 +182,11 @@ pub struct Handoff {
     normal: Option<libc::c_int>,
     /// Whether the thread runs at SCHED_IDLE now.
     idle: bool,
+    /// When the current stay at SCHED_IDLE began: the handoff, or the last request taken
+    /// there (`served_idle`).
+    since: Option<Instant>,
+    /// No handoff before this: the thread was starved at SCHED_IDLE lately.
+    paused_until: Option<Instant>,
 }
 
 impl Handoff {
@@ -175,6 +199,8 @@ impl Handoff {
         Handoff {
             normal,
             idle: false,
+            since: None,
+            paused_until: None,
         }
     }
 
@@ -184,11 +210,39 @@ impl Handoff {
 
     /// Puts the thread at SCHED_IDLE for replies that hand the CPU to their caller; a no-op
     /// when it is there already. False when handoff is off or the kernel refused.
+    /// Also false while paused after a starved stay ([`STARVED_PAUSE`]). Starts the stay's
+    /// clock.
     pub fn idle(&mut self) -> bool {
+        let now = Instant::now();
+        if self.paused_until.is_some_and(|t| now < t) {
+            return false;
+        }
         if !self.idle && self.normal.is_some() {
             self.idle = set_policy(libc::SCHED_IDLE);
         }
+        self.since = Some(now);
         self.idle
+    }
+
+    /// A request is taken at SCHED_IDLE: its caller waits for it from now on, so the clock
+    /// of the stay starts again.
+    pub fn served_idle(&mut self) {
+        self.since = Some(Instant::now());
+    }
+
+    /// After a stay at SCHED_IDLE: when it was longer than [`STARVED`], gives the thread its
+    /// own policy back and pauses handoffs ([`STARVED_PAUSE`]); true then.
+    pub fn starved(&mut self) -> bool {
+        let Some(since) = self.since.filter(|_| self.idle) else {
+            return false;
+        };
+        let now = Instant::now();
+        if now.duration_since(since) <= STARVED {
+            return false;
+        }
+        self.normal();
+        self.paused_until = Some(now + STARVED_PAUSE);
+        true
     }
 
     /// Gives the thread its own policy back, before it waits for a request: one arriving while
@@ -243,8 +297,41 @@ mod tests {
         h.normal();
         assert_eq!(current_policy(), before, "normal twice: unchanged");
         let mut off = Handoff::new(false);
+        assert!(!off.starved(), "never idle, never starved");
         assert!(!off.is_on());
         assert!(!off.idle());
+        assert_eq!(current_policy(), before);
+    }
+
+    #[test]
+    fn a_starved_stay_gives_the_policy_back_and_pauses_handoffs() {
+        let before = current_policy();
+        let mut h = Handoff::new(true);
+        if !h.is_on() {
+            // No right to come back from SCHED_IDLE here: nothing to starve.
+            assert!(!h.idle() && !h.starved());
+            return;
+        }
+        // Only the stay's length decides, and a test thread at SCHED_IDLE may itself wait
+        // longer than STARVED on a busy machine: so no check that a short stay passes.
+        assert!(h.idle());
+        let went_idle = h.since.expect("the stay's clock runs");
+        std::thread::sleep(Duration::from_millis(1));
+        h.served_idle();
+        assert!(
+            h.since.is_some_and(|t| t > went_idle),
+            "a request taken starts the clock again"
+        );
+        std::thread::sleep(STARVED + Duration::from_millis(1));
+        assert!(h.starved(), "a stay longer than STARVED");
+        assert!(!h.is_idle());
+        assert_eq!(current_policy(), before, "the own policy is back");
+        assert!(!h.idle(), "no handoff while paused");
+        assert_eq!(current_policy(), before);
+        assert!(!h.starved(), "not idle: nothing to time");
+        h.paused_until = Some(Instant::now());
+        assert!(h.idle(), "handoffs again once the pause is over");
+        h.normal();
         assert_eq!(current_policy(), before);
     }
 

@@ -85,6 +85,9 @@ pub struct Stats {
     /// Requests served at SCHED_IDLE: the next request of the caller a reply handed off to,
     /// there already when the worker ran again (`handoff.rs`).
     pub served_idle: Counter,
+    /// Stays at SCHED_IDLE longer than `handoff::STARVED`, each pausing that worker's
+    /// handoffs for `handoff::STARVED_PAUSE`: something else wanted its CPU.
+    pub starved: Counter,
 }
 
 /// What a worker does with an entry whose command failed with `errno`.
@@ -360,6 +363,11 @@ impl Queue<'_> {
             // the wait for a request that is not here yet is at the thread's own policy.
             let r = if hand_off && self.handoff.idle() {
                 ring.submit()
+                    .inspect(|_| {
+                        if self.handoff.starved() {
+                            self.stats.starved.add(1);
+                        }
+                    })
                     // SAFETY: no argument is passed.
                     .and_then(|_| unsafe { ring.submitter().enter::<()>(0, 0, GETEVENTS, None) })
                     .and_then(|n| {
@@ -432,11 +440,15 @@ impl Queue<'_> {
                     let h = bytes_of(&mut e.headers);
                     if self.recent.may_serve_idle(u32_at(h, 32), u32_at(h, 4)) {
                         self.stats.served_idle.add(1);
+                        self.handoff.served_idle();
                     } else {
                         self.handoff.normal();
                     }
                 }
                 let commit_id = self.handle(e);
+                if self.handoff.starved() {
+                    self.stats.starved.add(1);
+                }
                 pending.push(command(
                     self.dev,
                     CMD_COMMIT_AND_FETCH,
