@@ -11,7 +11,9 @@
 //! one, and getattr, getxattr and statfs throughput of two readers against two that take the
 //! lock for every read (the same-run baseline of the lock-free path). Through the mount (when idxfs is among the file systems): stat latency
 //! idle and while a thread creates and fsyncs, beside the FUSE round trip (`bench_mount::floor_ns`);
-//! fs_mark with 2 threads against 1. fsync beside other work: on a device whose flush takes
+//! fs_mark with 2 threads against 1; fs_mark by one thread beside a busy loop on every CPU
+//! (`Hogs`), idxfs and ext4 each against its own idle rate (a FUSE server must not starve when
+//! a build shares the machine). fsync beside other work: on a device whose flush takes
 //! `FLUSH_DELAY`, one thread creating, writing 4 KiB and fsyncing each file while another creates
 //! files, and two such fsyncing threads, with the log batch written and flushed outside the
 //! operation lock against under it (`OpenOptions::bench_log_under_lock`, the same-run
@@ -635,7 +637,8 @@ fn mount_files(mp: &Path, files: u64) -> Result<(std::path::PathBuf, Vec<String>
 }
 
 /// The mount half: stat latency idle and while a thread creates and fsyncs; fs_mark with 2
-/// threads against 1 (`creates_n` files each run).
+/// threads against 1 (`creates_n` files each run), and with 1 beside busy CPUs (a quarter of
+/// that, on idxfs and ext4).
 fn mount(base: &Path, secs: f64, files: u64, creates_n: u64) -> Result<(String, Value), String> {
     let idx = Target::make(base, FsKind::Idxfs, 2 << 30, files * 4 + 65_536)?;
     let (dir, names) = mount_files(&idx.mp, files)?;
@@ -659,27 +662,97 @@ fn mount(base: &Path, secs: f64, files: u64, creates_n: u64) -> Result<(String, 
     let (li, ll) = (lookup_idle.summary(), lookup_load.summary());
     lat_row(&mut o, "lookup (ttl=0: a LOOKUP a call), idle", li, None);
     lat_row(&mut o, "lookup, writer creating+fsyncing", ll, Some(li));
-    let fm1 = fs_mark_rate(base, 1, creates_n)?;
-    let fm2 = fs_mark_rate(base, 2, creates_n)?;
+    let fm1 = fs_mark_rate(base, FsKind::Idxfs, 1, creates_n, false)?;
+    let fm2 = fs_mark_rate(base, FsKind::Idxfs, 2, creates_n, false)?;
     let _ = writeln!(
         o,
         "fs_mark -s 0 -S 0, {creates_n} files: 1 thread {fm1:.0} files/s, 2 threads in 2 \
          directories {fm2:.0} ({:.2}x)",
         fm2 / fm1
     );
+    // Beside a busy loop on every CPU (a build next to the mount): each file system's share
+    // of its own idle rate, and idxfs against ext4 so loaded.
+    let busy_n = (creates_n / 4).max(1);
+    let busy: Vec<f64> = [FsKind::Idxfs, FsKind::Ext4]
+        .into_iter()
+        .flat_map(|k| [(k, false), (k, true)])
+        .map(|(k, hog)| fs_mark_rate(base, k, 1, busy_n, hog))
+        .collect::<Result<_, _>>()?;
+    let [idx_idle, idx_busy, ext_idle, ext_busy] = busy[..] else {
+        return Err("fs_mark beside busy CPUs: four runs expected".into());
+    };
+    let _ = writeln!(
+        o,
+        "fs_mark -s 0 -S 0, 1 thread, {busy_n} files beside a busy loop on each of {} CPUs: \
+         idxfs {idx_busy:.0} files/s ({:.2}x its idle {idx_idle:.0}), ext4 {ext_busy:.0} \
+         ({:.2}x its idle {ext_idle:.0}); idxfs/ext4 busy {:.2}x",
+        Hogs::cpus(),
+        idx_busy / idx_idle,
+        ext_busy / ext_idle,
+        idx_busy / ext_busy
+    );
     Ok((
         o,
         json!({"files": files, "stat_idle_us": i, "stat_load_us": l, "fuse_floor_us": floor,
             "lookup_idle_us": li, "lookup_load_us": ll,
-            "fs_mark_1_thread": fm1, "fs_mark_2_threads": fm2}),
+            "fs_mark_1_thread": fm1, "fs_mark_2_threads": fm2,
+            "busy_cpus": {"files": busy_n, "idxfs_idle": idx_idle, "idxfs_busy": idx_busy,
+                "ext4_idle": ext_idle, "ext4_busy": ext_busy}}),
     ))
 }
 
-/// fs_mark's files/s (all files over wall time) on a fresh idxfs mount: `threads` threads,
-/// `total` 0-byte files in all, one directory per thread, no fsync.
-fn fs_mark_rate(base: &Path, threads: u64, total: u64) -> Result<f64, String> {
+/// Threads that keep every CPU this process may use busy until dropped, at normal priority:
+/// what a compiler or a batch job does beside a mount.
+struct Hogs {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Hogs {
+    fn cpus() -> usize {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
+
+    fn start() -> Hogs {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..Hogs::cpus())
+            .filter_map(|_| {
+                let stop = stop.clone();
+                std::thread::Builder::new()
+                    .name("bench-hog".into())
+                    .spawn(move || {
+                        while !stop.load(Ordering::Relaxed) {
+                            std::hint::spin_loop();
+                        }
+                    })
+                    .ok()
+            })
+            .collect();
+        Hogs { stop, threads }
+    }
+}
+
+impl Drop for Hogs {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// fs_mark's files/s (all files over wall time) on a fresh file system of `kind`: `threads`
+/// threads, `total` 0-byte files in all, one directory per thread, no fsync; with `hogs`, a
+/// busy loop on every CPU meanwhile.
+fn fs_mark_rate(
+    base: &Path,
+    kind: FsKind,
+    threads: u64,
+    total: u64,
+    hogs: bool,
+) -> Result<f64, String> {
     bench_env::ensure_tools(&[("fs_mark", "fsmark")])?;
-    let t = Target::make(base, FsKind::Idxfs, 2 << 30, total + 65_536)?;
+    let t = Target::make(base, kind, 2 << 30, total + 65_536)?;
     let mut cmd = std::process::Command::new("fs_mark");
     // fs_mark writes its log (fs_log.txt) into the working directory: keep it in scratch.
     cmd.current_dir(base)
@@ -693,9 +766,12 @@ fn fs_mark_rate(base: &Path, threads: u64, total: u64) -> Result<f64, String> {
     for i in 1..=threads {
         cmd.arg("-d").arg(t.mp.join(format!("d{i}")));
     }
+    let hogs = hogs.then(Hogs::start);
     let start = Instant::now();
     bench_env::run(&mut cmd)?;
-    Ok((total / threads * threads) as f64 / start.elapsed().as_secs_f64())
+    let secs = start.elapsed().as_secs_f64();
+    drop(hogs);
+    Ok((total / threads * threads) as f64 / secs)
 }
 
 /// A memory device whose flush takes `delay`, as a disk's cache flush does: what the fsync
