@@ -432,9 +432,23 @@ fn writer(
                 mine.resize(size, 0);
             }
             _ => {
-                let got = fs
-                    .read(own, 0, 16 * BS)
-                    .unwrap_or_else(|e| panic!("{ctx}: {e:?} ({:?})", fs.failure()));
+                let got = if rng.below(2) == 0 {
+                    fs.read(own, 0, 16 * BS)
+                        .unwrap_or_else(|e| panic!("{ctx}: {e:?} ({:?})", fs.failure()))
+                } else {
+                    // Into a buffer of other bytes, as a FUSE reply's: every byte read is
+                    // written, none past them.
+                    let mut buf = vec![0xa5u8; 16 * BS + 13];
+                    let n = fs
+                        .read_into(own, 0, &mut buf)
+                        .unwrap_or_else(|e| panic!("{ctx}: {e:?} ({:?})", fs.failure()));
+                    assert!(
+                        buf[n..].iter().all(|&b| b == 0xa5),
+                        "{ctx}: read_into wrote past its {n} bytes"
+                    );
+                    buf.truncate(n);
+                    buf
+                };
                 assert!(got == mine, "{ctx}: own file differs from its model");
                 if rng.below(4) == 0 {
                     fs.fsync(own)
@@ -600,4 +614,42 @@ fn concurrent_reads_and_writes_match_their_models() {
     assert_clean(&dev);
     let fs = Fs::open(dev.clone(), opts()).expect("reopen");
     check(&fs, "after the remount");
+}
+
+/// `read_into` writes exactly the bytes `read` returns, over whatever the buffer held: inline
+/// bytes, holes, preallocated blocks and written ones, at every kind of edge.
+#[test]
+fn read_into_writes_what_read_returns_and_nothing_past() {
+    let dev = Arc::new(MemDevice::new(16 << 20));
+    Fs::mkfs(dev.clone(), &MkfsOptions::default()).expect("mkfs");
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let mut rng = Rng::new(0x005e_ed0f_2ead);
+    let inline = fs.create(ROOT, b"inline", 0o644, ME).expect("create").ino;
+    fs.write(inline, 0, b"short and inline").expect("write");
+    let mixed = fs.create(ROOT, b"mixed", 0o644, ME).expect("create").ino;
+    let bytes: Vec<u8> = (0..3 * BS + 100).map(|i| (i % 251) as u8 + 1).collect();
+    fs.write(mixed, BS as u64 + 17, &bytes)
+        .expect("write after a hole");
+    fs.fallocate(mixed, 6 * BS as u64, 3 * BS as u64, 0)
+        .expect("preallocate past the data");
+    fs.truncate(mixed, 12 * BS as u64 + 5)
+        .expect("a hole at the end");
+    for f in [inline, mixed] {
+        let size = fs.getattr(f).expect("getattr").size;
+        for _ in 0..300 {
+            let off = rng.below(size + 2 * BS as u64);
+            let len = rng.below(5 * BS as u64) as usize;
+            let want = fs.read(f, off, len).expect("read");
+            let mut buf = vec![0xeeu8; len + 9];
+            let n = fs.read_into(f, off, &mut buf[..len]).expect("read_into");
+            assert_eq!(n, want.len(), "file {f} at {off} for {len}");
+            assert_eq!(&buf[..n], &want[..], "file {f} at {off} for {len}");
+            assert!(
+                buf[n..].iter().all(|&b| b == 0xee),
+                "file {f} at {off} for {len}: bytes past the read changed"
+            );
+        }
+    }
+    fs.close().expect("close");
+    assert_clean(&dev);
 }

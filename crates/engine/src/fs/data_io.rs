@@ -271,6 +271,35 @@ impl Inner {
 impl Fs {
     /// Reads up to `len` bytes at `off`; short at end of file.
     pub fn read(&self, ino: Ino, off: u64, len: usize) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.read_mapped(ino, off, len, |map, dev, counters, report| {
+            out = vec![0u8; map.len];
+            map.fill_into(&mut out, dev, counters, report)
+        })?;
+        Ok(out)
+    }
+
+    /// Reads up to `out.len()` bytes at `off` into the front of `out`; returns how many
+    /// (short at end of file). The bytes past those are left as they were.
+    pub fn read_into(&self, ino: Ino, off: u64, out: &mut [u8]) -> Result<usize> {
+        let mut n = 0;
+        self.read_mapped(ino, off, out.len(), |map, dev, counters, report| {
+            n = map.len;
+            map.fill_into(out, dev, counters, report)
+        })?;
+        Ok(n)
+    }
+
+    /// Maps a read of up to `len` bytes at `off` under the lock and has `fill` read it: outside
+    /// the lock unless only inline bytes and holes are mapped, and again under the lock when
+    /// a block did not match its sum. `fill` writes every byte of the read each time.
+    fn read_mapped(
+        &self,
+        ino: Ino,
+        off: u64,
+        len: usize,
+        mut fill: impl FnMut(&ReadMap, &dyn BlockDevice, &Counters, bool) -> Result<()>,
+    ) -> Result<()> {
         let (map, _inside) = {
             let mut g = self.lock();
             let it = g.held_inode(ino)?;
@@ -278,13 +307,13 @@ impl Fs {
             let map = g.map_read(ino, &it, off, len)?;
             g.touch_atime(ino, &it);
             if map.pieces.is_empty() || g.policy.knobs.data_under_lock {
-                return map.fill(g.store.dev.as_ref(), &g.store.counters);
+                return fill(&map, g.store.dev.as_ref(), &g.store.counters, true);
             }
             Counters::inc(&g.store.counters.data_reads_beside);
             let inside = g.store.alloc.fence().enter();
             (map, inside)
         };
-        match map.fill_with(self.shared.dev.as_ref(), &self.shared.counters, false) {
+        match fill(&map, self.shared.dev.as_ref(), &self.shared.counters, false) {
             // A block that does not match its sum, or one a full device's overwrite in
             // place changed after the mapping (`data_sum`): read again under the lock,
             // which nothing changes meanwhile, and which reports a real mismatch.
@@ -294,7 +323,7 @@ impl Fs {
                 let it = g.held_inode(ino)?;
                 check_regular(&it)?;
                 let map = g.map_read(ino, &it, off, len)?;
-                map.fill(g.store.dev.as_ref(), &g.store.counters)
+                fill(&map, g.store.dev.as_ref(), &g.store.counters, true)
             }
             r => r,
         }

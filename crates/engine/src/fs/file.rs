@@ -49,17 +49,22 @@ pub fn inline_symlink_max(node_size: u32) -> usize {
     max_item_size(node_size) - idxfs_format::items::EXTENT_ITEM_SIZE
 }
 
-/// A read's bytes as the tree mapped them: inline data and holes already in `buf`, and the
-/// blocks still to read from the device, with their checksums.
+/// A read's bytes as the tree mapped them: how many there are, the inline bytes, and the
+/// blocks to read from the device with their checksums; every byte neither covers (a hole,
+/// a preallocated extent) reads as zero.
 pub(crate) struct ReadMap {
     pub ino: Ino,
-    pub buf: Vec<u8>,
+    /// Bytes the read returns (clamped to the file size).
+    pub len: usize,
+    /// Inline bytes and where they go, in order.
+    pub inline: Vec<(usize, Vec<u8>)>,
+    /// Device pieces, in order.
     pub pieces: Vec<ReadPiece>,
 }
 
 /// Bytes of a regular extent a read still needs from the device.
 pub(crate) struct ReadPiece {
-    /// Where they go in `ReadMap::buf`, and how many.
+    /// Where they go in the read's buffer, and how many.
     pub at: usize,
     pub len: usize,
     /// Device byte offset.
@@ -71,28 +76,70 @@ pub(crate) struct ReadPiece {
 }
 
 impl ReadMap {
-    /// Reads the mapped blocks into the buffer, each checked against its sum, and returns it.
+    /// Reads the mapped bytes into a new buffer, each block checked against its sum.
     pub fn fill(self, dev: &dyn BlockDevice, counters: &Counters) -> Result<Vec<u8>> {
         self.fill_with(dev, counters, true)
     }
 
     /// `fill`; a mismatch is counted and logged only with `report` (`SumCheck::report`).
     pub fn fill_with(
-        mut self,
+        self,
         dev: &dyn BlockDevice,
         counters: &Counters,
         report: bool,
     ) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; self.len];
+        self.fill_into(&mut buf, dev, counters, report)?;
+        Ok(buf)
+    }
+
+    /// Writes the read's `len` bytes into the front of `out` (at least that long), the
+    /// device's checked against their sums, zeros where nothing is mapped; every one of
+    /// them is written, whatever `out` held. A read into a buffer the caller sends on (a
+    /// FUSE reply) costs no buffer of its own and no copy.
+    pub fn fill_into(
+        &self,
+        out: &mut [u8],
+        dev: &dyn BlockDevice,
+        counters: &Counters,
+        report: bool,
+    ) -> Result<()> {
+        debug_assert!(out.len() >= self.len, "a buffer shorter than the read");
+        let out = &mut out[..self.len];
         let check = SumCheck {
             ino: self.ino,
             counters,
             report,
         };
-        for p in &self.pieces {
-            let out = &mut self.buf[p.at..p.at + p.len];
-            check.read(dev, out, p.disk, p.file_block, &p.sums)?;
+        // What is mapped, in order (both lists come from the extents in file order, which
+        // do not overlap); the gaps between are zeros.
+        let mut covered: Vec<(usize, usize)> = self
+            .inline
+            .iter()
+            .map(|(at, b)| (*at, b.len()))
+            .chain(self.pieces.iter().map(|p| (p.at, p.len)))
+            .collect();
+        covered.sort_unstable();
+        let mut zero_from = 0;
+        for &(at, len) in &covered {
+            debug_assert!(at >= zero_from, "mapped pieces overlap");
+            out[zero_from.min(at)..at].fill(0);
+            zero_from = zero_from.max(at + len);
         }
-        Ok(self.buf)
+        out[zero_from.min(self.len)..].fill(0);
+        for (at, b) in &self.inline {
+            out[*at..*at + b.len()].copy_from_slice(b);
+        }
+        for p in &self.pieces {
+            check.read(
+                dev,
+                &mut out[p.at..p.at + p.len],
+                p.disk,
+                p.file_block,
+                &p.sums,
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -234,14 +281,15 @@ impl Inner {
         let size = it.size.get();
         let mut map = ReadMap {
             ino,
-            buf: Vec::new(),
+            len: 0,
+            inline: Vec::new(),
             pieces: Vec::new(),
         };
         if off >= size {
             return Ok(map);
         }
         let end = size.min(off.saturating_add(len as u64));
-        map.buf = vec![0u8; (end - off) as usize];
+        map.len = (end - off) as usize;
         let exts = self.extents(ino, off, end)?;
         let sb0 = off / BS;
         let sums = if exts.iter().any(|e| e.item.kind == EXTENT_REGULAR) {
@@ -256,8 +304,8 @@ impl Inner {
             }
             let at = (a - off) as usize;
             if e.item.kind == EXTENT_INLINE {
-                map.buf[at..(b - off) as usize]
-                    .copy_from_slice(&e.inline[(a - e.offset) as usize..(b - e.offset) as usize]);
+                let bytes = e.inline[(a - e.offset) as usize..(b - e.offset) as usize].to_vec();
+                map.inline.push((at, bytes));
             } else if e.item.kind == EXTENT_REGULAR {
                 let disk = e.item.disk_block.get() * BS + (a - e.offset);
                 let (f0, f1) = (a / BS, b.div_ceil(BS));
@@ -269,7 +317,7 @@ impl Inner {
                     sums: sums[(f0 - sb0) as usize..(f1 - sb0) as usize].to_vec(),
                 });
             }
-            // Prealloc extents read as zeros: the buffer already is.
+            // Prealloc extents read as zeros, as holes do (`ReadMap::fill_into`).
         }
         Ok(map)
     }
