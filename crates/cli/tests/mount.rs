@@ -31,6 +31,19 @@ fn posix_operations_over_io_uring() {
     );
     // As root every ring worker may drop to SCHED_IDLE and back, so each hands off.
     assert!(err.contains(", 0 workers without handoff"), "{err}");
+    // READs of the big file came back from the rings' own reply areas, uncopied.
+    let in_place = err
+        .lines()
+        .find_map(|l| {
+            l.split(" replies built in place")
+                .next()?
+                .rsplit(' ')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no in-place count in {err}"));
+    assert!(in_place > 0, "{err}");
 }
 
 #[test]
@@ -71,6 +84,15 @@ fn posix_operations(opts: &str) -> String {
     let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
     fs::write(&f, &big).expect("write big");
     assert_eq!(fs::read(&f).expect("read big"), big);
+    // Once more from the daemon: the kernel drops the cached pages, so every read is a READ.
+    {
+        let h = fs::File::open(&f).expect("open");
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid descriptor; no pointers.
+        let r = unsafe { libc::posix_fadvise(h.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(r, 0, "fadvise");
+    }
+    assert_eq!(fs::read(&f).expect("read big again"), big);
     let mut h = fs::OpenOptions::new().write(true).open(&f).expect("open");
     h.seek(SeekFrom::Start(1_000_000)).expect("seek");
     h.write_all(b"XYZ").expect("overwrite");

@@ -894,6 +894,16 @@ impl Filesystem for IdxFuse {
         if misaligned_direct(flags, offset, size as u64) {
             return reply.error(Errno::EINVAL);
         }
+        // Over io_uring the data goes straight into the ring entry's reply area.
+        let reply = match uring::with_reply_area(size as usize, reply, |area, reply| {
+            match self.fs.read_into(ino.0, offset, area) {
+                Ok(n) => reply.data(&area[..n]),
+                Err(e) => reply.error(errno(&e)),
+            }
+        }) {
+            Ok(()) => return,
+            Err(reply) => reply,
+        };
         match self.fs.read(ino.0, offset, size as usize) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(errno(&e)),

@@ -267,13 +267,14 @@ pub fn serve_with(
             n(&requests.plus_ahead_stale),
         );
         eprintln!(
-            "fuse over io_uring: {} requests, {} malformed, {} entries registered again, {} workers without handoff, {} requests served at SCHED_IDLE after a handoff, {} stays at SCHED_IDLE starved (handoffs paused)",
+            "fuse over io_uring: {} requests, {} malformed, {} entries registered again, {} workers without handoff, {} requests served at SCHED_IDLE after a handoff, {} stays at SCHED_IDLE starved (handoffs paused), {} replies built in place",
             n(&uring_stats.requests),
             n(&uring_stats.malformed),
             n(&uring_stats.reregistered),
             n(&uring_stats.no_handoff),
             n(&uring_stats.served_idle),
             n(&uring_stats.starved),
+            n(&uring_stats.in_place),
         );
         eprintln!("{}", fs.counters());
     }
