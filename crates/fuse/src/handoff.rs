@@ -20,8 +20,8 @@
 //! policy back before it sleeps waiting for a request, so that a request that wakes it is
 //! picked up at normal priority, and before it serves a request of another caller or an
 //! fsync. While it runs at SCHED_IDLE any normal task on its CPU goes first, which a CPU hog
-//! turns into starvation (below). One process creating 50,000 files went from 18,000-20,000 to 24,000-28,000 creates/s with
-//! that, against two policy changes per reply.
+//! turns into starvation (below). One process creating 50,000 files went from 18,000-20,000
+//! to 24,000-28,000 creates/s with that, against two policy changes per reply.
 //!
 //! The reply and the look for the next request stay two `io_uring_enter` calls. One call that
 //! submits the reply and then gathers completions without waiting never finds the next
@@ -44,11 +44,12 @@
 //! makes a create loop with 20% deletes at random, whose unlinks bring forgets all along, 1.2x
 //! faster (50,000 files: 4.0-4.4 -> 3.4-3.5 s), so forgets no longer matter.
 //!
-//! A worker at SCHED_IDLE gets almost no CPU while a normal task wants its CPU: under a CPU
-//! hog on each CPU (a build beside the mount) it waited milliseconds for every step, and 3,000
-//! `echo x > f` took 19 s against 0.38 s with `-o nohandoff`; a starved worker holding the
-//! engine's lock also held up every other thread, the forget thread among them, so an
-//! unlinked file's space came back too late for a write after the `rm`. So a worker times
+//! A worker at SCHED_IDLE gets almost no CPU while a normal task wants its CPU: beside a CPU
+//! hog on each CPU (a build next to the mount) it waited milliseconds for every step, and
+//! creates ran at a few percent of their idle rate (`idxfs bench concurrency --mount`, the
+//! busy-CPU row; docs/benchmarks.md); a starved worker holding the engine's lock also held up
+//! every other thread, the forget thread among them, so an unlinked file's space came back
+//! too late for a write after the `rm`. So a worker times
 //! each stay at SCHED_IDLE (from the reply that handed off, and from each request it takes
 //! there): one longer than [`STARVED`] means something else wants the CPU (or the caller
 //! computes between requests, when a handoff gains nothing either), and the worker takes its

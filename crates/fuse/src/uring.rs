@@ -30,9 +30,9 @@
 //! reply, so the worker lends the area to the handler for that dispatch (`with_reply_area`):
 //! the engine reads the file's blocks straight into it (`Fs::read_into`), and a reply whose
 //! body is exactly that slice is committed as it lies (`Capture`). A READ's bytes are then
-//! copied once, from the device into the area, where they were copied three times before
-//! (into a zeroed buffer of the engine's, into the captured reply, into the area), which made
-//! a cold 1 GiB `dd` about 14% faster here (docs/benchmarks.md).
+//! copied once in user space, from the device into the area, instead of three times (into a
+//! zeroed buffer of the engine's, into the captured reply, into the area); docs/benchmarks.md
+//! has what that saves.
 use crate::handoff::{Handoff, Recent};
 use crate::IdxFuse;
 use fuser::{Dispatcher, ReplySink};
