@@ -29,10 +29,10 @@
 //! A request that brought no payload (a READ) leaves the entry's payload area free until its
 //! reply, so the worker lends the area to the handler for that dispatch (`with_reply_area`):
 //! the engine reads the file's blocks straight into it (`Fs::read_into`), and a reply whose
-//! body is exactly that slice is committed as it lies (`Capture`). A READ's bytes are then
-//! copied once in user space, from the device into the area, instead of three times (into a
-//! zeroed buffer of the engine's, into the captured reply, into the area); docs/benchmarks.md
-//! has what that saves.
+//! body is exactly that slice is committed as it lies (`Capture`). A READ's bytes then go from
+//! the device straight into the area, where they went into a zeroed buffer of the engine's
+//! and were copied twice more (into the captured reply, then into the area);
+//! docs/benchmarks.md has what that saves.
 use crate::handoff::{Handoff, Recent};
 use crate::IdxFuse;
 use fuser::{Dispatcher, ReplySink};
