@@ -20,8 +20,8 @@
 //! policy back before it sleeps waiting for a request, so that a request that wakes it is
 //! picked up at normal priority, and before it serves a request of another caller or an
 //! fsync. While it runs at SCHED_IDLE any normal task on its CPU goes first, which a CPU hog
-//! turns into starvation (below). One process creating 50,000 files went from 18,000-20,000
-//! to 24,000-28,000 creates/s with that, against two policy changes per reply.
+//! turns into starvation (below). Serving the caller's next request there saves two policy
+//! changes per round trip (docs/benchmarks.md, "Handing the CPU to the caller").
 //!
 //! The reply and the look for the next request stay two `io_uring_enter` calls. One call that
 //! submits the reply and then gathers completions without waiting never finds the next
