@@ -117,6 +117,7 @@ counters! {
     sum_drop_commits: "commits a full device's overwrite in place made to drop the overwritten blocks' data sums before their bytes changed",
     data_sum_errors: "file blocks read from the device that did not match their checksum (the read got EIO)",
     in_place_writes: "writes that put some of their blocks where the file already had them (preallocated or NOCOW)",
+    overwrites_beside: "of those, NOCOW overwrites of whole blocks whose device write ran without the operation lock",
     pin_alloc_failures: "pins not taken because the pin index could not allocate",
     pins_refused_gone: "pins refused because the inode's last name went before them and it is being freed (its holder gets ENOENT)",
     space_waits_for_release: "operations refused for space that ran again after an unlinked file's holder let go of it",

@@ -108,6 +108,13 @@ pub struct Log {
 }
 
 impl Log {
+    /// Whether file data was written since the last flush, under the lock or outside it
+    /// (`LogIo::note_data_written`); the caller flushes it before anything may name it.
+    pub fn take_data_unflushed(&mut self) -> bool {
+        let outside = self.io.take_data_written();
+        std::mem::take(&mut self.data_unflushed) | outside
+    }
+
     /// Whether data freed now may be reused before the commit: not once a batch may name it.
     pub fn frees_must_wait(&self) -> bool {
         self.written
@@ -147,7 +154,7 @@ impl Inner {
             // Earlier batches may still be on their way: this fsync's changes are in them.
             return Ok(LogSync::Wait {
                 upto: self.log.io.issued(),
-                flush_data: std::mem::take(&mut self.log.data_unflushed),
+                flush_data: self.log.take_data_unflushed(),
             });
         }
         let mut keys = std::mem::take(&mut self.store.changed.keys);
@@ -210,7 +217,7 @@ impl Inner {
         self.log.blocks.extend_from_slice(&chain[1..]);
         self.log.written = true;
         Counters::inc(&self.store.counters.log_batches);
-        let flush_data = std::mem::take(&mut self.log.data_unflushed);
+        let flush_data = self.log.take_data_unflushed();
         Ok(LogSync::Write(LogBatch::new(
             self.log.io.clone(),
             flush_data,
@@ -237,7 +244,8 @@ impl Inner {
         let io = self.log.io.clone();
         let fence = io.issued();
         // A new chain, with no data unflushed: the commit's flush (its step 4) covers the data
-        // written before its freeze, which is now.
+        // written before its freeze, which is now, outside the lock too.
+        io.take_data_written();
         self.log = Log {
             io,
             fence,

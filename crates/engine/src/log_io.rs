@@ -25,11 +25,15 @@
 //!   reach a block that is already something else's.
 //! - *Data first.* A batch built while data written since the last flush is unflushed carries
 //!   `flush_data`: its writer flushes before writing the batch, so the data a batch names is
-//!   on the device before the batch can be.
+//!   on the device before the batch can be. Data written outside the lock (a NOCOW file's
+//!   overwrite, `fs::in_place`) is noted here once its write returned
+//!   ([`LogIo::note_data_written`]), and taken with the running transaction's own note
+//!   (`Log::take_data_unflushed`): an fsync after such a write returned flushes it.
 use crate::counters::Counters;
 use crate::error::{Error, Result};
 use idxfs_blockdev::BlockDevice;
 use idxfs_format::BLOCK_SIZE;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// The order and durability of batches written outside the lock.
@@ -37,6 +41,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 pub struct LogIo {
     state: Mutex<IoState>,
     changed: Condvar,
+    /// File data was written outside the operation lock since the last take: set after
+    /// the write returned, taken (under the operation lock) by whatever flushes next.
+    data_written: AtomicBool,
 }
 
 #[derive(Default)]
@@ -78,6 +85,18 @@ impl LogIo {
         let mut s = self.lock();
         s.issued += 1;
         s.issued
+    }
+
+    /// File data written outside the operation lock has reached the device (its write
+    /// returned): the next fsync's flush, or the next commit's, must cover it.
+    pub fn note_data_written(&self) {
+        self.data_written.store(true, Ordering::Release);
+    }
+
+    /// Whether data was written outside the lock since the last take; the caller's flush
+    /// (which comes after this) covers it. Under the operation lock.
+    pub(crate) fn take_data_written(&self) -> bool {
+        self.data_written.swap(false, Ordering::AcqRel)
     }
 
     /// The number of the last batch built: an fsync that adds nothing waits for it.

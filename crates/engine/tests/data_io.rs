@@ -4,6 +4,7 @@
 mod common;
 use common::{assert_clean, opts, ME, ROOT};
 use idxfs_blockdev::{BlockDevice, MemDevice, RecordingDevice, Tear};
+use idxfs_engine::fs::NOCOW_FL;
 use idxfs_engine::testutil::Rng;
 use idxfs_engine::{Fs, MkfsOptions, OpenOptions};
 use std::io;
@@ -147,6 +148,93 @@ fn blocks_freed_under_a_reader_are_not_reused_until_it_is_done() {
 
 /// On a full device, a write that needs blocks held for a reader waits for the reader and
 /// gets them, instead of failing with ENOSPC while they are about to be free.
+/// A NOCOW file's overwrite of whole blocks goes to the device without the lock
+/// (`in_place`): held there, it lets other operations run, among them a truncate that frees
+/// its blocks and writes that fill the device; the freed blocks go to no other file until
+/// it is done, so its late bytes land on no one else's data, and an fsync after it returned
+/// finds them durable.
+#[test]
+fn a_nocow_overwrite_held_at_the_device_lands_on_no_other_files_blocks() {
+    // No discard: a block freed in its own transaction is free at once (with discard it
+    // would wait for the next commit whatever the fence says).
+    let o = OpenOptions {
+        discard: false,
+        ..opts()
+    };
+    let (rec, gate, fs) = gated_fs(8 << 20, o.clone());
+    // Five blocks: more than the last write into a full device leaves unused, so another
+    // file's data gets some of them once they are free.
+    let len = 5 * BS;
+    let n = fs.create(ROOT, b"n", 0o644, ME).expect("create").ino;
+    fs.set_flags(n, NOCOW_FL).expect("chattr +C");
+    fs.write(n, 0, &vec![0xaa; len]).expect("write");
+    // Its first device write (of one run of its blocks) is held.
+    let (held, go) = gate.arm(Io::Write, None);
+    let writer = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.write(n, 0, &vec![0xbb; len]))
+    };
+    within(&held, "the overwrite reaching the device");
+    // Beside it, in a thread of their own: were the overwrite under the lock, they would
+    // wait for it (and `within` fail).
+    let (done_tx, done_rx) = channel();
+    let beside = {
+        let fs = fs.clone();
+        std::thread::spawn(move || {
+            // The file's blocks, written in this transaction, freed: free at once but for
+            // the writer inside the fence.
+            fs.truncate(n, 0).expect("truncate beside the overwrite");
+            let g = fs.create(ROOT, b"g", 0o644, ME).expect("create").ino;
+            let mut at = 0u64;
+            while fs.write(g, at, &[0xcc; BS]).is_ok() {
+                at += BS as u64;
+            }
+            let _ = done_tx.send(());
+            (g, at)
+        })
+    };
+    within(&done_rx, "operations beside the held overwrite");
+    let (g, filled) = beside.join().expect("beside");
+    go.send(()).expect("go");
+    writer.join().expect("writer").expect("overwrite");
+    // A block of g the overwrite reached fails its data sum (EIO), or reads its bytes.
+    match fs.read(g, 0, filled as usize) {
+        Ok(got) => assert!(
+            got.iter().all(|&b| b == 0xcc),
+            "another file's blocks got the late overwrite's bytes (first at {:?})",
+            got.iter().position(|&b| b != 0xcc)
+        ),
+        Err(e) => panic!("another file's blocks got the late overwrite's bytes ({e})"),
+    }
+    // Once it is done, its blocks are free again for others.
+    assert!(
+        fs.write(g, filled, &[0xcc; BS]).is_ok(),
+        "the blocks held for the overwrite were not given back"
+    );
+    // Durable at an fsync even though nothing but data changed: a NOCOW overwrite with
+    // the times left alone (FUSE's writeback cache sets them itself).
+    fs.unlink(ROOT, b"g").expect("unlink");
+    fs.sync().expect("sync");
+    fs.write(n, 0, &vec![0xdd; len]).expect("write");
+    fs.sync().expect("sync");
+    let how = idxfs_engine::fs::WriteHow {
+        times: false,
+        kill: Default::default(),
+    };
+    let before = fs.counters().overwrites_beside.get();
+    fs.write_with(n, 0, &vec![0xee; len], how).expect("overwrite");
+    assert_eq!(fs.counters().overwrites_beside.get(), before + 1);
+    fs.fsync(n).expect("fsync");
+    let crashed = Arc::new(MemDevice::from_bytes(
+        rec.crash_image(rec.event_count(), Tear::Drop(0)).bytes,
+    ));
+    let f = Fs::open(crashed, o).expect("open after the crash");
+    assert!(
+        f.read(n, 0, len).expect("read") == vec![0xee; len],
+        "a NOCOW overwrite an fsync returned after is not durable"
+    );
+}
+
 #[test]
 fn a_write_that_needs_blocks_held_for_a_reader_waits_for_it() {
     // Large enough that an unlink fits in the global reserve (on a few MiB it does not).
@@ -414,8 +502,14 @@ fn writer(
                 }
             }
             6 | 7 => {
-                let off = rng.below(6 * BS as u64);
-                let len = [1, 300, BS as u64, 3 * BS as u64 + 7][rng.below(4) as usize];
+                // Half of them whole blocks: writer 0's file is NOCOW, and those of its
+                // writes that overwrite written blocks go to the device without the lock.
+                let (off, len) = if rng.below(2) == 0 {
+                    (rng.below(6) * BS as u64, (1 + rng.below(2)) * BS as u64)
+                } else {
+                    let len = [1, 300, BS as u64, 3 * BS as u64 + 7][rng.below(4) as usize];
+                    (rng.below(6 * BS as u64), len)
+                };
                 let bytes: Vec<u8> = (0..len).map(|_| tagged(3, &mut rng)).collect();
                 fs.write(own, off, &bytes)
                     .unwrap_or_else(|e| panic!("{ctx}: {e:?} ({:?})", fs.failure()));
@@ -562,6 +656,7 @@ fn concurrent_reads_and_writes_match_their_models() {
                 .ino
         })
         .collect();
+    fs.set_flags(own[0], NOCOW_FL).expect("chattr +C");
     let threads: Vec<_> = (0..WRITERS)
         .map(|t| {
             let (fs, shared, own) = (fs.clone(), shared.clone(), own[t as usize]);
@@ -608,6 +703,10 @@ fn concurrent_reads_and_writes_match_their_models() {
         c.iter()
             .filter(|(n, _)| n.starts_with("data_") || *n == "blocks_held_for_readers")
             .collect::<Vec<_>>()
+    );
+    assert!(
+        fs.counters().overwrites_beside.get() > 0,
+        "seed {seed}: no NOCOW overwrite went to the device without the lock"
     );
     let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("fs still shared"));
     fs.close().expect("close");

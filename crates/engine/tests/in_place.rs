@@ -384,8 +384,16 @@ fn fsync_makes_writes_in_place_durable_and_never_shows_what_preallocated_blocks_
         };
         let (mut p_now, mut n_now) = (p_was.clone(), fs.read(n, 0, SIZE).expect("read"));
         for _ in 0..3 {
-            let off = rng.below(SIZE as u64 - 1);
-            let len = (1 + rng.below(6 * BS as u64)).min(SIZE as u64 - off);
+            // Half of them whole blocks: the NOCOW file's go to the device without the lock
+            // (`Inner::plan_overwrite`), and the fsync must still flush them.
+            let (off, len) = if rng.below(2) == 0 {
+                let b = rng.below(SIZE as u64 / BS as u64);
+                let n = 1 + rng.below(6).min(SIZE as u64 / BS as u64 - b - 1);
+                (b * BS as u64, n * BS as u64)
+            } else {
+                let off = rng.below(SIZE as u64 - 1);
+                (off, (1 + rng.below(6 * BS as u64)).min(SIZE as u64 - off))
+            };
             let data = rng.bytes(len as usize);
             let (a, z) = (off as usize, (off + len) as usize);
             fs.write_with(p, off, &data, how).expect("write");
@@ -424,6 +432,10 @@ fn fsync_makes_writes_in_place_durable_and_never_shows_what_preallocated_blocks_
         }
         p_was = p_now;
     }
+    assert!(
+        fs.counters().overwrites_beside.get() > 0,
+        "seed {seed}: no NOCOW overwrite went to the device without the lock"
+    );
 }
 
 #[test]

@@ -28,7 +28,8 @@
 //! (`Inner::in_place_seq`), and each edge block maps the same extents. Then same extents mean
 //! the same bytes: the ones an edge maps are not reused while the writer is inside the fence.
 //! A write that would put any of its blocks in place is never planned here: it runs whole
-//! under the lock (`in_place`). When something changed, the write gives its
+//! under the lock, or for a NOCOW file's overwrite of whole blocks, writes the device after
+//! it (`in_place`, `Overwrite`). When something changed, the write gives its
 //! blocks back and runs again whole under the lock (`data_write_conflicts`), so two writers
 //! sharing a block never lose each other's bytes. A write of whole blocks needs no check:
 //! whatever happened to its range in between, linking its blocks there is the same as the
@@ -406,11 +407,15 @@ impl Fs {
         // Reserved for inside: the copy-on-write parts as growth (`reserve_write`), what
         // goes into blocks the file has with deletes' rights (`in_place`), so the operation
         // itself must not hold the global reserve back.
-        self.write_op(0, Reserve::Shrink, Durable::Data, |g| {
+        let done = self.write_op(0, Reserve::Shrink, Durable::Data, |g| {
             let it = g.held_inode(ino)?;
             check_regular(&it)?;
+            // A NOCOW file's whole blocks: written below, without the lock.
+            if let Some(o) = g.plan_overwrite(ino, off, data.len() as u64, times)? {
+                return Ok(Some(o));
+            }
             match g.write_in_place(ino, off, data, times, false) {
-                Ok(Some(_)) => return Ok(data.len()),
+                Ok(Some(_)) => return Ok(None),
                 // Refused for space before any change: the copy-on-write below asks again,
                 // and on a full device overwrites in place.
                 Ok(None) | Err(Error::NoSpace) => {}
@@ -430,7 +435,7 @@ impl Fs {
                 // the write refused (`in_place`); holes in the range still need space.
                 Err(Error::NoSpace) => {
                     return match g.write_in_place(ino, off, data, times, true)? {
-                        Some(_) => Ok(data.len()),
+                        Some(_) => Ok(None),
                         None => Err(Error::NoSpace),
                     }
                 }
@@ -443,7 +448,14 @@ impl Fs {
                     i.ctime = it.ctime;
                 })?;
             }
-            Ok(data.len())
-        })
+            Ok(None)
+        })?;
+        if let Some(o) = done {
+            let r = o.write(self.shared.dev.as_ref(), data);
+            // Also after a failed write: some of it may be on the device.
+            self.shared.log_io.note_data_written();
+            r?;
+        }
+        Ok(data.len())
     }
 }

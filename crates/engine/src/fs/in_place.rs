@@ -31,17 +31,41 @@
 //! shares, preallocated extents are never shared, and a full device does not overwrite a
 //! shared block in place (such a write is refused for space, as on btrfs).
 //!
-//! These writes run whole under the operation lock, their device I/O included: a write
-//! planned outside it (`data_io`) counts on blocks not changing under an unchanged extent
-//! map, and every in-place write moves `Inner::in_place_seq`, which such a plan checks
-//! before it links its blocks. A reader outside the lock may see part of an in-place write,
-//! as on the kernel's file systems.
+//! These writes run whole under the operation lock, their device I/O included, with one
+//! exception: a write a NOCOW file makes over its own written blocks, of whole blocks,
+//! inside its size (`Inner::plan_overwrite`, seed 004's workload: O_DIRECT 64 KiB
+//! overwrites). Such a write changes no item but the inode's times, so it sets those under
+//! the lock, enters the read fence, and writes the device after letting go (`Overwrite`).
+//! Why that is sound:
+//! - *No other file's bytes.* Its blocks are not handed out again while it is inside the
+//!   fence, whatever frees them meanwhile (a truncate, an unlink): the write lands on blocks
+//!   that are its file's or free, never another's, as a reader's read never returns
+//!   another file's bytes (`crate::space::read_fence`).
+//! - *No partial block.* Whole blocks only: a write that keeps part of a block reads it
+//!   first, and two such writes outside the lock could each put back the other's old
+//!   bytes. Two whole-block writes to one block leave one of them, as on the kernel's file
+//!   systems.
+//! - *No plan outside the lock reads them.* A copy-on-write plan (`data_io`) maps only
+//!   holes of a NOCOW file (its written blocks make a write in-place, run here), so
+//!   `Inner::in_place_seq`, which such a plan checks for edges it read, need not move.
+//! - *fsync.* The write is noted for the next flush only after it returned
+//!   (`LogIo::note_data_written`): an fsync after the write flushes it, even when no
+//!   metadata changed.
+//! - Under `-o sync` (the write durable on return) it runs whole under the lock.
+//!
+//! Every other in-place write runs whole under the lock: a write planned outside it
+//! (`data_io`) counts on blocks not changing under an unchanged extent map, and every such
+//! write moves `Inner::in_place_seq`, which a plan checks before it links its blocks. A
+//! reader outside the lock may see part of an in-place write, as on the kernel's file
+//! systems.
 use super::data_sum::{sums_of, SumCheck};
 use super::file::{extent_key, Ext, MAX_FILE_SIZE};
 use super::inode_flags::is_nocow;
-use super::{Inner, Ino, Reserve};
+use super::{Durable, Inner, Ino, Reserve};
 use crate::counters::Counters;
 use crate::error::Result;
+use crate::space::read_fence::ReadTicket;
+use idxfs_blockdev::BlockDevice;
 use idxfs_format::items::{ExtentItem, InodeItem, EXTENT_PREALLOC, EXTENT_REGULAR};
 use idxfs_format::BLOCK_SIZE;
 use zerocopy::IntoBytes;
@@ -67,7 +91,83 @@ struct Piece {
     how: How,
 }
 
+/// A NOCOW file's overwrite of its own blocks, planned under the lock and written without
+/// it (module docs).
+pub(crate) struct Overwrite {
+    /// (first disk block, blocks) of each run, in file order: the write's bytes in turn.
+    runs: Vec<(u64, u64)>,
+    /// Inside the read fence until the device writes returned: the blocks stay the file's
+    /// or free.
+    _inside: ReadTicket,
+}
+
+impl Overwrite {
+    /// Writes `data` (the whole write the plan was made for) to its blocks.
+    pub(crate) fn write(self, dev: &dyn BlockDevice, data: &[u8]) -> Result<()> {
+        let mut at = 0usize;
+        for &(disk, n) in &self.runs {
+            let len = (n * BS) as usize;
+            dev.write_at(&data[at..at + len], disk * BS)?;
+            at += len;
+        }
+        debug_assert_eq!(at, data.len(), "an overwrite's runs cover its bytes");
+        Ok(())
+    }
+}
+
 impl Inner {
+    /// Plans a write of `len` bytes at `off` that can go to the device without the lock
+    /// (module docs): a NOCOW file's whole written blocks inside its size, not under
+    /// `-o sync`. Sets the times (when `times`) now. None: the write runs under the lock.
+    pub(crate) fn plan_overwrite(
+        &mut self,
+        ino: Ino,
+        off: u64,
+        len: u64,
+        times: bool,
+    ) -> Result<Option<Overwrite>> {
+        let it = self.inode(ino)?;
+        let end = off + len;
+        if self.policy.knobs.data_under_lock
+            || self.policy.sync.covers(Durable::Data)
+            || !is_nocow(&it)
+            || !off.is_multiple_of(BS)
+            || !len.is_multiple_of(BS)
+            || len == 0
+            || end > it.size.get()
+            || self.trimming(ino)
+            || self.is_inline(ino, &it)?
+        {
+            return Ok(None);
+        }
+        let (b0, b1) = (off / BS, end / BS);
+        let exts = self.extents(ino, off, end)?;
+        if self.shares_any(b0, b1, &exts)? {
+            return Ok(None);
+        }
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for p in Inner::pieces(b0, b1, &exts, true) {
+            let How::Overwrite { disk } = p.how else {
+                return Ok(None);
+            };
+            runs.push((disk, p.end - p.start));
+        }
+        let inside = self.store.alloc.fence().enter();
+        if times {
+            let now = self.now();
+            self.modify_inode(ino, |i| {
+                i.mtime = now;
+                i.ctime = now;
+            })?;
+        }
+        Counters::inc(&self.store.counters.in_place_writes);
+        Counters::inc(&self.store.counters.overwrites_beside);
+        Ok(Some(Overwrite {
+            runs,
+            _inside: inside,
+        }))
+    }
+
     /// The pieces of a write of blocks [b0, b1) over `exts` (the extents there, in order).
     fn pieces(b0: u64, b1: u64, exts: &[Ext], overwrite: bool) -> Vec<Piece> {
         let mut out: Vec<Piece> = Vec::new();
