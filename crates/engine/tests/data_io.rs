@@ -222,7 +222,8 @@ fn a_nocow_overwrite_held_at_the_device_lands_on_no_other_files_blocks() {
         kill: Default::default(),
     };
     let before = fs.counters().overwrites_beside.get();
-    fs.write_with(n, 0, &vec![0xee; len], how).expect("overwrite");
+    fs.write_with(n, 0, &vec![0xee; len], how)
+        .expect("overwrite");
     assert_eq!(fs.counters().overwrites_beside.get(), before + 1);
     fs.fsync(n).expect("fsync");
     let crashed = Arc::new(MemDevice::from_bytes(
