@@ -424,3 +424,61 @@ fn a_full_device_never_overwrites_a_shared_block_in_place() {
     fs.close().expect("close");
     assert_clean(&dev);
 }
+
+/// The plan shares the source's partial last block because the copy ends the destination;
+/// before the batch runs, the destination grows past the copy's end. That block's bytes
+/// past the end are then the destination's own, so the batch copies it instead of sharing
+/// it, and nothing written past the copy's end is lost.
+#[test]
+fn a_destination_that_grows_past_the_copy_before_its_batch_keeps_its_bytes() {
+    use std::sync::mpsc::channel;
+    use std::sync::Mutex;
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    Fs::mkfs(dev.clone(), &Default::default()).expect("mkfs");
+    // The hook tells the test the plan is made, and waits for it to go on.
+    let (held_tx, held_rx) = channel::<()>();
+    let (go_tx, go_rx) = channel::<()>();
+    let (held_tx, go_rx) = (Mutex::new(held_tx), Mutex::new(go_rx));
+    let hook = move || {
+        let _ = held_tx.lock().expect("hook").send(());
+        let _ = go_rx.lock().expect("hook").recv();
+    };
+    let o = idxfs_engine::OpenOptions {
+        test_before_share: Some(Arc::new(hook)),
+        ..opts()
+    };
+    let fs = Arc::new(Fs::open(dev.clone(), o).expect("open"));
+    let a = fs.create(ROOT, b"a", 0o644, ME).expect("create").ino;
+    let b = fs.create(ROOT, b"b", 0o644, ME).expect("create").ino;
+    let data = Rng::new(11).bytes(3 * BS as usize + 100);
+    fs.write(a, 0, &data).expect("write");
+    fs.sync().expect("sync");
+    let copier = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.copy_range(a, 0, b, 0, u64::MAX / 2, Default::default()))
+    };
+    held_rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the copy's plan");
+    // Past the copy's end, in the block the plan meant to share.
+    let past = data.len() as u64 + 50;
+    fs.write(b, past, b"zz").expect("write past the copy");
+    go_tx.send(()).expect("go");
+    let n = copier.join().expect("copier").expect("copy");
+    assert_eq!(n, data.len() as u64, "the whole source copied");
+    let mut want = data.clone();
+    want.resize(past as usize, 0);
+    want.extend_from_slice(b"zz");
+    check(&fs, &[a, b], &[data.clone(), want.clone()], "the copy");
+    let (sa, sb) = (written_blocks(&fs, a), written_blocks(&fs, b));
+    assert_eq!(
+        sa.intersection(&sb).count(),
+        3,
+        "the whole blocks shared, the last one copied"
+    );
+    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("fs still shared"));
+    fs.close().expect("close");
+    assert_clean(&dev);
+    let fs = Fs::open(dev.clone(), opts()).expect("reopen");
+    check(&fs, &[a, b], &[data, want], "a reopen");
+}

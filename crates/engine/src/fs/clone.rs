@@ -65,11 +65,15 @@ impl Fs {
         if src_off.checked_add(len).is_none() {
             return Err(Error::Invalid("copy range past the largest offset"));
         }
-        let plan = {
+        let (plan, hook) = {
             let mut g = self.lock();
             g.writable()?;
-            g.plan_copy(src, src_off, dst, dst_off, len)?
+            let plan = g.plan_copy(src, src_off, dst, dst_off, len)?;
+            (plan, g.policy.before_share.clone())
         };
+        if let (Some(hook), Plan::Share { .. }) = (hook, &plan) {
+            hook();
+        }
         match plan {
             Plan::Nothing => Ok(0),
             Plan::Copy { len } => self.copy_bytes(src, src_off, dst, dst_off, len, kill),

@@ -195,6 +195,10 @@ pub struct OpenOptions {
     /// batch's reservation makes it, so crash tests see the states between batches.
     #[doc(hidden)]
     pub test_commit_between_batches: bool,
+    /// Testing only: run between a sharing copy's plan and its first batch, without the lock
+    /// (`clone`), so a test can change the files in that window.
+    #[doc(hidden)]
+    pub test_before_share: Option<policy::TestHook>,
 }
 
 impl Default for OpenOptions {
@@ -218,6 +222,7 @@ impl Default for OpenOptions {
             bench_log_under_lock: false,
             bench_data_under_lock: false,
             test_commit_between_batches: false,
+            test_before_share: None,
         }
     }
 }
@@ -480,6 +485,7 @@ impl Fs {
                     data_under_lock: opts.bench_data_under_lock,
                     commit_between_batches: opts.test_commit_between_batches,
                 },
+                before_share: opts.test_before_share.clone(),
             },
         );
         let space_tree = inner.space_tree;
@@ -1111,6 +1117,7 @@ impl Inner {
                 clock: Arc::new(SystemClock),
                 dirty_nodes_limit: usize::MAX,
                 knobs: policy::Knobs::default(),
+                before_share: None,
             },
         ))
     }

@@ -25,7 +25,12 @@ pub(crate) struct Policy {
     pub dirty_nodes_limit: usize,
     /// What benchmarks and tests turn on: all off in a real mount.
     pub knobs: Knobs,
+    /// `OpenOptions::test_before_share`: None in a real mount.
+    pub before_share: Option<TestHook>,
 }
+
+/// A test's code run at a point between two holds of the operation lock, without it.
+pub type TestHook = Arc<dyn Fn() + Send + Sync>;
 
 /// The benchmarks' same-run baselines and the tests' hooks (`OpenOptions::bench_*`, `test_*`).
 #[derive(Debug, Clone, Copy, Default)]
