@@ -52,6 +52,9 @@
 //!   (`LogIo::note_data_written`): an fsync after the write flushes it, even when no
 //!   metadata changed.
 //! - Under `-o sync` (the write durable on return) it runs whole under the lock.
+//! - A device error in that write is the caller's EIO and stops nothing (the times are
+//!   already set), as for a copy-on-write write's data (`data_io`); under the lock, a
+//!   failed device write stops the file system.
 //!
 //! Every other in-place write runs whole under the lock: a write planned outside it
 //! (`data_io`) counts on blocks not changing under an unchanged extent map, and every such
