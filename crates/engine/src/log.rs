@@ -49,7 +49,7 @@ use std::sync::Arc;
 const MAX_BATCH_ITEMS: usize = 1 << 16;
 
 /// Keys of fs-tree items changed since the last fsync batch or commit, repeats included: what
-/// the next batch logs. The trees report each change through `Store::note_change`.
+/// the next batch logs. The trees report each change into `Store::changes` (`btree::changes`).
 #[derive(Debug, Default)]
 pub struct ChangedKeys {
     keys: Vec<Key>,
@@ -147,17 +147,17 @@ impl Inner {
         // What a commit would write first: orphan items and cached inode changes.
         self.write_new_orphans()?;
         self.write_back_inodes()?;
-        if self.store.changed.overflow {
+        if self.store.changes.log.overflow {
             return Ok(LogSync::Commit);
         }
-        if self.store.changed.keys.is_empty() {
+        if self.store.changes.log.keys.is_empty() {
             // Earlier batches may still be on their way: this fsync's changes are in them.
             return Ok(LogSync::Wait {
                 upto: self.log.io.issued(),
                 flush_data: self.log.take_data_unflushed(),
             });
         }
-        let mut keys = std::mem::take(&mut self.store.changed.keys);
+        let mut keys = std::mem::take(&mut self.store.changes.log.keys);
         keys.sort_unstable();
         keys.dedup();
         if keys.len() > MAX_BATCH_ITEMS {
@@ -240,7 +240,7 @@ impl Inner {
     /// space tree was written, so the committed bitmaps call it free (nothing in the
     /// committed state uses it). None when no block is free: fsync then commits.
     pub(crate) fn log_start(&mut self, gen: u64) -> RootPtr {
-        self.store.changed.clear();
+        self.store.changes.log.clear();
         let io = self.log.io.clone();
         let fence = io.issued();
         // A new chain, with no data unflushed: the commit's flush (its step 4) covers the data
@@ -425,7 +425,7 @@ pub(crate) fn replay(inner: &mut Inner) -> Result<u64> {
     // The chain's blocks stay used until the commit after the replay is durable.
     inner.log.blocks = chain;
     inner.txn.changed = true;
-    inner.store.changed.clear();
+    inner.store.changes.log.clear();
     Counters::add(
         &inner.store.counters.log_replayed_batches,
         batches.len() as u64,

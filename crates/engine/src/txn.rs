@@ -227,7 +227,7 @@ pub fn freeze_store(store: &mut Store) -> Vec<(u64, Arc<Node>)> {
     let nodes = store.cache.freeze_dirty();
     assert_eq!(
         nodes.len(),
-        store.dirty_nodes,
+        store.changes.dirty_nodes,
         "dirty node count drifted from the cache"
     );
     for (b, _) in &nodes {
@@ -237,7 +237,7 @@ pub fn freeze_store(store: &mut Store) -> Vec<(u64, Arc<Node>)> {
         );
     }
     store.generation += 1;
-    store.dirty_nodes = 0;
+    store.changes.dirty_nodes = 0;
     store.alloc.start_commit();
     nodes
 }
@@ -444,7 +444,7 @@ impl Inner {
     /// Whether the running transaction changed a tree or a superblock field (not counting
     /// dirty cached inodes and pending orphans, which the commit writes too).
     pub(crate) fn trees_changed(&self) -> bool {
-        self.txn.changed || self.store.mod_seq != self.txn.frozen_seq
+        self.txn.changed || self.store.changes.mod_seq != self.txn.frozen_seq
     }
 
     /// Steps 1-3: waits for a commit in flight, then freezes the running transaction.
@@ -467,9 +467,9 @@ impl Inner {
         }
         // A commit is not a change by an operation: keep `mod_seq` as the operation saw it, so
         // a commit inside an operation (to reclaim pinned space) does not look like a change.
-        let seq = self.store.mod_seq;
+        let seq = self.store.changes.mod_seq;
         let r = self.freeze();
-        self.store.mod_seq = seq;
+        self.store.changes.mod_seq = seq;
         self.txn.frozen_seq = seq;
         match r {
             Ok(f) => {

@@ -1,6 +1,7 @@
 //! The copy-on-write B+tree: in-memory nodes, the node cache, the store that owns device,
-//! cache and allocator, the node slots taken ahead of need (`pools`), and the tree operations.
+//! cache and allocator, what the running transaction changed (`changes`), the node slots taken ahead of need (`pools`), and the tree operations.
 pub mod cache;
+pub mod changes;
 pub mod leaf_vals;
 pub mod node;
 pub mod pools;

@@ -4,15 +4,15 @@
 //! and is changed in place; any other node is copied to a newly allocated block first, and its
 //! old block is freed (pinned until the commit is durable, see `space::alloc`).
 use super::cache::NodeCache;
+use super::changes::Changes;
 use super::node::Node;
 use super::pools::NodePools;
 use crate::counters::Counters;
 use crate::error::{Error, Result};
-use crate::log::ChangedKeys;
 use crate::space::Allocator;
 use idxfs_blockdev::BlockDevice;
 use idxfs_format::node::{Expect, KeyRange};
-use idxfs_format::{Key, BLOCK_SIZE};
+use idxfs_format::BLOCK_SIZE;
 use std::sync::Arc;
 
 pub struct Store {
@@ -25,17 +25,9 @@ pub struct Store {
     pub cache: NodeCache,
     pub alloc: Allocator,
     pub counters: Arc<Counters>,
-    /// Bumped on every tree change: cursors re-seek when it moved.
-    pub mod_seq: u64,
-    /// Bumped whenever a node's key range can change (splits, merges, low-key fixups, root
-    /// changes): a [`super::tree::LeafHint`] is trusted only while it stands still.
-    pub shape_seq: u64,
-    /// Nodes changed in the running transaction (exact: kept by alloc_node, cow and frees).
-    pub dirty_nodes: usize,
-    /// Where the trees report each item they change: the fsync log's record of what its next
-    /// batch covers (`crate::log::ChangedKeys`). The store only carries it, since every
-    /// tree call has the store and nothing else in hand.
-    pub changed: ChangedKeys,
+    /// What the running transaction changed, for cursors, hints, operations and the fsync
+    /// log (`super::changes`).
+    pub changes: Changes,
     /// Node slots taken ahead of need, and those kept for deletes (`super::pools`).
     pub pools: NodePools,
     /// Nodes that failed to read or failed their checks since open, and the first such
@@ -68,20 +60,11 @@ impl Store {
             cache: NodeCache::new(cache_nodes),
             alloc,
             counters,
-            mod_seq: 0,
-            shape_seq: 0,
-            dirty_nodes: 0,
-            changed: ChangedKeys::default(),
+            changes: Changes::default(),
             pools: NodePools::default(),
             damage: Default::default(),
             scratch: vec![0; node_size as usize],
         }
-    }
-
-    /// Notes that the item `key` of tree `owner` changed (inserted, changed or deleted).
-    #[inline]
-    pub fn note_change(&mut self, owner: u64, key: Key) {
-        self.changed.note(owner, key);
     }
 
     pub fn blocks_per_node(&self) -> u64 {
@@ -221,7 +204,7 @@ impl Store {
             return Err(e);
         }
         self.cache.insert(start, node, true);
-        self.dirty_nodes += 1;
+        self.changes.dirty_nodes += 1;
         Ok(start)
     }
 
@@ -230,7 +213,7 @@ impl Store {
         let n = self.cache.remove(block);
         let now = n.as_ref().is_some_and(|n| n.generation == self.generation);
         if now {
-            self.dirty_nodes -= 1;
+            self.changes.dirty_nodes -= 1;
         }
         self.alloc.free(block, self.blocks_per_node(), now)?;
         Ok(())
@@ -240,7 +223,7 @@ impl Store {
     /// the cache; no committed state references it, so it is reusable at once.
     pub fn free_dirty_block(&mut self, block: u64) -> Result<()> {
         debug_assert!(!self.cache.contains(block));
-        self.dirty_nodes -= 1;
+        self.changes.dirty_nodes -= 1;
         self.alloc.free(block, self.blocks_per_node(), true)?;
         Ok(())
     }
@@ -273,7 +256,7 @@ impl Store {
         };
         node.generation = gen;
         self.cache.insert(new, node, true);
-        self.dirty_nodes += 1;
+        self.changes.dirty_nodes += 1;
         self.alloc.free(block, bpn, false)?;
         Counters::inc(&self.counters.node_cows);
         Ok(new)

@@ -233,8 +233,8 @@ impl Tree {
                 n.leaf_vals_mut().set(pos, &v);
                 n.used = n.used + after - before;
                 let over = n.used > Self::leaf_cap(store);
-                store.mod_seq += 1;
-                store.note_change(self.owner, key);
+                store.changes.mod_seq += 1;
+                store.changes.log.note(self.owner, key);
                 if over {
                     self.split(store, &path, d, pos)?;
                 } else if after < before {
@@ -270,8 +270,8 @@ impl Tree {
         n.keys.insert(pos, key);
         n.leaf_vals_mut().insert(pos, &val);
         let over = n.used > Self::leaf_cap(store);
-        store.mod_seq += 1;
-        store.note_change(self.owner, key);
+        store.changes.mod_seq += 1;
+        store.changes.log.note(self.owner, key);
         if pos == 0 {
             self.fixup_low_keys(store, path, d, key);
         }
@@ -303,8 +303,8 @@ impl Tree {
                 n.used += add;
                 n.keys.insert(pos, key);
                 n.leaf_vals_mut().insert(pos, &val);
-                store.mod_seq += 1;
-                store.note_change(self.owner, key);
+                store.changes.mod_seq += 1;
+                store.changes.log.note(self.owner, key);
                 Counters::inc(&store.counters.leaf_hint_hits);
                 return Ok(None);
             }
@@ -317,7 +317,7 @@ impl Tree {
         *hint = LeafHint {
             leaf,
             bound,
-            shape_seq: store.shape_seq,
+            shape_seq: store.changes.shape_seq,
             generation: store.generation,
             owner: self.owner,
         };
@@ -340,7 +340,7 @@ impl Tree {
         hint: &LeafHint,
     ) -> Option<std::result::Result<usize, usize>> {
         if hint.generation != store.generation
-            || hint.shape_seq != store.shape_seq
+            || hint.shape_seq != store.changes.shape_seq
             || hint.owner != self.owner
             || hint.bound.is_some_and(|b| *key >= b)
         {
@@ -410,8 +410,8 @@ impl Tree {
         let before = v.len();
         let change = f(&mut v);
         let after = v.len();
-        store.mod_seq += 1;
-        store.note_change(self.owner, *key);
+        store.changes.mod_seq += 1;
+        store.changes.log.note(self.owner, *key);
         match change {
             Change::Delete => {
                 self.remove_at(store, &path, pos, before)?;
@@ -510,9 +510,9 @@ impl Tree {
         n.keys.drain(start..end);
         let first = n.keys.first().copied();
         out.reverse();
-        store.mod_seq += 1;
+        store.changes.mod_seq += 1;
         for (k, _) in &out {
-            store.note_change(self.owner, *k);
+            store.changes.log.note(self.owner, *k);
         }
         if let (0, Some(k)) = (start, first) {
             self.fixup_low_keys(store, &path, d, k);
@@ -537,7 +537,7 @@ impl Tree {
 
     /// Restores the low-key invariant above path[d] after node d's first key became `key`.
     fn fixup_low_keys(&mut self, store: &mut Store, path: &Path, d: usize, key: Key) {
-        store.shape_seq += 1;
+        store.changes.shape_seq += 1;
         for j in (0..d).rev() {
             let (b, i) = path[j];
             store.node_mut(b).keys[i] = key;
@@ -549,7 +549,7 @@ impl Tree {
 
     /// Splits the over-full node path[d]; `pos` is where the entry that overflowed it went.
     fn split(&mut self, store: &mut Store, path: &Path, d: usize, pos: usize) -> Result<()> {
-        store.shape_seq += 1;
+        store.changes.shape_seq += 1;
         let gen = store.generation;
         let block = path[d].0;
         let counters = store.counters.clone();
@@ -690,7 +690,7 @@ impl Tree {
                 let child = n.ptrs()[0];
                 let level = n.level - 1;
                 let range = child_range(n, 0, None);
-                store.shape_seq += 1;
+                store.changes.shape_seq += 1;
                 store.load(
                     child.block,
                     child.generation,
@@ -710,7 +710,7 @@ impl Tree {
         let (len, used, is_leaf) = (node.len(), node.used, node.is_leaf());
         let cap = Self::cap(store.node_size, is_leaf);
         if len == 0 {
-            store.shape_seq += 1;
+            store.changes.shape_seq += 1;
             store.free_node(block)?;
             return self.remove_ptr(store, path, d - 1, pi);
         }
@@ -734,7 +734,7 @@ impl Tree {
         if used + store.node(sp.block).used > cap / 4 * 3 {
             return Ok(());
         }
-        store.shape_seq += 1;
+        store.changes.shape_seq += 1;
         let sb = store.cow(sp.block)?;
         store.node_mut(pb).ptrs_mut()[sib_i] = Ptr {
             block: sb,
@@ -769,7 +769,7 @@ impl Tree {
 
     /// Removes pointer `i` from path[d]'s node and rebalances upward.
     fn remove_ptr(&mut self, store: &mut Store, path: &Path, d: usize, i: usize) -> Result<()> {
-        store.shape_seq += 1;
+        store.changes.shape_seq += 1;
         let b = path[d].0;
         let n = store.node_mut(b);
         n.keys.remove(i);

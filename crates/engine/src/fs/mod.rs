@@ -256,7 +256,7 @@ pub(crate) struct Inner {
 /// What the running operation has done that its end acts on (`write_op`, `Locked`).
 #[derive(Default)]
 pub(crate) struct OpScope {
-    /// `store.mod_seq` at the operation's last checkpoint (see the module notes).
+    /// `store.changes.mod_seq` at the operation's last checkpoint (see the module notes).
     pub checkpoint: u64,
     /// Names it removed, as `published::name_key`s: unpublished when it lets go of the lock.
     pub names_removed: Vec<u64>,
@@ -605,17 +605,17 @@ impl Fs {
             *held = refused(&g, &e);
             return Err(e);
         }
-        let seq = g.store.mod_seq;
+        let seq = g.store.changes.mod_seq;
         g.op.checkpoint = seq;
         let r = f(&mut g);
-        let changed = g.store.mod_seq != seq;
+        let changed = g.store.changes.mod_seq != seq;
         if changed {
             g.txn.changed = true;
         }
         let mut over_bound = false;
         let mut log = LogSync::Commit;
         match &r {
-            Err(e) if g.store.mod_seq != g.op.checkpoint || e.is_fatal() => {
+            Err(e) if g.store.changes.mod_seq != g.op.checkpoint || e.is_fatal() => {
                 let why = format!("{e}");
                 g.fail(why);
             }
@@ -982,7 +982,7 @@ impl Shared {
         let frozen = {
             let mut g = self.lock();
             if g.policy.read_only
-                || (bound_only && g.store.dirty_nodes <= g.policy.dirty_nodes_limit)
+                || (bound_only && g.store.changes.dirty_nodes <= g.policy.dirty_nodes_limit)
             {
                 return Ok(());
             }
@@ -1197,7 +1197,7 @@ impl Inner {
     /// Marks the running operation's state whole: an error after this point and before any
     /// further change leaves the file system writable (see the module notes).
     pub fn checkpoint(&mut self) {
-        self.op.checkpoint = self.store.mod_seq;
+        self.op.checkpoint = self.store.changes.mod_seq;
     }
 
     /// Notes that the running transaction holds an item that needs incompat feature `bit`:
@@ -1226,7 +1226,7 @@ impl Inner {
         if self.inodes.dirty_count() > INODE_WRITEBACK {
             self.write_back_inodes()?;
         }
-        Ok(self.store.dirty_nodes > self.policy.dirty_nodes_limit)
+        Ok(self.store.changes.dirty_nodes > self.policy.dirty_nodes_limit)
     }
 
     /// What statfs reports that operations change.
@@ -1269,7 +1269,7 @@ impl Inner {
     pub fn modify_inode(&mut self, ino: Ino, f: impl FnOnce(&mut InodeItem)) -> Result<InodeItem> {
         self.inode(ino)?;
         self.inodes.modify(ino, f);
-        self.store.mod_seq += 1;
+        self.store.changes.mod_seq += 1;
         self.inode(ino)
     }
 

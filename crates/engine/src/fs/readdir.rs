@@ -194,7 +194,7 @@ impl Fs {
             })
             .collect();
         Ok(PlusBatch {
-            seq: g.store.mod_seq,
+            seq: g.store.changes.mod_seq,
             entries,
             more,
         })
@@ -237,7 +237,7 @@ impl Fs {
     /// before any change can come. False (nothing pinned) when something changed.
     pub fn pin_if_unchanged(&self, seq: u64, inos: &[Ino]) -> bool {
         let g = self.lock();
-        if g.store.mod_seq != seq {
+        if g.store.changes.mod_seq != seq {
             return false;
         }
         // Under the operation lock, so no operation comes between the check and the pins.
