@@ -39,10 +39,10 @@
 //! once, so it is discarded after the next commit like the rest (as ext4 frees blocks only
 //! when their transaction commits).
 use super::bitmap::Bitmap;
+use super::freed::Freed;
 use super::read_fence::ReadFence;
 use crate::counters::Counters;
 use idxfs_index::first_map::FirstMap;
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,16 +94,8 @@ pub struct Allocator {
     cursor: [u64; 3],
     /// Per kind (`slot`): the groups with room for it (`Group::has_room_for`), lowest cached.
     room: [FirstMap<usize, ()>; 2],
-    /// Freed by the running transaction, referenced by the last committed state: (start,
-    /// length, file data).
-    pinned: Vec<(u64, u64, bool)>,
-    /// Freed by the transaction a commit is writing: reusable once that commit is durable.
-    committing: Vec<(u64, u64, bool)>,
-    /// Readers of data outside the operation lock.
-    fence: Arc<ReadFence>,
-    /// Freed data blocks a reader may still read: (fence stamp, start, length), stamps in
-    /// ascending order.
-    held: VecDeque<(u64, u64, u64)>,
+    /// Freed blocks not yet reusable, and what each waits for (`super::freed`).
+    freed: Freed,
     /// Blocks claimed and not yet installed or given back.
     claimed: u64,
     /// Groups changed since the last commit: their items must be rewritten. Ordered with the
@@ -151,10 +143,7 @@ impl Allocator {
             used_total: 0,
             cursor: [0; 3],
             room: [FirstMap::new(), FirstMap::new()],
-            pinned: Vec::new(),
-            committing: Vec::new(),
-            fence: Arc::new(ReadFence::default()),
-            held: VecDeque::new(),
+            freed: Freed::default(),
             claimed: 0,
             dirty: FirstMap::new(),
             discards: Discards::default(),
@@ -299,7 +288,7 @@ impl Allocator {
 
     /// The fence readers of data outside the lock enter.
     pub fn fence(&self) -> &Arc<ReadFence> {
-        &self.fence
+        &self.freed.fence
     }
 
     /// Where [`Allocator::alloc`] would allocate, taking nothing.
@@ -475,7 +464,7 @@ impl Allocator {
         let now = now && !(data && self.discards.on);
         // A data block a reader outside the lock may still read stays busy until it is done.
         let stamp = if now && data {
-            self.fence.stamp()
+            self.freed.fence.stamp()
         } else {
             None
         };
@@ -495,13 +484,13 @@ impl Allocator {
         self.refile(gi);
         self.used_total -= n;
         if let Some(stamp) = stamp {
-            self.held.push_back((stamp, start, n));
+            self.freed.held.push_back((stamp, start, n));
             Counters::inc(&self.counters.blocks_held_for_readers);
         } else if now {
             self.busy_total -= n;
             Counters::inc(&self.counters.blocks_freed_now);
         } else {
-            self.pinned.push((start, n, data));
+            self.freed.pinned.push((start, n, data));
             Counters::inc(&self.counters.blocks_pinned);
         }
         Ok(())
@@ -511,7 +500,7 @@ impl Allocator {
     /// what the next one frees waits for the next.
     pub fn start_commit(&mut self) {
         assert!(
-            self.committing.is_empty(),
+            self.freed.committing.is_empty(),
             "a commit began before the last one was done"
         );
         debug_assert_eq!(
@@ -519,22 +508,22 @@ impl Allocator {
             self.pinned_listed(),
             "busy blocks neither used nor claimed are not all pinned or held"
         );
-        self.committing = std::mem::take(&mut self.pinned);
+        self.freed.committing = std::mem::take(&mut self.freed.pinned);
     }
 
     /// The commit that froze the pinned blocks is durable: they may be reused.
     pub fn commit_done(&mut self) {
         // Reuse released blocks before new ones: keeps the metadata compact on the device (and
         // a memory-backed device from faulting in fresh pages for every commit).
-        if let Some(low) = self.committing.iter().map(|p| p.0).min() {
+        if let Some(low) = self.freed.committing.iter().map(|p| p.0).min() {
             let c = &mut self.cursor[Kind::Meta as usize];
             *c = (*c).min(low);
         }
-        let stamp = self.fence.stamp();
-        for (start, n, data) in std::mem::take(&mut self.committing) {
+        let stamp = self.freed.fence.stamp();
+        for (start, n, data) in std::mem::take(&mut self.freed.committing) {
             match stamp {
                 Some(s) if data => {
-                    self.held.push_back((s, start, n));
+                    self.freed.held.push_back((s, start, n));
                     Counters::inc(&self.counters.blocks_held_for_readers);
                 }
                 _ => self.release(start, n),
@@ -560,17 +549,17 @@ impl Allocator {
 
     /// The stamp after which every block held now may be reused, if any is held.
     pub fn held_until(&self) -> Option<u64> {
-        self.held.back().map(|h| h.0)
+        self.freed.held.back().map(|h| h.0)
     }
 
     /// Frees the held blocks whose readers have all left (`read_fence`); cheap when none are
     /// held. Called whenever the operation lock is taken.
     pub fn release_held(&mut self) {
-        while let Some(&(stamp, start, n)) = self.held.front() {
-            if !self.fence.passed(stamp) {
+        while let Some(&(stamp, start, n)) = self.freed.held.front() {
+            if !self.freed.fence.passed(stamp) {
                 break;
             }
-            self.held.pop_front();
+            self.freed.held.pop_front();
             self.release(start, n);
         }
     }
@@ -586,11 +575,12 @@ impl Allocator {
 
     /// `pinned_blocks` summed over the lists that hold them (checks the states agree).
     fn pinned_listed(&self) -> u64 {
-        self.pinned
+        self.freed
+            .pinned
             .iter()
-            .chain(&self.committing)
+            .chain(&self.freed.committing)
             .map(|p| p.1)
-            .chain(self.held.iter().map(|h| h.2))
+            .chain(self.freed.held.iter().map(|h| h.2))
             .chain(self.discards.waiting.iter().map(|d| d.1))
             .sum::<u64>()
             + self.discards.out

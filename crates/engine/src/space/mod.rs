@@ -2,5 +2,6 @@
 pub mod alloc;
 pub mod bitmap;
 pub mod discard;
+mod freed;
 pub mod read_fence;
 pub use alloc::{Allocator, Kind};
