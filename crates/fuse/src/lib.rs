@@ -242,19 +242,12 @@ impl Requests {
 /// The FUSE file system: an engine handle and the caching policy.
 pub struct IdxFuse {
     fs: Arc<Fs>,
-    /// How long the kernel may trust an entry or attributes (and a negative lookup).
-    ttl: Duration,
-    /// Ask for the kernel's writeback cache.
-    writeback: bool,
-    /// Let the kernel choose plain READDIR where no entry it lists is looked up
-    /// (`MountConfig::readdirplus_auto`).
-    readdirplus_auto: bool,
+    /// What the mount settled when it started, read by requests.
+    set: Settings,
     requests: Arc<Requests>,
     /// How many entries the last full readdirplus reply held: the kernel's buffer size is not
     /// passed to us, and reading far more names than fit would be wasted work.
     plus_fit: std::sync::atomic::AtomicUsize,
-    /// CPUs the workers are pinned to, one each (empty: not pinned); see `pin.rs`.
-    pin_cpus: Vec<usize>,
     /// Some: ask the kernel for FUSE over io_uring at init, and set the flag when it agrees.
     uring: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// The ring workers' view of the request stream: whether forgets may wait
@@ -265,13 +258,27 @@ pub struct IdxFuse {
     /// Tells the kernel what it caches has gone stale, where no reply can: set by `serve` once
     /// the session exists.
     notifier: Arc<OnceLock<Notifier>>,
+    /// What makes the entries of `idxfs import` (`import.rs`); None: the ioctl is unknown.
+    import: Option<Arc<dyn import::ImportServer>>,
+}
+
+/// What a mount settled when it started (from `MountConfig` and the server's own identity),
+/// fixed for its life.
+struct Settings {
+    /// How long the kernel may trust an entry or attributes (and a negative lookup).
+    ttl: Duration,
+    /// Ask for the kernel's writeback cache.
+    writeback: bool,
+    /// Let the kernel choose plain READDIR where no entry it lists is looked up
+    /// (`MountConfig::readdirplus_auto`).
+    readdirplus_auto: bool,
+    /// CPUs the workers are pinned to, one each (empty: not pinned); see `pin.rs`.
+    pin_cpus: Vec<usize>,
     /// The mount's owner (the server's real uid): with root, the only caller a remount
     /// request is taken from (`remount.rs`).
     owner_uid: u32,
     /// POSIX ACLs kept by the engine and enforced by the kernel (`MountConfig::acl`).
     acl: bool,
-    /// What makes the entries of `idxfs import` (`import.rs`); None: the ioctl is unknown.
-    import: Option<Arc<dyn import::ImportServer>>,
 }
 
 impl IdxFuse {
@@ -289,22 +296,24 @@ impl IdxFuse {
         IdxFuse {
             readahead: readahead::ReadAhead::new(fs.clone()),
             fs,
-            ttl: cfg.ttl,
-            writeback: cfg.writeback,
-            readdirplus_auto: cfg.readdirplus_auto,
-            acl: cfg.acl_here(),
+            set: Settings {
+                ttl: cfg.ttl,
+                writeback: cfg.writeback,
+                readdirplus_auto: cfg.readdirplus_auto,
+                acl: cfg.acl_here(),
+                pin_cpus: if cfg.pins_threads() {
+                    pin::allowed_cpus()
+                } else {
+                    Vec::new()
+                },
+                // SAFETY: getuid has no preconditions and cannot fail.
+                owner_uid: unsafe { libc::getuid() },
+            },
             requests,
             plus_fit: std::sync::atomic::AtomicUsize::new(64),
-            pin_cpus: if cfg.pins_threads() {
-                pin::allowed_cpus()
-            } else {
-                Vec::new()
-            },
             uring,
             recent,
             notifier: Arc::default(),
-            // SAFETY: getuid has no preconditions and cannot fail.
-            owner_uid: unsafe { libc::getuid() },
             import: None,
         }
     }
@@ -349,7 +358,7 @@ impl IdxFuse {
     /// xattr names refused with EOPNOTSUPP and left out of lists: `xattr_unsupported`, but
     /// for the ACLs when they are on.
     fn unsupported(&self, name: &[u8]) -> bool {
-        xattr_unsupported(name) && !(self.acl && acl::is_acl(name))
+        xattr_unsupported(name) && !(self.set.acl && acl::is_acl(name))
     }
 
     /// `system.posix_acl_access` with ACLs off: an ACL the mode says in full is a chmod of
@@ -411,7 +420,7 @@ impl IdxFuse {
     /// counters are on, and restores the caller after.
     #[must_use]
     fn begin(&self, op: Op, req: &Request) -> InHandler<'_> {
-        pin::pin_this_worker(&self.pin_cpus);
+        pin::pin_this_worker(&self.set.pin_cpus);
         self.requests.count(op, req.uid() == 0)
     }
 
@@ -419,7 +428,7 @@ impl IdxFuse {
     /// the operation's lock (`Fs::hold_made`), for the lookup count the reply gives.
     fn entry_made(&self, r: Result<Attr, Error>, reply: ReplyEntry) {
         match r {
-            Ok(a) => reply.entry(&self.ttl, &file_attr(&a), Generation(a.generation)),
+            Ok(a) => reply.entry(&self.set.ttl, &file_attr(&a), Generation(a.generation)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -429,7 +438,7 @@ impl IdxFuse {
         match r {
             Ok(a) => {
                 self.fs.pin(a.ino);
-                reply.entry(&self.ttl, &file_attr(&a), Generation(a.generation));
+                reply.entry(&self.set.ttl, &file_attr(&a), Generation(a.generation));
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -597,13 +606,13 @@ fn misaligned_direct(flags: OpenFlags, offset: u64, len: u64) -> bool {
 }
 impl Filesystem for IdxFuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        if self.writeback {
+        if self.set.writeback {
             let _ = config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE);
         }
-        if self.readdirplus_auto {
+        if self.set.readdirplus_auto {
             let _ = config.add_capabilities(InitFlags::FUSE_READDIRPLUS_AUTO);
         }
-        if self.acl {
+        if self.set.acl {
             // The kernel caches and enforces ACLs, and leaves the umask to the engine, which
             // must ignore it under a default ACL (`idxfs_engine::fs::acl`).
             config
@@ -662,7 +671,7 @@ impl Filesystem for IdxFuse {
             return self.entry(r, reply);
         }
         match self.fs.lookup(parent.0, bytes(name)) {
-            Err(Error::NotFound) => reply.entry(&self.ttl, &negative_entry(), Generation(0)),
+            Err(Error::NotFound) => reply.entry(&self.set.ttl, &negative_entry(), Generation(0)),
             r => self.entry(r, reply),
         }
     }
@@ -691,7 +700,7 @@ impl Filesystem for IdxFuse {
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let _in = self.begin(Op::Getattr, req);
         match self.fs.getattr(ino.0) {
-            Ok(a) => reply.attr(&self.ttl, &file_attr(&a)),
+            Ok(a) => reply.attr(&self.set.ttl, &file_attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -731,7 +740,7 @@ impl Filesystem for IdxFuse {
             kill,
         };
         match self.fs.setattr(ino.0, &set) {
-            Ok(a) => reply.attr(&self.ttl, &file_attr(&a)),
+            Ok(a) => reply.attr(&self.set.ttl, &file_attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -777,7 +786,7 @@ impl Filesystem for IdxFuse {
         let _in = self.begin(Op::Tmpfile, req);
         match self.fs.tmpfile_umask(parent.0, mode, owner(req), umask) {
             Ok(a) => reply.created(
-                &self.ttl,
+                &self.set.ttl,
                 &file_attr(&a),
                 Generation(a.generation),
                 FileHandle(0),
@@ -944,7 +953,7 @@ impl Filesystem for IdxFuse {
         let how = WriteHow {
             // With the writeback cache the kernel keeps mtime and ctime and sends them by
             // setattr; a write request can come after that setattr and must not override them.
-            times: !self.writeback,
+            times: !self.set.writeback,
             kill,
         };
         let r = self.fs.write_with(ino.0, offset, data, how);
@@ -1049,7 +1058,7 @@ impl Filesystem for IdxFuse {
                 INodeNo(e.ino),
                 e.cookie,
                 OsStr::from_bytes(&e.name),
-                &self.ttl,
+                &self.set.ttl,
                 &file_attr(a),
                 Generation(a.generation),
             );
@@ -1125,7 +1134,7 @@ impl Filesystem for IdxFuse {
         reply: ReplyEmpty,
     ) {
         let _in = self.begin(Op::Setxattr, req);
-        if self.acl && acl::is_acl(bytes(name)) {
+        if self.set.acl && acl::is_acl(bytes(name)) {
             return self.set_acl(req, ino, bytes(name), value, flags, reply);
         }
         if bytes(name) == acl::ACCESS {
@@ -1168,7 +1177,7 @@ impl Filesystem for IdxFuse {
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _in = self.begin(Op::Removexattr, req);
-        if !self.acl && acl::is_acl(bytes(name)) {
+        if !self.set.acl && acl::is_acl(bytes(name)) {
             // Nothing beyond the mode is kept, so nothing is removed (`acl.rs`); the owner or
             // root only, as for setting one.
             return match self.fs.getattr(ino.0) {
@@ -1336,7 +1345,7 @@ impl IdxFuse {
         if ino != INodeNo::ROOT {
             return reply.error(Errno::ENOTTY);
         }
-        if req.uid() != 0 && req.uid() != self.owner_uid {
+        if req.uid() != 0 && req.uid() != self.set.owner_uid {
             return reply.error(Errno::EPERM);
         }
         match self.fs.trim() {
@@ -1355,7 +1364,7 @@ impl IdxFuse {
         let Some(server) = self.import.as_ref() else {
             return reply.error(Errno::ENOTTY);
         };
-        if req.uid() != 0 && req.uid() != self.owner_uid {
+        if req.uid() != 0 && req.uid() != self.set.owner_uid {
             return reply.error(Errno::EPERM);
         }
         let Some(r) = import::decode(in_data) else {
@@ -1398,7 +1407,7 @@ impl IdxFuse {
         if ino != INodeNo::ROOT {
             return reply.error(Errno::ENOTTY);
         }
-        if req.uid() != 0 && req.uid() != self.owner_uid {
+        if req.uid() != 0 && req.uid() != self.set.owner_uid {
             return reply.error(Errno::EPERM);
         }
         let Some(new) = remount::Settings::decode(in_data) else {
