@@ -94,32 +94,70 @@ struct Checker<'a> {
     /// Block -> what references it.
     owners: HashMap<u64, &'static str>,
     inodes: BTreeMap<u64, InodeInfo>,
-    by_hash: Vec<(u64, u64, Vec<u8>)>,
-    by_ino: Vec<(u64, u64, Vec<u8>)>,
-    refs: Vec<(u64, u64, Vec<u8>)>,
+    /// The items that name an inode from a directory, matched at the end.
+    names: Names,
+    /// Space bitmap items: (group start, group length, bitmap), checked against `owners`.
     space_bitmaps: Vec<(u64, u64, Vec<u8>)>,
+    /// Long xattr values and the chunks that hold them, matched at the end.
+    xattrs: LongXattrs,
+    /// Feature bits the items found need.
+    needs: Needs,
+    /// Data sums, checked against the extents of the inode whose items the walk is in.
+    sums: SumCheck,
+    /// Blocks more than one extent names, and the items that count them.
+    sharing: Sharing,
+    progress: &'a mut dyn FnMut(u64),
+}
+
+/// The items that name an inode from a directory: every index and every back reference
+/// must name the same (directory, inode, name) triples.
+#[derive(Default)]
+struct Names {
+    /// Name-hash index entries: (directory, inode, name).
+    by_hash: Vec<(u64, u64, Vec<u8>)>,
+    /// Inode-order index entries: (directory, inode, name).
+    by_ino: Vec<(u64, u64, Vec<u8>)>,
+    /// Back references: (directory, inode, name).
+    refs: Vec<(u64, u64, Vec<u8>)>,
     /// (child, dtype in the entry, directory), checked against the inode at the end.
-    refs_dtype: Vec<(u64, u8, u64)>,
-    /// Long xattr values: (ino, chunk base, length, name).
-    long_xattrs: Vec<(u64, u64, u32, Vec<u8>)>,
+    dtypes: Vec<(u64, u8, u64)>,
+}
+
+/// Long xattr values and the chunks that hold them.
+#[derive(Default)]
+struct LongXattrs {
+    /// (ino, chunk base, length, name).
+    values: Vec<(u64, u64, u32, Vec<u8>)>,
     /// XattrChunk items: (ino, offset) -> length.
     chunks: BTreeMap<(u64, u64), usize>,
-    /// Incompat bits the items found need.
-    needs: u64,
-    /// Read-only-compat bits the items found need.
-    needs_ro: u64,
+}
+
+/// Feature bits the items found need, checked against the superblock's.
+#[derive(Default)]
+struct Needs {
+    incompat: u64,
+    compat_ro: u64,
+}
+
+/// How data sums are checked.
+#[derive(Default)]
+struct SumCheck {
+    /// Read every block that has a data sum and compare (`idxfs fsck --data`).
+    verify: bool,
     /// The regular extents of the inode whose items the walk is in, as (first file block,
     /// blocks, first device block): what its data sums may name.
-    data_of: (u64, Vec<(u64, u64, u64)>),
-    /// Read every block that has a data sum and compare (`idxfs fsck --data`).
-    verify_data: bool,
+    extents_of: (u64, Vec<(u64, u64, u64)>),
+}
+
+/// Blocks more than one extent names (`fs::shared`).
+#[derive(Default)]
+struct Sharing {
     /// Data blocks named by more than one extent: block -> how many.
-    shared_refs: HashMap<u64, u64>,
+    refs: HashMap<u64, u64>,
     /// Runs of blocks that must be named by one extent only: (start, length, whose).
     unshared: Vec<(u64, u64, String)>,
     /// `SharedBlocks` items: (first block, blocks, refs).
-    shared_items: Vec<(u64, u64, u64)>,
-    progress: &'a mut dyn FnMut(u64),
+    items: Vec<(u64, u64, u64)>,
 }
 
 /// Checks the image on `dev`, and what an open would make of its fsync log. Returns Err only
@@ -191,20 +229,15 @@ fn check_state(
         report,
         owners: HashMap::new(),
         inodes: BTreeMap::new(),
-        by_hash: Vec::new(),
-        by_ino: Vec::new(),
-        refs: Vec::new(),
+        names: Names::default(),
         space_bitmaps: Vec::new(),
-        refs_dtype: Vec::new(),
-        long_xattrs: Vec::new(),
-        chunks: BTreeMap::new(),
-        needs: 0,
-        needs_ro: 0,
-        data_of: (0, Vec::new()),
-        verify_data,
-        shared_refs: HashMap::new(),
-        unshared: Vec::new(),
-        shared_items: Vec::new(),
+        xattrs: LongXattrs::default(),
+        needs: Needs::default(),
+        sums: SumCheck {
+            verify: verify_data,
+            extents_of: (0, Vec::new()),
+        },
+        sharing: Sharing::default(),
         progress,
     };
     for b in 0..SUPER_COPIES {
@@ -295,14 +328,14 @@ impl Checker<'_> {
     }
 
     /// A file extent names blocks [start, start + n): the first extent owns them as `claim`
-    /// says, each further one adds to their count of naming extents (`shared_refs`).
+    /// says, each further one adds to their count of naming extents (`Sharing::refs`).
     fn claim_data(&mut self, start: u64, n: u64) {
         for b in start..start + n {
             match self.owners.get(&b) {
                 None => {
                     self.owners.insert(b, "file extent");
                 }
-                Some(&"file extent") => *self.shared_refs.entry(b).or_insert(1) += 1,
+                Some(&"file extent") => *self.sharing.refs.entry(b).or_insert(1) += 1,
                 Some(prev) => self.report.problem(format!(
                     "block {b} referenced twice: by {prev} and by file extent"
                 )),
@@ -314,7 +347,7 @@ impl Checker<'_> {
     /// overlap, each names blocks exactly `refs` extents name, every block named more than
     /// once has one, and no preallocated or NOCOW extent's block is shared.
     fn check_shared(&mut self) {
-        let mut items = std::mem::take(&mut self.shared_items);
+        let mut items = std::mem::take(&mut self.sharing.items);
         items.sort_unstable();
         let mut covered: HashMap<u64, u64> = HashMap::new();
         let mut end = 0;
@@ -328,7 +361,7 @@ impl Checker<'_> {
             let mut wrong = None;
             for b in s..s + n {
                 covered.insert(b, refs);
-                let have = match self.shared_refs.get(&b) {
+                let have = match self.sharing.refs.get(&b) {
                     Some(&c) => c,
                     None => u64::from(self.owners.get(&b) == Some(&"file extent")),
                 };
@@ -343,7 +376,8 @@ impl Checker<'_> {
             }
         }
         let mut missing: Vec<(u64, u64)> = self
-            .shared_refs
+            .sharing
+            .refs
             .iter()
             .filter(|(b, _)| !covered.contains_key(b))
             .map(|(&b, &c)| (b, c))
@@ -354,8 +388,8 @@ impl Checker<'_> {
                 "block {b} is named by {c} extents, and no shared-blocks item counts them"
             ));
         }
-        for (s, n, whose) in std::mem::take(&mut self.unshared) {
-            if let Some(b) = (s..s + n).find(|b| self.shared_refs.contains_key(b)) {
+        for (s, n, whose) in std::mem::take(&mut self.sharing.unshared) {
+            if let Some(b) = (s..s + n).find(|b| self.sharing.refs.contains_key(b)) {
                 self.report.problem(format!(
                     "{whose}: block {b} is shared, which only copy-on-write files' written blocks may be"
                 ));
@@ -504,9 +538,9 @@ impl Checker<'_> {
                                 ));
                             }
                             let list = if t == ItemType::DirHash {
-                                &mut self.by_hash
+                                &mut self.names.by_hash
                             } else {
-                                &mut self.by_ino
+                                &mut self.names.by_ino
                             };
                             list.push((k.objectid, e.ino, e.name.clone()));
                             if t == ItemType::DirHash {
@@ -514,7 +548,7 @@ impl Checker<'_> {
                                 let child = self.inodes.entry(e.ino).or_default();
                                 child.seen_entries += 1;
                                 // dtype is checked once both the entry and the inode are known.
-                                self.refs_dtype.push((e.ino, e.dtype, k.objectid));
+                                self.names.dtypes.push((e.ino, e.dtype, k.objectid));
                             }
                         }
                     }
@@ -524,13 +558,13 @@ impl Checker<'_> {
             Some(ItemType::InodeRef) => match decode_names(v, &what) {
                 Ok(names) => {
                     for n in names {
-                        self.refs.push((k.offset, k.objectid, n));
+                        self.names.refs.push((k.offset, k.objectid, n));
                     }
                 }
                 Err(e) => self.report.problem(format!("{e}")),
             },
             Some(ItemType::InodeExtRef) => {
-                self.needs |= INCOMPAT_EXT_REF;
+                self.needs.incompat |= INCOMPAT_EXT_REF;
                 match decode_ext_refs(v, &what) {
                     Ok(refs) => {
                         for r in refs {
@@ -541,15 +575,15 @@ impl Checker<'_> {
                                     String::from_utf8_lossy(&r.name)
                                 ));
                             }
-                            self.refs.push((r.parent, k.objectid, r.name));
+                            self.names.refs.push((r.parent, k.objectid, r.name));
                         }
                     }
                     Err(e) => self.report.problem(format!("{e}")),
                 }
             }
             Some(ItemType::XattrChunk) => {
-                self.needs |= INCOMPAT_XATTR_CHUNKS;
-                self.chunks.insert((k.objectid, k.offset), v.len());
+                self.needs.incompat |= INCOMPAT_XATTR_CHUNKS;
+                self.xattrs.chunks.insert((k.objectid, k.offset), v.len());
             }
             Some(ItemType::Xattr) => match decode_xattrs(v, &what) {
                 Ok(xs) => {
@@ -562,8 +596,8 @@ impl Checker<'_> {
                         }
                         match x.value {
                             XattrValue::Chunked { len, base } => {
-                                self.needs |= INCOMPAT_XATTR_CHUNKS;
-                                self.long_xattrs.push((k.objectid, base, len, x.name));
+                                self.needs.incompat |= INCOMPAT_XATTR_CHUNKS;
+                                self.xattrs.values.push((k.objectid, base, len, x.name));
                             }
                             XattrValue::Inline(v) => self.check_acl(k.objectid, &x.name, &v),
                         }
@@ -610,10 +644,10 @@ impl Checker<'_> {
                         }
                         info.extent_blocks += n;
                         if e.kind == EXTENT_REGULAR {
-                            if self.data_of.0 != k.objectid {
-                                self.data_of = (k.objectid, Vec::new());
+                            if self.sums.extents_of.0 != k.objectid {
+                                self.sums.extents_of = (k.objectid, Vec::new());
                             }
-                            self.data_of.1.push((k.offset / BLOCK_SIZE, n, d));
+                            self.sums.extents_of.1.push((k.offset / BLOCK_SIZE, n, d));
                         }
                         if !k.offset.is_multiple_of(BLOCK_SIZE) {
                             self.report
@@ -621,7 +655,7 @@ impl Checker<'_> {
                         }
                         let nocow = info.flags & NOCOW_FL != 0;
                         if e.kind != EXTENT_REGULAR || nocow {
-                            self.unshared.push((
+                            self.sharing.unshared.push((
                                 d,
                                 n,
                                 format!(
@@ -637,7 +671,7 @@ impl Checker<'_> {
             },
             Some(ItemType::DataSum) => match BlockSums::decode(v, &what) {
                 Ok(sums) => {
-                    self.needs_ro |= COMPAT_RO_DATA_SUMS;
+                    self.needs.compat_ro |= COMPAT_RO_DATA_SUMS;
                     self.data_sums(k, &sums);
                 }
                 Err(e) => self.report.problem(format!("{e}")),
@@ -646,7 +680,7 @@ impl Checker<'_> {
                 match decode_orphan(v, k.offset) {
                     Ok(kind) => {
                         if kind == OrphanKind::Trim {
-                            self.needs |= INCOMPAT_ORPHAN_TRIM;
+                            self.needs.incompat |= INCOMPAT_ORPHAN_TRIM;
                         }
                         self.inodes.entry(k.offset).or_default().orphan = Some(kind);
                     }
@@ -656,8 +690,9 @@ impl Checker<'_> {
             Some(ItemType::SharedBlocks) if k.objectid == SHARED_OBJECTID => {
                 match decode_shared(v, k.offset, total) {
                     Ok(it) => {
-                        self.needs |= INCOMPAT_SHARED_BLOCKS;
-                        self.shared_items
+                        self.needs.incompat |= INCOMPAT_SHARED_BLOCKS;
+                        self.sharing
+                            .items
                             .push((k.offset, it.blocks.get(), it.refs.get()));
                     }
                     Err(e) => self.report.problem(format!("{e}")),
@@ -699,9 +734,9 @@ impl Checker<'_> {
 
     fn cross_check(&mut self) {
         let name = |n: &[u8]| String::from_utf8_lossy(n).into_owned();
-        let mut by_hash = std::mem::take(&mut self.by_hash);
-        let mut by_ino = std::mem::take(&mut self.by_ino);
-        let mut refs = std::mem::take(&mut self.refs);
+        let mut by_hash = std::mem::take(&mut self.names.by_hash);
+        let mut by_ino = std::mem::take(&mut self.names.by_ino);
+        let mut refs = std::mem::take(&mut self.names.refs);
         by_hash.sort_unstable();
         by_ino.sort_unstable();
         refs.sort_unstable();
@@ -752,7 +787,7 @@ impl Checker<'_> {
                 }
             }
         }
-        for (child, dtype, dir) in std::mem::take(&mut self.refs_dtype) {
+        for (child, dtype, dir) in std::mem::take(&mut self.names.dtypes) {
             match self.inodes.get(&child) {
                 Some(c) if c.mode != 0 => {
                     if dtype_of_mode(c.mode) != dtype {
@@ -904,11 +939,11 @@ impl Checker<'_> {
     /// length; every chunk belongs to one value.
     fn check_chunks(&mut self) {
         let mut claimed: BTreeMap<(u64, u64), ()> = BTreeMap::new();
-        for (ino, base, len, name) in std::mem::take(&mut self.long_xattrs) {
+        for (ino, base, len, name) in std::mem::take(&mut self.xattrs.values) {
             let mut total = 0usize;
             let mut at = base;
             while total < len as usize {
-                match self.chunks.get(&(ino, at)) {
+                match self.xattrs.chunks.get(&(ino, at)) {
                     Some(&n) if n > 0 => {
                         if claimed.insert((ino, at), ()).is_some() {
                             self.report.problem(format!(
@@ -928,7 +963,7 @@ impl Checker<'_> {
                 ));
             }
         }
-        for (ino, at) in self.chunks.keys() {
+        for (ino, at) in self.xattrs.chunks.keys() {
             if !claimed.contains_key(&(*ino, *at)) {
                 self.report.problem(format!(
                     "xattr chunk {at:#x} of inode {ino} belongs to no value"
@@ -939,14 +974,14 @@ impl Checker<'_> {
 
     /// The superblock carries every incompat bit the items need.
     fn check_features(&mut self) {
-        let missing = self.needs & !self.sb.incompat.get();
+        let missing = self.needs.incompat & !self.sb.incompat.get();
         if missing != 0 {
             self.report.problem(format!(
                 "superblock incompat features {:#x} lack {missing:#x}, which items of the fs tree need",
                 self.sb.incompat.get()
             ));
         }
-        let missing = self.needs_ro & !self.sb.compat_ro.get();
+        let missing = self.needs.compat_ro & !self.sb.compat_ro.get();
         if missing != 0 {
             self.report.problem(format!(
                 "superblock compat_ro features {:#x} lack {missing:#x}, which items of the fs tree need",
@@ -957,7 +992,7 @@ impl Checker<'_> {
 
     /// A `DataSum` item names only blocks of its inode's regular extents (which the walk
     /// passed just before it, in key order), of a regular file that is not NOCOW; with
-    /// `verify_data`, each such block is read and must match.
+    /// `SumCheck::verify`, each such block is read and must match.
     fn data_sums(&mut self, k: &Key, sums: &BlockSums) {
         let ino = k.objectid;
         let info = self.inodes.entry(ino).or_default();
@@ -973,8 +1008,8 @@ impl Checker<'_> {
                 .problem(format!("data sums {k}: group past any file block"));
             return;
         };
-        let exts = if self.data_of.0 == ino {
-            std::mem::take(&mut self.data_of.1)
+        let exts = if self.sums.extents_of.0 == ino {
+            std::mem::take(&mut self.sums.extents_of.1)
         } else {
             Vec::new()
         };
@@ -992,7 +1027,7 @@ impl Checker<'_> {
                 ));
                 continue;
             };
-            if !self.verify_data {
+            if !self.sums.verify {
                 continue;
             }
             if let Err(e) = self.dev.read_at(&mut block, disk * BLOCK_SIZE) {
@@ -1008,8 +1043,8 @@ impl Checker<'_> {
                 ));
             }
         }
-        if self.data_of.0 == ino {
-            self.data_of.1 = exts;
+        if self.sums.extents_of.0 == ino {
+            self.sums.extents_of.1 = exts;
         }
     }
 
