@@ -91,13 +91,11 @@ struct Checker<'a> {
     sb: Superblock,
     hash: NameHash,
     report: Report,
-    /// Block -> what references it.
-    owners: HashMap<u64, &'static str>,
+    /// What references each block, and what the space bitmaps say.
+    blocks: Blocks,
     inodes: BTreeMap<u64, InodeInfo>,
     /// The items that name an inode from a directory, matched at the end.
     names: Names,
-    /// Space bitmap items: (group start, group length, bitmap), checked against `owners`.
-    space_bitmaps: Vec<(u64, u64, Vec<u8>)>,
     /// Long xattr values and the chunks that hold them, matched at the end.
     xattrs: LongXattrs,
     /// Feature bits the items found need.
@@ -107,6 +105,15 @@ struct Checker<'a> {
     /// Blocks more than one extent names, and the items that count them.
     sharing: Sharing,
     progress: &'a mut dyn FnMut(u64),
+}
+
+/// Every block the trees reference, and the space bitmaps that must call exactly those used.
+#[derive(Default)]
+struct Blocks {
+    /// Block -> what references it.
+    owners: HashMap<u64, &'static str>,
+    /// Space bitmap items: (group start, group length, bitmap).
+    bitmaps: Vec<(u64, u64, Vec<u8>)>,
 }
 
 /// The items that name an inode from a directory: every index and every back reference
@@ -227,10 +234,9 @@ fn check_state(
         sb,
         hash,
         report,
-        owners: HashMap::new(),
+        blocks: Blocks::default(),
         inodes: BTreeMap::new(),
         names: Names::default(),
-        space_bitmaps: Vec::new(),
         xattrs: LongXattrs::default(),
         needs: Needs::default(),
         sums: SumCheck {
@@ -241,7 +247,7 @@ fn check_state(
         progress,
     };
     for b in 0..SUPER_COPIES {
-        c.owners.insert(b, "superblock");
+        c.blocks.owners.insert(b, "superblock");
     }
     c.walk(&sb.fs_root, TREE_FS, "fs tree");
     c.walk(&sb.space_root, TREE_SPACE, "space tree");
@@ -319,7 +325,7 @@ fn check_log(
 impl Checker<'_> {
     fn claim(&mut self, start: u64, n: u64, what: &'static str) {
         for b in start..start + n {
-            if let Some(prev) = self.owners.insert(b, what) {
+            if let Some(prev) = self.blocks.owners.insert(b, what) {
                 self.report.problem(format!(
                     "block {b} referenced twice: by {prev} and by {what}"
                 ));
@@ -331,9 +337,9 @@ impl Checker<'_> {
     /// says, each further one adds to their count of naming extents (`Sharing::refs`).
     fn claim_data(&mut self, start: u64, n: u64) {
         for b in start..start + n {
-            match self.owners.get(&b) {
+            match self.blocks.owners.get(&b) {
                 None => {
-                    self.owners.insert(b, "file extent");
+                    self.blocks.owners.insert(b, "file extent");
                 }
                 Some(&"file extent") => *self.sharing.refs.entry(b).or_insert(1) += 1,
                 Some(prev) => self.report.problem(format!(
@@ -363,7 +369,7 @@ impl Checker<'_> {
                 covered.insert(b, refs);
                 let have = match self.sharing.refs.get(&b) {
                     Some(&c) => c,
-                    None => u64::from(self.owners.get(&b) == Some(&"file extent")),
+                    None => u64::from(self.blocks.owners.get(&b) == Some(&"file extent")),
                 };
                 if have != refs && wrong.is_none() {
                     wrong = Some((b, have));
@@ -719,7 +725,7 @@ impl Checker<'_> {
                 }
             }
             Some(ItemType::FreeSpaceBitmap) => {
-                self.space_bitmaps.push((k.objectid, k.offset, v.to_vec()))
+                self.blocks.bitmaps.push((k.objectid, k.offset, v.to_vec()))
             }
             _ => self.report.problem(format!(
                 "space item {k}: type not allowed in the space tree"
@@ -1054,7 +1060,7 @@ impl Checker<'_> {
         let ngroups = total.div_ceil(gb);
         let mut used_total = 0u64;
         let mut seen = vec![false; ngroups as usize];
-        for (start, len, bits) in std::mem::take(&mut self.space_bitmaps) {
+        for (start, len, bits) in std::mem::take(&mut self.blocks.bitmaps) {
             let gi = (start / gb) as usize;
             if gi >= seen.len() || bits.len() as u64 != len.div_ceil(8) {
                 self.report.problem(format!(
@@ -1068,7 +1074,7 @@ impl Checker<'_> {
             for i in 0..len {
                 let used = bits[(i / 8) as usize] >> (i % 8) & 1 == 1;
                 let b = start + i;
-                let referenced = self.owners.contains_key(&b);
+                let referenced = self.blocks.owners.contains_key(&b);
                 if used {
                     used_total += 1;
                 }
@@ -1078,7 +1084,7 @@ impl Checker<'_> {
                     )),
                     (false, true) => self.report.problem(format!(
                         "block {b} is referenced by {} but marked free",
-                        self.owners[&b]
+                        self.blocks.owners[&b]
                     )),
                     _ => {}
                 }
