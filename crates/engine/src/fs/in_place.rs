@@ -97,8 +97,8 @@ struct Piece {
 /// A NOCOW file's overwrite of its own blocks, planned under the lock and written without
 /// it (module docs).
 pub(crate) struct Overwrite {
-    /// (first disk block, blocks) of each run, in file order: the write's bytes in turn.
-    runs: Vec<(u64, u64)>,
+    /// (first disk block, first byte of the write's data, bytes) of each run.
+    runs: Vec<(u64, usize, usize)>,
     /// Inside the read fence until the device writes returned: the blocks stay the file's
     /// or free.
     _inside: ReadTicket,
@@ -107,13 +107,9 @@ pub(crate) struct Overwrite {
 impl Overwrite {
     /// Writes `data` (the whole write the plan was made for) to its blocks.
     pub(crate) fn write(self, dev: &dyn BlockDevice, data: &[u8]) -> Result<()> {
-        let mut at = 0usize;
-        for &(disk, n) in &self.runs {
-            let len = (n * BS) as usize;
+        for &(disk, at, len) in &self.runs {
             dev.write_at(&data[at..at + len], disk * BS)?;
-            at += len;
         }
-        debug_assert_eq!(at, data.len(), "an overwrite's runs cover its bytes");
         Ok(())
     }
 }
@@ -148,12 +144,15 @@ impl Inner {
         if self.shares_any(b0, b1, &exts)? {
             return Ok(None);
         }
-        let mut runs: Vec<(u64, u64)> = Vec::new();
+        let mut runs = Vec::new();
+        // Each run's bytes by its place in the file: pieces lie inside [b0, b1), so the
+        // slices do too, whatever the extents (even overlapping ones of a damaged image).
         for p in Inner::pieces(b0, b1, &exts, true) {
             let How::Overwrite { disk } = p.how else {
                 return Ok(None);
             };
-            runs.push((disk, p.end - p.start));
+            let at = ((p.start - b0) * BS) as usize;
+            runs.push((disk, at, ((p.end - p.start) * BS) as usize));
         }
         let inside = self.store.alloc.fence().enter();
         if times {
