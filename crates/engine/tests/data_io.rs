@@ -236,6 +236,103 @@ fn a_nocow_overwrite_held_at_the_device_lands_on_no_other_files_blocks() {
     );
 }
 
+/// A NOCOW file's first write into preallocated blocks goes to the device without the lock
+/// and converts them after (`in_place`). Held at the device, it lets other writes run: one
+/// converting other blocks of the same extent (the held one still converts its own after),
+/// one converting the held write's own blocks first, and a truncate and fallocate that give
+/// its range other blocks. The last two make the held write run again under the lock, so
+/// its bytes land where the file's blocks are then, and it is still the last write there.
+#[test]
+fn a_nocow_first_write_held_at_the_device_converts_after_or_runs_again() {
+    let (_rec, gate, fs) = gated_fs(16 << 20, opts());
+    let n = fs.create(ROOT, b"n", 0o644, ME).expect("create").ino;
+    fs.set_flags(n, NOCOW_FL).expect("chattr +C");
+    fs.fallocate(n, 0, 8 * BS as u64, 0).expect("fallocate");
+    let blocks = |k: u64| k * BS as u64;
+    let counters = |fs: &Fs| {
+        let c = fs.counters();
+        (c.overwrites_beside.get(), c.data_write_conflicts.get())
+    };
+    // Holds a write of two blocks at `at` at the device, runs `beside` in a thread of its own
+    // (bounded: were the held write under the lock, it would wait), then lets it go on.
+    let held_write = |at: u64, byte: u8, beside: Box<dyn FnOnce(&Fs) + Send>| {
+        let (held, go) = gate.arm(Io::Write, None);
+        let writer = {
+            let fs = fs.clone();
+            std::thread::spawn(move || fs.write(n, blocks(at), &vec![byte; 2 * BS]))
+        };
+        within(&held, "the held write reaching the device");
+        let (done_tx, done_rx) = channel();
+        let other = {
+            let fs = fs.clone();
+            std::thread::spawn(move || {
+                beside(&fs);
+                let _ = done_tx.send(());
+            })
+        };
+        within(&done_rx, "writes beside the held one");
+        other.join().expect("beside");
+        go.send(()).expect("go");
+        writer.join().expect("writer").expect("held write");
+    };
+    let (b0, c0) = counters(&fs);
+    // Other blocks of the same extent: both convert their own.
+    held_write(
+        0,
+        0xaa,
+        Box::new(move |fs: &Fs| {
+            fs.write(n, blocks(4), &vec![0xbb; 2 * BS])
+                .expect("write beside");
+        }),
+    );
+    assert_eq!(
+        counters(&fs),
+        (b0 + 2, c0),
+        "two conversions outside the lock"
+    );
+    // The same blocks, converted first by the write beside: the held one runs again, last.
+    held_write(
+        2,
+        0xcc,
+        Box::new(move |fs: &Fs| {
+            fs.write(n, blocks(2), &vec![0xdd; 2 * BS])
+                .expect("write beside");
+        }),
+    );
+    assert_eq!(
+        counters(&fs).1,
+        c0 + 1,
+        "the held write ran again under the lock"
+    );
+    // Its blocks freed and the range preallocated again (other blocks, the held ones are
+    // still busy): it runs again and fills the new ones.
+    held_write(
+        6,
+        0xee,
+        Box::new(move |fs: &Fs| {
+            fs.truncate(n, blocks(6)).expect("truncate");
+            fs.fallocate(n, blocks(6), blocks(2), 0).expect("fallocate");
+        }),
+    );
+    assert_eq!(
+        counters(&fs).1,
+        c0 + 2,
+        "the held write ran again under the lock"
+    );
+    let mut want = vec![0u8; 8 * BS];
+    want[..2 * BS].fill(0xaa);
+    want[2 * BS..4 * BS].fill(0xcc);
+    want[4 * BS..6 * BS].fill(0xbb);
+    want[6 * BS..].fill(0xee);
+    assert!(
+        fs.read(n, 0, 8 * BS).expect("read") == want,
+        "the file's bytes after the held writes"
+    );
+    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("fs still shared"));
+    fs.close().expect("close");
+    assert_clean(&gate);
+}
+
 #[test]
 fn a_write_that_needs_blocks_held_for_a_reader_waits_for_it() {
     // Large enough that an unlink fits in the global reserve (on a few MiB it does not).
@@ -525,6 +622,14 @@ fn writer(
                 fs.truncate(own, size as u64)
                     .unwrap_or_else(|e| panic!("{ctx}: {e:?} ({:?})", fs.failure()));
                 mine.resize(size, 0);
+                // Writer 0's NOCOW file: half the time preallocated again past the cut,
+                // so its whole-block writes there fill preallocated blocks outside the lock.
+                if t == 0 && rng.below(2) == 0 {
+                    let end = 7 * BS as u64;
+                    fs.fallocate(own, size as u64, end - size as u64, 0)
+                        .unwrap_or_else(|e| panic!("{ctx}: {e:?} ({:?})", fs.failure()));
+                    mine.resize(end as usize, 0);
+                }
             }
             _ => {
                 let got = if rng.below(2) == 0 {

@@ -48,6 +48,7 @@
 //! same-run baseline of `idxfs bench concurrency`.
 use super::data_sum::sums_of;
 use super::file::{check_regular, inline_max, Ext, ReadMap, MAX_EXTENT_BLOCKS, MAX_FILE_SIZE};
+use super::in_place::Overwrite;
 use super::{Durable, Fs, Inner, Ino, Kill, Reserve, WriteHow};
 use crate::counters::Counters;
 use crate::error::{Error, Result};
@@ -269,6 +270,63 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// A write whole under the lock (`Fs::write_with`'s last resort), or, when `outside` and
+    /// it is a NOCOW file's whole blocks, its plan for a device write without the lock
+    /// (`in_place`), returned with the times already set.
+    fn write_locked(
+        &mut self,
+        ino: Ino,
+        off: u64,
+        data: &[u8],
+        times: bool,
+        outside: bool,
+    ) -> Result<Option<Overwrite>> {
+        let it = self.held_inode(ino)?;
+        check_regular(&it)?;
+        if outside {
+            if let Some(o) = self.plan_overwrite(ino, off, data.len() as u64, times)? {
+                return Ok(Some(o));
+            }
+        }
+        match self.write_in_place(ino, off, data, times, false) {
+            Ok(Some(_)) => return Ok(None),
+            // Refused for space before any change: the copy-on-write below asks again, and
+            // on a full device overwrites in place.
+            Ok(None) | Err(Error::NoSpace) => {}
+            Err(e) => return Err(e),
+        }
+        // Existing extents in the range are cut at its edges and removed.
+        let touched = self
+            .extents(
+                ino,
+                off / BS * BS,
+                (off + data.len() as u64).div_ceil(BS) * BS,
+            )?
+            .len() as u64;
+        match self.reserve_write(data.len() as u64, touched) {
+            Ok(()) => {}
+            // A full device: blocks the file has are overwritten in place rather than the
+            // write refused (`in_place`); holes in the range still need space.
+            Err(Error::NoSpace) => {
+                return match self.write_in_place(ino, off, data, times, true)? {
+                    Some(_) => Ok(None),
+                    None => Err(Error::NoSpace),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        self.write_data(ino, off, data)?;
+        if !times {
+            self.modify_inode(ino, |i| {
+                i.mtime = it.mtime;
+                i.ctime = it.ctime;
+            })?;
+        }
+        Ok(None)
+    }
+}
+
 impl Fs {
     /// Reads up to `len` bytes at `off`; short at end of file.
     pub fn read(&self, ino: Ino, off: u64, len: usize) -> Result<Vec<u8>> {
@@ -407,55 +465,35 @@ impl Fs {
         // Reserved for inside: the copy-on-write parts as growth (`reserve_write`), what
         // goes into blocks the file has with deletes' rights (`in_place`), so the operation
         // itself must not hold the global reserve back.
-        let done = self.write_op(0, Reserve::Shrink, Durable::Data, |g| {
-            let it = g.held_inode(ino)?;
-            check_regular(&it)?;
-            // A NOCOW file's whole blocks: written below, without the lock.
-            if let Some(o) = g.plan_overwrite(ino, off, data.len() as u64, times)? {
-                return Ok(Some(o));
-            }
-            match g.write_in_place(ino, off, data, times, false) {
-                Ok(Some(_)) => return Ok(None),
-                // Refused for space before any change: the copy-on-write below asks again,
-                // and on a full device overwrites in place.
-                Ok(None) | Err(Error::NoSpace) => {}
-                Err(e) => return Err(e),
-            }
-            // Existing extents in the range are cut at its edges and removed.
-            let touched = g
-                .extents(
-                    ino,
-                    off / BS * BS,
-                    (off + data.len() as u64).div_ceil(BS) * BS,
-                )?
-                .len() as u64;
-            match g.reserve_write(data.len() as u64, touched) {
-                Ok(()) => {}
-                // A full device: blocks the file has are overwritten in place rather than
-                // the write refused (`in_place`); holes in the range still need space.
-                Err(Error::NoSpace) => {
-                    return match g.write_in_place(ino, off, data, times, true)? {
-                        Some(_) => Ok(None),
-                        None => Err(Error::NoSpace),
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-            g.write_data(ino, off, data)?;
-            if !times {
-                g.modify_inode(ino, |i| {
-                    i.mtime = it.mtime;
-                    i.ctime = it.ctime;
-                })?;
-            }
-            Ok(None)
-        })?;
-        if let Some(o) = done {
-            let r = o.write(self.shared.dev.as_ref(), data);
-            // Also after a failed write: some of it may be on the device.
-            self.shared.log_io.note_data_written();
-            r?;
+        let whole =
+            |outside: bool| move |g: &mut Inner| g.write_locked(ino, off, data, times, outside);
+        let done = self.write_op(0, Reserve::Shrink, Durable::Data, whole(true))?;
+        let Some(o) = done else {
+            return Ok(data.len());
+        };
+        // A NOCOW file's whole blocks (`in_place`): written here, without the lock.
+        let r = o.write(self.shared.dev.as_ref(), data);
+        // Also after a failed write: some of it may be on the device.
+        self.shared.log_io.note_data_written();
+        r?;
+        if o.converts.is_empty() {
+            return Ok(data.len());
         }
-        Ok(data.len())
+        // Once, inside the fence: a wait for readers must not wait for this write's own
+        // ticket.
+        let mut convert = |g: &mut Inner| g.convert_written(ino, &o.converts);
+        let r = self.write_op_once(0, Reserve::Shrink, Durable::Data, &mut convert, &mut None);
+        // Out of the fence before the write runs again below (which may wait for it).
+        drop(o);
+        match r {
+            Ok(true) => Ok(data.len()),
+            // Changed meanwhile, or refused for space: again, whole under the lock.
+            Ok(false) | Err(Error::NoSpace) => {
+                Counters::inc(&self.shared.counters.data_write_conflicts);
+                self.write_op(0, Reserve::Shrink, Durable::Data, whole(false))?;
+                Ok(data.len())
+            }
+            Err(e) => Err(e),
+        }
     }
 }

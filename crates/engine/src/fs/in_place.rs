@@ -32,11 +32,14 @@
 //! shared block in place (such a write is refused for space, as on btrfs).
 //!
 //! These writes run whole under the operation lock, their device I/O included, with one
-//! exception: a write a NOCOW file makes over its own written blocks, of whole blocks,
-//! inside its size (`Inner::plan_overwrite`, seed 004's workload: O_DIRECT 64 KiB
-//! overwrites). Such a write changes no item but the inode's times, so it sets those under
+//! exception: a write a NOCOW file makes over its own blocks, written or preallocated, of
+//! whole blocks, inside its size (`Inner::plan_overwrite`; seed 004's workload: O_DIRECT
+//! 64 KiB writes into a fallocated NOCOW file). Such a write sets the inode's times under
 //! the lock, enters the read fence, and writes the device after letting go (`Overwrite`).
-//! Why that is sound:
+//! Over preallocated blocks it then takes the lock again, still inside the fence, and
+//! converts them (`Inner::convert_written`), if they are still this file's preallocated
+//! blocks at the same place; if anything changed there, the write runs again whole under
+//! the lock, which puts its bytes where the blocks are now. Why that is sound:
 //! - *No other file's bytes.* Its blocks are not handed out again while it is inside the
 //!   fence, whatever frees them meanwhile (a truncate, an unlink): the write lands on blocks
 //!   that are its file's or free, never another's, as a reader's read never returns
@@ -46,8 +49,16 @@
 //!   bytes. Two whole-block writes to one block leave one of them, as on the kernel's file
 //!   systems.
 //! - *No plan outside the lock reads them.* A copy-on-write plan (`data_io`) maps only
-//!   holes of a NOCOW file (its written blocks make a write in-place, run here), so
-//!   `Inner::in_place_seq`, which such a plan checks for edges it read, need not move.
+//!   holes of a NOCOW file (its written and preallocated blocks make a write in-place, run
+//!   here), so `Inner::in_place_seq`, which such a plan checks for edges it read, need not
+//!   move for the device write; a conversion moves it, as under the lock.
+//! - *Preallocated blocks read as zeros until converted*, whatever the device holds, so the
+//!   bytes are invisible (and a crash shows zeros) until the conversion, which comes after
+//!   them and makes the next fsync batch flush them first (`Log::data_unflushed`). Two
+//!   writers converting one block each write it whole; the first to convert wins the
+//!   conversion, the other finds it changed and writes again under the lock, last. NOCOW
+//!   data has no sums, so a block converted over the other writer's bytes is never a
+//!   mismatch (a copy-on-write file's conversions stay under the lock for that reason).
 //! - *fsync.* The write is noted for the next flush only after it returned
 //!   (`LogIo::note_data_written`): an fsync after the write flushes it, even when no
 //!   metadata changed.
@@ -99,14 +110,17 @@ struct Piece {
 pub(crate) struct Overwrite {
     /// (first disk block, first byte of the write's data, bytes) of each run.
     runs: Vec<(u64, usize, usize)>,
-    /// Inside the read fence until the device writes returned: the blocks stay the file's
-    /// or free.
+    /// The preallocated runs among them, as (first file block, end block, first disk
+    /// block): converted once the bytes are on the device (`Inner::convert_written`).
+    pub converts: Vec<(u64, u64, u64)>,
+    /// Inside the read fence until the device writes returned and the conversions are done:
+    /// the blocks stay the file's or free.
     _inside: ReadTicket,
 }
 
 impl Overwrite {
     /// Writes `data` (the whole write the plan was made for) to its blocks.
-    pub(crate) fn write(self, dev: &dyn BlockDevice, data: &[u8]) -> Result<()> {
+    pub(crate) fn write(&self, dev: &dyn BlockDevice, data: &[u8]) -> Result<()> {
         for &(disk, at, len) in &self.runs {
             dev.write_at(&data[at..at + len], disk * BS)?;
         }
@@ -116,8 +130,9 @@ impl Overwrite {
 
 impl Inner {
     /// Plans a write of `len` bytes at `off` that can go to the device without the lock
-    /// (module docs): a NOCOW file's whole written blocks inside its size, not under
-    /// `-o sync`. Sets the times (when `times`) now. None: the write runs under the lock.
+    /// (module docs): a NOCOW file's whole written or preallocated blocks inside its size,
+    /// not under `-o sync`. Sets the times (when `times`) now. None: the write runs under
+    /// the lock.
     pub(crate) fn plan_overwrite(
         &mut self,
         ino: Ino,
@@ -144,12 +159,17 @@ impl Inner {
         if self.shares_any(b0, b1, &exts)? {
             return Ok(None);
         }
-        let mut runs = Vec::new();
+        let (mut runs, mut converts) = (Vec::new(), Vec::new());
         // Each run's bytes by its place in the file: pieces lie inside [b0, b1), so the
         // slices do too, whatever the extents (even overlapping ones of a damaged image).
         for p in Inner::pieces(b0, b1, &exts, true) {
-            let How::Overwrite { disk } = p.how else {
-                return Ok(None);
+            let disk = match p.how {
+                How::Overwrite { disk } => disk,
+                How::Convert { disk, .. } => {
+                    converts.push((p.start, p.end, disk));
+                    disk
+                }
+                How::Cow => return Ok(None),
             };
             let at = ((p.start - b0) * BS) as usize;
             runs.push((disk, at, ((p.end - p.start) * BS) as usize));
@@ -166,8 +186,47 @@ impl Inner {
         Counters::inc(&self.store.counters.overwrites_beside);
         Ok(Some(Overwrite {
             runs,
+            converts,
             _inside: inside,
         }))
+    }
+
+    /// After an `Overwrite`'s device write, still inside its fence: converts its
+    /// preallocated runs (`converts`) if each still lies in one preallocated extent of
+    /// `ino` at the same disk blocks. False: something changed there and nothing was
+    /// converted; the write must run again under the lock.
+    pub(crate) fn convert_written(
+        &mut self,
+        ino: Ino,
+        converts: &[(u64, u64, u64)],
+    ) -> Result<bool> {
+        let mut found = Vec::with_capacity(converts.len());
+        for &(s, e, disk) in converts {
+            let exts = self.extents(ino, s * BS, e * BS)?;
+            let [ext] = exts.as_slice() else {
+                return Ok(false);
+            };
+            let first = ext.offset / BS;
+            let same = ext.item.kind == EXTENT_PREALLOC
+                && first <= s
+                && e <= first + ext.item.blocks.get()
+                && ext.item.disk_block.get() + (s - first) == disk;
+            if !same {
+                return Ok(false);
+            }
+            found.push((ext.clone(), s, e));
+        }
+        let nodes = self.convert_nodes(found.len() as u64, found.len() as u64);
+        self.reserve_nodes(nodes, 0, Reserve::Shrink)?;
+        // The bytes are on the device: a batch that names them flushes first.
+        self.log.data_unflushed = true;
+        self.in_place_seq += 1;
+        // Last to first, so each finds its extent where `extents` found it.
+        for (ext, s, e) in found.iter().rev() {
+            self.convert(ino, ext, *s, *e)?;
+            Counters::inc(&self.store.counters.extent_conversions);
+        }
+        Ok(true)
     }
 
     /// The pieces of a write of blocks [b0, b1) over `exts` (the extents there, in order).
