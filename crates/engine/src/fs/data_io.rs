@@ -28,8 +28,8 @@
 //! (`Inner::in_place_seq`), and each edge block maps the same extents. Then same extents mean
 //! the same bytes: the ones an edge maps are not reused while the writer is inside the fence.
 //! A write that would put any of its blocks in place is never planned here: it runs whole
-//! under the lock, or for a NOCOW file's overwrite of whole blocks, writes the device after
-//! it (`in_place`, `Overwrite`). When something changed, the write gives its
+//! under the lock, or for a NOCOW file's write of whole blocks it has, writes the device
+//! after it (`in_place`, `Overwrite`). When something changed, the write gives its
 //! blocks back and runs again whole under the lock (`data_write_conflicts`), so two writers
 //! sharing a block never lose each other's bytes. A write of whole blocks needs no check:
 //! whatever happened to its range in between, linking its blocks there is the same as the

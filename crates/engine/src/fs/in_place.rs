@@ -105,7 +105,7 @@ struct Piece {
     how: How,
 }
 
-/// A NOCOW file's overwrite of its own blocks, planned under the lock and written without
+/// A NOCOW file's write of whole blocks it has, planned under the lock and written without
 /// it (module docs).
 pub(crate) struct Overwrite {
     /// (first disk block, first byte of the write's data, bytes) of each run.

@@ -39,9 +39,10 @@
 //!   (`data_io`). Blocks a reader outside the lock may still read are not handed out again
 //!   until it is done (`crate::space::read_fence`). A write into blocks the file already
 //!   has (preallocated, NOCOW, or any on a full device) runs whole under the lock, device
-//!   I/O included (`in_place`), but for a NOCOW file's overwrite of whole blocks inside its
-//!   size: that sets the times under the lock and writes the device after, inside the
-//!   fence, as a reader reads.
+//!   I/O included (`in_place`), but for a NOCOW file's write of whole blocks it has
+//!   (written or preallocated) inside its size: that sets the times under the lock, writes
+//!   the device after, inside the fence, as a reader reads, and converts preallocated
+//!   blocks under the lock again.
 //! - Everything else still serializes on the one lock, each operation whole: first reads,
 //!   ".." and misses, long xattrs and symlink targets, and every tree change (a write's
 //!   included). The trees change nodes in place within a transaction, so a reader of them
