@@ -18,8 +18,8 @@
 //! files, and two such fsyncing threads, with the log batch written and flushed outside the
 //! operation lock against under it (`OpenOptions::bench_log_under_lock`, the same-run
 //! baseline). Data I/O beside other work: on a device whose every read and write takes
-//! `IO_DELAY`, writers overwriting 64 KiB pieces of their own files (2 threads against 1), and
-//! a reader beside a writer, with the device I/O outside the operation lock against under it
+//! `IO_DELAY`, writers overwriting 64 KiB pieces of their own files (2 threads against 1), the
+//! same in ranges of one NOCOW file, and a reader beside a writer, with the device I/O outside the operation lock against under it
 //! (`OpenOptions::bench_data_under_lock`). Every ratio comes from this one run. Performance only: nothing is asserted.
 use crate::bench_env::{self, cpath, FsKind, Target};
 use idxfs_blockdev::{BlockDevice, MemDevice};
@@ -940,12 +940,15 @@ const DATA_FILE: u64 = 32 << 20;
 
 /// For `dur`: `writers` threads overwrite 64 KiB pieces of a file of their own and `readers`
 /// threads read 64 KiB pieces of one, at pseudo-random offsets, on a device with slow I/O.
-/// `under_lock`: every read and write whole under the operation lock (the same-run
-/// baseline). Returns (MB/s written, MB/s read).
+/// `nocow`: the writers share one NOCOW file instead, each in a range of its own (seed 004's
+/// writes, issue 23's "different ranges of one NOCOW file in parallel"). `under_lock`: every
+/// read and write whole under the operation lock (the same-run baseline). Returns (MB/s
+/// written, MB/s read).
 fn data_beside(
     under_lock: bool,
     writers: u64,
     readers: u64,
+    nocow: bool,
     dur: Duration,
 ) -> Result<(f64, f64), String> {
     let e = |e: idxfs_engine::Error| e.to_string();
@@ -959,8 +962,15 @@ fn data_beside(
     };
     let fs = Fs::open(dev, opts).map_err(e)?;
     let piece = vec![5u8; DATA_IO];
+    // (file, first byte, bytes) each thread works in.
     let mut files = Vec::new();
+    let shared = if nocow { 1 } else { 0 };
     for k in 0..writers + readers {
+        if k > 0 && k < writers && nocow {
+            let (ino, _, _) = files[0];
+            files.push((ino, k * DATA_FILE, DATA_FILE));
+            continue;
+        }
         let a = fs
             .create(
                 idxfs_format::ROOT_INO,
@@ -969,10 +979,16 @@ fn data_beside(
                 Owner::default(),
             )
             .map_err(e)?;
-        for at in (0..DATA_FILE).step_by(DATA_IO) {
+        let len = if k < writers * shared {
+            fs.set_flags(a.ino, idxfs_engine::fs::NOCOW_FL).map_err(e)?;
+            writers * DATA_FILE
+        } else {
+            DATA_FILE
+        };
+        for at in (0..len).step_by(DATA_IO) {
             fs.write(a.ino, at, &piece).map_err(e)?;
         }
-        files.push(a.ino);
+        files.push((a.ino, 0, DATA_FILE));
     }
     fs.sync().map_err(e)?;
     let stop = AtomicBool::new(false);
@@ -980,7 +996,7 @@ fn data_beside(
         let hs: Vec<_> = files
             .iter()
             .enumerate()
-            .map(|(k, &ino)| {
+            .map(|(k, &(ino, from, len))| {
                 let (fs, stop, piece) = (&fs, &stop, &piece);
                 let write = (k as u64) < writers;
                 s.spawn(move || -> Result<(bool, u64), String> {
@@ -990,7 +1006,7 @@ fn data_beside(
                         x ^= x << 13;
                         x ^= x >> 7;
                         x ^= x << 17;
-                        let at = x % (DATA_FILE / DATA_IO as u64) * DATA_IO as u64;
+                        let at = from + x % (len / DATA_IO as u64) * DATA_IO as u64;
                         if write {
                             fs.write(ino, at, piece).map_err(e)?;
                         } else {
@@ -1028,10 +1044,10 @@ fn data_rows(dur: Duration) -> Result<(String, Value), String> {
          outside it):",
         IO_DELAY.as_micros()
     );
-    let (w1u, _) = data_beside(true, 1, 0, dur)?;
-    let (w1o, _) = data_beside(false, 1, 0, dur)?;
-    let (w2u, _) = data_beside(true, 2, 0, dur)?;
-    let (w2o, _) = data_beside(false, 2, 0, dur)?;
+    let (w1u, _) = data_beside(true, 1, 0, false, dur)?;
+    let (w1o, _) = data_beside(false, 1, 0, false, dur)?;
+    let (w2u, _) = data_beside(true, 2, 0, false, dur)?;
+    let (w2o, _) = data_beside(false, 2, 0, false, dur)?;
     let _ = writeln!(
         o,
         "  writers in their own files, MB/s: 1 thread {w1u:.0} / {w1o:.0}, 2 threads {w2u:.0} / \
@@ -1039,8 +1055,19 @@ fn data_rows(dur: Duration) -> Result<(String, Value), String> {
         w2u / w1u,
         w2o / w1o
     );
-    let (wu, ru) = data_beside(true, 1, 1, dur)?;
-    let (wo, ro) = data_beside(false, 1, 1, dur)?;
+    let (n1u, _) = data_beside(true, 1, 0, true, dur)?;
+    let (n1o, _) = data_beside(false, 1, 0, true, dur)?;
+    let (n2u, _) = data_beside(true, 2, 0, true, dur)?;
+    let (n2o, _) = data_beside(false, 2, 0, true, dur)?;
+    let _ = writeln!(
+        o,
+        "  writers in ranges of one NOCOW file, MB/s: 1 thread {n1u:.0} / {n1o:.0}, 2 threads \
+         {n2u:.0} / {n2o:.0} (2 against 1: {:.2}x / {:.2}x)",
+        n2u / n1u,
+        n2o / n1o
+    );
+    let (wu, ru) = data_beside(true, 1, 1, false, dur)?;
+    let (wo, ro) = data_beside(false, 1, 1, false, dur)?;
     let _ = writeln!(
         o,
         "  1 reader beside 1 writer, MB/s: read {ru:.0} / {ro:.0} ({:.2}x), written {wu:.0} / \
@@ -1053,6 +1080,10 @@ fn data_rows(dur: Duration) -> Result<(String, Value), String> {
         "writers_mb_s": {
             "under_lock": {"1": w1u, "2": w2u},
             "outside": {"1": w1o, "2": w2o},
+        },
+        "nocow_writers_mb_s": {
+            "under_lock": {"1": n1u, "2": n2u},
+            "outside": {"1": n1o, "2": n2o},
         },
         "reader_beside_writer_mb_s": {
             "under_lock": {"read": ru, "written": wu},
