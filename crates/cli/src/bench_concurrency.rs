@@ -963,11 +963,11 @@ fn data_beside(
     let fs = Fs::open(dev, opts).map_err(e)?;
     let piece = vec![5u8; DATA_IO];
     // (file, first byte, bytes) each thread works in.
-    let mut files = Vec::new();
-    let shared = if nocow { 1 } else { 0 };
+    let mut files: Vec<(u64, u64, u64)> = Vec::new();
     for k in 0..writers + readers {
-        if k > 0 && k < writers && nocow {
-            let (ino, _, _) = files[0];
+        // The NOCOW writers share the first one's file.
+        let nocow_writer = nocow && k < writers;
+        if let (true, Some(&(ino, _, _))) = (nocow_writer, files.first()) {
             files.push((ino, k * DATA_FILE, DATA_FILE));
             continue;
         }
@@ -979,7 +979,7 @@ fn data_beside(
                 Owner::default(),
             )
             .map_err(e)?;
-        let len = if k < writers * shared {
+        let len = if nocow_writer {
             fs.set_flags(a.ino, idxfs_engine::fs::NOCOW_FL).map_err(e)?;
             writers * DATA_FILE
         } else {

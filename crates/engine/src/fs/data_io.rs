@@ -268,9 +268,7 @@ impl Inner {
         self.put_sums(ino, b0, &p.sums)?;
         Ok(true)
     }
-}
 
-impl Inner {
     /// A write whole under the lock (`Fs::write_with`'s last resort), or, when `outside` and
     /// it is a NOCOW file's whole blocks, its plan for a device write without the lock
     /// (`in_place`), returned with the times already set.

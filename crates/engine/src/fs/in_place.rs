@@ -207,10 +207,13 @@ impl Inner {
                 return Ok(false);
             };
             let first = ext.offset / BS;
+            // Checked sums: the extent is the image's, however damaged.
             let same = ext.item.kind == EXTENT_PREALLOC
                 && first <= s
-                && e <= first + ext.item.blocks.get()
-                && ext.item.disk_block.get() + (s - first) == disk;
+                && first
+                    .checked_add(ext.item.blocks.get())
+                    .is_some_and(|t| e <= t)
+                && ext.item.disk_block.get().checked_add(s - first) == Some(disk);
             if !same {
                 return Ok(false);
             }
