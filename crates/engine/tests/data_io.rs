@@ -333,6 +333,90 @@ fn a_nocow_first_write_held_at_the_device_converts_after_or_runs_again() {
     assert_clean(&gate);
 }
 
+/// A copy-on-write file's first write into its preallocated blocks fills them without the
+/// lock and converts them, with the sums of its bytes, after (`in_place`). While it is held at
+/// the device: a write into other blocks of the same extent goes on beside it; one into the
+/// same blocks waits for its conversion (bytes of its own there would not match the held
+/// write's sums), then runs, last; a truncate and a fallocate that give the range new blocks
+/// make it run again into them. Every block then reads back with its sum, and fsck, with the
+/// data, is clean.
+#[test]
+fn a_copy_on_write_first_write_held_at_the_device_keeps_other_writes_off_its_blocks() {
+    let (_rec, gate, fs) = gated_fs(16 << 20, opts());
+    let p = fs.create(ROOT, b"p", 0o644, ME).expect("create").ino;
+    fs.fallocate(p, 0, 8 * BS as u64, 0).expect("fallocate");
+    let blocks = |k: u64| k * BS as u64;
+    let counters = |fs: &Fs| {
+        let c = fs.counters();
+        let n = (c.fills_beside.get(), c.fill_waits.get());
+        (n.0, n.1, c.data_write_conflicts.get())
+    };
+    // Holds a write of two blocks at `at` at the device while `beside` runs; then lets it go.
+    let held_write = |at: u64, byte: u8, beside: &dyn Fn(&Arc<Fs>)| {
+        let (held, go) = gate.arm(Io::Write, None);
+        let writer = {
+            let fs = fs.clone();
+            std::thread::spawn(move || fs.write(p, blocks(at), &vec![byte; 2 * BS]))
+        };
+        within(&held, "the held write reaching the device");
+        beside(&fs);
+        go.send(()).expect("go");
+        writer.join().expect("writer").expect("held write");
+    };
+    let write_in_thread = |fs: &Arc<Fs>, at: u64, byte: u8| {
+        let (tx, rx) = channel();
+        let fs = fs.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(fs.write(p, blocks(at), &vec![byte; 2 * BS]));
+        });
+        rx
+    };
+    let (f0, w0, c0) = counters(&fs);
+    held_write(0, 0xaa, &|fs| {
+        let done = write_in_thread(fs, 4, 0xbb);
+        within(&done, "a write into other blocks beside the held one").expect("write beside");
+    });
+    assert_eq!(
+        counters(&fs),
+        (f0 + 2, w0, c0),
+        "both filled their blocks outside the lock"
+    );
+    // Into the blocks the held write is filling: it must not finish before the held one.
+    let late = Mutex::new(None);
+    held_write(2, 0xcc, &|fs| {
+        let done = write_in_thread(fs, 2, 0xdd);
+        std::thread::sleep(Duration::from_millis(200));
+        if let Ok(r) = done.try_recv() {
+            panic!("a write into blocks another was filling finished first: {r:?}");
+        }
+        *late.lock().expect("late") = Some(done);
+    });
+    let late = late.into_inner().expect("late").expect("the late write");
+    within(&late, "the write that waited").expect("the write that waited");
+    let (_, waits, conflicts) = counters(&fs);
+    assert!(waits > w0, "the write did not wait for the held one's conversion");
+    assert_eq!(conflicts, c0, "the held write converted its own blocks");
+    held_write(6, 0xee, &|fs| {
+        fs.truncate(p, blocks(6)).expect("truncate");
+        fs.fallocate(p, blocks(6), blocks(2), 0).expect("fallocate");
+    });
+    assert_eq!(
+        counters(&fs).2,
+        c0 + 1,
+        "the held write ran again under the lock"
+    );
+    let mut want = vec![0u8; 8 * BS];
+    want[..2 * BS].fill(0xaa);
+    want[2 * BS..4 * BS].fill(0xdd);
+    want[4 * BS..6 * BS].fill(0xbb);
+    want[6 * BS..].fill(0xee);
+    let got = fs.read(p, 0, 8 * BS).expect("read (every block against its sum)");
+    assert!(got == want, "the file's bytes after the held writes");
+    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("fs still shared"));
+    fs.close().expect("close");
+    assert_clean(&gate);
+}
+
 #[test]
 fn a_write_that_needs_blocks_held_for_a_reader_waits_for_it() {
     // Large enough that an unlink fits in the global reserve (on a few MiB it does not).
@@ -622,9 +706,10 @@ fn writer(
                 fs.truncate(own, size as u64)
                     .unwrap_or_else(|e| panic!("{ctx}: {e:?} ({:?})", fs.failure()));
                 mine.resize(size, 0);
-                // Writer 0's NOCOW file: half the time preallocated again past the cut,
-                // so its whole-block writes there fill preallocated blocks outside the lock.
-                if t == 0 && rng.below(2) == 0 {
+                // Writer 0's NOCOW file and writer 1's copy-on-write one: half the time
+                // preallocated again past the cut, so their whole-block writes there fill
+                // preallocated blocks outside the lock (writer 1's with their sums).
+                if t < 2 && rng.below(2) == 0 {
                     let end = 7 * BS as u64;
                     fs.fallocate(own, size as u64, end - size as u64, 0)
                         .unwrap_or_else(|e| panic!("{ctx}: {e:?} ({:?})", fs.failure()));
@@ -813,6 +898,11 @@ fn concurrent_reads_and_writes_match_their_models() {
     assert!(
         fs.counters().overwrites_beside.get() > 0,
         "seed {seed}: no NOCOW overwrite went to the device without the lock"
+    );
+    assert!(
+        fs.counters().fills_beside.get() > 0,
+        "seed {seed}: no copy-on-write fill of preallocated blocks went to the device \
+         without the lock"
     );
     let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("fs still shared"));
     fs.close().expect("close");

@@ -134,3 +134,46 @@ fn full_device_gives_enospc_and_corrupts_nothing() {
     fs.close().expect("close");
     assert_clean(&mem);
 }
+
+/// A copy-on-write file's first write into preallocated blocks fills them without the lock
+/// (`in_place`), and other writes into them wait until it converts them. When its device
+/// write fails, the caller gets EIO, nothing stops, and the blocks are not left "being
+/// filled": a later write into them goes through (were they left so, it would wait for ever).
+#[test]
+fn a_failed_fill_of_preallocated_blocks_leaves_them_to_the_next_write() {
+    const BS: usize = 4096;
+    let mem = Arc::new(MemDevice::new(32 << 20));
+    Fs::mkfs(mem.clone(), &MkfsOptions::default()).expect("mkfs");
+    let dev = Arc::new(FaultDevice::new(mem.clone()));
+    let fs = Arc::new(Fs::open(dev.clone(), opts()).expect("open"));
+    let p = fs.create(ROOT, b"p", 0o644, ME).expect("create").ino;
+    fs.fallocate(p, 0, 4 * BS as u64, 0).expect("fallocate");
+    fs.sync().expect("sync");
+    let fills = fs.counters().fills_beside.get();
+    dev.fail_writes_after(0);
+    let r = fs.write(p, 0, &vec![0xaa; 2 * BS]);
+    assert!(matches!(r, Err(Error::Io(_))), "the failed fill: {r:?}");
+    dev.heal();
+    assert_eq!(
+        fs.counters().fills_beside.get(),
+        fills + 1,
+        "the fill was planned outside the lock"
+    );
+    assert!(fs.failure().is_none(), "a failed data write stops nothing");
+    let (tx, rx) = std::sync::mpsc::channel();
+    {
+        let fs = fs.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(fs.write(p, 0, &vec![0xbb; 2 * BS]));
+        });
+    }
+    rx.recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the next write into the blocks waited for a fill that had failed")
+        .expect("write");
+    let mut want = vec![0xbb; 2 * BS];
+    want.resize(4 * BS, 0);
+    assert!(fs.read(p, 0, 4 * BS).expect("read") == want);
+    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("fs still shared"));
+    fs.close().expect("close");
+    assert_clean(&mem);
+}

@@ -288,6 +288,8 @@ fn a_crash_at_every_write_prefix_shows_zeros_or_whole_writes_in_preallocated_blo
     let fs = Fs::open(rec.clone(), opts()).expect("open");
     let gen = |fs: &Fs| fs.with_store(|s, _, _| s.generation);
     const SIZE: usize = 96 * BS;
+    // Copy-on-write and preallocated: its first whole-block writes fill the blocks outside
+    // the lock and convert them, with their sums, after.
     let p = fs.create(ROOT, b"p", 0o644, ME).expect("create").ino;
     fs.fallocate(p, 0, SIZE as u64, 0).expect("fallocate");
     let n = fs.create(ROOT, b"n", 0o644, ME).expect("create").ino;
@@ -365,6 +367,8 @@ fn fsync_makes_writes_in_place_durable_and_never_shows_what_preallocated_blocks_
     fs.sync().expect("sync");
     fs.unlink(ROOT, b"old").expect("unlink");
     fs.sync().expect("sync");
+    // Copy-on-write and preallocated: its first whole-block writes fill the blocks outside
+    // the lock and convert them, with their sums, after.
     let p = fs.create(ROOT, b"p", 0o644, ME).expect("create").ino;
     fs.fallocate(p, 0, SIZE as u64, 0).expect("fallocate");
     let n = fs.create(ROOT, b"n", 0o644, ME).expect("create").ino;
@@ -450,6 +454,11 @@ fn fsync_makes_writes_in_place_durable_and_never_shows_what_preallocated_blocks_
     assert!(
         fs.counters().overwrites_beside.get() > 0,
         "seed {seed}: no NOCOW overwrite went to the device without the lock"
+    );
+    assert!(
+        fs.counters().fills_beside.get() > 0,
+        "seed {seed}: no first write into the copy-on-write file's preallocated blocks went \
+         to the device without the lock"
     );
 }
 

@@ -25,11 +25,12 @@
 //! Step 3 first checks that nothing step 1 relied on has changed: the inode is the same one
 //! (its generation), still neither inline nor being trimmed, and, for a write with edge
 //! blocks, the size is the same, no write went into blocks in place meanwhile
-//! (`Inner::in_place_seq`), and each edge block maps the same extents. Then same extents mean
+//! (`InPlace::seq`), and each edge block maps the same extents. Then same extents mean
 //! the same bytes: the ones an edge maps are not reused while the writer is inside the fence.
 //! A write that would put any of its blocks in place is never planned here: it runs whole
-//! under the lock, or for a NOCOW file's write of whole blocks it has, writes the device
-//! after it (`in_place`, `Overwrite`). When something changed, the write gives its
+//! under the lock, or for a write of whole blocks the file has (a NOCOW file's, or a
+//! copy-on-write file's preallocated ones), writes the device after it (`in_place`,
+//! `Overwrite`). When something changed, the write gives its
 //! blocks back and runs again whole under the lock (`data_write_conflicts`), so two writers
 //! sharing a block never lose each other's bytes. A write of whole blocks needs no check:
 //! whatever happened to its range in between, linking its blocks there is the same as the
@@ -72,7 +73,7 @@ pub(crate) struct WritePlan {
     runs: Vec<(u64, u64)>,
     /// The first and last blocks where the write leaves bytes alone.
     edges: Vec<Edge>,
-    /// `Inner::in_place_seq` at step 1: edge bytes read after an in-place write are not
+    /// `InPlace::seq` at step 1: edge bytes read after an in-place write are not
     /// vouched for by unchanged extents.
     in_place_seq: u64,
     /// The new blocks' data sums, computed in step 2 (`data_sum`), linked with them in 3.
@@ -219,7 +220,7 @@ impl Inner {
             size,
             runs,
             edges,
-            in_place_seq: self.in_place_seq,
+            in_place_seq: self.in_place.seq,
             sums: Vec::new(),
             _inside: reads.then(|| self.store.alloc.fence().enter()),
         }))
@@ -245,7 +246,7 @@ impl Inner {
         if !self.write_goes_to_blocks(ino, &it, end)? {
             return Ok(false);
         }
-        if !p.edges.is_empty() && (it.size.get() != p.size || self.in_place_seq != p.in_place_seq) {
+        if !p.edges.is_empty() && (it.size.get() != p.size || self.in_place.seq != p.in_place_seq) {
             return Ok(false);
         }
         for e in &p.edges {
@@ -270,7 +271,7 @@ impl Inner {
     }
 
     /// A write whole under the lock (`Fs::write_with`'s last resort), or, when `outside` and
-    /// it is a NOCOW file's whole blocks, its plan for a device write without the lock
+    /// it is whole blocks the file has, its plan for a device write without the lock
     /// (`in_place`), returned with the times already set.
     fn write_locked(
         &mut self,
@@ -279,16 +280,20 @@ impl Inner {
         data: &[u8],
         times: bool,
         outside: bool,
-    ) -> Result<Option<Overwrite>> {
+    ) -> Result<Locked> {
         let it = self.held_inode(ino)?;
         check_regular(&it)?;
         if outside {
             if let Some(o) = self.plan_overwrite(ino, off, data.len() as u64, times)? {
-                return Ok(Some(o));
+                return Ok(Locked::Outside(o));
             }
         }
+        if self.meets_filling(ino, off, data.len() as u64)? {
+            Counters::inc(&self.store.counters.fill_waits);
+            return Ok(Locked::Wait);
+        }
         match self.write_in_place(ino, off, data, times, false) {
-            Ok(Some(_)) => return Ok(None),
+            Ok(Some(_)) => return Ok(Locked::Done),
             // Refused for space before any change: the copy-on-write below asks again, and
             // on a full device overwrites in place.
             Ok(None) | Err(Error::NoSpace) => {}
@@ -308,7 +313,7 @@ impl Inner {
             // write refused (`in_place`); holes in the range still need space.
             Err(Error::NoSpace) => {
                 return match self.write_in_place(ino, off, data, times, true)? {
-                    Some(_) => Ok(None),
+                    Some(_) => Ok(Locked::Done),
                     None => Err(Error::NoSpace),
                 }
             }
@@ -321,9 +326,24 @@ impl Inner {
                 i.ctime = it.ctime;
             })?;
         }
-        Ok(None)
+        Ok(Locked::Done)
     }
 }
+
+/// What `Inner::write_locked` did.
+enum Locked {
+    /// The write, whole.
+    Done,
+    /// Planned it to write the device without the lock (`in_place`); the times are set.
+    Outside(Overwrite),
+    /// Nothing: it would fill preallocated blocks another write is filling without the lock,
+    /// and must run again once that one has converted them (`in_place::InPlace`).
+    Wait,
+}
+
+/// How long a write waits, without the lock, for another that is filling the same
+/// preallocated blocks outside it (one device write) before it looks again.
+const FILL_WAIT: std::time::Duration = std::time::Duration::from_micros(50);
 
 impl Fs {
     /// Reads up to `len` bytes at `off`; short at end of file.
@@ -463,24 +483,39 @@ impl Fs {
         // Reserved for inside: the copy-on-write parts as growth (`reserve_write`), what
         // goes into blocks the file has with deletes' rights (`in_place`), so the operation
         // itself must not hold the global reserve back.
-        let whole =
-            |outside: bool| move |g: &mut Inner| g.write_locked(ino, off, data, times, outside);
-        let done = self.write_op(0, Reserve::Shrink, Durable::Data, whole(true))?;
-        let Some(o) = done else {
+        let whole = |outside: bool| -> Result<Locked> {
+            loop {
+                let mut f = |g: &mut Inner| g.write_locked(ino, off, data, times, outside);
+                match self.write_op(0, Reserve::Shrink, Durable::Data, &mut f)? {
+                    // Rare: two writes into the same preallocated blocks at once.
+                    Locked::Wait => std::thread::sleep(FILL_WAIT),
+                    done => return Ok(done),
+                }
+            }
+        };
+        let Locked::Outside(o) = whole(true)? else {
             return Ok(data.len());
         };
-        // A NOCOW file's whole blocks (`in_place`): written here, without the lock.
+        // Whole blocks the file has (`in_place`): written here, without the lock, and a
+        // copy-on-write file's sums computed here too.
         let r = o.write(self.shared.dev.as_ref(), data);
         // Also after a failed write: some of it may be on the device.
         self.shared.log_io.note_data_written();
-        r?;
-        if o.converts.is_empty() {
-            return Ok(data.len());
+        let r = r.and_then(|()| {
+            if o.converts.is_empty() {
+                return Ok(true);
+            }
+            let sums = o.sums(data);
+            // Once, inside the fence: a wait for readers must not wait for this write's own
+            // ticket.
+            let mut convert = |g: &mut Inner| g.convert_written(ino, &o, &sums);
+            self.write_op_once(0, Reserve::Shrink, Durable::Data, &mut convert, &mut None)
+        });
+        if let (Some(id), Err(_)) = (o.filling, &r) {
+            // Perhaps never reached `convert_written`: its blocks must not stay "being filled",
+            // or every later write into them would wait for ever.
+            self.lock().in_place.end(id);
         }
-        // Once, inside the fence: a wait for readers must not wait for this write's own
-        // ticket.
-        let mut convert = |g: &mut Inner| g.convert_written(ino, &o.converts);
-        let r = self.write_op_once(0, Reserve::Shrink, Durable::Data, &mut convert, &mut None);
         // Out of the fence before the write runs again below (which may wait for it).
         drop(o);
         match r {
@@ -488,7 +523,7 @@ impl Fs {
             // Changed meanwhile, or refused for space: again, whole under the lock.
             Ok(false) | Err(Error::NoSpace) => {
                 Counters::inc(&self.shared.counters.data_write_conflicts);
-                self.write_op(0, Reserve::Shrink, Durable::Data, whole(false))?;
+                whole(false)?;
                 Ok(data.len())
             }
             Err(e) => Err(e),

@@ -153,7 +153,7 @@ pub(crate) struct Ext {
 impl Ext {
     /// Whether two lists name the same extents (same place in the file and on disk, same
     /// generation and kind): the same bytes, unless a write went into them in place
-    /// (`Inner::in_place_seq` says whether one did).
+    /// (`InPlace::seq` says whether one did).
     pub fn same(a: &[Ext], b: &[Ext]) -> bool {
         a.len() == b.len()
             && a.iter().zip(b).all(|(x, y)| {

@@ -31,11 +31,13 @@
 //! shares, preallocated extents are never shared, and a full device does not overwrite a
 //! shared block in place (such a write is refused for space, as on btrfs).
 //!
-//! These writes run whole under the operation lock, their device I/O included, with one
-//! exception: a write a NOCOW file makes over its own blocks, written or preallocated, of
-//! whole blocks, inside its size (`Inner::plan_overwrite`; seed 004's workload: O_DIRECT
-//! 64 KiB writes into a fallocated NOCOW file). Such a write sets the inode's times under
-//! the lock, enters the read fence, and writes the device after letting go (`Overwrite`).
+//! These writes run whole under the operation lock, their device I/O included, but for
+//! writes of whole blocks inside the file's size over blocks it has
+//! (`Inner::plan_overwrite`): a NOCOW file's over its written or preallocated blocks (seed
+//! 004's workload: O_DIRECT 64 KiB writes into a fallocated NOCOW file), a copy-on-write
+//! file's over preallocated ones (a database's or a download's `posix_fallocate`d file
+//! filling up). Such a write sets the inode's times under the lock, enters the read fence,
+//! and writes the device after letting go (`Overwrite`).
 //! Over preallocated blocks it then takes the lock again, still inside the fence, and
 //! converts them (`Inner::convert_written`), if they are still this file's preallocated
 //! blocks at the same place; if anything changed there, the write runs again whole under
@@ -50,15 +52,23 @@
 //!   systems.
 //! - *No plan outside the lock reads them.* A copy-on-write plan (`data_io`) maps only
 //!   holes of a NOCOW file (its written and preallocated blocks make a write in-place, run
-//!   here), so `Inner::in_place_seq`, which such a plan checks for edges it read, need not
+//!   here), so `InPlace::seq`, which such a plan checks for edges it read, need not
 //!   move for the device write; a conversion moves it, as under the lock.
 //! - *Preallocated blocks read as zeros until converted*, whatever the device holds, so the
 //!   bytes are invisible (and a crash shows zeros) until the conversion, which comes after
 //!   them and makes the next fsync batch flush them first (`Log::data_unflushed`). Two
-//!   writers converting one block each write it whole; the first to convert wins the
+//!   NOCOW writers converting one block each write it whole; the first to convert wins the
 //!   conversion, the other finds it changed and writes again under the lock, last. NOCOW
 //!   data has no sums, so a block converted over the other writer's bytes is never a
-//!   mismatch (a copy-on-write file's conversions stay under the lock for that reason).
+//!   mismatch.
+//! - *A copy-on-write file's sums match its bytes.* Its converted blocks get sums of the
+//!   bytes its write put there (computed without the lock, `Overwrite::sums`), so no other
+//!   write may put bytes on those blocks between the two: the plan records the disk blocks
+//!   it is filling (`InPlace::filling`) until its conversion, a plan over any of them is not
+//!   made, and a write under the lock that would fill any of them in place lets go of the
+//!   lock and waits for the conversion (`Inner::meets_filling`; `fill_waits`). After it,
+//!   the blocks are written ones, which such a file's writes copy. A write that finds them
+//!   changed runs again under the lock, as a NOCOW one does, where its blocks are now.
 //! - *fsync.* The write is noted for the next flush only after it returned
 //!   (`LogIo::note_data_written`): an fsync after the write flushes it, even when no
 //!   metadata changed.
@@ -69,7 +79,7 @@
 //!
 //! Every other in-place write runs whole under the lock: a write planned outside it
 //! (`data_io`) counts on blocks not changing under an unchanged extent map, and every such
-//! write moves `Inner::in_place_seq`, which a plan checks before it links its blocks. A
+//! write moves `InPlace::seq`, which a plan checks before it links its blocks. A
 //! reader outside the lock may see part of an in-place write, as on the kernel's file
 //! systems.
 use super::data_sum::{sums_of, SumCheck};
@@ -105,14 +115,46 @@ struct Piece {
     how: How,
 }
 
-/// A NOCOW file's write of whole blocks it has, planned under the lock and written without
-/// it (module docs).
+/// What the lock knows of in-place writes beside it.
+#[derive(Default)]
+pub(crate) struct InPlace {
+    /// Bumped by every write into blocks in place: a write planned outside the lock that read
+    /// edge blocks runs again when it moved (`data_io`).
+    pub seq: u64,
+    /// The disk blocks [start, end) a copy-on-write file's write is filling without the lock
+    /// (preallocated blocks it converts, with their sums, after), by the plan's number: no
+    /// other write puts bytes on them meanwhile (module docs).
+    filling: Vec<(u64, u64, u64)>,
+    /// The next plan's number.
+    next: u64,
+}
+
+impl InPlace {
+    /// Whether disk blocks [s, e) overlap blocks a write is filling without the lock.
+    fn overlaps(&self, s: u64, e: u64) -> bool {
+        self.filling.iter().any(|&(_, a, z)| s < z && a < e)
+    }
+
+    /// Gives back what plan `id` was filling (again or never registered: nothing).
+    pub(crate) fn end(&mut self, id: u64) {
+        self.filling.retain(|&(i, _, _)| i != id);
+    }
+}
+
+/// A write of whole blocks a file has, planned under the lock and written without it
+/// (module docs): a NOCOW file's over its written or preallocated blocks, a copy-on-write
+/// file's over preallocated ones.
 pub(crate) struct Overwrite {
+    /// The write's first file block.
+    first: u64,
     /// (first disk block, first byte of the write's data, bytes) of each run.
     runs: Vec<(u64, usize, usize)>,
     /// The preallocated runs among them, as (first file block, end block, first disk
     /// block): converted once the bytes are on the device (`Inner::convert_written`).
     pub converts: Vec<(u64, u64, u64)>,
+    /// A copy-on-write file's plan: its number in `InPlace::filling`, where its blocks are
+    /// until it converts them, and its converted blocks get sums.
+    pub filling: Option<u64>,
     /// Inside the read fence until the device writes returned and the conversions are done:
     /// the blocks stay the file's or free.
     _inside: ReadTicket,
@@ -126,13 +168,25 @@ impl Overwrite {
         }
         Ok(())
     }
+
+    /// The sums of the preallocated runs' new bytes (from `data`, the whole write), by first
+    /// file block: a copy-on-write file's, computed without the lock; none for a NOCOW file.
+    pub(crate) fn sums(&self, data: &[u8]) -> Vec<(u64, Vec<u32>)> {
+        if self.filling.is_none() {
+            return Vec::new();
+        }
+        let at = |b: u64| ((b - self.first) * BS) as usize;
+        let sums = self.converts.iter().map(|&(s, e, _)| (s, sums_of(&data[at(s)..at(e)])));
+        sums.collect()
+    }
 }
 
 impl Inner {
     /// Plans a write of `len` bytes at `off` that can go to the device without the lock
-    /// (module docs): a NOCOW file's whole written or preallocated blocks inside its size,
-    /// not under `-o sync`. Sets the times (when `times`) now. None: the write runs under
-    /// the lock.
+    /// (module docs): whole blocks inside the file's size, a NOCOW file's written or
+    /// preallocated ones, a copy-on-write file's preallocated ones no other write is filling,
+    /// not under `-o sync`. Sets the times (when `times`) now. None: the write runs under the
+    /// lock.
     pub(crate) fn plan_overwrite(
         &mut self,
         ino: Ino,
@@ -144,7 +198,6 @@ impl Inner {
         let end = off + len;
         if self.policy.knobs.data_under_lock
             || self.policy.sync.covers(Durable::Data)
-            || !is_nocow(&it)
             || !off.is_multiple_of(BS)
             || !len.is_multiple_of(BS)
             || len == 0
@@ -156,16 +209,21 @@ impl Inner {
         }
         let (b0, b1) = (off / BS, end / BS);
         let exts = self.extents(ino, off, end)?;
+        let nocow = is_nocow(&it);
         if self.shares_any(b0, b1, &exts)? {
             return Ok(None);
         }
         let (mut runs, mut converts) = (Vec::new(), Vec::new());
         // Each run's bytes by its place in the file: pieces lie inside [b0, b1), so the
         // slices do too, whatever the extents (even overlapping ones of a damaged image).
-        for p in Inner::pieces(b0, b1, &exts, true) {
+        // A copy-on-write file's written blocks are `Cow` pieces: such a write stays here.
+        for p in Inner::pieces(b0, b1, &exts, nocow) {
             let disk = match p.how {
                 How::Overwrite { disk } => disk,
                 How::Convert { disk, .. } => {
+                    if !nocow && self.in_place.overlaps(disk, disk + (p.end - p.start)) {
+                        return Ok(None);
+                    }
                     converts.push((p.start, p.end, disk));
                     disk
                 }
@@ -174,6 +232,14 @@ impl Inner {
             let at = ((p.start - b0) * BS) as usize;
             runs.push((disk, at, ((p.end - p.start) * BS) as usize));
         }
+        let filling = (!nocow).then(|| {
+            let id = self.in_place.next;
+            self.in_place.next += 1;
+            let blocks = converts.iter().map(|&(s, e, d)| (id, d, d + (e - s)));
+            self.in_place.filling.extend(blocks);
+            Counters::inc(&self.store.counters.fills_beside);
+            id
+        });
         let inside = self.store.alloc.fence().enter();
         if times {
             let now = self.now();
@@ -185,23 +251,46 @@ impl Inner {
         Counters::inc(&self.store.counters.in_place_writes);
         Counters::inc(&self.store.counters.overwrites_beside);
         Ok(Some(Overwrite {
+            first: b0,
             runs,
             converts,
+            filling,
             _inside: inside,
         }))
     }
 
+    /// Whether a write of `len` bytes at `off` of `ino` would fill, in place, preallocated
+    /// blocks another write is filling without the lock: it must wait for that one
+    /// (`Fs::write_with`), whose conversion and sums must not meet other bytes.
+    pub(crate) fn meets_filling(&mut self, ino: Ino, off: u64, len: u64) -> Result<bool> {
+        if self.in_place.filling.is_empty() {
+            return Ok(false);
+        }
+        let (b0, b1) = (off / BS, (off + len).div_ceil(BS));
+        let exts = self.extents(ino, b0 * BS, b1 * BS)?;
+        let meets = Inner::pieces(b0, b1, &exts, false).iter().any(|p| match p.how {
+            How::Convert { disk, .. } => self.in_place.overlaps(disk, disk + (p.end - p.start)),
+            _ => false,
+        });
+        Ok(meets)
+    }
+
     /// After an `Overwrite`'s device write, still inside its fence: converts its
-    /// preallocated runs (`converts`) if each still lies in one preallocated extent of
-    /// `ino` at the same disk blocks. False: something changed there and nothing was
-    /// converted; the write must run again under the lock.
+    /// preallocated runs (`o.converts`) if each still lies in one preallocated extent of
+    /// `ino` at the same disk blocks, with `sums` (`Overwrite::sums`) for a copy-on-write
+    /// file's. False: something changed there and nothing was converted; the write must run
+    /// again under the lock. Either way its blocks are no longer being filled.
     pub(crate) fn convert_written(
         &mut self,
         ino: Ino,
-        converts: &[(u64, u64, u64)],
+        o: &Overwrite,
+        sums: &[(u64, Vec<u32>)],
     ) -> Result<bool> {
-        let mut found = Vec::with_capacity(converts.len());
-        for &(s, e, disk) in converts {
+        if let Some(id) = o.filling {
+            self.in_place.end(id);
+        }
+        let mut found = Vec::with_capacity(o.converts.len());
+        for &(s, e, disk) in &o.converts {
             let exts = self.extents(ino, s * BS, e * BS)?;
             let [ext] = exts.as_slice() else {
                 return Ok(false);
@@ -219,15 +308,19 @@ impl Inner {
             }
             found.push((ext.clone(), s, e));
         }
+        let blocks: u64 = sums.iter().map(|(_, s)| s.len() as u64).sum();
         let nodes = self.convert_nodes(found.len() as u64, found.len() as u64);
-        self.reserve_nodes(nodes, 0, Reserve::Shrink)?;
+        self.reserve_nodes(nodes + self.sum_nodes(blocks), 0, Reserve::Shrink)?;
         // The bytes are on the device: a batch that names them flushes first.
         self.log.data_unflushed = true;
-        self.in_place_seq += 1;
+        self.in_place.seq += 1;
         // Last to first, so each finds its extent where `extents` found it.
         for (ext, s, e) in found.iter().rev() {
             self.convert(ino, ext, *s, *e)?;
             Counters::inc(&self.store.counters.extent_conversions);
+        }
+        for (start, sums) in sums {
+            self.put_sums(ino, *start, sums)?;
         }
         Ok(true)
     }
@@ -444,7 +537,7 @@ impl Inner {
             }
             self.store.dev.write_at(&buf, disk * BS)?;
         }
-        self.in_place_seq += 1;
+        self.in_place.seq += 1;
         self.log.data_unflushed = true;
         // Copy-on-write parts (each keeps what `data` puts there and the old bytes of a
         // partial edge block), then conversions, last to first so each finds its extent

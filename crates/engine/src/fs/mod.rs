@@ -39,10 +39,10 @@
 //!   (`data_io`). Blocks a reader outside the lock may still read are not handed out again
 //!   until it is done (`crate::space::read_fence`). A write into blocks the file already
 //!   has (preallocated, NOCOW, or any on a full device) runs whole under the lock, device
-//!   I/O included (`in_place`), but for a NOCOW file's write of whole blocks it has
-//!   (written or preallocated) inside its size: that sets the times under the lock, writes
-//!   the device after, inside the fence, as a reader reads, and converts preallocated
-//!   blocks under the lock again.
+//!   I/O included (`in_place`), but for a write of whole blocks it has inside its size (a
+//!   NOCOW file's written or preallocated ones, a copy-on-write file's preallocated ones):
+//!   that sets the times under the lock, writes the device after, inside the fence, as a
+//!   reader reads, and converts preallocated blocks under the lock again.
 //! - Everything else still serializes on the one lock, each operation whole: first reads,
 //!   ".." and misses, long xattrs and symlink targets, and every tree change (a write's
 //!   included). The trees change nodes in place within a transaction, so a reader of them
@@ -249,9 +249,9 @@ pub(crate) struct Inner {
     pub dir_ino_hint: crate::btree::LeafHint,
     /// The running transaction's fsync log chain (`crate::log`).
     pub log: crate::log::Log,
-    /// Bumped by every write into blocks in place (`in_place`): a write planned outside the
-    /// lock that read edge blocks runs again when it moved (`data_io`).
-    pub in_place_seq: u64,
+    /// In-place writes beside the lock: their sequence, and the blocks copy-on-write files'
+    /// writes are filling (`in_place::InPlace`).
+    pub in_place: in_place::InPlace,
 }
 
 /// What the running operation has done that its end acts on (`write_op`, `Locked`).
@@ -1143,7 +1143,7 @@ impl Inner {
             op: OpScope::default(),
             dir_ino_hint: Default::default(),
             log: Default::default(),
-            in_place_seq: 0,
+            in_place: Default::default(),
         }
     }
 
