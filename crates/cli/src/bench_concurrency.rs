@@ -28,7 +28,7 @@ use idxfs_engine::{Fs, MkfsOptions, OpenOptions};
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -938,17 +938,33 @@ impl BlockDevice for SlowIo {
 const DATA_IO: usize = 64 << 10;
 const DATA_FILE: u64 = 32 << 20;
 
+/// What the writers of `data_beside` write into.
+#[derive(Clone, Copy, PartialEq)]
+enum WriteInto {
+    /// A file of their own each.
+    Own,
+    /// One NOCOW file, each in a range of its own (seed 004's writes, issue 23's "different
+    /// ranges of one NOCOW file in parallel").
+    NocowRanges,
+    /// One preallocated copy-on-write file, each filling a range of its own front to back,
+    /// every block once (a download's or a database's `posix_fallocate`d file).
+    PreallocRanges,
+}
+
+/// Bytes each writer fills in `WriteInto::PreallocRanges`.
+const FILL_RANGE: u64 = 192 << 20;
+
 /// For `dur`: `writers` threads overwrite 64 KiB pieces of a file of their own and `readers`
-/// threads read 64 KiB pieces of one, at pseudo-random offsets, on a device with slow I/O.
-/// `nocow`: the writers share one NOCOW file instead, each in a range of its own (seed 004's
-/// writes, issue 23's "different ranges of one NOCOW file in parallel"). `under_lock`: every
-/// read and write whole under the operation lock (the same-run baseline). Returns (MB/s
-/// written, MB/s read).
+/// threads read 64 KiB pieces of one, at pseudo-random offsets, on a device with slow I/O;
+/// or the writers write the `files` of another kind (a filling writer stops at its range's
+/// end, and the rates count the time until the last one did). `under_lock`: every read and
+/// write whole under the operation lock (the same-run baseline). Returns (MB/s written, MB/s
+/// read).
 fn data_beside(
     under_lock: bool,
     writers: u64,
     readers: u64,
-    nocow: bool,
+    into: WriteInto,
     dur: Duration,
 ) -> Result<(f64, f64), String> {
     let e = |e: idxfs_engine::Error| e.to_string();
@@ -965,10 +981,14 @@ fn data_beside(
     // (file, first byte, bytes) each thread works in.
     let mut files: Vec<(u64, u64, u64)> = Vec::new();
     for k in 0..writers + readers {
-        // The NOCOW writers share the first one's file.
-        let nocow_writer = nocow && k < writers;
-        if let (true, Some(&(ino, _, _))) = (nocow_writer, files.first()) {
-            files.push((ino, k * DATA_FILE, DATA_FILE));
+        // Writers in ranges share the first one's file.
+        let in_range = into != WriteInto::Own && k < writers;
+        let range = match into {
+            WriteInto::PreallocRanges => FILL_RANGE,
+            _ => DATA_FILE,
+        };
+        if let (true, Some(&(ino, _, _))) = (in_range, files.first()) {
+            files.push((ino, k * range, range));
             continue;
         }
         let a = fs
@@ -979,7 +999,12 @@ fn data_beside(
                 Owner::default(),
             )
             .map_err(e)?;
-        let len = if nocow_writer {
+        if in_range && into == WriteInto::PreallocRanges {
+            fs.fallocate(a.ino, 0, writers * range, 0).map_err(e)?;
+            files.push((a.ino, 0, range));
+            continue;
+        }
+        let len = if in_range {
             fs.set_flags(a.ino, idxfs_engine::fs::NOCOW_FL).map_err(e)?;
             writers * DATA_FILE
         } else {
@@ -992,13 +1017,16 @@ fn data_beside(
     }
     fs.sync().map_err(e)?;
     let stop = AtomicBool::new(false);
+    let done = AtomicU64::new(0);
+    let start = Instant::now();
     let (written, read) = std::thread::scope(|s| {
         let hs: Vec<_> = files
             .iter()
             .enumerate()
             .map(|(k, &(ino, from, len))| {
-                let (fs, stop, piece) = (&fs, &stop, &piece);
+                let (fs, stop, piece, done) = (&fs, &stop, &piece, &done);
                 let write = (k as u64) < writers;
+                let fill = write && into == WriteInto::PreallocRanges;
                 s.spawn(move || -> Result<(bool, u64), String> {
                     let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ k as u64;
                     let mut n = 0u64;
@@ -1006,7 +1034,14 @@ fn data_beside(
                         x ^= x << 13;
                         x ^= x >> 7;
                         x ^= x << 17;
-                        let at = from + x % (len / DATA_IO as u64) * DATA_IO as u64;
+                        let at = if fill {
+                            from + n * DATA_IO as u64
+                        } else {
+                            from + x % (len / DATA_IO as u64) * DATA_IO as u64
+                        };
+                        if fill && at >= from + len {
+                            break;
+                        }
                         if write {
                             fs.write(ino, at, piece).map_err(e)?;
                         } else {
@@ -1014,11 +1049,15 @@ fn data_beside(
                         }
                         n += 1;
                     }
+                    done.fetch_add(1, Ordering::Relaxed);
                     Ok((write, n))
                 })
             })
             .collect();
-        std::thread::sleep(dur);
+        let all = files.len() as u64;
+        while start.elapsed() < dur && done.load(Ordering::Relaxed) < all {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         stop.store(true, Ordering::Relaxed);
         let (mut written, mut read) = (0, 0);
         for h in hs {
@@ -1029,8 +1068,9 @@ fn data_beside(
         }
         Ok::<_, String>((written, read))
     })?;
+    let wall = start.elapsed().min(dur);
     fs.close().map_err(e)?;
-    let mb = |n: u64| (n * DATA_IO as u64) as f64 / 1e6 / dur.as_secs_f64();
+    let mb = |n: u64| (n * DATA_IO as u64) as f64 / 1e6 / wall.as_secs_f64();
     Ok((mb(written), mb(read)))
 }
 
@@ -1044,10 +1084,10 @@ fn data_rows(dur: Duration) -> Result<(String, Value), String> {
          outside it):",
         IO_DELAY.as_micros()
     );
-    let (w1u, _) = data_beside(true, 1, 0, false, dur)?;
-    let (w1o, _) = data_beside(false, 1, 0, false, dur)?;
-    let (w2u, _) = data_beside(true, 2, 0, false, dur)?;
-    let (w2o, _) = data_beside(false, 2, 0, false, dur)?;
+    let (w1u, _) = data_beside(true, 1, 0, WriteInto::Own, dur)?;
+    let (w1o, _) = data_beside(false, 1, 0, WriteInto::Own, dur)?;
+    let (w2u, _) = data_beside(true, 2, 0, WriteInto::Own, dur)?;
+    let (w2o, _) = data_beside(false, 2, 0, WriteInto::Own, dur)?;
     let _ = writeln!(
         o,
         "  writers in their own files, MB/s: 1 thread {w1u:.0} / {w1o:.0}, 2 threads {w2u:.0} / \
@@ -1055,10 +1095,10 @@ fn data_rows(dur: Duration) -> Result<(String, Value), String> {
         w2u / w1u,
         w2o / w1o
     );
-    let (n1u, _) = data_beside(true, 1, 0, true, dur)?;
-    let (n1o, _) = data_beside(false, 1, 0, true, dur)?;
-    let (n2u, _) = data_beside(true, 2, 0, true, dur)?;
-    let (n2o, _) = data_beside(false, 2, 0, true, dur)?;
+    let (n1u, _) = data_beside(true, 1, 0, WriteInto::NocowRanges, dur)?;
+    let (n1o, _) = data_beside(false, 1, 0, WriteInto::NocowRanges, dur)?;
+    let (n2u, _) = data_beside(true, 2, 0, WriteInto::NocowRanges, dur)?;
+    let (n2o, _) = data_beside(false, 2, 0, WriteInto::NocowRanges, dur)?;
     let _ = writeln!(
         o,
         "  writers in ranges of one NOCOW file, MB/s: 1 thread {n1u:.0} / {n1o:.0}, 2 threads \
@@ -1066,8 +1106,19 @@ fn data_rows(dur: Duration) -> Result<(String, Value), String> {
         n2u / n1u,
         n2o / n1o
     );
-    let (wu, ru) = data_beside(true, 1, 1, false, dur)?;
-    let (wo, ro) = data_beside(false, 1, 1, false, dur)?;
+    let (p1u, _) = data_beside(true, 1, 0, WriteInto::PreallocRanges, dur)?;
+    let (p1o, _) = data_beside(false, 1, 0, WriteInto::PreallocRanges, dur)?;
+    let (p2u, _) = data_beside(true, 2, 0, WriteInto::PreallocRanges, dur)?;
+    let (p2o, _) = data_beside(false, 2, 0, WriteInto::PreallocRanges, dur)?;
+    let _ = writeln!(
+        o,
+        "  writers filling ranges of one preallocated copy-on-write file, MB/s: 1 thread \
+         {p1u:.0} / {p1o:.0}, 2 threads {p2u:.0} / {p2o:.0} (2 against 1: {:.2}x / {:.2}x)",
+        p2u / p1u,
+        p2o / p1o
+    );
+    let (wu, ru) = data_beside(true, 1, 1, WriteInto::Own, dur)?;
+    let (wo, ro) = data_beside(false, 1, 1, WriteInto::Own, dur)?;
     let _ = writeln!(
         o,
         "  1 reader beside 1 writer, MB/s: read {ru:.0} / {ro:.0} ({:.2}x), written {wu:.0} / \
@@ -1084,6 +1135,10 @@ fn data_rows(dur: Duration) -> Result<(String, Value), String> {
         "nocow_writers_mb_s": {
             "under_lock": {"1": n1u, "2": n2u},
             "outside": {"1": n1o, "2": n2o},
+        },
+        "prealloc_fill_writers_mb_s": {
+            "under_lock": {"1": p1u, "2": p2u},
+            "outside": {"1": p1o, "2": p2o},
         },
         "reader_beside_writer_mb_s": {
             "under_lock": {"read": ru, "written": wu},
