@@ -119,7 +119,7 @@ counters! {
     in_place_writes: "writes that put some of their blocks where the file already had them (preallocated or NOCOW)",
     overwrites_beside: "of those, writes of whole blocks whose device write ran without the operation lock: a NOCOW file's over its written or preallocated blocks, a copy-on-write file's over preallocated ones",
     fills_beside: "of those, a copy-on-write file's (preallocated blocks converted with their sums after)",
-    fill_waits: "writes that waited, without the lock, for another filling the same preallocated blocks of a copy-on-write file outside it",
+    in_flight_waits: "operations that waited, without the lock, for a write writing blocks they keep part of (or would fill) without the lock",
     pin_alloc_failures: "pins not taken because the pin index could not allocate",
     pins_refused_gone: "pins refused because the inode's last name went before them and it is being freed (its holder gets ENOENT)",
     space_waits_for_release: "operations refused for space that ran again after an unlinked file's holder let go of it",

@@ -37,6 +37,10 @@ pub enum Error {
         ino: u64,
         block: u64,
     },
+    /// The operation, before changing anything, met blocks a write is writing without the
+    /// operation lock (`fs::in_place`): `Fs::write_op` runs it again once that write is done.
+    /// Never returned to a caller (EBUSY if it were).
+    InFlight,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -72,6 +76,7 @@ impl Error {
             Error::NotSupported(_) => libc_consts::EOPNOTSUPP,
             Error::NoSuchOffset => libc_consts::ENXIO,
             Error::Io(_) | Error::Corrupt(_) | Error::DataSum { .. } => libc_consts::EIO,
+            Error::InFlight => libc_consts::EBUSY,
         }
     }
 
@@ -87,6 +92,7 @@ mod libc_consts {
     pub const EIO: i32 = 5;
     pub const ENXIO: i32 = 6;
     pub const E2BIG: i32 = 7;
+    pub const EBUSY: i32 = 16;
     pub const EEXIST: i32 = 17;
     pub const ENOTDIR: i32 = 20;
     pub const EISDIR: i32 = 21;
@@ -126,6 +132,7 @@ impl fmt::Display for Error {
                 f,
                 "data checksum mismatch in inode {ino}, file block {block}"
             ),
+            Error::InFlight => write!(f, "blocks busy with a write without the lock"),
         }
     }
 }

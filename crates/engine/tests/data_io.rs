@@ -236,6 +236,111 @@ fn a_nocow_overwrite_held_at_the_device_lands_on_no_other_files_blocks() {
     );
 }
 
+/// A NOCOW overwrite of whole blocks goes to the device without the lock (`in_place`).
+/// Operations under the lock that copy part of such a block elsewhere (a truncate into it, a
+/// hole punched in it) or write part of it in place, keeping the rest (a write of less than
+/// a block), must not
+/// run while it is in flight: the bytes they keep would be the ones before it, and its own
+/// would be lost though it returned. Whichever order the two take, its bytes are in the
+/// file afterwards.
+#[test]
+fn a_held_nocow_overwrite_is_not_lost_to_a_truncate_or_a_partial_write_beside_it() {
+    let (_rec, gate, fs) = gated_fs(16 << 20, opts());
+    let n = fs.create(ROOT, b"n", 0o644, ME).expect("create").ino;
+    fs.set_flags(n, NOCOW_FL).expect("chattr +C");
+    fs.write(n, 0, &vec![0xaa; 4 * BS]).expect("write");
+    let blocks = |k: usize| (k * BS) as u64;
+    // Holds a whole-block overwrite of block 1 (0xbb) at the device while `beside` starts in a
+    // thread of its own and gets 300 ms; then lets the overwrite go and waits for both.
+    let held = |beside: Box<dyn FnOnce(&Fs) + Send>| {
+        let (held, go) = gate.arm(Io::Write, Some(BS));
+        let writer = {
+            let fs = fs.clone();
+            std::thread::spawn(move || fs.write(n, blocks(1), &vec![0xbb; BS]))
+        };
+        within(&held, "the held overwrite reaching the device");
+        let (tx, rx) = channel();
+        {
+            let fs = fs.clone();
+            std::thread::spawn(move || {
+                beside(&fs);
+                let _ = tx.send(());
+            });
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        go.send(()).expect("go");
+        writer.join().expect("writer").expect("held overwrite");
+        within(&rx, "the operation beside the overwrite");
+    };
+    held(Box::new(move |fs: &Fs| {
+        fs.truncate(n, blocks(1) + 100)
+            .expect("truncate into the held block");
+    }));
+    // The overwrite first and the truncate after, or the other way round (which grows the
+    // file back to the overwrite's end): its bytes from block 1 to the end either way.
+    let size = fs.getattr(n).expect("getattr").size;
+    assert!(size == blocks(1) + 100 || size == blocks(2), "size {size}");
+    let got = fs
+        .read(n, blocks(1), (size - blocks(1)) as usize)
+        .expect("read");
+    assert!(
+        got.iter().all(|&b| b == 0xbb),
+        "the held overwrite's bytes were lost to the truncate (first other byte at {:?})",
+        got.iter().position(|&b| b != 0xbb)
+    );
+    // A hole punched in the middle of the block copies the rest of it.
+    fs.write(n, 0, &vec![0xaa; 4 * BS]).expect("write");
+    held(Box::new(move |fs: &Fs| {
+        let punch_keep_size = 0x02 | 0x01;
+        fs.fallocate(n, blocks(1) + 100, 100, punch_keep_size)
+            .expect("punch into the held block");
+    }));
+    let got = fs.read(n, blocks(1), BS).expect("read");
+    let mut punched = vec![0xbb; BS];
+    punched[100..200].fill(0);
+    assert!(
+        got == punched || got == vec![0xbb; BS],
+        "the held overwrite's bytes were lost to a punch (first 0xaa at {:?})",
+        got.iter().position(|&b| b == 0xaa)
+    );
+    // The partial write reads the block and writes it back whole, under the lock: held at
+    // that write too, had it not waited, the overwrite lands between its read and its write.
+    fs.write(n, 0, &vec![0xaa; 4 * BS]).expect("write");
+    let (held1, go1) = gate.arm(Io::Write, Some(BS));
+    let writer = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.write(n, blocks(1), &vec![0xbb; BS]))
+    };
+    within(&held1, "the held overwrite reaching the device");
+    let (held2, go2) = gate.arm(Io::Write, Some(BS));
+    let partial = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.write(n, blocks(1) + 10, &[0xcc; 100]))
+    };
+    let waited = held2.recv_timeout(Duration::from_millis(300)).is_err();
+    go1.send(()).expect("go");
+    writer.join().expect("writer").expect("held overwrite");
+    if waited {
+        within(&held2, "the partial write after the overwrite");
+    }
+    go2.send(()).expect("go");
+    partial
+        .join()
+        .expect("partial")
+        .expect("partial write into the held block");
+    let got = fs.read(n, blocks(1), BS).expect("read");
+    let mut after = vec![0xbb; BS];
+    after[10..110].fill(0xcc);
+    assert!(
+        got == after || got == vec![0xbb; BS],
+        "the held overwrite's bytes were lost to a partial write (first 0xaa at {:?})",
+        got.iter().position(|&b| b == 0xaa)
+    );
+    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("fs still shared"));
+    fs.close().expect("close");
+    assert_clean(&gate);
+}
+
 /// A NOCOW file's first write into preallocated blocks goes to the device without the lock
 /// and converts them after (`in_place`). Held at the device, it lets other writes run: one
 /// converting other blocks of the same extent (the held one still converts its own after),
@@ -348,7 +453,7 @@ fn a_copy_on_write_first_write_held_at_the_device_keeps_other_writes_off_its_blo
     let blocks = |k: u64| k * BS as u64;
     let counters = |fs: &Fs| {
         let c = fs.counters();
-        let n = (c.fills_beside.get(), c.fill_waits.get());
+        let n = (c.fills_beside.get(), c.in_flight_waits.get());
         (n.0, n.1, c.data_write_conflicts.get())
     };
     // Holds a write of two blocks at `at` at the device while `beside` runs; then lets it go.
@@ -394,7 +499,10 @@ fn a_copy_on_write_first_write_held_at_the_device_keeps_other_writes_off_its_blo
     let late = late.into_inner().expect("late").expect("the late write");
     within(&late, "the write that waited").expect("the write that waited");
     let (_, waits, conflicts) = counters(&fs);
-    assert!(waits > w0, "the write did not wait for the held one's conversion");
+    assert!(
+        waits > w0,
+        "the write did not wait for the held one's conversion"
+    );
     assert_eq!(conflicts, c0, "the held write converted its own blocks");
     held_write(6, 0xee, &|fs| {
         fs.truncate(p, blocks(6)).expect("truncate");
@@ -410,7 +518,9 @@ fn a_copy_on_write_first_write_held_at_the_device_keeps_other_writes_off_its_blo
     want[2 * BS..4 * BS].fill(0xdd);
     want[4 * BS..6 * BS].fill(0xbb);
     want[6 * BS..].fill(0xee);
-    let got = fs.read(p, 0, 8 * BS).expect("read (every block against its sum)");
+    let got = fs
+        .read(p, 0, 8 * BS)
+        .expect("read (every block against its sum)");
     assert!(got == want, "the file's bytes after the held writes");
     let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("fs still shared"));
     fs.close().expect("close");

@@ -288,10 +288,7 @@ impl Inner {
                 return Ok(Locked::Outside(o));
             }
         }
-        if self.meets_filling(ino, off, data.len() as u64)? {
-            Counters::inc(&self.store.counters.fill_waits);
-            return Ok(Locked::Wait);
-        }
+        self.refuse_in_flight(ino, off, data.len() as u64)?;
         match self.write_in_place(ino, off, data, times, false) {
             Ok(Some(_)) => return Ok(Locked::Done),
             // Refused for space before any change: the copy-on-write below asks again, and
@@ -336,14 +333,7 @@ enum Locked {
     Done,
     /// Planned it to write the device without the lock (`in_place`); the times are set.
     Outside(Overwrite),
-    /// Nothing: it would fill preallocated blocks another write is filling without the lock,
-    /// and must run again once that one has converted them (`in_place::InPlace`).
-    Wait,
 }
-
-/// How long a write waits, without the lock, for another that is filling the same
-/// preallocated blocks outside it (one device write) before it looks again.
-const FILL_WAIT: std::time::Duration = std::time::Duration::from_micros(50);
 
 impl Fs {
     /// Reads up to `len` bytes at `off`; short at end of file.
@@ -483,15 +473,9 @@ impl Fs {
         // Reserved for inside: the copy-on-write parts as growth (`reserve_write`), what
         // goes into blocks the file has with deletes' rights (`in_place`), so the operation
         // itself must not hold the global reserve back.
-        let whole = |outside: bool| -> Result<Locked> {
-            loop {
-                let mut f = |g: &mut Inner| g.write_locked(ino, off, data, times, outside);
-                match self.write_op(0, Reserve::Shrink, Durable::Data, &mut f)? {
-                    // Rare: two writes into the same preallocated blocks at once.
-                    Locked::Wait => std::thread::sleep(FILL_WAIT),
-                    done => return Ok(done),
-                }
-            }
+        let whole = |outside: bool| {
+            let f = move |g: &mut Inner| g.write_locked(ino, off, data, times, outside);
+            self.write_op(0, Reserve::Shrink, Durable::Data, f)
         };
         let Locked::Outside(o) = whole(true)? else {
             return Ok(data.len());
@@ -511,12 +495,8 @@ impl Fs {
             let mut convert = |g: &mut Inner| g.convert_written(ino, &o, &sums);
             self.write_op_once(0, Reserve::Shrink, Durable::Data, &mut convert, &mut None)
         });
-        if let (Some(id), Err(_)) = (o.filling, &r) {
-            // Perhaps never reached `convert_written`: its blocks must not stay "being filled",
-            // or every later write into them would wait for ever.
-            self.lock().in_place.end(id);
-        }
-        // Out of the fence before the write runs again below (which may wait for it).
+        // Out of the fence, and out of `InPlace`'s writes in flight, before the write runs
+        // again below (which would wait for both).
         drop(o);
         match r {
             Ok(true) => Ok(data.len()),

@@ -886,6 +886,10 @@ impl Fs {
         self.write_op(0, Reserve::Shrink, super::Durable::Data, |g| {
             let it = g.inode(ino)?;
             check_regular(&it)?;
+            // A cut inside a block copies its head: not while a write is writing it.
+            if size < it.size.get() {
+                g.refuse_in_flight_at(ino, size)?;
+            }
             // The edges, a one-block rewrite of the last partial block, the size, and the
             // first batch; later batches reserve for themselves.
             g.reserve_blocks(super::reserve::DELETE_ITEMS, 2, Reserve::Shrink)?;

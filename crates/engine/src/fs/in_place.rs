@@ -50,6 +50,17 @@
 //!   first, and two such writes outside the lock could each put back the other's old
 //!   bytes. Two whole-block writes to one block leave one of them, as on the kernel's file
 //!   systems.
+//! - *Nothing under the lock keeps bytes of its blocks from before it.* Such a write is in
+//!   `InPlace`'s list of writes in flight, by disk blocks, until it is done (`Overwrite` is
+//!   dropped). An operation under the lock that would keep part of one of those blocks
+//!   refuses before changing anything (`Error::InFlight`), and `Fs::write_op` runs it again
+//!   after a short wait (`in_flight_waits`): a write of less than a block (it reads the
+//!   block and writes it back whole), a truncate into a block or a punch or zeroed range
+//!   from or to the middle of one (they copy the rest of it elsewhere). Run beside it,
+//!   they would keep the bytes from before the write, and the write, landing after their
+//!   read, would be lost though it returned. Operations on whole blocks need no wait: a
+//!   block freed under the write is as if freed after it (the fence keeps it from another
+//!   file), a block overwritten whole is as if overwritten after it.
 //! - *No plan outside the lock reads them.* A copy-on-write plan (`data_io`) maps only
 //!   holes of a NOCOW file (its written and preallocated blocks make a write in-place, run
 //!   here), so `InPlace::seq`, which such a plan checks for edges it read, need not
@@ -63,12 +74,11 @@
 //!   mismatch.
 //! - *A copy-on-write file's sums match its bytes.* Its converted blocks get sums of the
 //!   bytes its write put there (computed without the lock, `Overwrite::sums`), so no other
-//!   write may put bytes on those blocks between the two: the plan records the disk blocks
-//!   it is filling (`InPlace::filling`) until its conversion, a plan over any of them is not
-//!   made, and a write under the lock that would fill any of them in place lets go of the
-//!   lock and waits for the conversion (`Inner::meets_filling`; `fill_waits`). After it,
-//!   the blocks are written ones, which such a file's writes copy. A write that finds them
-//!   changed runs again under the lock, as a NOCOW one does, where its blocks are now.
+//!   write may put bytes on those blocks between the two: no plan is made over blocks in
+//!   flight, and a write under the lock that would fill any of them waits, as above. After
+//!   the conversion the blocks are written ones, which such a file's writes copy. A write
+//!   that finds them changed runs again under the lock, as a NOCOW one does, where its
+//!   blocks are now.
 //! - *fsync.* The write is noted for the next flush only after it returned
 //!   (`LogIo::note_data_written`): an fsync after the write flushes it, even when no
 //!   metadata changed.
@@ -87,11 +97,12 @@ use super::file::{extent_key, Ext, MAX_FILE_SIZE};
 use super::inode_flags::is_nocow;
 use super::{Durable, Inner, Ino, Reserve};
 use crate::counters::Counters;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::space::read_fence::ReadTicket;
 use idxfs_blockdev::BlockDevice;
 use idxfs_format::items::{ExtentItem, InodeItem, EXTENT_PREALLOC, EXTENT_REGULAR};
 use idxfs_format::BLOCK_SIZE;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use zerocopy::IntoBytes;
 
 const BS: u64 = BLOCK_SIZE;
@@ -121,23 +132,67 @@ pub(crate) struct InPlace {
     /// Bumped by every write into blocks in place: a write planned outside the lock that read
     /// edge blocks runs again when it moved (`data_io`).
     pub seq: u64,
-    /// The disk blocks [start, end) a copy-on-write file's write is filling without the lock
-    /// (preallocated blocks it converts, with their sums, after), by the plan's number: no
-    /// other write puts bytes on them meanwhile (module docs).
-    filling: Vec<(u64, u64, u64)>,
-    /// The next plan's number.
+    /// The writes whose device I/O runs without the lock, each until its `Overwrite` is
+    /// dropped: a mutex of its own, so that one leaves without the operation lock.
+    flights: Arc<Mutex<Flights>>,
+}
+
+#[derive(Default)]
+struct Flights {
     next: u64,
+    list: Vec<Flight>,
+}
+
+/// Disk blocks [start, end) an `Overwrite` is writing.
+struct Flight {
+    id: u64,
+    start: u64,
+    end: u64,
+}
+
+/// An `Overwrite`'s place in `InPlace::flights`, left when dropped.
+struct Aloft {
+    flights: Arc<Mutex<Flights>>,
+    id: u64,
+}
+
+impl Drop for Aloft {
+    fn drop(&mut self) {
+        lock(&self.flights).list.retain(|f| f.id != self.id);
+    }
+}
+
+/// The list, also after a panic elsewhere poisoned its mutex (its entries are whole either
+/// way: each change is one `retain` or `extend`).
+fn lock(m: &Mutex<Flights>) -> MutexGuard<'_, Flights> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl InPlace {
-    /// Whether disk blocks [s, e) overlap blocks a write is filling without the lock.
-    fn overlaps(&self, s: u64, e: u64) -> bool {
-        self.filling.iter().any(|&(_, a, z)| s < z && a < e)
+    /// Records disk block runs [s, e) as being written without the lock until the returned
+    /// token is dropped.
+    fn take_off(&self, runs: impl Iterator<Item = (u64, u64)>) -> Aloft {
+        let mut f = lock(&self.flights);
+        let id = f.next;
+        f.next += 1;
+        let new = runs.map(|(start, end)| Flight { id, start, end });
+        f.list.extend(new);
+        Aloft {
+            flights: self.flights.clone(),
+            id,
+        }
     }
 
-    /// Gives back what plan `id` was filling (again or never registered: nothing).
-    pub(crate) fn end(&mut self, id: u64) {
-        self.filling.retain(|&(i, _, _)| i != id);
+    /// Whether disk blocks [s, e) overlap blocks a write is writing without the lock.
+    fn overlaps(&self, s: u64, e: u64) -> bool {
+        lock(&self.flights)
+            .list
+            .iter()
+            .any(|f| s < f.end && f.start < e)
+    }
+
+    fn is_empty(&self) -> bool {
+        lock(&self.flights).list.is_empty()
     }
 }
 
@@ -152,9 +207,11 @@ pub(crate) struct Overwrite {
     /// The preallocated runs among them, as (first file block, end block, first disk
     /// block): converted once the bytes are on the device (`Inner::convert_written`).
     pub converts: Vec<(u64, u64, u64)>,
-    /// A copy-on-write file's plan: its number in `InPlace::filling`, where its blocks are
-    /// until it converts them, and its converted blocks get sums.
-    pub filling: Option<u64>,
+    /// A copy-on-write file's plan: its converted blocks get sums.
+    summed: bool,
+    /// In `InPlace::flights` until dropped: no operation under the lock keeps bytes of
+    /// these blocks meanwhile (module docs).
+    _aloft: Aloft,
     /// Inside the read fence until the device writes returned and the conversions are done:
     /// the blocks stay the file's or free.
     _inside: ReadTicket,
@@ -172,11 +229,14 @@ impl Overwrite {
     /// The sums of the preallocated runs' new bytes (from `data`, the whole write), by first
     /// file block: a copy-on-write file's, computed without the lock; none for a NOCOW file.
     pub(crate) fn sums(&self, data: &[u8]) -> Vec<(u64, Vec<u32>)> {
-        if self.filling.is_none() {
+        if !self.summed {
             return Vec::new();
         }
         let at = |b: u64| ((b - self.first) * BS) as usize;
-        let sums = self.converts.iter().map(|&(s, e, _)| (s, sums_of(&data[at(s)..at(e)])));
+        let sums = self
+            .converts
+            .iter()
+            .map(|&(s, e, _)| (s, sums_of(&data[at(s)..at(e)])));
         sums.collect()
     }
 }
@@ -184,9 +244,9 @@ impl Overwrite {
 impl Inner {
     /// Plans a write of `len` bytes at `off` that can go to the device without the lock
     /// (module docs): whole blocks inside the file's size, a NOCOW file's written or
-    /// preallocated ones, a copy-on-write file's preallocated ones no other write is filling,
-    /// not under `-o sync`. Sets the times (when `times`) now. None: the write runs under the
-    /// lock.
+    /// preallocated ones, a copy-on-write file's preallocated ones no other write has in
+    /// flight, not under `-o sync`. Sets the times (when `times`) now. None: the write runs
+    /// under the lock.
     pub(crate) fn plan_overwrite(
         &mut self,
         ino: Ino,
@@ -232,14 +292,14 @@ impl Inner {
             let at = ((p.start - b0) * BS) as usize;
             runs.push((disk, at, ((p.end - p.start) * BS) as usize));
         }
-        let filling = (!nocow).then(|| {
-            let id = self.in_place.next;
-            self.in_place.next += 1;
-            let blocks = converts.iter().map(|&(s, e, d)| (id, d, d + (e - s)));
-            self.in_place.filling.extend(blocks);
+        if !nocow {
             Counters::inc(&self.store.counters.fills_beside);
-            id
-        });
+        }
+        let blocks = BS as usize;
+        let aloft = (self.in_place).take_off(
+            runs.iter()
+                .map(|&(d, _, len)| (d, d + (len / blocks) as u64)),
+        );
         let inside = self.store.alloc.fence().enter();
         if times {
             let now = self.now();
@@ -254,41 +314,58 @@ impl Inner {
             first: b0,
             runs,
             converts,
-            filling,
+            summed: !nocow,
+            _aloft: aloft,
             _inside: inside,
         }))
     }
 
-    /// Whether a write of `len` bytes at `off` of `ino` would fill, in place, preallocated
-    /// blocks another write is filling without the lock: it must wait for that one
-    /// (`Fs::write_with`), whose conversion and sums must not meet other bytes.
-    pub(crate) fn meets_filling(&mut self, ino: Ino, off: u64, len: u64) -> Result<bool> {
-        if self.in_place.filling.is_empty() {
-            return Ok(false);
+    /// Refuses (`Error::InFlight`, for `Fs::write_op` to run it again) a write of `len` bytes
+    /// at `off` of `ino` whose blocks, written or preallocated, another write is writing
+    /// without the lock: a part of a block it keeps would be the bytes from before that one,
+    /// and a converted block's sums would not be its bytes (module docs).
+    pub(crate) fn refuse_in_flight(&mut self, ino: Ino, off: u64, len: u64) -> Result<()> {
+        if self.in_place.is_empty() {
+            return Ok(());
         }
         let (b0, b1) = (off / BS, (off + len).div_ceil(BS));
         let exts = self.extents(ino, b0 * BS, b1 * BS)?;
-        let meets = Inner::pieces(b0, b1, &exts, false).iter().any(|p| match p.how {
-            How::Convert { disk, .. } => self.in_place.overlaps(disk, disk + (p.end - p.start)),
-            _ => false,
-        });
-        Ok(meets)
+        for p in Inner::pieces(b0, b1, &exts, true) {
+            let disk = match p.how {
+                How::Convert { disk, .. } | How::Overwrite { disk } => disk,
+                How::Cow => continue,
+            };
+            if self.in_place.overlaps(disk, disk + (p.end - p.start)) {
+                Counters::inc(&self.store.counters.in_flight_waits);
+                return Err(Error::InFlight);
+            }
+        }
+        Ok(())
+    }
+
+    /// `refuse_in_flight` for the blocks of `ino` an operation keeps part of when it cuts
+    /// the file at `at` (a truncate into a block, a punch or a zeroed range from or to the
+    /// middle of one): called before it changes anything. Whole blocks it frees or zeroes
+    /// need no wait: the fence keeps a write from landing on another file's blocks, and its
+    /// bytes are then as if written before the cut.
+    pub(crate) fn refuse_in_flight_at(&mut self, ino: Ino, at: u64) -> Result<()> {
+        if at.is_multiple_of(BS) {
+            return Ok(());
+        }
+        self.refuse_in_flight(ino, at / BS * BS, BS)
     }
 
     /// After an `Overwrite`'s device write, still inside its fence: converts its
     /// preallocated runs (`o.converts`) if each still lies in one preallocated extent of
     /// `ino` at the same disk blocks, with `sums` (`Overwrite::sums`) for a copy-on-write
     /// file's. False: something changed there and nothing was converted; the write must run
-    /// again under the lock. Either way its blocks are no longer being filled.
+    /// again under the lock, once `o` is dropped.
     pub(crate) fn convert_written(
         &mut self,
         ino: Ino,
         o: &Overwrite,
         sums: &[(u64, Vec<u32>)],
     ) -> Result<bool> {
-        if let Some(id) = o.filling {
-            self.in_place.end(id);
-        }
         let mut found = Vec::with_capacity(o.converts.len());
         for &(s, e, disk) in &o.converts {
             let exts = self.extents(ino, s * BS, e * BS)?;

@@ -218,6 +218,12 @@ impl Fs {
         self.write_op(0, kind, Durable::Data, |g| {
             let it = g.inode(ino)?;
             check_regular(&it)?;
+            // A punch or a zeroed range from or to the middle of a block rewrites that
+            // block in part: not while a write is writing it.
+            if punch || zero {
+                g.refuse_in_flight_at(ino, off)?;
+                g.refuse_in_flight_at(ino, off + len)?;
+            }
             let now = g.now();
             let mode_after = |m: u32| privs::after(m, kill);
             if punch {

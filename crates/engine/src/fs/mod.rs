@@ -249,8 +249,8 @@ pub(crate) struct Inner {
     pub dir_ino_hint: crate::btree::LeafHint,
     /// The running transaction's fsync log chain (`crate::log`).
     pub log: crate::log::Log,
-    /// In-place writes beside the lock: their sequence, and the blocks copy-on-write files'
-    /// writes are filling (`in_place::InPlace`).
+    /// In-place writes beside the lock: their sequence, and the blocks writes have in flight
+    /// without it (`in_place::InPlace`).
     pub in_place: in_place::InPlace,
 }
 
@@ -294,6 +294,9 @@ const SPACE_HELD_WAIT: Duration = Duration::from_secs(2);
 /// How long an operation refused for space waits for an unlinked inode's holder to let go
 /// (`Releases::wait`): a FUSE FORGET after an unlink comes within milliseconds.
 const KEPT_WAIT: Duration = Duration::from_millis(200);
+/// How long an operation refused because blocks it keeps part of are being written without
+/// the lock (`Error::InFlight`) waits before it runs again: about one device write.
+const IN_FLIGHT_WAIT: Duration = Duration::from_micros(50);
 
 /// A mounted idxfs image.
 pub struct Fs {
@@ -571,10 +574,21 @@ impl Fs {
         durable: Durable,
         mut f: impl FnMut(&mut Inner) -> Result<R>,
     ) -> Result<R> {
-        for _ in 0..SPACE_HELD_TRIES {
+        let mut space_tries = 0;
+        loop {
             let mut held = None;
             let releases = self.shared.pins.releases.count();
             let r = self.write_op_once(items, kind, durable, &mut f, &mut held);
+            if let Err(Error::InFlight) = r {
+                // Blocks it keeps part of are being written without the lock: that write is
+                // one device write from leaving (`in_place`).
+                std::thread::sleep(IN_FLIGHT_WAIT);
+                continue;
+            }
+            if space_tries == SPACE_HELD_TRIES {
+                return r;
+            }
+            space_tries += 1;
             match held {
                 Some(Some(stamp)) if self.shared.fence.wait_passed(stamp, SPACE_HELD_WAIT) => {}
                 Some(_) if self.shared.pins.releases.wait(releases, KEPT_WAIT) => {
@@ -583,7 +597,6 @@ impl Fs {
                 _ => return r,
             }
         }
-        self.write_op_once(items, kind, durable, &mut f, &mut None)
     }
 
     /// One run of `write_op`. `held`: set when it was refused for space before any change,
@@ -610,6 +623,10 @@ impl Fs {
         g.op.checkpoint = seq;
         let r = f(&mut g);
         let changed = g.store.changes.mod_seq != seq;
+        debug_assert!(
+            !(changed && matches!(r, Err(Error::InFlight))),
+            "refused for a write in flight after changing something"
+        );
         if changed {
             g.txn.changed = true;
         }

@@ -16,6 +16,13 @@ impl Fs {
         }
         self.write_op(4, Reserve::Shrink, Durable::Data, |g| {
             let it = g.inode(ino)?;
+            match set.size {
+                // As `Fs::truncate`: a cut inside a block copies its head.
+                Some(size) if it.mode.get() & S_IFMT == S_IFREG && size < it.size.get() => {
+                    g.refuse_in_flight_at(ino, size)?;
+                }
+                _ => {}
+            }
             // A chmod rewrites the access ACL too (`acl`): worked out and reserved for
             // before the first change.
             let acl = match set.mode {
