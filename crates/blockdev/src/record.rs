@@ -11,6 +11,9 @@ pub enum Event {
     Flush,
 }
 
+/// The unit a device writes whole, and tears between (`Tear::TornLast`).
+const SECTOR: u64 = 512;
+
 pub struct RecordingDevice {
     inner: MemDevice,
     base: Vec<u8>,
@@ -100,7 +103,7 @@ impl RecordingDevice {
             Tear::TornLast(sectors) => {
                 if let Some(((lo, ld), rest)) = tail.split_last() {
                     rest.iter().for_each(|(o, d)| apply(&mut bytes, *o, d));
-                    let n = (sectors * 512).min(ld.len());
+                    let n = (sectors * SECTOR as usize).min(ld.len());
                     apply(&mut bytes, *lo, ld.get(..n).unwrap_or(&[]));
                 }
             }
@@ -117,15 +120,28 @@ impl BlockDevice for RecordingDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.inner.read_at(buf, offset)
     }
+    /// Recorded as the whole sectors the write covers, as they are after it: a device writes
+    /// whole sectors, and a write that starts or ends inside one reaches it as that sector
+    /// read, changed and written back whole by whoever issued it (the kernel's page cache,
+    /// for a file or a block device). So a crash image never holds a later write's bytes of
+    /// a sector without an earlier one's, which no device could leave.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let mut events = self.events.lock().unwrap_or_else(|e| e.into_inner());
         self.inner.write_at(buf, offset)?;
-        self.events
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Event::Write {
-                offset,
-                data: buf.to_vec(),
-            });
+        let end = offset + buf.len() as u64;
+        let from = offset / SECTOR * SECTOR;
+        let to = end
+            .div_ceil(SECTOR)
+            .saturating_mul(SECTOR)
+            .min(self.inner.size());
+        let data = if (from, to) == (offset, end) {
+            buf.to_vec()
+        } else {
+            let mut whole = vec![0; (to - from) as usize];
+            self.inner.read_at(&mut whole, from)?;
+            whole
+        };
+        events.push(Event::Write { offset: from, data });
         Ok(())
     }
     fn flush(&self) -> io::Result<()> {
@@ -158,5 +174,26 @@ mod tests {
         assert_eq!((torn[2048], torn[2048 + 511], torn[2048 + 512]), (3, 3, 0));
         let early = d.crash_image(1, Tear::None).bytes;
         assert_eq!(early[0], 1);
+    }
+
+    #[test]
+    fn writes_inside_a_sector_are_recorded_as_the_whole_sector() {
+        let d = RecordingDevice::new(vec![0; 4096]);
+        d.write_at(&[1; 100], 600).expect("w");
+        d.write_at(&[2; 100], 800).expect("w");
+        // Only the second reached the media: the sector as it was after both.
+        let second = d.crash_image(2, Tear::Drop(0b10)).bytes;
+        assert_eq!(
+            (second[599], second[600], second[800], second[900]),
+            (0, 1, 2, 0)
+        );
+        // Only the first: the sector as it was after it.
+        let first = d.crash_image(2, Tear::Drop(0b01)).bytes;
+        assert_eq!((first[600], first[800]), (1, 0));
+        // A write across sectors, torn after one: its first sector, whole.
+        d.write_at(&[3; 600], 1000).expect("w");
+        let torn = d.crash_image(3, Tear::TornLast(1)).bytes;
+        assert_eq!((torn[1000], torn[1023], torn[1024]), (3, 3, 0));
+        assert_eq!((torn[600], torn[800]), (1, 2), "the writes before it");
     }
 }

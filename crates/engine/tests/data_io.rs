@@ -236,13 +236,12 @@ fn a_nocow_overwrite_held_at_the_device_lands_on_no_other_files_blocks() {
     );
 }
 
-/// A NOCOW overwrite of whole blocks goes to the device without the lock (`in_place`).
-/// Operations under the lock that copy part of such a block elsewhere (a truncate into it, a
-/// hole punched in it) or write part of it in place, keeping the rest (a write of less than
-/// a block), must not
-/// run while it is in flight: the bytes they keep would be the ones before it, and its own
-/// would be lost though it returned. Whichever order the two take, its bytes are in the
-/// file afterwards.
+/// A NOCOW overwrite goes to the device without the lock (`in_place`). Operations under the
+/// lock that copy part of its block elsewhere (a truncate into it, a hole punched in it) or
+/// read it and write it back whole (a write of part of it that also fills a preallocated
+/// block, which runs under the lock) must not run while it is in flight: the bytes they keep
+/// would be the ones before it, and its own would be lost though it returned. Whichever
+/// order the two take, its bytes are in the file afterwards.
 #[test]
 fn a_held_nocow_overwrite_is_not_lost_to_a_truncate_or_a_partial_write_beside_it() {
     let (_rec, gate, fs) = gated_fs(16 << 20, opts());
@@ -264,6 +263,7 @@ fn a_held_nocow_overwrite_is_not_lost_to_a_truncate_or_a_partial_write_beside_it
             let fs = fs.clone();
             std::thread::spawn(move || {
                 beside(&fs);
+                drop(fs);
                 let _ = tx.send(());
             });
         }
@@ -303,9 +303,12 @@ fn a_held_nocow_overwrite_is_not_lost_to_a_truncate_or_a_partial_write_beside_it
         "the held overwrite's bytes were lost to a punch (first 0xaa at {:?})",
         got.iter().position(|&b| b == 0xaa)
     );
-    // The partial write reads the block and writes it back whole, under the lock: held at
-    // that write too, had it not waited, the overwrite lands between its read and its write.
-    fs.write(n, 0, &vec![0xaa; 4 * BS]).expect("write");
+    // A write from the end of block 1 into block 2, preallocated: it fills block 2 whole,
+    // so it runs under the lock, and reads block 1 to write it back whole. Held at that
+    // write too, had it not waited, the overwrite lands between its read and its write.
+    fs.write(n, 0, &vec![0xaa; 2 * BS]).expect("write");
+    fs.truncate(n, blocks(2)).expect("truncate");
+    fs.fallocate(n, blocks(2), blocks(2), 0).expect("fallocate");
     let (held1, go1) = gate.arm(Io::Write, Some(BS));
     let writer = {
         let fs = fs.clone();
@@ -315,7 +318,7 @@ fn a_held_nocow_overwrite_is_not_lost_to_a_truncate_or_a_partial_write_beside_it
     let (held2, go2) = gate.arm(Io::Write, Some(BS));
     let partial = {
         let fs = fs.clone();
-        std::thread::spawn(move || fs.write(n, blocks(1) + 10, &[0xcc; 100]))
+        std::thread::spawn(move || fs.write(n, blocks(1) + 4000, &[0xcc; 200]))
     };
     let waited = held2.recv_timeout(Duration::from_millis(300)).is_err();
     go1.send(()).expect("go");
@@ -330,11 +333,63 @@ fn a_held_nocow_overwrite_is_not_lost_to_a_truncate_or_a_partial_write_beside_it
         .expect("partial write into the held block");
     let got = fs.read(n, blocks(1), BS).expect("read");
     let mut after = vec![0xbb; BS];
-    after[10..110].fill(0xcc);
+    after[4000..].fill(0xcc);
     assert!(
         got == after || got == vec![0xbb; BS],
         "the held overwrite's bytes were lost to a partial write (first 0xaa at {:?})",
         got.iter().position(|&b| b == 0xaa)
+    );
+    let mut third = vec![0u8; BS];
+    third[..104].fill(0xcc);
+    assert!(fs.read(n, blocks(2), BS).expect("read") == third);
+    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("fs still shared"));
+    fs.close().expect("close");
+    assert_clean(&gate);
+}
+
+/// A NOCOW file's write of part of a written block goes to the device without the lock,
+/// its own bytes only (`in_place`): held there, another such write into the same block runs
+/// beside it, and both writes' bytes are in the block afterwards (neither reads the block
+/// and writes it back).
+#[test]
+fn two_partial_nocow_overwrites_of_one_block_keep_each_others_bytes() {
+    let (_rec, gate, fs) = gated_fs(16 << 20, opts());
+    let n = fs.create(ROOT, b"n", 0o644, ME).expect("create").ino;
+    fs.set_flags(n, NOCOW_FL).expect("chattr +C");
+    fs.write(n, 0, &vec![0xaa; 2 * BS]).expect("write");
+    let before = fs.counters().overwrites_beside.get();
+    let (held, go) = gate.arm(Io::Write, Some(100));
+    let writer = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.write(n, BS as u64 + 10, &[0xbb; 100]))
+    };
+    within(&held, "the held partial overwrite reaching the device");
+    let (tx, rx) = channel();
+    let beside = {
+        let fs = fs.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(fs.write(n, BS as u64 + 300, &[0xcc; 50]));
+        })
+    };
+    within(
+        &rx,
+        "a partial overwrite of the same block beside the held one",
+    )
+    .expect("write");
+    beside.join().expect("beside");
+    go.send(()).expect("go");
+    writer.join().expect("writer").expect("held write");
+    assert_eq!(
+        fs.counters().overwrites_beside.get(),
+        before + 2,
+        "both went to the device without the lock"
+    );
+    let mut want = vec![0xaa; 2 * BS];
+    want[BS + 10..BS + 110].fill(0xbb);
+    want[BS + 300..BS + 350].fill(0xcc);
+    assert!(
+        fs.read(n, 0, 2 * BS).expect("read") == want,
+        "a partial overwrite lost the other's bytes"
     );
     let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("fs still shared"));
     fs.close().expect("close");
@@ -472,7 +527,10 @@ fn a_copy_on_write_first_write_held_at_the_device_keeps_other_writes_off_its_blo
         let (tx, rx) = channel();
         let fs = fs.clone();
         std::thread::spawn(move || {
-            let _ = tx.send(fs.write(p, blocks(at), &vec![byte; 2 * BS]));
+            let r = fs.write(p, blocks(at), &vec![byte; 2 * BS]);
+            // Before the answer: the file system is closed once the last answer is in.
+            drop(fs);
+            let _ = tx.send(r);
         });
         rx
     };

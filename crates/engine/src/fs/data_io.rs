@@ -28,9 +28,8 @@
 //! (`InPlace::seq`), and each edge block maps the same extents. Then same extents mean
 //! the same bytes: the ones an edge maps are not reused while the writer is inside the fence.
 //! A write that would put any of its blocks in place is never planned here: it runs whole
-//! under the lock, or for a write of whole blocks the file has (a NOCOW file's, or a
-//! copy-on-write file's preallocated ones), writes the device after it (`in_place`,
-//! `Overwrite`). When something changed, the write gives its
+//! under the lock, or for a write into blocks the file has (a NOCOW file's written ones,
+//! whole preallocated ones), writes the device after it (`in_place`, `Overwrite`). When something changed, the write gives its
 //! blocks back and runs again whole under the lock (`data_write_conflicts`), so two writers
 //! sharing a block never lose each other's bytes. A write of whole blocks needs no check:
 //! whatever happened to its range in between, linking its blocks there is the same as the
@@ -271,7 +270,7 @@ impl Inner {
     }
 
     /// A write whole under the lock (`Fs::write_with`'s last resort), or, when `outside` and
-    /// it is whole blocks the file has, its plan for a device write without the lock
+    /// it goes into blocks the file has, its plan for a device write without the lock
     /// (`in_place`), returned with the times already set.
     fn write_locked(
         &mut self,

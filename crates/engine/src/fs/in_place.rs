@@ -32,12 +32,12 @@
 //! shared block in place (such a write is refused for space, as on btrfs).
 //!
 //! These writes run whole under the operation lock, their device I/O included, but for
-//! writes of whole blocks inside the file's size over blocks it has
-//! (`Inner::plan_overwrite`): a NOCOW file's over its written or preallocated blocks (seed
-//! 004's workload: O_DIRECT 64 KiB writes into a fallocated NOCOW file), a copy-on-write
-//! file's over preallocated ones (a database's or a download's `posix_fallocate`d file
-//! filling up). Such a write sets the inode's times under the lock, enters the read fence,
-//! and writes the device after letting go (`Overwrite`).
+//! writes inside the file's size over blocks it has (`Inner::plan_overwrite`): a NOCOW
+//! file's over its written blocks, any bytes of them, or whole preallocated ones (seed 004's
+//! workload: O_DIRECT 64 KiB writes into a fallocated NOCOW file), and a copy-on-write
+//! file's over whole preallocated ones (a database's or a download's `posix_fallocate`d
+//! file filling up). Such a write sets the inode's times under the lock, enters the read
+//! fence, and writes the device after letting go (`Overwrite`).
 //! Over preallocated blocks it then takes the lock again, still inside the fence, and
 //! converts them (`Inner::convert_written`), if they are still this file's preallocated
 //! blocks at the same place; if anything changed there, the write runs again whole under
@@ -46,10 +46,13 @@
 //!   fence, whatever frees them meanwhile (a truncate, an unlink): the write lands on blocks
 //!   that are its file's or free, never another's, as a reader's read never returns
 //!   another file's bytes (`crate::space::read_fence`).
-//! - *No partial block.* Whole blocks only: a write that keeps part of a block reads it
-//!   first, and two such writes outside the lock could each put back the other's old
-//!   bytes. Two whole-block writes to one block leave one of them, as on the kernel's file
-//!   systems.
+//! - *Only its own bytes.* A write of part of a written block puts only its bytes on the
+//!   device (which takes any byte range): nothing of the rest of the block is read and
+//!   written back, so two such writes into one block keep each other's bytes, and two into
+//!   the same bytes leave one of them, as on the kernel's file systems. A preallocated
+//!   block is filled whole, zeros around the bytes (it reads as zeros until converted, and
+//!   may hold anything): two such fills of one block outside the lock could each put zeros
+//!   over the other's bytes, so only whole blocks are filled outside it.
 //! - *Nothing under the lock keeps bytes of its blocks from before it.* Such a write is in
 //!   `InPlace`'s list of writes in flight, by disk blocks, until it is done (`Overwrite` is
 //!   dropped). An operation under the lock that would keep part of one of those blocks
@@ -196,13 +199,13 @@ impl InPlace {
     }
 }
 
-/// A write of whole blocks a file has, planned under the lock and written without it
-/// (module docs): a NOCOW file's over its written or preallocated blocks, a copy-on-write
-/// file's over preallocated ones.
+/// A write into blocks a file has, planned under the lock and written without it (module
+/// docs): a NOCOW file's over its written blocks or whole preallocated ones, a
+/// copy-on-write file's over whole preallocated ones.
 pub(crate) struct Overwrite {
     /// The write's first file block.
     first: u64,
-    /// (first disk block, first byte of the write's data, bytes) of each run.
+    /// (first byte on the device, first byte of the write's data, bytes) of each run.
     runs: Vec<(u64, usize, usize)>,
     /// The preallocated runs among them, as (first file block, end block, first disk
     /// block): converted once the bytes are on the device (`Inner::convert_written`).
@@ -221,7 +224,7 @@ impl Overwrite {
     /// Writes `data` (the whole write the plan was made for) to its blocks.
     pub(crate) fn write(&self, dev: &dyn BlockDevice, data: &[u8]) -> Result<()> {
         for &(disk, at, len) in &self.runs {
-            dev.write_at(&data[at..at + len], disk * BS)?;
+            dev.write_at(&data[at..at + len], disk)?;
         }
         Ok(())
     }
@@ -243,10 +246,10 @@ impl Overwrite {
 
 impl Inner {
     /// Plans a write of `len` bytes at `off` that can go to the device without the lock
-    /// (module docs): whole blocks inside the file's size, a NOCOW file's written or
-    /// preallocated ones, a copy-on-write file's preallocated ones no other write has in
-    /// flight, not under `-o sync`. Sets the times (when `times`) now. None: the write runs
-    /// under the lock.
+    /// (module docs): inside the file's size, a NOCOW file's written blocks (any bytes of
+    /// them) or whole preallocated ones, a copy-on-write file's whole preallocated ones no
+    /// other write has in flight; not under `-o sync`. Sets the times (when `times`) now.
+    /// None: the write runs under the lock.
     pub(crate) fn plan_overwrite(
         &mut self,
         ino: Ino,
@@ -256,10 +259,11 @@ impl Inner {
     ) -> Result<Option<Overwrite>> {
         let it = self.inode(ino)?;
         let end = off + len;
+        let nocow = is_nocow(&it);
+        let whole = off.is_multiple_of(BS) && len.is_multiple_of(BS);
         if self.policy.knobs.data_under_lock
             || self.policy.sync.covers(Durable::Data)
-            || !off.is_multiple_of(BS)
-            || !len.is_multiple_of(BS)
+            || !(whole || nocow)
             || len == 0
             || end > it.size.get()
             || self.trimming(ino)
@@ -267,9 +271,8 @@ impl Inner {
         {
             return Ok(None);
         }
-        let (b0, b1) = (off / BS, end / BS);
-        let exts = self.extents(ino, off, end)?;
-        let nocow = is_nocow(&it);
+        let (b0, b1) = (off / BS, end.div_ceil(BS));
+        let exts = self.extents(ino, b0 * BS, b1 * BS)?;
         if self.shares_any(b0, b1, &exts)? {
             return Ok(None);
         }
@@ -280,6 +283,9 @@ impl Inner {
         for p in Inner::pieces(b0, b1, &exts, nocow) {
             let disk = match p.how {
                 How::Overwrite { disk } => disk,
+                // Filled whole, zeros around the write's bytes: under the lock but for
+                // whole blocks.
+                How::Convert { .. } if !whole => return Ok(None),
                 How::Convert { disk, .. } => {
                     if !nocow && self.in_place.overlaps(disk, disk + (p.end - p.start)) {
                         return Ok(None);
@@ -289,16 +295,18 @@ impl Inner {
                 }
                 How::Cow => return Ok(None),
             };
-            let at = ((p.start - b0) * BS) as usize;
-            runs.push((disk, at, ((p.end - p.start) * BS) as usize));
+            // Only the write's own bytes of the run's first and last blocks: nothing of the
+            // rest of a block is read or written back (module docs).
+            let (a, z) = (off.max(p.start * BS), end.min(p.end * BS));
+            let at = (a - off) as usize;
+            runs.push((disk * BS + (a - p.start * BS), at, (z - a) as usize));
         }
         if !nocow {
             Counters::inc(&self.store.counters.fills_beside);
         }
-        let blocks = BS as usize;
         let aloft = (self.in_place).take_off(
             runs.iter()
-                .map(|&(d, _, len)| (d, d + (len / blocks) as u64)),
+                .map(|&(d, _, len)| (d / BS, (d + len as u64).div_ceil(BS))),
         );
         let inside = self.store.alloc.fence().enter();
         if times {

@@ -39,10 +39,10 @@
 //!   (`data_io`). Blocks a reader outside the lock may still read are not handed out again
 //!   until it is done (`crate::space::read_fence`). A write into blocks the file already
 //!   has (preallocated, NOCOW, or any on a full device) runs whole under the lock, device
-//!   I/O included (`in_place`), but for a write of whole blocks it has inside its size (a
-//!   NOCOW file's written or preallocated ones, a copy-on-write file's preallocated ones):
-//!   that sets the times under the lock, writes the device after, inside the fence, as a
-//!   reader reads, and converts preallocated blocks under the lock again.
+//!   I/O included (`in_place`), but for a write inside its size into a NOCOW file's written
+//!   blocks or whole preallocated blocks: that sets the times under the lock, writes the
+//!   device after, inside the fence, as a reader reads, and converts preallocated blocks
+//!   under the lock again; operations that keep part of those blocks wait for it.
 //! - Everything else still serializes on the one lock, each operation whole: first reads,
 //!   ".." and misses, long xattrs and symlink targets, and every tree change (a write's
 //!   included). The trees change nodes in place within a transaction, so a reader of them
