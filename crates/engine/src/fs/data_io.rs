@@ -29,9 +29,9 @@
 //! the same bytes: the ones an edge maps are not reused while the writer is inside the fence.
 //! A write that would put any of its blocks in place is never planned here: it runs whole
 //! under the lock, or for a write into blocks the file has (a NOCOW file's written ones,
-//! whole preallocated ones), writes the device after it (`in_place`, `Overwrite`). When something changed, the write gives its
-//! blocks back and runs again whole under the lock (`data_write_conflicts`), so two writers
-//! sharing a block never lose each other's bytes. A write of whole blocks needs no check:
+//! whole preallocated ones), writes the device after it (`in_place`, `Overwrite`). When
+//! something changed, the write gives its blocks back and runs again whole under the lock
+//! (`data_write_conflicts`), so two writers sharing a block never lose each other's bytes. A write of whole blocks needs no check:
 //! whatever happened to its range in between, linking its blocks there is the same as the
 //! write running after it.
 //!
@@ -479,7 +479,7 @@ impl Fs {
         let Locked::Outside(o) = whole(true)? else {
             return Ok(data.len());
         };
-        // Whole blocks the file has (`in_place`): written here, without the lock, and a
+        // Blocks the file has (`in_place`): written here, without the lock, and a
         // copy-on-write file's sums computed here too.
         let r = o.write(self.shared.dev.as_ref(), data);
         // Also after a failed write: some of it may be on the device.
