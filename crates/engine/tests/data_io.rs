@@ -347,6 +347,68 @@ fn a_held_nocow_overwrite_is_not_lost_to_a_truncate_or_a_partial_write_beside_it
     assert_clean(&gate);
 }
 
+/// While an operation waits for a write in flight (`in_place`: a truncate into the block a
+/// held NOCOW overwrite is writing), no other write leaves the lock: a stream of them into
+/// that block could otherwise keep it in flight and the truncate waiting for ever. A write
+/// then runs under the lock instead (into another block: it need not wait), and once the
+/// held one is done the truncate runs.
+#[test]
+fn while_an_operation_waits_for_a_write_in_flight_no_other_leaves_the_lock() {
+    let (_rec, gate, fs) = gated_fs(16 << 20, opts());
+    let n = fs.create(ROOT, b"n", 0o644, ME).expect("create").ino;
+    fs.set_flags(n, NOCOW_FL).expect("chattr +C");
+    fs.write(n, 0, &vec![0xaa; 4 * BS]).expect("write");
+    let (held, go) = gate.arm(Io::Write, Some(BS));
+    let writer = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.write(n, BS as u64, &vec![0xbb; BS]))
+    };
+    within(&held, "the held overwrite reaching the device");
+    let waits = fs.counters().in_flight_waits.get();
+    let (tx, rx) = channel();
+    let truncate = {
+        let fs = fs.clone();
+        std::thread::spawn(move || {
+            let r = fs.truncate(n, BS as u64 + 100);
+            drop(fs);
+            let _ = tx.send(r);
+        })
+    };
+    let (seen_tx, seen_rx) = channel();
+    {
+        let fs = fs.clone();
+        std::thread::spawn(move || {
+            while fs.counters().in_flight_waits.get() == waits {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            drop(fs);
+            let _ = seen_tx.send(());
+        });
+    }
+    within(&seen_rx, "the truncate meeting the write in flight");
+    let beside = fs.counters().overwrites_beside.get();
+    fs.write(n, 3 * BS as u64, &vec![0xcc; BS])
+        .expect("an overwrite of another block while the truncate waits");
+    assert_eq!(
+        fs.counters().overwrites_beside.get(),
+        beside,
+        "a write left the lock while an operation waited for writes in flight"
+    );
+    go.send(()).expect("go");
+    writer.join().expect("writer").expect("held overwrite");
+    within(&rx, "the truncate after the write in flight").expect("truncate");
+    truncate.join().expect("truncate");
+    // The overwrite first, or the truncate first and the overwrite growing the file back.
+    let size = fs.getattr(n).expect("getattr").size;
+    let got = fs
+        .read(n, BS as u64, (size - BS as u64) as usize)
+        .expect("read");
+    assert!(got.iter().all(|&b| b == 0xbb), "the held overwrite's bytes");
+    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("fs still shared"));
+    fs.close().expect("close");
+    assert_clean(&gate);
+}
+
 /// A NOCOW file's write of part of a written block goes to the device without the lock,
 /// its own bytes only (`in_place`): held there, another such write into the same block runs
 /// beside it, and both writes' bytes are in the block afterwards (neither reads the block

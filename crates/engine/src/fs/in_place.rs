@@ -57,13 +57,15 @@
 //!   `InPlace`'s list of writes in flight, by disk blocks, until it is done (`Overwrite` is
 //!   dropped). An operation under the lock that would keep part of one of those blocks
 //!   refuses before changing anything (`Error::InFlight`), and `Fs::write_op` runs it again
-//!   after a short wait (`in_flight_waits`): a write of less than a block (it reads the
-//!   block and writes it back whole), a truncate into a block or a punch or zeroed range
-//!   from or to the middle of one (they copy the rest of it elsewhere). Run beside it,
-//!   they would keep the bytes from before the write, and the write, landing after their
-//!   read, would be lost though it returned. Operations on whole blocks need no wait: a
-//!   block freed under the write is as if freed after it (the fence keeps it from another
-//!   file), a block overwritten whole is as if overwritten after it.
+//!   after a short wait (`in_flight_waits`); while one waits, no write leaves the lock, so
+//!   those in flight drain and a stream of them cannot starve it. Such operations: a write
+//!   under the lock into those blocks (one of part of a block reads it and writes it back
+//!   whole, a fill puts zeros around its bytes), a truncate into a block, and a punch or a
+//!   zeroed range from or to the middle of one (they copy the rest of it elsewhere). Run
+//!   beside it, they would keep the bytes from before the write, and the write, landing
+//!   after their read, would be lost though it returned. Truncates, punches and zeroed
+//!   ranges of whole blocks need no wait: a block freed or zeroed under the write is as if
+//!   freed or zeroed after it (the fence keeps a freed one from another file).
 //! - *No plan outside the lock reads them.* A copy-on-write plan (`data_io`) maps only
 //!   holes of a NOCOW file (its written and preallocated blocks make a write in-place, run
 //!   here), so `InPlace::seq`, which such a plan checks for edges it read, need not
@@ -144,6 +146,10 @@ pub(crate) struct InPlace {
 struct Flights {
     next: u64,
     list: Vec<Flight>,
+    /// Operations waiting for writes in this list (`Waiting`): while there are any, no new
+    /// write leaves the lock, so the list drains and they cannot be starved by a stream of
+    /// writes into the blocks they wait for.
+    waiting: usize,
 }
 
 /// Disk blocks [start, end) an `Overwrite` is writing.
@@ -162,6 +168,19 @@ struct Aloft {
 impl Drop for Aloft {
     fn drop(&mut self) {
         lock(&self.flights).list.retain(|f| f.id != self.id);
+    }
+}
+
+/// An operation refused for writes in flight (`Error::InFlight`), until it ran: counted in
+/// `Flights::waiting` while it lives.
+pub(crate) struct Waiting {
+    flights: Arc<Mutex<Flights>>,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut f = lock(&self.flights);
+        f.waiting = f.waiting.saturating_sub(1);
     }
 }
 
@@ -196,6 +215,19 @@ impl InPlace {
 
     fn is_empty(&self) -> bool {
         lock(&self.flights).list.is_empty()
+    }
+
+    /// Counts an operation refused for writes in flight as waiting until the token drops.
+    pub(crate) fn wait(&self) -> Waiting {
+        lock(&self.flights).waiting += 1;
+        Waiting {
+            flights: self.flights.clone(),
+        }
+    }
+
+    /// Whether an operation waits for writes in flight: none may leave the lock meanwhile.
+    fn awaited(&self) -> bool {
+        lock(&self.flights).waiting > 0
     }
 }
 
@@ -264,6 +296,7 @@ impl Inner {
         if self.policy.knobs.data_under_lock
             || self.policy.sync.covers(Durable::Data)
             || !(whole || nocow)
+            || self.in_place.awaited()
             || len == 0
             || end > it.size.get()
             || self.trimming(ino)

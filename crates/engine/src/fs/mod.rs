@@ -575,6 +575,8 @@ impl Fs {
         mut f: impl FnMut(&mut Inner) -> Result<R>,
     ) -> Result<R> {
         let mut space_tries = 0;
+        // While it waits for writes in flight, none other leaves the lock (`in_place`).
+        let mut waiting = None;
         loop {
             let mut held = None;
             let releases = self.shared.pins.releases.count();
@@ -582,6 +584,9 @@ impl Fs {
             if let Err(Error::InFlight) = r {
                 // Blocks it keeps part of are being written without the lock: that write is
                 // one device write from leaving (`in_place`).
+                if waiting.is_none() {
+                    waiting = Some(self.lock().in_place.wait());
+                }
                 std::thread::sleep(IN_FLIGHT_WAIT);
                 continue;
             }
