@@ -164,7 +164,10 @@ fn a_failed_fill_of_preallocated_blocks_leaves_them_to_the_next_write() {
     {
         let fs = fs.clone();
         std::thread::spawn(move || {
-            let _ = tx.send(fs.write(p, 0, &vec![0xbb; 2 * BS]));
+            let r = fs.write(p, 0, &vec![0xbb; 2 * BS]);
+            // Before the answer: the file system is closed once the answer is in.
+            drop(fs);
+            let _ = tx.send(r);
         });
     }
     rx.recv_timeout(std::time::Duration::from_secs(20))
