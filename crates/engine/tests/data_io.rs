@@ -88,6 +88,29 @@ fn gated_fs(bytes: u64, o: OpenOptions) -> (Arc<RecordingDevice>, Arc<Gate>, Arc
     (rec, gate, Arc::new(fs))
 }
 
+/// Closes the file system (every thread that held it done with it), then fsck of `dev`, with
+/// the data, must be clean.
+fn close_clean<D: BlockDevice + 'static>(fs: Arc<Fs>, dev: &Arc<D>) {
+    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("fs still shared"));
+    fs.close().expect("close");
+    assert_clean(dev);
+}
+
+/// Runs of whole blocks: (blocks, the byte they are filled with), one after the other.
+fn blocks_of(runs: &[(usize, u8)]) -> Vec<u8> {
+    runs.iter()
+        .flat_map(|&(n, byte)| std::iter::repeat_n(byte, n * BS))
+        .collect()
+}
+
+/// A new NOCOW file `name` in the root holding `len` bytes of 0xaa.
+fn nocow_file(fs: &Fs, name: &[u8], len: usize) -> u64 {
+    let n = fs.create(ROOT, name, 0o644, ME).expect("create").ino;
+    fs.set_flags(n, NOCOW_FL).expect("chattr +C");
+    fs.write(n, 0, &vec![0xaa; len]).expect("write");
+    n
+}
+
 /// Waits for `rx` with a bound, so that a step that deadlocks fails instead of hanging.
 fn within<T>(rx: &Receiver<T>, what: &str) -> T {
     rx.recv_timeout(Duration::from_secs(20))
@@ -245,9 +268,7 @@ fn a_nocow_overwrite_held_at_the_device_lands_on_no_other_files_blocks() {
 #[test]
 fn a_held_nocow_overwrite_is_not_lost_to_a_truncate_or_a_partial_write_beside_it() {
     let (_rec, gate, fs) = gated_fs(16 << 20, opts());
-    let n = fs.create(ROOT, b"n", 0o644, ME).expect("create").ino;
-    fs.set_flags(n, NOCOW_FL).expect("chattr +C");
-    fs.write(n, 0, &vec![0xaa; 4 * BS]).expect("write");
+    let n = nocow_file(&fs, b"n", 4 * BS);
     let blocks = |k: usize| (k * BS) as u64;
     // Holds a whole-block overwrite of block 1 (0xbb) at the device while `beside` starts in a
     // thread of its own and gets 300 ms; then lets the overwrite go and waits for both.
@@ -342,9 +363,7 @@ fn a_held_nocow_overwrite_is_not_lost_to_a_truncate_or_a_partial_write_beside_it
     let mut third = vec![0u8; BS];
     third[..104].fill(0xcc);
     assert!(fs.read(n, blocks(2), BS).expect("read") == third);
-    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("fs still shared"));
-    fs.close().expect("close");
-    assert_clean(&gate);
+    close_clean(fs, &gate);
 }
 
 /// While an operation waits for a write in flight (`in_place`: a truncate into the block a
@@ -355,9 +374,7 @@ fn a_held_nocow_overwrite_is_not_lost_to_a_truncate_or_a_partial_write_beside_it
 #[test]
 fn while_an_operation_waits_for_a_write_in_flight_no_other_leaves_the_lock() {
     let (_rec, gate, fs) = gated_fs(16 << 20, opts());
-    let n = fs.create(ROOT, b"n", 0o644, ME).expect("create").ino;
-    fs.set_flags(n, NOCOW_FL).expect("chattr +C");
-    fs.write(n, 0, &vec![0xaa; 4 * BS]).expect("write");
+    let n = nocow_file(&fs, b"n", 4 * BS);
     let (held, go) = gate.arm(Io::Write, Some(BS));
     let writer = {
         let fs = fs.clone();
@@ -404,9 +421,7 @@ fn while_an_operation_waits_for_a_write_in_flight_no_other_leaves_the_lock() {
         .read(n, BS as u64, (size - BS as u64) as usize)
         .expect("read");
     assert!(got.iter().all(|&b| b == 0xbb), "the held overwrite's bytes");
-    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("fs still shared"));
-    fs.close().expect("close");
-    assert_clean(&gate);
+    close_clean(fs, &gate);
 }
 
 /// A NOCOW file's write of part of a written block goes to the device without the lock,
@@ -416,9 +431,7 @@ fn while_an_operation_waits_for_a_write_in_flight_no_other_leaves_the_lock() {
 #[test]
 fn two_partial_nocow_overwrites_of_one_block_keep_each_others_bytes() {
     let (_rec, gate, fs) = gated_fs(16 << 20, opts());
-    let n = fs.create(ROOT, b"n", 0o644, ME).expect("create").ino;
-    fs.set_flags(n, NOCOW_FL).expect("chattr +C");
-    fs.write(n, 0, &vec![0xaa; 2 * BS]).expect("write");
+    let n = nocow_file(&fs, b"n", 2 * BS);
     let before = fs.counters().overwrites_beside.get();
     let (held, go) = gate.arm(Io::Write, Some(100));
     let writer = {
@@ -453,9 +466,7 @@ fn two_partial_nocow_overwrites_of_one_block_keep_each_others_bytes() {
         fs.read(n, 0, 2 * BS).expect("read") == want,
         "a partial overwrite lost the other's bytes"
     );
-    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("fs still shared"));
-    fs.close().expect("close");
-    assert_clean(&gate);
+    close_clean(fs, &gate);
 }
 
 /// A NOCOW file's first write into preallocated blocks goes to the device without the lock
@@ -541,18 +552,12 @@ fn a_nocow_first_write_held_at_the_device_converts_after_or_runs_again() {
         c0 + 2,
         "the held write ran again under the lock"
     );
-    let mut want = vec![0u8; 8 * BS];
-    want[..2 * BS].fill(0xaa);
-    want[2 * BS..4 * BS].fill(0xcc);
-    want[4 * BS..6 * BS].fill(0xbb);
-    want[6 * BS..].fill(0xee);
+    let want = blocks_of(&[(2, 0xaa), (2, 0xcc), (2, 0xbb), (2, 0xee)]);
     assert!(
         fs.read(n, 0, 8 * BS).expect("read") == want,
         "the file's bytes after the held writes"
     );
-    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("fs still shared"));
-    fs.close().expect("close");
-    assert_clean(&gate);
+    close_clean(fs, &gate);
 }
 
 /// A copy-on-write file's first write into its preallocated blocks fills them without the
@@ -633,18 +638,12 @@ fn a_copy_on_write_first_write_held_at_the_device_keeps_other_writes_off_its_blo
         c0 + 1,
         "the held write ran again under the lock"
     );
-    let mut want = vec![0u8; 8 * BS];
-    want[..2 * BS].fill(0xaa);
-    want[2 * BS..4 * BS].fill(0xdd);
-    want[4 * BS..6 * BS].fill(0xbb);
-    want[6 * BS..].fill(0xee);
+    let want = blocks_of(&[(2, 0xaa), (2, 0xdd), (2, 0xbb), (2, 0xee)]);
     let got = fs
         .read(p, 0, 8 * BS)
         .expect("read (every block against its sum)");
     assert!(got == want, "the file's bytes after the held writes");
-    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("fs still shared"));
-    fs.close().expect("close");
-    assert_clean(&gate);
+    close_clean(fs, &gate);
 }
 
 #[test]
@@ -1158,9 +1157,7 @@ fn concurrent_reads_and_writes_match_their_models() {
         "seed {seed}: no copy-on-write fill of preallocated blocks went to the device \
          without the lock"
     );
-    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("fs still shared"));
-    fs.close().expect("close");
-    assert_clean(&dev);
+    close_clean(fs, &dev);
     let fs = Fs::open(dev.clone(), opts()).expect("reopen");
     check(&fs, "after the remount");
 }
