@@ -64,8 +64,8 @@
 //!   zeroed range from or to the middle of one (they copy the rest of it elsewhere). Run
 //!   beside it, they would keep the bytes from before the write, and the write, landing
 //!   after their read, would be lost though it returned. Truncates, punches and zeroed
-//!   ranges of whole blocks need no wait: whichever of the two lands last, the result is
-//!   the one of the two in some order (the fence keeps a freed block from another file).
+//!   ranges of whole blocks need no wait: whichever lands last, the file ends as if the
+//!   two ran one after the other (the fence keeps a freed block from another file).
 //! - *No plan outside the lock reads them.* A copy-on-write plan (`data_io`) maps only
 //!   holes of a NOCOW file (its written and preallocated blocks make a write in-place, run
 //!   here), so `InPlace::seq`, which such a plan checks for edges it read, need not
