@@ -1074,6 +1074,31 @@ fn data_beside(
     Ok((mb(written), mb(read)))
 }
 
+/// One row of writers only: 1 and 2 of them writing `into`, each whole under the lock and
+/// with the device I/O outside it, printed as `what`; returns the rates for the JSON.
+fn writers_row(
+    o: &mut String,
+    what: &str,
+    into: WriteInto,
+    dur: Duration,
+) -> Result<Value, String> {
+    let (u1, _) = data_beside(true, 1, 0, into, dur)?;
+    let (o1, _) = data_beside(false, 1, 0, into, dur)?;
+    let (u2, _) = data_beside(true, 2, 0, into, dur)?;
+    let (o2, _) = data_beside(false, 2, 0, into, dur)?;
+    let _ = writeln!(
+        o,
+        "  {what}, MB/s: 1 thread {u1:.0} / {o1:.0}, 2 threads {u2:.0} / {o2:.0} (2 against 1: \
+         {:.2}x / {:.2}x)",
+        u2 / u1,
+        o2 / o1
+    );
+    Ok(json!({
+        "under_lock": {"1": u1, "2": u2},
+        "outside": {"1": o1, "2": o2},
+    }))
+}
+
 /// The data rows: each case with reads and writes whole under the lock, then with their
 /// device I/O outside it.
 fn data_rows(dur: Duration) -> Result<(String, Value), String> {
@@ -1084,39 +1109,19 @@ fn data_rows(dur: Duration) -> Result<(String, Value), String> {
          outside it):",
         IO_DELAY.as_micros()
     );
-    let (w1u, _) = data_beside(true, 1, 0, WriteInto::Own, dur)?;
-    let (w1o, _) = data_beside(false, 1, 0, WriteInto::Own, dur)?;
-    let (w2u, _) = data_beside(true, 2, 0, WriteInto::Own, dur)?;
-    let (w2o, _) = data_beside(false, 2, 0, WriteInto::Own, dur)?;
-    let _ = writeln!(
-        o,
-        "  writers in their own files, MB/s: 1 thread {w1u:.0} / {w1o:.0}, 2 threads {w2u:.0} / \
-         {w2o:.0} (2 against 1: {:.2}x / {:.2}x)",
-        w2u / w1u,
-        w2o / w1o
-    );
-    let (n1u, _) = data_beside(true, 1, 0, WriteInto::NocowRanges, dur)?;
-    let (n1o, _) = data_beside(false, 1, 0, WriteInto::NocowRanges, dur)?;
-    let (n2u, _) = data_beside(true, 2, 0, WriteInto::NocowRanges, dur)?;
-    let (n2o, _) = data_beside(false, 2, 0, WriteInto::NocowRanges, dur)?;
-    let _ = writeln!(
-        o,
-        "  writers in ranges of one NOCOW file, MB/s: 1 thread {n1u:.0} / {n1o:.0}, 2 threads \
-         {n2u:.0} / {n2o:.0} (2 against 1: {:.2}x / {:.2}x)",
-        n2u / n1u,
-        n2o / n1o
-    );
-    let (p1u, _) = data_beside(true, 1, 0, WriteInto::PreallocRanges, dur)?;
-    let (p1o, _) = data_beside(false, 1, 0, WriteInto::PreallocRanges, dur)?;
-    let (p2u, _) = data_beside(true, 2, 0, WriteInto::PreallocRanges, dur)?;
-    let (p2o, _) = data_beside(false, 2, 0, WriteInto::PreallocRanges, dur)?;
-    let _ = writeln!(
-        o,
-        "  writers filling ranges of one preallocated copy-on-write file, MB/s: 1 thread \
-         {p1u:.0} / {p1o:.0}, 2 threads {p2u:.0} / {p2o:.0} (2 against 1: {:.2}x / {:.2}x)",
-        p2u / p1u,
-        p2o / p1o
-    );
+    let own = writers_row(&mut o, "writers in their own files", WriteInto::Own, dur)?;
+    let nocow = writers_row(
+        &mut o,
+        "writers in ranges of one NOCOW file",
+        WriteInto::NocowRanges,
+        dur,
+    )?;
+    let fill = writers_row(
+        &mut o,
+        "writers filling ranges of one preallocated copy-on-write file",
+        WriteInto::PreallocRanges,
+        dur,
+    )?;
     let (wu, ru) = data_beside(true, 1, 1, WriteInto::Own, dur)?;
     let (wo, ro) = data_beside(false, 1, 1, WriteInto::Own, dur)?;
     let _ = writeln!(
@@ -1128,18 +1133,9 @@ fn data_rows(dur: Duration) -> Result<(String, Value), String> {
     );
     let json = json!({
         "io_delay_us": IO_DELAY.as_micros() as u64,
-        "writers_mb_s": {
-            "under_lock": {"1": w1u, "2": w2u},
-            "outside": {"1": w1o, "2": w2o},
-        },
-        "nocow_writers_mb_s": {
-            "under_lock": {"1": n1u, "2": n2u},
-            "outside": {"1": n1o, "2": n2o},
-        },
-        "prealloc_fill_writers_mb_s": {
-            "under_lock": {"1": p1u, "2": p2u},
-            "outside": {"1": p1o, "2": p2o},
-        },
+        "writers_mb_s": own,
+        "nocow_writers_mb_s": nocow,
+        "prealloc_fill_writers_mb_s": fill,
         "reader_beside_writer_mb_s": {
             "under_lock": {"read": ru, "written": wu},
             "outside": {"read": ro, "written": wo},
