@@ -786,6 +786,7 @@ impl Inner {
                     let blk_start = new_size / BS * BS;
                     let has = !self.extents(ino, blk_start, blk_start + BS)?.is_empty();
                     if has {
+                        self.debug_assert_not_in_flight(ino, new_size);
                         let mut b =
                             self.read_data(ino, &it, blk_start, (new_size - blk_start) as usize)?;
                         b.resize(BS as usize, 0);

@@ -366,22 +366,43 @@ impl Inner {
     /// without the lock: a part of a block it keeps would be the bytes from before that one,
     /// and a converted block's sums would not be its bytes (module docs).
     pub(crate) fn refuse_in_flight(&mut self, ino: Ino, off: u64, len: u64) -> Result<()> {
+        if self.in_flight(ino, off, len)? {
+            Counters::inc(&self.store.counters.in_flight_waits);
+            return Err(Error::InFlight);
+        }
+        Ok(())
+    }
+
+    /// Whether a block holding bytes [off, off + len) of `ino`, written or preallocated, is
+    /// being written without the lock.
+    fn in_flight(&mut self, ino: Ino, off: u64, len: u64) -> Result<bool> {
         if self.in_place.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let (b0, b1) = (off / BS, (off + len).div_ceil(BS));
         let exts = self.extents(ino, b0 * BS, b1 * BS)?;
-        for p in Inner::pieces(b0, b1, &exts, true) {
-            let disk = match p.how {
-                How::Convert { disk, .. } | How::Overwrite { disk } => disk,
-                How::Cow => continue,
-            };
-            if self.in_place.overlaps(disk, disk + (p.end - p.start)) {
-                Counters::inc(&self.store.counters.in_flight_waits);
-                return Err(Error::InFlight);
-            }
+        let busy = Inner::pieces(b0, b1, &exts, true)
+            .iter()
+            .any(|p| match p.how {
+                How::Convert { disk, .. } | How::Overwrite { disk } => {
+                    self.in_place.overlaps(disk, disk + (p.end - p.start))
+                }
+                How::Cow => false,
+            });
+        Ok(busy)
+    }
+
+    /// Debug builds: the block of `ino` holding byte `at`, part of which the caller keeps, is
+    /// not being written without the lock: the operation refused before its first change
+    /// (`refuse_in_flight`), and nothing lets such a write start while the lock is held.
+    pub(crate) fn debug_assert_not_in_flight(&mut self, ino: Ino, at: u64) {
+        if cfg!(debug_assertions) {
+            let busy = self.in_flight(ino, at / BS * BS, BS);
+            debug_assert!(
+                !matches!(busy, Ok(true)),
+                "inode {ino}: the block at byte {at}, kept in part, has a write in flight"
+            );
         }
-        Ok(())
     }
 
     /// `refuse_in_flight` for the blocks of `ino` an operation keeps part of when it cuts
@@ -639,6 +660,10 @@ impl Inner {
             let head = (at - p.start * BS) as usize;
             let last = buf.len() - BS as usize;
             let sum_of = |b: u64| &sums[(b - b0) as usize..=(b - b0) as usize];
+            if keep {
+                self.debug_assert_not_in_flight(ino, p.start * BS);
+                self.debug_assert_not_in_flight(ino, (p.end - 1) * BS);
+            }
             let dev = self.store.dev.as_ref();
             if keep && head > 0 {
                 let out = &mut buf[..BS as usize];

@@ -165,6 +165,7 @@ impl Inner {
         for (a, b) in edges {
             let b = b.min(size);
             if a < b && !self.extents(ino, a, b)?.is_empty() {
+                self.debug_assert_not_in_flight(ino, a);
                 self.write_data(ino, a, &vec![0u8; (b - a) as usize])?;
             }
         }
