@@ -72,6 +72,8 @@ counters! {
     node_cache_hits: "node lookups served from the cache",
     node_evictions: "clean nodes dropped from the cache to respect its bound",
     node_cows: "nodes copied to a new block on first change in a transaction",
+    tree_shares: "trees made by sharing another's nodes (snapshots)",
+    node_unshares: "shared nodes copied for one of the trees pointing at them (kept for the others)",
     node_writes: "nodes written at commit",
     leaf_splits_half: "leaf splits that moved half the items",
     leaf_splits_append: "leaf splits that started an empty right leaf (append at the end)",

@@ -165,6 +165,14 @@ impl NodeCache {
         self.slab.contains(block)
     }
 
+    /// The cached node at `block`, shared: it stays cached as it is.
+    pub fn get_arc(&mut self, block: u64) -> Option<Arc<Node>> {
+        self.slab.get(block).map(|e| {
+            e.referenced = true;
+            e.node.clone()
+        })
+    }
+
     /// Inserts a node; `dirty` marks it as changed in the running transaction.
     pub fn insert(&mut self, block: u64, node: Node, dirty: bool) {
         self.insert_arc(block, Arc::new(node), dirty);

@@ -2,11 +2,14 @@
 //!
 //! COW rule: a node whose generation equals the running transaction's was written by nobody yet
 //! and is changed in place; any other node is copied to a newly allocated block first, and its
-//! old block is freed (pinned until the commit is durable, see `space::alloc`).
+//! old block is freed (pinned until the commit is durable, see `space::alloc`). A node that
+//! more than one parent points at (trees sharing it, `super::refs`) is copied whatever its
+//! generation and its block is kept for the other parents.
 use super::cache::NodeCache;
 use super::changes::Changes;
 use super::node::Node;
 use super::pools::NodePools;
+use super::refs::NodeRefs;
 use crate::counters::Counters;
 use crate::error::{Error, Result};
 use crate::space::Allocator;
@@ -30,6 +33,8 @@ pub struct Store {
     pub changes: Changes,
     /// Node slots taken ahead of need, and those kept for deletes (`super::pools`).
     pub pools: NodePools,
+    /// Nodes more than one parent points at (`super::refs`).
+    pub refs: NodeRefs,
     /// Nodes that failed to read or failed their checks since open, and the first such
     /// failure: what `fs::damage` acts on (records it in the superblock, goes read-only).
     pub damage: crate::fs::Damage,
@@ -62,6 +67,7 @@ impl Store {
             counters,
             changes: Changes::default(),
             pools: NodePools::default(),
+            refs: NodeRefs::default(),
             damage: Default::default(),
             scratch: vec![0; node_size as usize],
         }
@@ -155,6 +161,10 @@ impl Store {
                     n.generation == self.generation,
                     "changing clean node {block} without COW"
                 );
+                debug_assert!(
+                    !self.refs.is_shared(block, n.generation),
+                    "changing shared node {block} without COW"
+                );
                 n
             }
             None => panic!("node {block} used before load"),
@@ -208,9 +218,15 @@ impl Store {
         Ok(start)
     }
 
-    /// Frees a node's block and drops it from the cache.
+    /// Frees a node's block and drops it from the cache. Only a node its tree owns alone is
+    /// freed: a tree lets go of a shared one by its count (`super::refs`).
     pub fn free_node(&mut self, block: u64) -> Result<()> {
         let n = self.cache.remove(block);
+        debug_assert!(
+            n.as_ref()
+                .is_none_or(|n| !self.refs.is_shared(block, n.generation)),
+            "freeing shared node {block}"
+        );
         let now = n.as_ref().is_some_and(|n| n.generation == self.generation);
         if now {
             self.changes.dirty_nodes -= 1;
@@ -244,7 +260,11 @@ impl Store {
     /// Copy-on-write: returns the block that now holds a writable copy of the (loaded) node.
     pub fn cow(&mut self, block: u64) -> Result<u64> {
         let gen = self.generation;
-        if self.node(block).generation == gen {
+        let node_gen = self.node(block).generation;
+        if self.refs.is_shared(block, node_gen) {
+            return self.cow_shared(block);
+        }
+        if node_gen == gen {
             return Ok(block);
         }
         let bpn = self.blocks_per_node();
@@ -259,6 +279,33 @@ impl Store {
         self.changes.dirty_nodes += 1;
         self.alloc.free(block, bpn, false)?;
         Counters::inc(&self.counters.node_cows);
+        Ok(new)
+    }
+
+    /// Copies a node that more than one parent points at, for the tree descending to it:
+    /// the copy is that tree's own, the node stays for its other parents with one fewer, and
+    /// each node it points at gains the copy as a parent (`super::refs`). A copied leaf goes
+    /// on the list of copied leaves: its items are now named twice.
+    fn cow_shared(&mut self, block: u64) -> Result<u64> {
+        let gen = self.generation;
+        let new = self.take_node_block()?;
+        let Some(old) = self.cache.get_arc(block) else {
+            panic!("cow of uncached node {block}");
+        };
+        let mut node = Node::clone(&old);
+        node.generation = gen;
+        for p in node.ptrs() {
+            self.refs.add(p.block);
+        }
+        if old.is_leaf() {
+            self.refs.copied_leaf(old);
+        }
+        self.refs.drop_one(block);
+        self.cache.insert(new, node, true);
+        self.changes.dirty_nodes += 1;
+        // No leaf hint is stale for this: a hint names a leaf its tree owns alone (taken
+        // through a copying descent), which only a share, moving `shape_seq`, makes shared.
+        Counters::inc(&self.counters.node_unshares);
         Ok(new)
     }
 }

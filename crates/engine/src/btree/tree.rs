@@ -31,6 +31,7 @@ use idxfs_format::node::{
     internal_capacity, leaf_capacity, KeyRange, ITEM_HEADER_SIZE, KEY_PTR_SIZE, MAX_LEVEL,
 };
 use idxfs_format::{ItemType, Key};
+use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy)]
 pub struct Tree {
@@ -40,6 +41,14 @@ pub struct Tree {
 }
 
 type Path = Vec<(u64, usize)>;
+
+/// How far one `drop_node` went.
+enum Dropped {
+    /// The node and everything under it (or this tree's count of a shared node).
+    All,
+    /// Every subtree whose keys sort below the key; the rest is left.
+    UpTo(Key),
+}
 
 /// Where the last insert made through this hint landed: a leaf of the running transaction and
 /// the smallest key that belongs to a leaf right of it. An insert through the hint goes straight
@@ -55,6 +64,9 @@ pub struct LeafHint {
     /// 0: never set (no transaction has generation 0).
     generation: u64,
     owner: u64,
+    /// The tree's root block when the hint was taken: trees sharing nodes (snapshots) have
+    /// one owner, and each its own root once it changes (a share moves `shape_seq`).
+    root: u64,
 }
 
 /// What an `update` closure asks for.
@@ -76,6 +88,143 @@ impl Tree {
             },
             level: 0,
         })
+    }
+
+    /// A second tree holding this one's items, sharing every node (a snapshot): one count,
+    /// whatever the tree holds. Either tree may change afterwards; each copies the nodes it
+    /// changes and no other (`super::refs`).
+    pub fn share(&self, store: &mut Store) -> Tree {
+        store.refs.share_root(self.root.block, store.generation);
+        // Hints into the shared nodes are stale: a change now copies them first.
+        store.changes.shape_seq += 1;
+        Counters::inc(&store.counters.tree_shares);
+        *self
+    }
+
+    /// Drops up to `budget` nodes of this tree, which nothing changes any more, and returns
+    /// where the next step starts, or None when the whole tree is gone. `from`: what the
+    /// previous step returned, `Key::MIN` for the first. A node shared with another tree
+    /// loses one count and is not entered; a node this tree owns alone is entered, its
+    /// children dropped, then it is freed, and a leaf's node goes on `leaves` first (what
+    /// its items name is the caller's to let go of).
+    ///
+    /// The tree is not changed while it is dropped: every subtree whose keys all sort below
+    /// `from` is gone, and the rest is as it was. So the tree's root and `from` are all a
+    /// later step (or a resumed one, after a crash) needs.
+    pub fn drop_some(
+        &self,
+        store: &mut Store,
+        from: Key,
+        budget: usize,
+        leaves: &mut Vec<Arc<Node>>,
+    ) -> Result<Option<Key>> {
+        assert!(budget >= 1, "a drop step of no nodes");
+        let mut left = budget;
+        let step = self.drop_node(
+            store,
+            self.root,
+            self.level,
+            KeyRange::ANY,
+            from,
+            &mut left,
+            leaves,
+        )?;
+        Ok(match step {
+            Dropped::All => None,
+            Dropped::UpTo(k) => Some(k),
+        })
+    }
+
+    #[expect(clippy::too_many_arguments, reason = "one recursion step of drop_some")]
+    fn drop_node(
+        &self,
+        store: &mut Store,
+        ptr: Ptr,
+        level: u8,
+        range: KeyRange,
+        from: Key,
+        left: &mut usize,
+        leaves: &mut Vec<Arc<Node>>,
+    ) -> Result<Dropped> {
+        // A node counts against the budget when it is done with (freed or let go of), so
+        // every step with a budget drops at least one node.
+        if store.refs.is_shared(ptr.block, ptr.generation) {
+            // The other parents keep it, and what is under it.
+            store.refs.drop_one(ptr.block);
+            *left = left.saturating_sub(1);
+            return Ok(Dropped::All);
+        }
+        store.load(ptr.block, ptr.generation, self.owner, Some(level), range)?;
+        let Some(n) = store.cache.get_arc(ptr.block) else {
+            panic!("node {} not cached after load", ptr.block);
+        };
+        if n.is_leaf() {
+            leaves.push(n);
+        } else {
+            for (i, p) in n.ptrs().iter().enumerate() {
+                let r = child_range(&n, i, range.below);
+                if r.below.is_some_and(|b| b <= from) {
+                    continue; // dropped by an earlier step
+                }
+                if *left == 0 {
+                    // Only after a sibling was dropped in this step: the child `from` falls
+                    // in, if any, is always entered first. So this child is whole.
+                    debug_assert!(n.keys[i] >= from, "a drop step going back");
+                    return Ok(Dropped::UpTo(n.keys[i]));
+                }
+                let below = self.drop_node(store, *p, level - 1, r, from, left, leaves)?;
+                if let Dropped::UpTo(k) = below {
+                    return Ok(Dropped::UpTo(k));
+                }
+            }
+        }
+        store.free_node(ptr.block)?;
+        *left = left.saturating_sub(1);
+        Ok(Dropped::All)
+    }
+
+    /// Counts, in `found`, the parents of every node of this tree from `from` on (as
+    /// `drop_some` left it; `Key::MIN` for a tree not being dropped): the tree's root
+    /// pointer, and each pointer of an internal node. A node already in `found` (reached
+    /// through another tree) is not entered again, so each node's pointers count once, and
+    /// `on_leaf` sees each leaf once however many trees share it. fsck compares the result
+    /// with the counts the store keeps (`NodeRefs::check`).
+    pub fn count_parents(
+        &self,
+        store: &mut Store,
+        from: Key,
+        found: &mut std::collections::HashMap<u64, u32>,
+        mut on_leaf: impl FnMut(&Node),
+    ) -> Result<()> {
+        let mut stack = Vec::new();
+        let reach = |found: &mut std::collections::HashMap<u64, u32>, p: Ptr| {
+            let c = found.entry(p.block).or_insert(0);
+            *c += 1;
+            *c == 1
+        };
+        if reach(found, self.root) {
+            stack.push((self.root, self.level, KeyRange::ANY));
+        }
+        while let Some((p, level, range)) = stack.pop() {
+            store.load(p.block, p.generation, self.owner, Some(level), range)?;
+            let Some(n) = store.cache.get_arc(p.block) else {
+                panic!("node {} not cached after load", p.block);
+            };
+            if n.is_leaf() {
+                on_leaf(&n);
+                continue;
+            }
+            for (i, c) in n.ptrs().iter().enumerate() {
+                let r = child_range(&n, i, range.below);
+                if r.below.is_some_and(|b| b <= from) {
+                    continue;
+                }
+                if reach(found, *c) {
+                    stack.push((*c, level - 1, r));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn leaf_cap(store: &Store) -> usize {
@@ -320,6 +469,7 @@ impl Tree {
             shape_seq: store.changes.shape_seq,
             generation: store.generation,
             owner: self.owner,
+            root: self.root.block,
         };
         let pos = match store.node(leaf).keys.binary_search(&key) {
             Ok(_) => return Ok(Some(val)),
@@ -342,6 +492,7 @@ impl Tree {
         if hint.generation != store.generation
             || hint.shape_seq != store.changes.shape_seq
             || hint.owner != self.owner
+            || hint.root != self.root.block
             || hint.bound.is_some_and(|b| *key >= b)
         {
             return None;
@@ -352,6 +503,11 @@ impl Tree {
         // (blocks change owner only by merges and frees, which bump it); checked anyway.
         debug_assert!(n.is_leaf() && n.generation == gen && n.owner == self.owner);
         if !n.is_leaf() || n.generation != gen || n.owner != self.owner {
+            return None;
+        }
+        // A share since the hint moved `shape_seq`, so the leaf is this tree's own; checked
+        // anyway, since a change to a shared leaf would show in every tree sharing it.
+        if store.refs.is_shared(hint.leaf, gen) {
             return None;
         }
         if *key <= *n.keys.first()? {
