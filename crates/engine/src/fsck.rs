@@ -34,10 +34,12 @@ use idxfs_format::versions::{
 };
 use idxfs_format::{
     ItemType, Key, BLOCK_SIZE, ORPHAN_OBJECTID, ROOT_INO, SHARED_OBJECTID, SUPER_COPIES,
-    SYMLINK_MAX, TREE_FS, TREE_SPACE,
+    SYMLINK_MAX, TREE_FS, TREE_ROOTS, TREE_SPACE,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+
+mod roots;
 
 #[derive(Debug, Default)]
 pub struct Report {
@@ -104,6 +106,8 @@ struct Checker<'a> {
     sums: SumCheck,
     /// Blocks more than one extent names, and the items that count them.
     sharing: Sharing,
+    /// The roots tree and the snapshots' trees (`roots`).
+    roots: roots::RootsCheck,
     progress: &'a mut dyn FnMut(u64),
 }
 
@@ -244,13 +248,19 @@ fn check_state(
             extents_of: (0, Vec::new()),
         },
         sharing: Sharing::default(),
+        roots: Default::default(),
         progress,
     };
     for b in 0..SUPER_COPIES {
         c.blocks.owners.insert(b, "superblock");
     }
+    c.roots.parent(sb.fs_root.block.get());
     c.walk(&sb.fs_root, TREE_FS, "fs tree");
     c.walk(&sb.space_root, TREE_SPACE, "space tree");
+    if sb.roots_root.block.get() != 0 {
+        c.walk(&sb.roots_root, TREE_ROOTS, "roots tree");
+        c.check_snapshots();
+    }
     c.cross_check();
     c.check_chunks();
     c.check_shared();
@@ -465,16 +475,19 @@ impl Checker<'_> {
             if node.is_leaf() {
                 for (k, v) in node.keys.iter().zip(node.leaf_vals().iter()) {
                     self.report.items += 1;
-                    if owner == TREE_FS {
-                        self.fs_item(k, v);
-                    } else {
-                        self.space_item(k, v);
+                    match owner {
+                        TREE_FS => self.fs_item(k, v),
+                        TREE_ROOTS => self.roots_item(k, v),
+                        _ => self.space_item(k, v),
                     }
                 }
             } else {
                 let n = node.keys.len();
                 for i in (0..n).rev() {
                     let p = node.ptrs()[i];
+                    if owner == TREE_FS {
+                        self.roots.parent(p.block);
+                    }
                     let chi = if i + 1 < n {
                         Some(node.keys[i + 1])
                     } else {

@@ -20,4 +20,4 @@ pub mod testutil;
 pub mod txn;
 
 pub use error::{Error, Result};
-pub use fs::{Fs, MkfsOptions, OpenOptions};
+pub use fs::{Fs, MkfsOptions, OpenOptions, SnapshotInfo};

@@ -410,7 +410,9 @@ pub(crate) fn replay(inner: &mut Inner) -> Result<u64> {
     inner.fs_tree = fs_tree;
     check_counts(inner, &counts)?;
     for c in counts.iter().filter(|c| c.after == 0) {
-        inner.store.alloc.free(c.start, c.blocks, false)?;
+        // Beside snapshots (a log fsync never writes then, `snapshot`), held as if as old as
+        // the oldest: the log does not say which extent named them.
+        inner.free_or_hold(c.start, c.blocks, false, 0)?;
     }
     if let Some((next_ino, inode_count)) = counters {
         ensure!(

@@ -2,7 +2,8 @@
 //!
 //! Order (each step's durability is what the next relies on):
 //! 1. write-back of cached inode changes and new orphans into the fs tree, the fsync log's
-//!    blocks freed, the node pools given back (`Inner::commit_begin`);
+//!    blocks freed, the node pools given back, then what changed of the roots tree (node
+//!    counts, snapshots, held runs: `fs::snapshot`) (`Inner::commit_begin`);
 //! 2. the space tree records every block group whose bitmap changed, repeated until it no
 //!    longer changes itself (its own node copies allocate blocks);
 //! 3. *freeze*: the dirty nodes are taken (shared, `btree::cache`), the superblock is built
@@ -488,8 +489,10 @@ impl Inner {
         self.write_new_orphans()?;
         self.write_back_inodes()?;
         self.log_release()?;
-        // Whole node slots, free again: what the space tree's copies below may take.
+        // Whole node slots, free again: what the roots and space trees' copies below may
+        // take.
         self.store.release_node_pool()?;
+        let roots = self.persist_roots()?;
         persist_space(&mut self.store, &mut self.space_tree)?;
         let gen = self.store.generation;
         let mut sb = self.txn.sb;
@@ -503,6 +506,9 @@ impl Inner {
         };
         sb.fs_root = root(&self.fs_tree);
         sb.space_root = root(&self.space_tree);
+        if let Some(r) = roots {
+            sb.roots_root = r;
+        }
         sb.next_ino = self.txn.next_ino.into();
         sb.inode_count = self.txn.inode_count.into();
         self.txn.ino_runs.expire();

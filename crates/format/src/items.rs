@@ -623,12 +623,9 @@ pub struct SharedItem {
 pub const SHARED_ITEM_SIZE: usize = 16;
 const _: () = assert!(size_of::<SharedItem>() == SHARED_ITEM_SIZE);
 
-/// Decodes the `SharedBlocks` item of the run starting at device block `start`.
-pub fn decode_shared(v: &[u8], start: u64, total_blocks: u64) -> Result<SharedItem, Corrupt> {
-    let what = format!("shared blocks at {start}");
-    let it = SharedItem::read_from_bytes(v)
-        .map_err(|_| Corrupt::new(format!("{what} item size"), v.len(), SHARED_ITEM_SIZE))?;
-    let n = it.blocks.get();
+/// A run of `n` data blocks from `start` (an item's key and length) lies inside the device,
+/// past the superblocks, and holds at least one block.
+pub fn check_run(what: &str, start: u64, n: u64, total_blocks: u64) -> Result<(), Corrupt> {
     ensure!(
         n >= 1
             && start >= crate::SUPER_COPIES
@@ -637,6 +634,15 @@ pub fn decode_shared(v: &[u8], start: u64, total_blocks: u64) -> Result<SharedIt
         format!("{start}+{n}"),
         format!("inside {}..{total_blocks}", crate::SUPER_COPIES)
     );
+    Ok(())
+}
+
+/// Decodes the `SharedBlocks` item of the run starting at device block `start`.
+pub fn decode_shared(v: &[u8], start: u64, total_blocks: u64) -> Result<SharedItem, Corrupt> {
+    let what = format!("shared blocks at {start}");
+    let it = SharedItem::read_from_bytes(v)
+        .map_err(|_| Corrupt::new(format!("{what} item size"), v.len(), SHARED_ITEM_SIZE))?;
+    check_run(&what, start, it.blocks.get(), total_blocks)?;
     ensure!(
         it.refs.get() >= 2,
         format!("{what} references"),

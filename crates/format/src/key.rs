@@ -44,10 +44,19 @@ pub enum ItemType {
     /// with how many. A data block no such item covers is named by exactly one extent. Incompat
     /// bit `INCOMPAT_SHARED_BLOCKS`.
     SharedBlocks = 176,
+    /// (snapshot id, Subvolume, 0) -> [`crate::items::SubvolumeItem`], then the name (roots
+    /// tree). Incompat bit `INCOMPAT_SUBVOLUMES`.
+    Subvolume = 132,
+    /// (NODE_REFS_OBJECTID, NodeRefs, node block) -> [`crate::items::NodeRefsItem`]: a node
+    /// that more than one parent points at (trees sharing it), with how many (roots tree).
+    NodeRefs = 180,
+    /// (HELD_OBJECTID, HeldBlocks, first block) -> [`crate::items::HeldItem`]: data blocks
+    /// the first fs tree let go of while a snapshot may still name them (roots tree).
+    HeldBlocks = 184,
 }
 
 impl ItemType {
-    pub const ALL: [ItemType; 14] = [
+    pub const ALL: [ItemType; 17] = [
         ItemType::Inode,
         ItemType::InodeRef,
         ItemType::InodeExtRef,
@@ -60,6 +69,9 @@ impl ItemType {
         ItemType::DataSum,
         ItemType::LogEntry,
         ItemType::SharedBlocks,
+        ItemType::Subvolume,
+        ItemType::NodeRefs,
+        ItemType::HeldBlocks,
         ItemType::BlockGroup,
         ItemType::FreeSpaceBitmap,
     ];
@@ -84,6 +96,9 @@ impl ItemType {
             ItemType::FreeSpaceBitmap => "FREE_SPACE_BITMAP",
             ItemType::LogEntry => "LOG_ENTRY",
             ItemType::SharedBlocks => "SHARED_BLOCKS",
+            ItemType::Subvolume => "SUBVOLUME",
+            ItemType::NodeRefs => "NODE_REFS",
+            ItemType::HeldBlocks => "HELD_BLOCKS",
         }
     }
 }

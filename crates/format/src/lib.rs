@@ -19,6 +19,7 @@ pub mod items;
 pub mod key;
 pub mod log;
 pub mod node;
+pub mod roots;
 pub mod superblock;
 pub mod versions;
 
@@ -43,6 +44,12 @@ pub const TREE_SPACE: u64 = 2;
 /// Reserved: an owner id for a log kept as a tree. The fsync log is a chain of blocks instead
 /// (`log.rs`), so no node has this owner.
 pub const TREE_LOG: u64 = 3;
+/// The roots tree: snapshots (`Subvolume` items), the counts of nodes several trees share
+/// (`NodeRefs`) and the data blocks held for snapshots (`HeldBlocks`). Incompat bit
+/// `INCOMPAT_SUBVOLUMES`; a snapshot's fs tree is a tree of owner `TREE_FS` like the first.
+pub const TREE_ROOTS: u64 = 4;
+/// Snapshot ids start here (a `Subvolume` item's object id), as btrfs's subvolume ids.
+pub const FIRST_SNAPSHOT_ID: u64 = 256;
 
 /// Inode number of the root directory (the same number FUSE uses for its root).
 pub const ROOT_INO: u64 = 1;
@@ -55,6 +62,10 @@ pub const MAX_INO: u64 = (1 << 48) - 1;
 pub const ORPHAN_OBJECTID: u64 = u64::MAX - 4;
 /// Object id under which shared-block items live: (SHARED_OBJECTID, SharedBlocks, block).
 pub const SHARED_OBJECTID: u64 = u64::MAX - 5;
+/// Object id of node-count items (roots tree): (NODE_REFS_OBJECTID, NodeRefs, block).
+pub const NODE_REFS_OBJECTID: u64 = u64::MAX - 6;
+/// Object id of held-block items (roots tree): (HELD_OBJECTID, HeldBlocks, first block).
+pub const HELD_OBJECTID: u64 = u64::MAX - 7;
 
 /// Longest file name, in bytes (as every Linux file system).
 pub const NAME_MAX: usize = 255;

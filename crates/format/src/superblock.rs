@@ -49,10 +49,13 @@ pub struct Superblock {
     pub errors: U64,
     /// When the first of `errors` was met, seconds since the Unix epoch (0 with no errors).
     pub first_error_time: U64,
-    pub reserved: [U64; 14],
+    /// The roots tree (`TREE_ROOTS`: snapshots, shared node counts, held blocks); block 0:
+    /// none (no snapshot was ever made). Incompat bit `INCOMPAT_SUBVOLUMES`.
+    pub roots_root: RootPtr,
+    pub reserved: [U64; 11],
 }
 pub const SUPERBLOCK_SIZE: usize =
-    4 + 4 + 8 + 16 + 8 * 5 + 4 + 4 + 8 + 8 + 24 * 3 + 8 * 3 + 8 * 2 + 8 * 14;
+    4 + 4 + 8 + 16 + 8 * 5 + 4 + 4 + 8 + 8 + 24 * 3 + 8 * 3 + 8 * 2 + 24 + 8 * 11;
 const _: () = assert!(size_of::<Superblock>() == SUPERBLOCK_SIZE);
 const _: () = assert!(SUPERBLOCK_SIZE <= BLOCK_SIZE as usize);
 
@@ -168,6 +171,15 @@ impl Superblock {
         );
         for (name, r) in [("fs root", &sb.fs_root), ("space root", &sb.space_root)] {
             check_root(r, &what(name), &sb)?;
+        }
+        if sb.roots_root.block.get() != 0 {
+            ensure!(
+                sb.incompat.get() & crate::versions::INCOMPAT_SUBVOLUMES != 0,
+                what("roots root"),
+                sb.roots_root.block.get(),
+                "0 (the image has no subvolumes feature)"
+            );
+            check_root(&sb.roots_root, &what("roots root"), &sb)?;
         }
         let log = sb.log_root.block.get();
         if log != 0 {

@@ -24,7 +24,8 @@ pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_LOG
     | INCOMPAT_EXT_REF
     | INCOMPAT_XATTR_CHUNKS
     | INCOMPAT_ORPHAN_TRIM
-    | INCOMPAT_SHARED_BLOCKS;
+    | INCOMPAT_SHARED_BLOCKS
+    | INCOMPAT_SUBVOLUMES;
 /// (2026-11-21) The superblock's `log_root` names an fsync log chain (seed 003, `log.rs`): a
 /// reader that does not replay it would miss what was fsynced after the commit. Set by every
 /// commit that names a log.
@@ -47,6 +48,12 @@ pub const INCOMPAT_ORPHAN_TRIM: u64 = 8;
 /// when one of its files lets go of it, while the others still read it. Set by the commit
 /// before the first such item.
 pub const INCOMPAT_SHARED_BLOCKS: u64 = 16;
+/// (2026-11-27) The superblock's `roots_root` names a roots tree: snapshots, whose fs trees
+/// share nodes with the first one (`NodeRefs` items count the parents of a shared node), and
+/// data blocks held for them (`HeldBlocks`). A reader that does not know them would free a
+/// shared node or a held block while a snapshot still uses it. Set by the commit that makes
+/// the first snapshot.
+pub const INCOMPAT_SUBVOLUMES: u64 = 32;
 /// Read-only-compatible features: unknown bits allow a read-only open.
 pub const COMPAT_RO_SUPPORTED: u64 = COMPAT_RO_DATA_SUMS;
 /// (2026-11-24) `DataSum` items: crc32c of file blocks written copy-on-write. A reader that

@@ -6,8 +6,8 @@
 //! - **Copy of a shared node** (`Store::cow`): a node counted more than once is copied for
 //!   the tree that changes it and is not freed; its count drops by one, and every node it
 //!   points at gains one, since the copy points at them too. A leaf's copy goes on the list
-//!   of copied leaves instead: what its items name (data blocks) is the caller's to count
-//!   ([`NodeRefs::take_copied_leaves`]).
+//!   of copied leaves instead, when the caller asks: what its items name (data blocks) is
+//!   the caller's to count ([`NodeRefs::take_copied_leaves`]).
 //! - **A node counted once** is the one tree's own, copied and freed as if nothing were
 //!   shared, even when it once was: its other parents have let go of it.
 //! - **Dropping a tree** ([`super::Tree::drop_some`]): from the root down, a node counted
@@ -23,10 +23,11 @@
 //! place only when it is its tree's own; that needs a look-up only in a transaction that
 //! shared something.
 //!
-//! The counts live in memory here; writing them into the image, so that snapshots outlive
-//! the open file system, is the next step of `docs/snapshots.md`, not built yet.
+//! The counts live in memory while the image is open, loaded from the roots tree's
+//! `NodeRefs` items at open; each commit writes the ones that changed (`changed`) back
+//! (`fs::snapshot`).
 use super::node::Node;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 #[derive(Default)]
@@ -35,8 +36,13 @@ pub struct NodeRefs {
     counts: HashMap<u64, u32>,
     /// The generation of the last share; 0: nothing was ever shared.
     newest: u64,
-    /// Shared leaves copied for one of their trees since the caller last took them.
+    /// Shared leaves copied for one of their trees since the caller last took them, kept
+    /// only when `track_copied` (a caller that counts what leaves name per leaf; the engine
+    /// holds data blocks by generation instead, `fs::snapshot`).
     copied_leaves: Vec<Arc<Node>>,
+    pub track_copied: bool,
+    /// Blocks whose count changed since the last commit wrote them back.
+    changed: BTreeSet<u64>,
 }
 
 impl NodeRefs {
@@ -61,6 +67,24 @@ impl NodeRefs {
     /// One more parent points at `block`: a child of a shared node that was copied.
     pub fn add(&mut self, block: u64) {
         *self.counts.entry(block).or_insert(1) += 1;
+        self.changed.insert(block);
+    }
+
+    /// A count read from the image (open): not a change.
+    pub fn load(&mut self, block: u64, count: u32, newest: u64) {
+        debug_assert!(count >= 2);
+        self.counts.insert(block, count);
+        self.newest = self.newest.max(newest);
+    }
+
+    /// The generation of the last share; a node written after it is its tree's own.
+    pub fn note_newest(&mut self, generation: u64) {
+        self.newest = self.newest.max(generation);
+    }
+
+    /// The blocks whose count changed since the last call, ascending: what a commit writes.
+    pub fn take_changed(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.changed).into_iter().collect()
     }
 
     /// A tree shares the root at `block` in the running transaction `generation`.
@@ -77,6 +101,7 @@ impl NodeRefs {
         debug_assert!(*c >= 2, "node {block} counted {c} in the map");
         *c -= 1;
         let left = *c;
+        self.changed.insert(block);
         if left == 1 {
             self.counts.remove(&block);
         }
@@ -86,7 +111,9 @@ impl NodeRefs {
     /// Notes a shared leaf that was copied for one of its trees: both now name its items.
     pub fn copied_leaf(&mut self, leaf: Arc<Node>) {
         debug_assert!(leaf.is_leaf());
-        self.copied_leaves.push(leaf);
+        if self.track_copied {
+            self.copied_leaves.push(leaf);
+        }
     }
 
     /// The shared leaves copied since the last call: the caller adds one reference to what
@@ -102,6 +129,11 @@ impl NodeRefs {
 
     pub fn is_empty(&self) -> bool {
         self.counts.is_empty()
+    }
+
+    /// Blocks whose count changed since the last commit wrote them back.
+    pub fn changed_len(&self) -> usize {
+        self.changed.len()
     }
 
     /// What disagrees between these counts and `found`, the parents a walk of every tree

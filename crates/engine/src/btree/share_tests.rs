@@ -171,6 +171,7 @@ fn drop_step(
 
 fn run(seed: u64, mut rng: Rng) {
     let mut s = store();
+    s.refs.track_copied = true;
     let base = s.alloc.used_blocks();
     let mut data = Data::default();
     let first = Tree::create(&mut s, 1).expect("create");

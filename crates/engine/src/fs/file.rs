@@ -356,7 +356,7 @@ impl Inner {
         }
         let now = e.generation.get() == self.store.generation && !self.log.frees_must_wait();
         let n = e.blocks.get();
-        self.release(e.disk_block.get(), n, now)?;
+        self.release(e.disk_block.get(), n, now, e.generation.get())?;
         Ok(n)
     }
 
@@ -401,7 +401,7 @@ impl Inner {
             let now =
                 e.item.generation.get() == self.store.generation && !self.log.frees_must_wait();
             if tail > head {
-                self.release(eb + head, tail - head, now)?;
+                self.release(eb + head, tail - head, now, e.item.generation.get())?;
                 freed += tail - head;
             }
             let key = extent_key(ino, e.offset);

@@ -213,7 +213,8 @@ impl InPlace {
             .any(|f| s < f.end && f.start < e)
     }
 
-    fn is_empty(&self) -> bool {
+    /// No write is in flight outside the lock.
+    pub(crate) fn is_empty(&self) -> bool {
         lock(&self.flights).list.is_empty()
     }
 
@@ -508,8 +509,16 @@ impl Inner {
         out
     }
 
-    /// Whether any written block of `exts` in file blocks [b0, b1) is shared.
+    /// Whether any written block of `exts` in file blocks [b0, b1) is shared: with another
+    /// extent, or with a snapshot that may name it (`snapshot`).
     fn shares_any(&mut self, b0: u64, b1: u64, exts: &[Ext]) -> Result<bool> {
+        let written = |e: &&Ext| e.item.kind == EXTENT_REGULAR;
+        let inside = |e: &&Ext| e.offset / BS < b1 && e.offset / BS + e.item.blocks.get() > b0;
+        if (exts.iter().filter(written).filter(inside))
+            .any(|e| self.snapshot_may_name(e.item.generation.get()))
+        {
+            return Ok(true);
+        }
         if !self.may_share() {
             return Ok(false);
         }

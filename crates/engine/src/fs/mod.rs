@@ -79,6 +79,7 @@ mod rename;
 mod reserve;
 mod setattr;
 mod shared;
+mod snapshot;
 mod tmpfile;
 pub mod types;
 mod xattr;
@@ -88,6 +89,7 @@ pub use create::LINK_MAX;
 pub use damage::{Damage, OnDamage};
 pub use inode_flags::NOCOW_FL;
 pub use readdir::PlusBatch;
+pub use snapshot::SnapshotInfo;
 pub use types::*;
 
 use crate::btree::{Store, Tree};
@@ -196,6 +198,8 @@ pub struct OpenOptions {
     /// batch's reservation makes it, so crash tests see the states between batches.
     #[doc(hidden)]
     pub test_commit_between_batches: bool,
+    /// Opens this snapshot (`Fs::snapshot`'s id) instead of the file system, read-only.
+    pub snapshot: Option<u64>,
     /// Testing only: run between a sharing copy's plan and its first batch, without the lock
     /// (`clone`), so a test can change the files in that window.
     #[doc(hidden)]
@@ -224,6 +228,7 @@ impl Default for OpenOptions {
             bench_data_under_lock: false,
             test_commit_between_batches: false,
             test_before_share: None,
+            snapshot: None,
         }
     }
 }
@@ -252,6 +257,8 @@ pub(crate) struct Inner {
     /// In-place writes beside the lock: their sequence, and the blocks writes have in flight
     /// without it (`in_place::InPlace`).
     pub in_place: in_place::InPlace,
+    /// Snapshots, held data blocks and the roots tree (`snapshot`).
+    pub snapshots: snapshot::Snapshots,
 }
 
 /// What the running operation has done that its end acts on (`write_op`, `Locked`).
@@ -421,6 +428,7 @@ impl Fs {
             inode_count: 1.into(),
             errors: 0.into(),
             first_error_time: 0.into(),
+            roots_root: RootPtr::default(),
             reserved: Default::default(),
         };
         let mut inner = Inner::empty(store, sb, idxfs_format::hash::name_hash)?;
@@ -494,6 +502,7 @@ impl Fs {
         );
         let space_tree = inner.space_tree;
         txn::load_space(&mut inner.store, &space_tree)?;
+        inner.load_roots(&sb.roots_root)?;
         inner.txn.space_nodes = space_tree.count_nodes(&mut inner.store)?;
         let used = inner.store.alloc.used_blocks();
         if used != sb.used_blocks.get() {
@@ -505,8 +514,12 @@ impl Fs {
             .into());
         }
         // What was fsynced after the last commit. A read-only open keeps the result in
-        // memory; a read-write one commits it, which also starts this mount's own log.
-        if crate::log::replay(&mut inner)? > 0 && !inner.policy.read_only {
+        // memory; a read-write one commits it, which also starts this mount's own log. A
+        // snapshot is opened read-only as it was committed: the log is the fs tree's.
+        if let Some(id) = opts.snapshot {
+            inner.policy.read_only = true;
+            inner.enter_snapshot(id)?;
+        } else if crate::log::replay(&mut inner)? > 0 && !inner.policy.read_only {
             inner.commit()?;
         }
         inner.load_orphans()?;
@@ -901,6 +914,12 @@ fn commit_loop(weak: std::sync::Weak<Shared>, every: Duration) {
                 return;
             }
         }
+        // Deleted snapshots give their nodes back a step at a time, each under the lock.
+        while shared.drop_step().unwrap_or(false) {
+            if shared.stop.lock().map_or(true, |s| *s) {
+                return;
+            }
+        }
         // An error here has already stopped the file system.
         let _ = shared.commit_beside(false);
     }
@@ -1166,11 +1185,16 @@ impl Inner {
             dir_ino_hint: Default::default(),
             log: Default::default(),
             in_place: Default::default(),
+            snapshots: Default::default(),
         }
     }
 
     pub fn writable(&self) -> Result<()> {
-        if self.policy.read_only || self.failed.is_some() || self.store.damage.refusing() {
+        if self.policy.read_only
+            || self.failed.is_some()
+            || self.store.damage.refusing()
+            || self.snapshots.opened.is_some()
+        {
             return Err(Error::ReadOnly);
         }
         Ok(())

@@ -129,6 +129,12 @@ impl Inner {
         (self.txn.space_nodes + 2) * self.bpn() + 1
     }
 
+    /// What the commit needs for the roots tree (`snapshot`): its nodes copied and what
+    /// this transaction's changes add.
+    fn commit_roots(&self) -> u64 {
+        self.roots_commit_need() * self.bpn()
+    }
+
     /// Worst case blocks the commit of the running transaction still needs.
     pub(crate) fn commit_need(&self) -> u64 {
         let bpn = self.bpn();
@@ -136,7 +142,7 @@ impl Inner {
         let inodes = self.inodes.dirty_count() as u64 * (self.fs_tree.level as u64 + 1) * bpn;
         let n = self.lives.orphans.pending_len() as u64;
         let orphans = self.run_nodes(n, n * (ITEM_HEADER_SIZE as u64 + 1)) * bpn;
-        inodes + orphans + self.commit_base()
+        inodes + orphans + self.commit_base() + self.commit_roots()
     }
 
     /// Refuses with NoSpace unless `items` item changes (and the commit after them) fit.
@@ -218,6 +224,8 @@ impl Inner {
         // Any operation may let go of the blocks of a freeing batch's extents and two cut
         // ones; while blocks may be shared, each changes counts (`shared`).
         let nodes = nodes + self.shared_nodes(super::shared::SHARED_FREE_BATCH as u64 + 2);
+        // And, beside snapshots, the roots-tree items its changes add (`snapshot`).
+        let nodes = nodes + self.roots_op_need();
         if self.space_fits(nodes, data_blocks, kind) {
             return Ok(());
         }
@@ -298,7 +306,8 @@ impl Inner {
             + MARGIN_ITEMS * self.item_nodes()
             + shared)
             * self.bpn();
-        let hidden = self.global_reserve() + self.commit_base() + margin;
+        let roots = self.commit_roots() + self.roots_op_need() * self.bpn();
+        let hidden = self.global_reserve() + self.commit_base() + roots + margin;
         let avail = free.saturating_sub(hidden + self.root_reserve());
         // Data written with sums takes metadata in proportion: a full group item per
         // `SUM_GROUP_BLOCKS` blocks, in leaves at least half full, which a write copies

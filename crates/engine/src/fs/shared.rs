@@ -181,14 +181,15 @@ impl Inner {
     }
 
     /// An extent of `ino` no longer names blocks [start, start + n): those no other extent
-    /// names are freed (`now`: reusable at once, see `Allocator::free_data`), the others'
+    /// names are freed (`now`: reusable at once, see `Allocator::free_data`), or held while
+    /// a snapshot may name them (`born`: the extent's generation, `snapshot`); the others'
     /// counts go down.
-    pub(crate) fn release(&mut self, start: u64, n: u64, now: bool) -> Result<()> {
+    pub(crate) fn release(&mut self, start: u64, n: u64, now: bool, born: u64) -> Result<()> {
         if !self.may_share() {
-            return Ok(self.store.alloc.free_data(start, n, now)?);
+            return self.free_or_hold(start, n, now, born);
         }
         for (s, k) in self.add_refs(start, n, -1)? {
-            self.store.alloc.free_data(s, k, now)?;
+            self.free_or_hold(s, k, now, born)?;
         }
         Ok(())
     }

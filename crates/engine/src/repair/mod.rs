@@ -18,7 +18,9 @@
 //!    then frees those blocks.
 //! 5. fsck of the result.
 //!
-//! Limits: the rebuilt tree is built in memory and written by one commit, so a repair needs
+//! Limits: an image with snapshots (`INCOMPAT_SUBVOLUMES`) is refused: the rebuild makes
+//! one fs tree, and the snapshots' nodes and held blocks would be lost or freed under them.
+//! The rebuilt tree is built in memory and written by one commit, so a repair needs
 //! memory in proportion to the metadata (about the node size per 100 files). A lost internal
 //! node loses every leaf under it: nothing scans the device for them (see `salvage`).
 use crate::btree::Store;
@@ -59,6 +61,11 @@ pub struct Repaired {
 pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
     if !dev.writable() {
         return Err(Error::Invalid("the image was opened read-only"));
+    }
+    if read_superblock(dev.as_ref())?.roots_root.block.get() != 0 {
+        return Err(Error::Invalid(
+            "the image has snapshots, which repair does not rebuild yet",
+        ));
     }
     let mut out = Repaired::default();
     let replay = Fs::open(

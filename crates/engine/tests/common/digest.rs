@@ -1,14 +1,24 @@
 //! A digest of everything a user can observe in a file system: names, types, modes, sizes,
 //! link counts, contents, symlink targets, xattrs. Two states are equal iff their digests are.
+use idxfs_engine::fs::NOCOW_FL;
 use idxfs_engine::Fs;
 
 pub fn digest(fs: &Fs) -> String {
     let mut out = String::new();
-    walk(fs, 1, "", &mut out);
+    walk(fs, 1, "", &mut out, false);
     out
 }
 
-fn walk(fs: &Fs, dir: u64, path: &str, out: &mut String) {
+/// `digest` without the bytes of NOCOW files: what a crash leaves of a committed state, in
+/// which a NOCOW file's blocks hold whatever in-place writes after the commit reached the
+/// device (old or new bytes per block, as btrfs's nodatacow).
+pub fn digest_crash_stable(fs: &Fs) -> String {
+    let mut out = String::new();
+    walk(fs, 1, "", &mut out, true);
+    out
+}
+
+fn walk(fs: &Fs, dir: u64, path: &str, out: &mut String, skip_nocow: bool) {
     let mut es = fs.list(dir).expect("list");
     es.sort_by(|a, b| a.name.cmp(&b.name));
     for e in es {
@@ -27,7 +37,10 @@ fn walk(fs: &Fs, dir: u64, path: &str, out: &mut String) {
         match a.mode & 0o170000 {
             0o040000 => {
                 out.push('\n');
-                walk(fs, e.ino, &p, out);
+                walk(fs, e.ino, &p, out, skip_nocow);
+            }
+            0o100000 if skip_nocow && fs.flags(e.ino).expect("flags") & NOCOW_FL != 0 => {
+                out.push_str(" nocow\n");
             }
             0o100000 => {
                 let data = fs.read(e.ino, 0, a.size as usize).expect("read");

@@ -23,9 +23,16 @@ pub fn opts() -> OpenOptions {
 /// A fresh 16 MiB image with 4 KiB nodes, every later write and flush to it recorded (for
 /// crash images).
 pub fn recorded() -> Arc<idxfs_blockdev::RecordingDevice> {
-    let base = Arc::new(MemDevice::new(16 << 20));
+    recorded_with(16 << 20, None)
+}
+
+/// `recorded` of `bytes`, with this file system id if given (crash images then agree byte
+/// for byte from run to run).
+pub fn recorded_with(bytes: u64, uuid: Option<[u8; 16]>) -> Arc<idxfs_blockdev::RecordingDevice> {
+    let base = Arc::new(MemDevice::new(bytes));
     let mkfs = MkfsOptions {
         node_size: 4096,
+        uuid,
         ..MkfsOptions::default()
     };
     Fs::mkfs(base.clone(), &mkfs).expect("mkfs");

@@ -1,0 +1,573 @@
+//! Read-only snapshots of the file system's tree: made in constant time, opened read-only
+//! (`OpenOptions::snapshot`), deleted with their blocks given back in the background.
+//!
+//! **Nodes** are shared by count (`btree::refs`, Rodeh's lazy counts as btrfs keeps them): a
+//! snapshot is a second root pointer to the fs tree's root, whose count becomes 2; the fs
+//! tree copies a shared node when it first changes it, and the copy's children gain a parent.
+//! Dropping a snapshot lets go of its nodes from the root down (`Tree::drop_some`): a node
+//! still counted more than once loses one and is not entered, any other is freed. The counts
+//! are `NodeRefs` items of the roots tree, written back by every commit (`persist`).
+//!
+//! **Data blocks** are not counted per snapshot. A snapshot is a copy of the fs tree at a
+//! commit, so every block it names was named by the fs tree at that commit, and while the fs
+//! tree names a block nothing about it changes. The fs tree lets go of a block in one place
+//! (`Inner::release`), and there:
+//! - a block of an extent written after the newest snapshot's generation is in no snapshot,
+//!   and is freed as before;
+//! - any other is *held* (`HeldBlocks` items): kept used with its window, `born` (the
+//!   extent's generation: none of its blocks is older) to `released` (now). A snapshot of
+//!   generation `g` may name it exactly when `born <= g < released`.
+//!
+//! When a snapshot's drop ends, every held run no remaining snapshot's window holds is freed.
+//! So a block a snapshot names is always named by the fs tree or held for it, which fsck
+//! checks; a held run outside every window is a leak, which fsck reports. The price of not
+//! counting: a held run waits for the last snapshot whose window holds it, even when that
+//! snapshot no longer names it (its `born` is the extent's, so a merged extent's younger
+//! blocks wait too).
+//!
+//! **The fsync log** carries none of this: held runs, node counts and drop progress are
+//! roots-tree state that only commits write. A replay re-derives what it needs from the
+//! items it applies to the committed trees: their copies of shared nodes count as any
+//! copy does, and a block its extents let go of is held while any snapshot exists, as if as
+//! old as the oldest (the log does not say which extent named it), so it waits for the
+//! last snapshot at worst. Drop steps after the last commit are redone from its drop key.
+//!
+//! **In-place writes** (`in_place`): a block a snapshot may name is never overwritten (a
+//! NOCOW file's write over an extent as old as a snapshot goes copy-on-write, as btrfs's
+//! nodatacow does over a shared extent). A preallocated block a snapshot names is still
+//! filled in place: the snapshot's extent is preallocated and reads as zeros whatever the
+//! block holds.
+//!
+//! **A snapshot is a point in time**: it is made under the operation lock right after a
+//! commit, with no write in flight outside the lock (it waits for them, and no new one
+//! starts meanwhile), so it holds every operation that returned before it and none after.
+//!
+//! Not built yet (`docs/snapshots.md`): writable snapshots, snapshots reachable through the
+//! mounted file system, subvolumes, the CLI.
+use super::{Fs, Inner};
+use crate::btree::{Ptr, Tree};
+use crate::counters::Counters;
+use crate::error::{Error, Result};
+use idxfs_format::node::{internal_capacity, leaf_capacity, ITEM_HEADER_SIZE};
+use idxfs_format::roots::{
+    decode_held, decode_node_refs, decode_subvolume, HeldItem, NodeRefsItem, SubvolumeItem,
+    SUBVOL_DROPPING, SUBVOL_READ_ONLY,
+};
+use idxfs_format::superblock::RootPtr;
+use idxfs_format::versions::INCOMPAT_SUBVOLUMES;
+use idxfs_format::{
+    ItemType, Key, FIRST_SNAPSHOT_ID, HELD_OBJECTID, MAX_INO, NAME_MAX, NODE_REFS_OBJECTID,
+    TREE_FS, TREE_ROOTS,
+};
+use std::collections::{BTreeMap, BTreeSet};
+use zerocopy::IntoBytes;
+
+/// Bytes of a roots-tree count or held-run item in a leaf, header included (the larger).
+const ROOTS_ITEM_BYTES: u64 = (ITEM_HEADER_SIZE + idxfs_format::roots::HELD_ITEM_SIZE) as u64;
+/// Paths of the fs tree one operation copies at most, for its count changes: a rename's
+/// two directories' entries in both indexes, its inodes and back references.
+const OP_PATHS: u64 = 8;
+
+/// Nodes one drop step lets go of: a step runs under the operation lock, and may read each
+/// of them from the device.
+const DROP_BUDGET: usize = 32;
+
+/// A snapshot as the roots tree has it.
+#[derive(Debug, Clone)]
+pub(crate) struct Snap {
+    pub item: SubvolumeItem,
+    pub name: Vec<u8>,
+}
+
+impl Snap {
+    pub fn generation(&self) -> u64 {
+        self.item.generation.get()
+    }
+
+    pub fn dropping(&self) -> bool {
+        self.item.flags.get() & SUBVOL_DROPPING != 0
+    }
+
+    pub fn tree(&self) -> Tree {
+        tree_at(&self.item.root, TREE_FS)
+    }
+}
+
+fn tree_at(r: &RootPtr, owner: u64) -> Tree {
+    Tree {
+        owner,
+        root: Ptr {
+            block: r.block.get(),
+            generation: r.generation.get(),
+        },
+        level: r.level.get() as u8,
+    }
+}
+
+fn root_ptr(t: &Tree) -> RootPtr {
+    RootPtr {
+        block: t.root.block.into(),
+        generation: t.root.generation.into(),
+        level: (t.level as u32).into(),
+        reserved: 0.into(),
+    }
+}
+
+/// A snapshot, as `Fs::snapshots` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    pub id: u64,
+    pub name: Vec<u8>,
+    /// The commit whose state it holds.
+    pub generation: u64,
+    /// Deleted; its blocks are being given back.
+    pub dropping: bool,
+}
+
+/// Data blocks held for snapshots (module docs), by first block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Held {
+    pub blocks: u64,
+    pub born: u64,
+    pub released: u64,
+}
+
+/// The roots tree and what it holds, in memory while the image is open; each commit writes
+/// what changed (`Inner::persist_roots`).
+#[derive(Default)]
+pub(crate) struct Snapshots {
+    /// None until the first snapshot makes it.
+    pub tree: Option<Tree>,
+    /// Nodes of the roots tree (as of the last commit): each may be copied by the next.
+    pub nodes: u64,
+    pub list: BTreeMap<u64, Snap>,
+    pub held: BTreeMap<u64, Held>,
+    /// The snapshot this read-only open shows instead of the fs tree.
+    pub opened: Option<u64>,
+    changed_list: BTreeSet<u64>,
+    changed_held: BTreeSet<u64>,
+}
+
+impl Snapshots {
+    /// Whether a snapshot may name a block of an extent of generation `born`: one was made
+    /// at or after it.
+    pub fn may_name(&self, born: u64) -> bool {
+        self.list.values().any(|s| s.generation() >= born)
+    }
+
+    /// Whether some snapshot's window holds `h` (module docs).
+    fn holds(&self, h: &Held) -> bool {
+        self.list
+            .values()
+            .any(|s| h.born <= s.generation() && s.generation() < h.released)
+    }
+
+    fn hold(&mut self, start: u64, blocks: u64, born: u64, released: u64) {
+        debug_assert!(
+            self.held
+                .range(..start + blocks)
+                .next_back()
+                .is_none_or(|(s, h)| s + h.blocks <= start),
+            "held runs overlap at {start}"
+        );
+        self.held.insert(
+            start,
+            Held {
+                blocks,
+                born,
+                released,
+            },
+        );
+        self.changed_held.insert(start);
+    }
+}
+
+/// A snapshot name: 1 to 255 bytes, no NUL or '/'.
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > NAME_MAX {
+        return Err(Error::NameTooLong);
+    }
+    if name.is_empty() || name.contains(&0) || name.contains(&b'/') {
+        return Err(Error::Invalid(
+            "a snapshot name is 1 to 255 bytes, no NUL or '/'",
+        ));
+    }
+    Ok(())
+}
+
+impl Inner {
+    /// Loads the roots tree the superblock names (open): snapshots, node counts, held runs.
+    pub(crate) fn load_roots(&mut self, r: &RootPtr) -> Result<()> {
+        if r.block.get() == 0 {
+            return Ok(());
+        }
+        let tree = tree_at(r, TREE_ROOTS);
+        let total = self.store.total_blocks;
+        let (mut list, mut counts, mut held) = (BTreeMap::new(), Vec::new(), BTreeMap::new());
+        tree.scan(&mut self.store, Key::MIN, Key::MAX, |k, v| {
+            match k.item_type() {
+                Some(ItemType::Subvolume) if k.offset == 0 => {
+                    let (item, name) = decode_subvolume(v, k.objectid)?;
+                    list.insert(
+                        k.objectid,
+                        Snap {
+                            item,
+                            name: name.to_vec(),
+                        },
+                    );
+                }
+                Some(ItemType::NodeRefs) if k.objectid == NODE_REFS_OBJECTID => {
+                    counts.push((k.offset, decode_node_refs(v, k.offset)?));
+                }
+                Some(ItemType::HeldBlocks) if k.objectid == HELD_OBJECTID => {
+                    let h = decode_held(v, k.offset, total)?;
+                    held.insert(
+                        k.offset,
+                        Held {
+                            blocks: h.blocks.get(),
+                            born: h.born.get(),
+                            released: h.released.get(),
+                        },
+                    );
+                }
+                _ => {
+                    return Err(idxfs_format::Corrupt::new(
+                        format!("roots tree item {k}"),
+                        k.ty,
+                        "a snapshot, node count or held blocks item",
+                    )
+                    .into())
+                }
+            }
+            Ok(true)
+        })?;
+        let newest = list.values().map(Snap::generation).max().unwrap_or(0);
+        for (block, c) in counts {
+            // Decoded as at most u32::MAX.
+            self.store.refs.load(block, c as u32, newest);
+        }
+        let nodes = tree.count_nodes(&mut self.store)?;
+        self.snapshots = Snapshots {
+            tree: Some(tree),
+            nodes,
+            list,
+            held,
+            ..Default::default()
+        };
+        Ok(())
+    }
+
+    /// Roots-tree items the next commit writes so far (changed counts, snapshots, runs).
+    fn roots_pending(&self) -> u64 {
+        let s = &self.snapshots;
+        (self.store.refs.changed_len() + s.changed_list.len() + s.changed_held.len()) as u64
+    }
+
+    /// Worst-case new nodes `items` more roots-tree items make a commit allocate: the
+    /// leaves their bytes fill (half full, as after splits), one split of every leaf there
+    /// is, and a parent for every two of those, up to a new root. Copies of the tree's
+    /// nodes are `roots_copies`.
+    fn roots_growth(&self, items: u64) -> u64 {
+        if items == 0 {
+            return 0;
+        }
+        let bytes = items * ROOTS_ITEM_BYTES;
+        let leaves =
+            (2 * bytes).div_ceil(leaf_capacity(self.store.node_size) as u64) + self.snapshots.nodes;
+        let mut nodes = leaves;
+        let mut below = leaves;
+        while below > 1 {
+            below = below.div_ceil(2);
+            nodes += below;
+        }
+        nodes + 2
+    }
+
+    /// Nodes the next commit may allocate for the roots tree, besides the space tree's
+    /// (`reserve::commit_need`): each of its nodes copied once, and what the items this
+    /// transaction changed add.
+    pub(crate) fn roots_commit_need(&self) -> u64 {
+        match self.snapshots.tree.is_some() || self.roots_pending() > 0 {
+            true => self.snapshots.nodes + 2 + self.roots_growth(self.roots_pending()),
+            false => 0,
+        }
+    }
+
+    /// Nodes one operation's changes may add to the next commit's roots tree: while trees
+    /// share nodes, each fs-tree path it copies may copy shared internal nodes, each adding
+    /// a count for every child (`btree::refs`), for the few paths an operation copies; and
+    /// while snapshots exist, a held run for each extent of a freeing batch.
+    pub(crate) fn roots_op_need(&self) -> u64 {
+        let mut items = 0;
+        if !self.store.refs.is_empty() {
+            let fanout = internal_capacity(self.store.node_size) as u64;
+            items += OP_PATHS * self.fs_tree.level as u64 * fanout;
+        }
+        if !self.snapshots.list.is_empty() {
+            items += 2 * (super::shared::SHARED_FREE_BATCH as u64 + 2);
+        }
+        self.roots_growth(items)
+    }
+
+    /// Commit step 1: writes what changed of the roots tree (node counts, snapshots, held
+    /// runs), making the tree at the first snapshot. Returns its root for the superblock.
+    pub(crate) fn persist_roots(&mut self) -> Result<Option<RootPtr>> {
+        let counts = self.store.refs.take_changed();
+        let list = std::mem::take(&mut self.snapshots.changed_list);
+        let held = std::mem::take(&mut self.snapshots.changed_held);
+        let mut tree = match self.snapshots.tree {
+            Some(t) => t,
+            None if counts.is_empty() && list.is_empty() && held.is_empty() => return Ok(None),
+            None => Tree::create(&mut self.store, TREE_ROOTS)?,
+        };
+        for block in counts {
+            let key = Key::new(NODE_REFS_OBJECTID, ItemType::NodeRefs, block);
+            match self.store.refs.count(block) {
+                c if c >= 2 => {
+                    let v = NodeRefsItem {
+                        refs: (c as u64).into(),
+                    };
+                    tree.put(&mut self.store, key, v.as_bytes().to_vec())?;
+                }
+                _ => {
+                    tree.delete(&mut self.store, &key)?;
+                }
+            }
+        }
+        for id in list {
+            let key = Key::new(id, ItemType::Subvolume, 0);
+            match self.snapshots.list.get(&id) {
+                Some(s) => {
+                    let mut v = s.item.as_bytes().to_vec();
+                    v.extend_from_slice(&s.name);
+                    tree.put(&mut self.store, key, v)?;
+                }
+                None => {
+                    tree.delete(&mut self.store, &key)?;
+                }
+            }
+        }
+        for start in held {
+            let key = Key::new(HELD_OBJECTID, ItemType::HeldBlocks, start);
+            match self.snapshots.held.get(&start) {
+                Some(h) => {
+                    let v = HeldItem {
+                        blocks: h.blocks.into(),
+                        born: h.born.into(),
+                        released: h.released.into(),
+                    };
+                    tree.put(&mut self.store, key, v.as_bytes().to_vec())?;
+                }
+                None => {
+                    tree.delete(&mut self.store, &key)?;
+                }
+            }
+        }
+        self.snapshots.tree = Some(tree);
+        self.snapshots.nodes = tree.count_nodes(&mut self.store)?;
+        Ok(Some(root_ptr(&tree)))
+    }
+
+    /// Frees data blocks the fs tree lets go of, or holds them while a snapshot may name
+    /// them (module docs). `born`: the generation of the extent that named them.
+    pub(crate) fn free_or_hold(&mut self, start: u64, n: u64, now: bool, born: u64) -> Result<()> {
+        if self.snapshots.may_name(born) {
+            let released = self.store.generation;
+            self.snapshots.hold(start, n, born, released);
+            Counters::add(&self.store.counters.blocks_held, n);
+            return Ok(());
+        }
+        Ok(self.store.alloc.free_data(start, n, now)?)
+    }
+
+    /// Whether a block of an extent of generation `born` may be named by a snapshot, so
+    /// must not be overwritten in place.
+    pub(crate) fn snapshot_may_name(&self, born: u64) -> bool {
+        self.snapshots.may_name(born)
+    }
+
+    /// One step of dropping a deleted snapshot; false when none is left to drop. When a
+    /// snapshot's drop ends, the held runs no snapshot's window holds any more are freed.
+    pub(crate) fn drop_step(&mut self) -> Result<bool> {
+        let Some((&id, snap)) = self.snapshots.list.iter().find(|(_, s)| s.dropping()) else {
+            return Ok(false);
+        };
+        let (tree, from) = (snap.tree(), snap.item.drop_key());
+        let mut leaves = Vec::new();
+        // What the leaves name is settled by the held runs' windows, not here.
+        let next = tree.drop_some(&mut self.store, from, DROP_BUDGET, &mut leaves)?;
+        self.store.changes.mod_seq += 1;
+        self.txn.changed = true;
+        self.snapshots.changed_list.insert(id);
+        match next {
+            Some(k) => {
+                if let Some(s) = self.snapshots.list.get_mut(&id) {
+                    s.item.drop_from = k.encode();
+                }
+            }
+            None => {
+                self.snapshots.list.remove(&id);
+                let gone: Vec<(u64, Held)> = (self.snapshots.held.iter())
+                    .filter(|(_, h)| !self.snapshots.holds(h))
+                    .map(|(s, h)| (*s, *h))
+                    .collect();
+                for (start, h) in gone {
+                    self.snapshots.held.remove(&start);
+                    self.snapshots.changed_held.insert(start);
+                    self.store.alloc.free_data(start, h.blocks, false)?;
+                }
+                Counters::inc(&self.store.counters.snapshots_dropped);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Opens snapshot `id` in place of the fs tree (read-only open): its root, and the
+    /// inode counters it was made with.
+    pub(crate) fn enter_snapshot(&mut self, id: u64) -> Result<()> {
+        let Some(s) = self.snapshots.list.get(&id).filter(|s| !s.dropping()) else {
+            return Err(Error::NotFound);
+        };
+        self.fs_tree = s.tree();
+        self.txn.next_ino = s.item.next_ino.get();
+        self.txn.inode_count = s.item.inode_count.get();
+        self.snapshots.opened = Some(id);
+        Ok(())
+    }
+}
+
+impl Fs {
+    /// Makes a read-only snapshot of the file system as it is now, named `name`, and returns
+    /// its id. Constant time: a commit, one count, one item and a second commit that makes
+    /// it durable.
+    pub fn snapshot(&self, name: &[u8]) -> Result<u64> {
+        check_name(name)?;
+        // No write may be in flight outside the lock: it could change a block the snapshot
+        // names after the snapshot was made. None starts while this waits.
+        let _waiting = self.lock().in_place.wait();
+        let mut g = loop {
+            let g = self.lock();
+            if g.in_place.is_empty() {
+                break g;
+            }
+            drop(g);
+            std::thread::sleep(super::IN_FLIGHT_WAIT);
+        };
+        g.writable()?;
+        if g.snapshots
+            .list
+            .values()
+            .any(|s| !s.dropping() && s.name == name)
+        {
+            return Err(Error::Exists);
+        }
+        let id = g
+            .snapshots
+            .list
+            .keys()
+            .next_back()
+            .map_or(FIRST_SNAPSHOT_ID, |l| l + 1);
+        if id > MAX_INO {
+            return Err(Error::NoSpace);
+        }
+        // Everything before is committed: no node of the fs tree belongs to the running
+        // transaction, so the fs tree changes none of them in place from now on.
+        g.commit()?;
+        let generation = g.store.generation - 1;
+        let fs_tree = g.fs_tree;
+        let tree = fs_tree.share(&mut g.store);
+        let item = SubvolumeItem {
+            root: root_ptr(&tree),
+            flags: SUBVOL_READ_ONLY.into(),
+            generation: generation.into(),
+            next_ino: g.txn.next_ino.into(),
+            inode_count: g.txn.inode_count.into(),
+            drop_from: Key::MIN.encode(),
+            name_len: name.len() as u8,
+            reserved: [0; 6],
+        };
+        g.snapshots.list.insert(
+            id,
+            Snap {
+                item,
+                name: name.to_vec(),
+            },
+        );
+        g.snapshots.changed_list.insert(id);
+        g.txn.incompat_wanted |= INCOMPAT_SUBVOLUMES;
+        g.txn.changed = true;
+        g.commit()?;
+        Counters::inc(&g.store.counters.snapshots_made);
+        Ok(id)
+    }
+
+    /// Every snapshot, by id.
+    pub fn snapshots(&self) -> Result<Vec<SnapshotInfo>> {
+        let g = self.lock();
+        Ok(g.snapshots
+            .list
+            .iter()
+            .map(|(&id, s)| SnapshotInfo {
+                id,
+                name: s.name.clone(),
+                generation: s.generation(),
+                dropping: s.dropping(),
+            })
+            .collect())
+    }
+
+    /// Deletes snapshot `id`: it is gone once this returns (durably), and its blocks come
+    /// back in the background (the commit thread's drop steps, or `finish_drops`), resumed
+    /// at the next open after a crash.
+    pub fn delete_snapshot(&self, id: u64) -> Result<()> {
+        let mut g = self.lock();
+        g.writable()?;
+        let Some(s) = g.snapshots.list.get_mut(&id).filter(|s| !s.dropping()) else {
+            return Err(Error::NotFound);
+        };
+        s.item.flags = (s.item.flags.get() | SUBVOL_DROPPING).into();
+        s.item.drop_from = Key::MIN.encode();
+        g.snapshots.changed_list.insert(id);
+        g.txn.changed = true;
+        g.commit()
+    }
+
+    /// Runs the drop steps of deleted snapshots until none is left (what the commit thread
+    /// does a step at a time); each step is one change of the running transaction.
+    pub fn finish_drops(&self) -> Result<()> {
+        while self.drop_step()? {}
+        Ok(())
+    }
+
+    /// One drop step of a deleted snapshot (what the commit thread runs); false when no
+    /// deleted snapshot is left to drop.
+    pub fn drop_step(&self) -> Result<bool> {
+        self.shared.drop_step()
+    }
+}
+
+impl super::Shared {
+    /// One drop step under the lock, as an operation: an error stops the file system.
+    pub(crate) fn drop_step(&self) -> Result<bool> {
+        let mut g = self.lock();
+        if g.writable().is_err() {
+            return Ok(false);
+        }
+        match g.drop_step() {
+            Ok(false) => Ok(false),
+            Ok(true) => {
+                let over_bound = g.after_op()?;
+                drop(g);
+                if over_bound {
+                    self.commit_beside(true)?;
+                }
+                Ok(true)
+            }
+            Err(e) => {
+                // A step may have let go of some nodes before it failed: half done.
+                g.fail(format!("dropping a snapshot: {e}"));
+                Err(e)
+            }
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! The roots tree's items (`TREE_ROOTS`): snapshots of the first fs tree, the counts of nodes
+//! their trees share, and the data blocks held for them. Incompat bit `INCOMPAT_SUBVOLUMES`.
+use crate::key::KEY_SIZE;
+use crate::superblock::RootPtr;
+use crate::{ensure, Corrupt, Key, NAME_MAX};
+use zerocopy::little_endian::U64;
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+/// A snapshot refuses every change (the only kind there is so far).
+pub const SUBVOL_READ_ONLY: u64 = 1;
+/// Deleted: unreachable, its nodes being let go of from `drop_from` on.
+pub const SUBVOL_DROPPING: u64 = 2;
+const SUBVOL_FLAGS: u64 = SUBVOL_READ_ONLY | SUBVOL_DROPPING;
+
+/// A snapshot: (id, Subvolume, 0) -> this, then `name_len` bytes of name.
+#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct SubvolumeItem {
+    /// Its fs tree's root.
+    pub root: RootPtr,
+    pub flags: U64,
+    /// The generation whose state it holds: the commit that made it froze that generation,
+    /// so every node and data block it names was written in it or before.
+    pub generation: U64,
+    /// The first fs tree's inode counters when it was made (what statfs reports for it).
+    pub next_ino: U64,
+    pub inode_count: U64,
+    /// While `SUBVOL_DROPPING`: where the next drop step starts (an encoded key; every
+    /// subtree whose keys sort below it is gone).
+    pub drop_from: [u8; KEY_SIZE],
+    pub name_len: u8,
+    pub reserved: [u8; 6],
+}
+pub const SUBVOLUME_ITEM_SIZE: usize = 80;
+const _: () = assert!(size_of::<SubvolumeItem>() == SUBVOLUME_ITEM_SIZE);
+
+impl SubvolumeItem {
+    pub fn drop_key(&self) -> Key {
+        Key::decode(&self.drop_from)
+    }
+}
+
+/// Decodes snapshot `id`'s item: the fixed part and the name.
+pub fn decode_subvolume(v: &[u8], id: u64) -> Result<(SubvolumeItem, &[u8]), Corrupt> {
+    let what = format!("snapshot {id}");
+    let (it, name) = SubvolumeItem::read_from_prefix(v).map_err(|_| {
+        Corrupt::new(
+            format!("{what} item size"),
+            v.len(),
+            format!(">= {SUBVOLUME_ITEM_SIZE}"),
+        )
+    })?;
+    ensure!(
+        (crate::FIRST_SNAPSHOT_ID..=crate::MAX_INO).contains(&id),
+        format!("{what} id"),
+        id,
+        format!("in {}..={}", crate::FIRST_SNAPSHOT_ID, crate::MAX_INO)
+    );
+    ensure!(
+        it.flags.get() & !SUBVOL_FLAGS == 0 && it.flags.get() & SUBVOL_READ_ONLY != 0,
+        format!("{what} flags"),
+        format!("{:#x}", it.flags.get()),
+        "read-only, maybe dropping"
+    );
+    let n = it.name_len as usize;
+    ensure!(
+        (1..=NAME_MAX).contains(&n)
+            && name.len() == n
+            && !name.contains(&0)
+            && !name.contains(&b'/'),
+        format!("{what} name"),
+        format!("{} bytes after a length of {n}", name.len()),
+        "1..=255 bytes, no NUL or '/'"
+    );
+    Ok((it, name))
+}
+
+/// A node that `refs` (>= 2) parents point at: (NODE_REFS_OBJECTID, NodeRefs, block).
+#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct NodeRefsItem {
+    pub refs: U64,
+}
+pub const NODE_REFS_ITEM_SIZE: usize = 8;
+const _: () = assert!(size_of::<NodeRefsItem>() == NODE_REFS_ITEM_SIZE);
+
+pub fn decode_node_refs(v: &[u8], block: u64) -> Result<u64, Corrupt> {
+    let it = NodeRefsItem::read_from_bytes(v).map_err(|_| {
+        Corrupt::new(
+            format!("node count of {block} item size"),
+            v.len(),
+            NODE_REFS_ITEM_SIZE,
+        )
+    })?;
+    ensure!(
+        (2..=u32::MAX as u64).contains(&it.refs.get()),
+        format!("node count of {block}"),
+        it.refs.get(),
+        ">= 2 (one parent has no item)"
+    );
+    Ok(it.refs.get())
+}
+
+/// Data blocks the first fs tree let go of while a snapshot may still name them:
+/// (HELD_OBJECTID, HeldBlocks, first block) -> this. A snapshot of generation `g` may name
+/// them when `born <= g < released`; they are freed once no snapshot's does.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned,
+)]
+#[repr(C)]
+pub struct HeldItem {
+    pub blocks: U64,
+    /// No block of the run was written before this generation (the extent's generation,
+    /// or 0 when not known).
+    pub born: U64,
+    /// The generation in which the first fs tree let go of them.
+    pub released: U64,
+}
+pub const HELD_ITEM_SIZE: usize = 24;
+const _: () = assert!(size_of::<HeldItem>() == HELD_ITEM_SIZE);
+
+pub fn decode_held(v: &[u8], start: u64, total_blocks: u64) -> Result<HeldItem, Corrupt> {
+    let what = format!("held blocks at {start}");
+    let it = HeldItem::read_from_bytes(v)
+        .map_err(|_| Corrupt::new(format!("{what} item size"), v.len(), HELD_ITEM_SIZE))?;
+    crate::items::check_run(&what, start, it.blocks.get(), total_blocks)?;
+    ensure!(
+        it.born.get() <= it.released.get(),
+        format!("{what} generations"),
+        format!("born {} released {}", it.born.get(), it.released.get()),
+        "born <= released"
+    );
+    Ok(it)
+}
