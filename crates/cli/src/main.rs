@@ -15,6 +15,7 @@ mod import;
 mod logging;
 mod mkfs;
 mod mount;
+mod snapshot;
 mod sync;
 
 /// The engine allocates many small values per operation; mimalloc's size classes avoid glibc's
@@ -91,6 +92,19 @@ enum Cmd {
         /// A new directory on an idxfs mount.
         path: PathBuf,
     },
+    /// Read-only snapshots of an unmounted image: `idxfs snapshot IMAGE NAME` makes one (in
+    /// constant time, whatever the image holds) and prints its id; --list lists them;
+    /// --delete ID deletes one and gives its blocks back. Mount one with `-o snapshot=ID`.
+    Snapshot {
+        image: PathBuf,
+        /// The new snapshot's name (1 to 255 bytes, no '/').
+        #[arg(required_unless_present_any = ["list", "delete"])]
+        name: Option<String>,
+        #[arg(long, conflicts_with_all = ["name", "delete"])]
+        list: bool,
+        #[arg(long, value_name = "ID", conflicts_with = "name")]
+        delete: Option<u64>,
+    },
     /// Make every change on the idxfs mount holding PATH durable (sync and sync -f cannot:
     /// FUSE does not pass them on; an fsync of any file on the mount does the same).
     Sync { path: PathBuf },
@@ -111,7 +125,8 @@ enum Cmd {
         /// datasum/nodatasum (a crc32c for every block written copy-on-write, checked on
         /// every read; default on),
         /// readdirplus=always|auto (auto: names-only listings skip attributes, but tar, cp and
-        /// rm then look up every entry; default always).
+        /// rm then look up every entry; default always), snapshot=ID (serve that read-only
+        /// snapshot, `idxfs snapshot --list`).
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
         /// Create and format the image first if it does not exist.
@@ -428,8 +443,9 @@ pub(crate) fn tempdir_in_shm() -> Result<PathBuf, String> {
     Ok(p)
 }
 
-const SUBCOMMANDS: [&str; 11] = [
-    "mkfs", "fsck", "mount", "sync", "trim", "import", "dump", "demo", "bench", "help", "--help",
+const SUBCOMMANDS: [&str; 12] = [
+    "mkfs", "fsck", "mount", "sync", "trim", "snapshot", "import", "dump", "demo", "bench", "help",
+    "--help",
 ];
 
 /// The other names and forms this binary answers to; `None` when it is the `idxfs` command.
@@ -605,6 +621,20 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }),
         Cmd::Trim { target } => run_trim(&target).map(|()| ExitCode::SUCCESS),
+        Cmd::Snapshot {
+            image,
+            name,
+            list,
+            delete,
+        } => {
+            let ask = match (&name, list, delete) {
+                (_, true, _) => snapshot::Ask::List,
+                (_, _, Some(id)) => snapshot::Ask::Delete(id),
+                (Some(n), _, _) => snapshot::Ask::Make(n),
+                (None, false, None) => unreachable!("clap requires a name, --list or --delete"),
+            };
+            snapshot::run(&image, ask).map(|()| ExitCode::SUCCESS)
+        }
         Cmd::Sync { path } => sync::sync(&path).map(|mp| {
             println!("{}: every change is durable", mp.display());
             ExitCode::SUCCESS

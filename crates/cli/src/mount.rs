@@ -125,13 +125,15 @@ fn serve_image(
     // One server per image: a second mount (or an old server still committing after its
     // unmount) would interleave transactions. Held until this process exits.
     let _lock = crate::lock_image(a.image, true, std::time::Duration::from_secs(10))?;
-    let dev = FileDevice::open(a.image, !cfg.read_only)
-        .map_err(|e| format!("{}: {e}", a.image.display()))?;
+    let read_only = cfg.read_only || cfg.snapshot.is_some();
+    let dev =
+        FileDevice::open(a.image, !read_only).map_err(|e| format!("{}: {e}", a.image.display()))?;
     let dev: Arc<dyn BlockDevice> = Arc::new(dev);
     let fs = Fs::open(
         dev,
         OpenOptions {
-            read_only: cfg.read_only,
+            read_only,
+            snapshot: cfg.snapshot,
             atime: cfg.atime,
             sync: cfg.sync,
             on_damage: cfg.on_damage,
@@ -141,7 +143,15 @@ fn serve_image(
             ..OpenOptions::default()
         },
     )
-    .map_err(|e| format!("{}: {e}", a.image.display()))?;
+    .map_err(|e| match (e, cfg.snapshot) {
+        (idxfs_engine::Error::NotFound, Some(id)) => {
+            format!(
+                "{}: no snapshot {id} (`idxfs snapshot --list`)",
+                a.image.display()
+            )
+        }
+        (e, _) => format!("{}: {e}", a.image.display()),
+    })?;
     let source = std::fs::canonicalize(a.image)
         .unwrap_or_else(|_| a.image.to_path_buf())
         .display()
@@ -149,6 +159,11 @@ fn serve_image(
     let mut once = Some(());
     let import: std::sync::Arc<dyn idxfs_fuse::import::ImportServer> =
         std::sync::Arc::new(crate::import::Sessions::default());
+    // A snapshot is read-only for the kernel too.
+    let cfg = &MountConfig {
+        read_only,
+        ..cfg.clone()
+    };
     serve_with(fs, &source, a.mountpoint, cfg, Some(import), || {
         if once.take().is_some() {
             mounted(Ok(()));

@@ -67,6 +67,9 @@ pub struct MountConfig {
     pub acl: Option<bool>,
     /// Kernel mount flags passed through (nodev, nosuid, noexec, sync, dirsync, ...).
     pub flags: Vec<MountOption>,
+    /// `-o snapshot=ID`: serve this read-only snapshot of the image instead of its file
+    /// system (read-only whatever else is asked).
+    pub snapshot: Option<u64>,
 }
 
 /// VFS words passed to the kernel as they are: (word, flag, set or clear). They concern the
@@ -103,6 +106,7 @@ impl Default for MountConfig {
             remount: false,
             acl: None,
             flags: Vec::new(),
+            snapshot: None,
         }
     }
 }
@@ -146,6 +150,15 @@ impl MountConfig {
                 "acl" => self.acl = Some(true),
                 "noacl" => self.acl = Some(false),
                 "fsname" => self.fsname = Some(need(value)?.to_string()),
+                "snapshot" => {
+                    let v = need(value)?;
+                    let id = v.parse().map_err(|_| {
+                        OptionError(format!(
+                            "bad snapshot {v:?}: an id from `idxfs snapshot --list`"
+                        ))
+                    })?;
+                    self.snapshot = Some(id);
+                }
                 "ttl" => {
                     let v = need(value)?;
                     let secs: f64 = v

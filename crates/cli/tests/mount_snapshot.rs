@@ -1,0 +1,84 @@
+//! Read-only snapshots through the CLI and the mount (issue 25): `idxfs snapshot` of an
+//! unmounted image, changes through the mount afterwards, `-o snapshot=ID` serving the old
+//! state read-only (EROFS for a write) while the file system has the new one, `--delete`
+//! giving the space back, fsck clean after each step; bad input answered in one line.
+mod common;
+use common::*;
+
+fn used_bytes(p: &std::path::Path) -> u64 {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: statvfs(3) into a zeroed struct, with a valid C string.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0, "statvfs");
+    (s.f_blocks - s.f_bfree) * s.f_frsize
+}
+
+#[test]
+fn a_snapshot_mounts_read_only_with_the_old_state_and_its_delete_gives_the_space_back() {
+    let mut m = Mounted::root_only("256M", "");
+    let old: Vec<u8> = (0..(16 << 20)).map(|i: u32| (i % 251) as u8).collect();
+    std::fs::create_dir(m.path("d")).expect("mkdir");
+    for i in 0..100 {
+        std::fs::write(m.path(&format!("d/f{i}")), format!("v1 {i}")).expect("write");
+    }
+    std::fs::write(m.path("big"), &old).expect("write");
+    m.unmount();
+    let img = m.image.to_str().expect("utf8").to_string();
+    let (code, out, err) = idxfs(&["snapshot", &img, "before"]);
+    assert_eq!(code, 0, "snapshot: {out}{err}");
+    assert!(out.contains("snapshot 256"), "{out}");
+    m.assert_fsck_clean();
+    // Changes after it: the snapshot's blocks stay, the new ones take more space.
+    m.mount("");
+    let base = used_bytes(&m.mp);
+    std::fs::remove_dir_all(m.path("d")).expect("rm -r");
+    std::fs::write(m.path("big"), vec![9u8; 16 << 20]).expect("overwrite");
+    std::fs::write(m.path("new"), b"new").expect("write");
+    assert!(
+        used_bytes(&m.mp) >= base + (15 << 20),
+        "the snapshot's blocks were freed"
+    );
+    m.unmount();
+    m.assert_fsck_clean();
+    m.mount("snapshot=256");
+    assert_eq!(std::fs::read(m.path("big")).expect("read"), old);
+    assert_eq!(
+        std::fs::read_to_string(m.path("d/f7")).expect("read"),
+        "v1 7"
+    );
+    assert!(!m.path("new").exists());
+    let e = std::fs::write(m.path("x"), b"x").expect_err("a write into a snapshot");
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+    assert!(
+        mounts_line(&m.mp).is_some_and(|l| l.contains(" ro,")),
+        "mounted read-write"
+    );
+    m.unmount();
+    let (code, out, _) = idxfs(&["snapshot", &img, "--list"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("256\tbefore\t"), "{out}");
+    // Bad input: one line each, nothing changed.
+    for (args, want) in [
+        (vec!["snapshot", &img, "a/b"], "no NUL or '/'"),
+        (
+            vec!["snapshot", &img, "before"],
+            "a snapshot named \"before\" exists",
+        ),
+        (vec!["snapshot", &img, "--delete", "999"], "no snapshot 999"),
+    ] {
+        let (code, out, err) = idxfs(&args);
+        assert_ne!(code, 0, "{args:?}: {out}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    let (code, out, err) = idxfs(&["snapshot", &img, "--delete", "256"]);
+    assert_eq!(code, 0, "delete: {out}{err}");
+    m.assert_fsck_clean();
+    m.mount("");
+    assert!(
+        used_bytes(&m.mp) < base,
+        "the snapshot's blocks did not come back"
+    );
+    assert_eq!(std::fs::read(m.path("new")).expect("read"), b"new");
+    m.unmount();
+}
