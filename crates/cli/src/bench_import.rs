@@ -19,7 +19,7 @@ const ROUNDS: usize = 2;
 const PER_DIR: u64 = 1_000;
 
 /// Makes the source tree under `dir`; returns its data bytes.
-fn source(dir: &Path, files: u64) -> Result<u64, String> {
+pub(crate) fn source(dir: &Path, files: u64) -> Result<u64, String> {
     let err = |p: &Path, e: std::io::Error| format!("{}: {e}", p.display());
     std::fs::create_dir_all(dir).map_err(|e| err(dir, e))?;
     let mut s = 0x9e37_79b9_7f4a_7c15u64;

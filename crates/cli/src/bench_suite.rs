@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-pub const WORKLOADS: [&str; 10] = [
+pub const WORKLOADS: [&str; 11] = [
     "fs_mark",
     "dir-fsync",
     "huge-dir",
@@ -19,6 +19,7 @@ pub const WORKLOADS: [&str; 10] = [
     "apps",
     "acl",
     "mkfs-from",
+    "snapshot",
     "micro",
 ];
 
@@ -730,6 +731,10 @@ pub fn run(s: &Suite) -> Result<(), String> {
             }
             "mkfs-from" => {
                 let (table, json) = crate::bench_import::mkfs_from(s.scale, &s.fs, &scratch.0)?;
+                Report { table, json }
+            }
+            "snapshot" => {
+                let (table, json) = crate::bench_snapshot::snapshot(s.scale, &s.fs, &scratch.0)?;
                 Report { table, json }
             }
             _ => micro(s)?,

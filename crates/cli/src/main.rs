@@ -10,6 +10,7 @@ mod bench_env;
 mod bench_hugedir;
 mod bench_import;
 mod bench_mount;
+mod bench_snapshot;
 mod bench_suite;
 mod import;
 mod logging;
@@ -159,7 +160,7 @@ enum Cmd {
     },
     /// Benchmarks (not tests), side by side with ext4, btrfs and XFS in the same run:
     /// `idxfs bench [WORKLOAD ...]` runs the seeds' workloads (fs_mark, dir-fsync, huge-dir,
-    /// nocow-write, data, concurrency, apps, acl, mkfs-from, micro; all by default); the
+    /// nocow-write, data, concurrency, apps, acl, mkfs-from, snapshot, micro; all by default); the
     /// subcommands below are single measurements.
     /// Needs root. See docs/benchmarks.md.
     #[command(args_conflicts_with_subcommands = true)]

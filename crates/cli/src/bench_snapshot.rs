@@ -1,0 +1,259 @@
+//! `idxfs bench snapshot` (issue 25): a snapshot of a tree of small files, and the delete of
+//! a tree of them, beside what the kernel file systems offer, for two file counts a factor
+//! of ten apart (a snapshot's cost should not follow the count):
+//! - **snapshot**: idxfs's `Fs::snapshot` (the library call on the unmounted image, two
+//!   commits included) and `idxfs snapshot IMAGE NAME` (the command: open, snapshot, close),
+//!   each the fastest of `ROUNDS`;
+//!   `btrfs subvolume snapshot` of a subvolume holding the tree; `cp -a` of the tree on ext4,
+//!   until synced (what a file system without snapshots has).
+//! - **delete a tree nobody else holds**: idxfs: a snapshot whose files the file system has
+//!   since removed, `Fs::delete_snapshot` until it returns, and the drop until the space is
+//!   back; btrfs: `btrfs subvolume delete` of the subvolume (its snapshot deleted first)
+//!   until it returns, and `btrfs subvolume sync` until the space is back; ext4: `rm -rf`
+//!   of the copy, until synced.
+//!
+//! The tree is `bench_import`'s source: files of 0 to 4 KiB in directories of 1,000, put in
+//! place untimed (idxfs: `mkfs --from`; the others: `cp -a` into the mount).
+use crate::bench_env::{self, FsKind, Target};
+use crate::bench_suite::Scale;
+use idxfs_blockdev::FileDevice;
+use idxfs_engine::{Fs, OpenOptions};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// (snapshot seconds, delete-returns seconds, space-back seconds) of one file system and
+/// count; `cli`: idxfs's command, for its snapshot row.
+#[derive(Default, Clone, Copy)]
+struct Times {
+    snap: f64,
+    cli: f64,
+    returns: f64,
+    back: f64,
+}
+
+/// idxfs's snapshot and command are timed this many times, the fastest kept (a fraction of
+/// a millisecond: one sample is mostly noise).
+const ROUNDS: usize = 3;
+
+fn secs(f: impl FnOnce() -> Result<(), String>) -> Result<f64, String> {
+    let t = Instant::now();
+    f()?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+fn open(img: &Path) -> Result<Fs, String> {
+    let dev = FileDevice::open(img, true).map_err(|e| format!("{}: {e}", img.display()))?;
+    let opts = OpenOptions {
+        commit_interval: None,
+        ..OpenOptions::default()
+    };
+    Fs::open(Arc::new(dev), opts).map_err(|e| format!("{}: {e}", img.display()))
+}
+
+/// Removes every file and directory under the root (the file system's own copy of the tree,
+/// so that the snapshot alone holds it).
+fn empty_root(fs: &Fs) -> Result<(), String> {
+    let e = |e: idxfs_engine::Error| e.to_string();
+    for d in fs.list(1).map_err(e)? {
+        for f in fs.list(d.ino).map_err(e)? {
+            fs.unlink(d.ino, &f.name).map_err(e)?;
+        }
+        fs.rmdir(1, &d.name).map_err(e)?;
+    }
+    Ok(())
+}
+
+fn idxfs(src: &Path, base: &Path, bytes: u64) -> Result<Times, String> {
+    let img = base.join("snap.img");
+    let _ = std::fs::remove_file(&img);
+    let mut mkfs = Command::new(bench_env::self_exe());
+    mkfs.args(["mkfs", "--size", &bytes.to_string(), "--from"]);
+    bench_env::run(mkfs.arg(src).arg(&img))?;
+    let mut t = Times {
+        snap: f64::INFINITY,
+        cli: f64::INFINITY,
+        ..Times::default()
+    };
+    let fs = open(&img)?;
+    for i in 0..ROUNDS {
+        let name = format!("lib{i}");
+        let s = secs(|| fs.snapshot(name.as_bytes()).map(|_| ()).map_err(|e| e.to_string()))?;
+        t.snap = t.snap.min(s);
+    }
+    fs.close().map_err(|e| e.to_string())?;
+    for i in 0..ROUNDS {
+        let mut cmd = Command::new(bench_env::self_exe());
+        cmd.arg("snapshot").arg(&img).arg(format!("cli{i}"));
+        t.cli = t.cli.min(secs(|| bench_env::run(&mut cmd).map(|_| ()))?);
+    }
+    let fs = open(&img)?;
+    let ids: Vec<u64> = (fs.snapshots().map_err(|e| e.to_string())?)
+        .iter()
+        .map(|s| s.id)
+        .collect();
+    // All but the first go untimed; the file system lets go of its copy of the tree.
+    for &id in &ids[1..] {
+        fs.delete_snapshot(id).map_err(|e| e.to_string())?;
+    }
+    fs.finish_drops().map_err(|e| e.to_string())?;
+    empty_root(&fs)?;
+    fs.sync().map_err(|e| e.to_string())?;
+    t.returns = secs(|| fs.delete_snapshot(ids[0]).map_err(|e| e.to_string()))?;
+    t.back = t.returns
+        + secs(|| {
+            fs.finish_drops()
+                .and_then(|()| fs.sync())
+                .map_err(|e| e.to_string())
+        })?;
+    fs.close().map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_file(&img);
+    Ok(t)
+}
+
+fn sync(p: &Path) -> Result<(), String> {
+    bench_env::run(Command::new("sync").arg("-f").arg(p)).map(|_| ())
+}
+
+fn btrfs(src: &Path, base: &Path, bytes: u64, inodes: u64) -> Result<Times, String> {
+    let t = Target::make(base, FsKind::Btrfs, bytes, inodes)?;
+    let (sv, snap) = (t.mp.join("sv"), t.mp.join("snap"));
+    let btrfs = |args: &[&str], p: &Path| bench_env::run(Command::new("btrfs").args(args).arg(p));
+    btrfs(&["subvolume", "create"], &sv)?;
+    let mut from = src.as_os_str().to_owned();
+    from.push("/.");
+    bench_env::run(Command::new("cp").arg("-a").arg(from).arg(&sv))?;
+    sync(&t.mp)?;
+    let mut r = Times::default();
+    r.snap = secs(|| {
+        bench_env::run(
+            Command::new("btrfs")
+                .args(["subvolume", "snapshot"])
+                .arg(&sv)
+                .arg(&snap),
+        )
+        .map(|_| ())
+    })?;
+    r.cli = r.snap;
+    btrfs(&["subvolume", "delete"], &snap)?;
+    btrfs(&["subvolume", "sync"], &t.mp)?;
+    r.returns = secs(|| btrfs(&["subvolume", "delete"], &sv).map(|_| ()))?;
+    r.back = r.returns + secs(|| btrfs(&["subvolume", "sync"], &t.mp).map(|_| ()))?;
+    Ok(r)
+}
+
+fn ext4(src: &Path, base: &Path, bytes: u64, inodes: u64) -> Result<Times, String> {
+    let t = Target::make(base, FsKind::Ext4, bytes, inodes)?;
+    let (a, b) = (t.mp.join("a"), t.mp.join("b"));
+    std::fs::create_dir(&a).map_err(|e| format!("{}: {e}", a.display()))?;
+    let mut from = src.as_os_str().to_owned();
+    from.push("/.");
+    bench_env::run(Command::new("cp").arg("-a").arg(from).arg(&a))?;
+    sync(&t.mp)?;
+    let mut r = Times::default();
+    r.snap = secs(|| {
+        bench_env::run(Command::new("cp").arg("-a").arg(&a).arg(&b))?;
+        sync(&t.mp)
+    })?;
+    r.cli = r.snap;
+    r.returns = secs(|| {
+        bench_env::run(Command::new("rm").arg("-rf").arg(&b))?;
+        sync(&t.mp)
+    })?;
+    r.back = r.returns;
+    Ok(r)
+}
+
+fn ms(s: f64) -> String {
+    if s < 1e-3 {
+        format!("{:.0} us", s * 1e6)
+    } else if s < 10.0 {
+        format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{s:.1} s")
+    }
+}
+
+pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Value), String> {
+    let big = scale.pick(5_000u64, 100_000, 1_000_000);
+    let counts = [big / 10, big];
+    let mut text = format!(
+        "snapshot: of a tree of N files of 0-4 KiB in directories of 1,000, and the delete of a \
+         tree nobody else holds, N = {} and {}\n",
+        counts[0], counts[1]
+    );
+    let mut raw = serde_json::Map::new();
+    let mut rows: Vec<(String, [Times; 2])> = Vec::new();
+    let mut per = |label: &str, i: usize, t: Times| match rows.iter_mut().find(|r| r.0 == label) {
+        Some(r) => r.1[i] = t,
+        None => {
+            let mut both = [Times::default(); 2];
+            both[i] = t;
+            rows.push((label.to_string(), both));
+        }
+    };
+    for (i, &n) in counts.iter().enumerate() {
+        let src = base.join("snapshot-src");
+        let _ = std::fs::remove_dir_all(&src);
+        let data = crate::bench_import::source(&src, n)?;
+        let dirs = n.div_ceil(1_000);
+        let inodes = (2 * n + dirs) * 5 / 4 + 1024;
+        let bytes = (data * 4).max(1 << 30).div_ceil(1 << 20) << 20;
+        for &k in fs {
+            bench_env::interrupted()?;
+            eprintln!("  {}, {n} files", k.name());
+            match k {
+                FsKind::Idxfs => per("idxfs", i, idxfs(&src, base, bytes)?),
+                FsKind::Btrfs => per("btrfs", i, btrfs(&src, base, bytes, inodes)?),
+                FsKind::Ext4 => per("ext4 (cp -a, rm -rf)", i, ext4(&src, base, bytes, inodes)?),
+                _ => {}
+            }
+        }
+        let _ = std::fs::remove_dir_all(&src);
+    }
+    text.push_str(&format!(
+        "{:<24} {:>12} {:>12} {:>8} {:>14} {:>14} {:>14} {:>14}\n",
+        "",
+        format!("snap {}", counts[0]),
+        format!("snap {}", counts[1]),
+        "ratio",
+        format!("del {} ret", counts[0]),
+        format!("del {} ret", counts[1]),
+        format!("{} back", counts[0]),
+        format!("{} back", counts[1]),
+    ));
+    for (label, t) in &rows {
+        text.push_str(&format!(
+            "{label:<24} {:>12} {:>12} {:>7.2}x {:>14} {:>14} {:>14} {:>14}\n",
+            ms(t[0].snap),
+            ms(t[1].snap),
+            t[1].snap / t[0].snap,
+            ms(t[0].returns),
+            ms(t[1].returns),
+            ms(t[0].back),
+            ms(t[1].back),
+        ));
+        if label == "idxfs" {
+            text.push_str(&format!(
+                "{:<24} {:>12} {:>12}\n",
+                "idxfs snapshot (command)",
+                ms(t[0].cli),
+                ms(t[1].cli)
+            ));
+        }
+        let one = |t: &Times| json!({"snapshot_s": t.snap, "command_s": t.cli, "delete_returns_s": t.returns, "space_back_s": t.back});
+        raw.insert(
+            label.clone(),
+            json!({"small": one(&t[0]), "large": one(&t[1])}),
+        );
+    }
+    text.push_str(
+        "(ratio: snapshot of the larger count against the smaller; idxfs's library call is two \
+         commits on the unmounted image, its command adds the open and close, each the \
+         fastest of 3; ext4's row is cp -a and rm -rf until synced, what a file system without \
+         snapshots offers)\n",
+    );
+    Ok((text, json!({"counts": counts, "results": raw})))
+}
