@@ -19,7 +19,8 @@ const BLOCK: usize = 4096;
 
 /// An image with inline and block files, holes, long xattrs, many links of one inode in one
 /// directory, long symlinks, a deep path, POSIX ACLs (a default ACL and what inherited it), an
-/// orphan, and an fsync log of a few batches
+/// orphan, a snapshot with blocks held for it and shared nodes, a deleted snapshot partly
+/// dropped, and an fsync log of a few batches
 /// (taken as a crash image after the last fsync, so the log replays at open).
 fn base_image() -> Vec<u8> {
     let mem = Arc::new(MemDevice::new(8 << 20));
@@ -79,6 +80,18 @@ fn base_image() -> Vec<u8> {
     fs.write(held, 0, &vec![1u8; 20_000]).expect("write");
     fs.pin(held);
     fs.unlink(ROOT, b"held").expect("unlink held");
+    // Snapshots: one kept, whose files then change (shared nodes copied, blocks held), and
+    // one deleted and let go of in part.
+    fs.snapshot(b"kept").expect("snapshot");
+    let gone = fs.snapshot(b"gone").expect("snapshot");
+    for i in 0..10u64 {
+        if let Ok(a) = fs.lookup(d, format!("file{i}").as_bytes()) {
+            fs.write(a.ino, 0, &vec![7u8; 4096]).expect("overwrite");
+        }
+    }
+    fs.unlink(d, b"file39").expect("unlink");
+    fs.delete_snapshot(gone).expect("delete");
+    fs.drop_step().expect("drop step");
     fs.sync().expect("sync");
     // After the commit: changes that reach the image only through the log.
     for i in 0..3 {
@@ -218,8 +231,25 @@ fn exercise(img: Vec<u8>) -> Reach {
         let _ = fs.rename(*d, name, ROOT, b"moved", 0);
         let _ = fs.unlink(ROOT, b"moved");
     }
+    // Snapshots: listed, dropped, each opened and walked at its root.
+    let snaps = fs.snapshots().unwrap_or_default();
+    let _ = fs.finish_drops();
     reach.call_failed = fs.fsync(ROOT).is_err() || fs.failure().is_some();
     let _ = fs.close();
+    for s in snaps.iter().filter(|s| !s.dropping) {
+        let o = idxfs_engine::OpenOptions {
+            snapshot: Some(s.id),
+            ..opts()
+        };
+        if let Ok(s) = Fs::open(dev.clone(), o) {
+            if let Ok(es) = s.list(ROOT) {
+                for e in es.iter().take(50) {
+                    let _ = s.getattr(e.ino).map(|a| s.read(e.ino, 0, a.size as usize));
+                }
+            }
+            let _ = s.close();
+        }
+    }
     let _ = fsck::check(&as_dyn, idxfs_format::hash::name_hash, &mut |_| {});
     reach
 }

@@ -162,14 +162,20 @@ impl Snapshots {
             .any(|s| h.born <= s.generation() && s.generation() < h.released)
     }
 
-    fn hold(&mut self, start: u64, blocks: u64, born: u64, released: u64) {
-        debug_assert!(
-            self.held
-                .range(..start + blocks)
-                .next_back()
-                .is_none_or(|(s, h)| s + h.blocks <= start),
-            "held runs overlap at {start}"
-        );
+    /// Holds blocks [start, start + blocks). They were the fs tree's until now, so no run
+    /// holds any of them, unless the image is damaged (an extent naming held blocks).
+    fn hold(&mut self, start: u64, blocks: u64, born: u64, released: u64) -> Result<()> {
+        let end = start + blocks;
+        if let Some((s, h)) = self.held.range(..end).next_back() {
+            if s + h.blocks > start {
+                return Err(idxfs_format::Corrupt::new(
+                    format!("data blocks {start}+{blocks} let go of"),
+                    format!("held already (from {s}, {} blocks)", h.blocks),
+                    "named by the fs tree alone",
+                )
+                .into());
+            }
+        }
         self.held.insert(
             start,
             Held {
@@ -179,6 +185,7 @@ impl Snapshots {
             },
         );
         self.changed_held.insert(start);
+        Ok(())
     }
 }
 
@@ -241,8 +248,31 @@ impl Inner {
             }
             Ok(true)
         })?;
+        let mut end = 0;
+        for (&s, h) in &held {
+            if s < end {
+                return Err(idxfs_format::Corrupt::new(
+                    format!("held blocks at {s}"),
+                    format!("inside the run before, which ends at {end}"),
+                    "runs that do not overlap",
+                )
+                .into());
+            }
+            end = s + h.blocks;
+        }
         let newest = list.values().map(Snap::generation).max().unwrap_or(0);
         for (block, c) in counts {
+            // A node counted is in use; a count on a free block would let a new node there
+            // be taken for a shared one.
+            let inside = (idxfs_format::SUPER_COPIES..total).contains(&block);
+            if !inside || !self.store.alloc.is_used(block) {
+                return Err(idxfs_format::Corrupt::new(
+                    format!("node count of {block}"),
+                    "a free block",
+                    "a node in use",
+                )
+                .into());
+            }
             // Decoded as at most u32::MAX.
             self.store.refs.load(block, c as u32, newest);
         }
@@ -373,7 +403,7 @@ impl Inner {
     pub(crate) fn free_or_hold(&mut self, start: u64, n: u64, now: bool, born: u64) -> Result<()> {
         if self.snapshots.may_name(born) {
             let released = self.store.generation;
-            self.snapshots.hold(start, n, born, released);
+            self.snapshots.hold(start, n, born, released)?;
             Counters::add(&self.store.counters.blocks_held, n);
             return Ok(());
         }
