@@ -80,7 +80,11 @@ fn idxfs(src: &Path, base: &Path, bytes: u64) -> Result<Times, String> {
     let fs = open(&img)?;
     for i in 0..ROUNDS {
         let name = format!("lib{i}");
-        let s = secs(|| fs.snapshot(name.as_bytes()).map(|_| ()).map_err(|e| e.to_string()))?;
+        let s = secs(|| {
+            fs.snapshot(name.as_bytes())
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })?;
         t.snap = t.snap.min(s);
     }
     fs.close().map_err(|e| e.to_string())?;
