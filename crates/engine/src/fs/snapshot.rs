@@ -6,7 +6,7 @@
 //! tree copies a shared node when it first changes it, and the copy's children gain a parent.
 //! Dropping a snapshot lets go of its nodes from the root down (`Tree::drop_some`): a node
 //! still counted more than once loses one and is not entered, any other is freed. The counts
-//! are `NodeRefs` items of the roots tree, written back by every commit (`persist`).
+//! are `NodeRefs` items of the roots tree, written back by every commit (`persist_roots`).
 //!
 //! **Data blocks** are not counted per snapshot. A snapshot is a copy of the fs tree at a
 //! commit, so every block it names was named by the fs tree at that commit, and while the fs
@@ -42,8 +42,8 @@
 //! commit, with no write in flight outside the lock (it waits for them, and no new one
 //! starts meanwhile), so it holds every operation that returned before it and none after.
 //!
-//! Not built yet (`docs/snapshots.md`): writable snapshots, snapshots reachable through the
-//! mounted file system, subvolumes, the CLI.
+//! Not built yet (`docs/snapshots.md`): writable snapshots, subvolumes, snapshots made of a
+//! mounted file system or shown inside it.
 use super::{Fs, Inner};
 use crate::btree::{Ptr, Tree};
 use crate::counters::Counters;
@@ -345,9 +345,11 @@ impl Inner {
         let counts = self.store.refs.take_changed();
         let list = std::mem::take(&mut self.snapshots.changed_list);
         let held = std::mem::take(&mut self.snapshots.changed_held);
+        let unchanged = counts.is_empty() && list.is_empty() && held.is_empty();
         let mut tree = match self.snapshots.tree {
+            Some(t) if unchanged => return Ok(Some(root_ptr(&t))),
             Some(t) => t,
-            None if counts.is_empty() && list.is_empty() && held.is_empty() => return Ok(None),
+            None if unchanged => return Ok(None),
             None => Tree::create(&mut self.store, TREE_ROOTS)?,
         };
         for block in counts {
