@@ -93,11 +93,13 @@ enum Cmd {
         /// A new directory on an idxfs mount.
         path: PathBuf,
     },
-    /// Read-only snapshots of an unmounted image: `idxfs snapshot IMAGE NAME` makes one (in
-    /// constant time, whatever the image holds) and prints its id; --list lists them;
-    /// --delete ID deletes one and gives its blocks back. Mount one with `-o snapshot=ID`.
+    /// Read-only snapshots: `idxfs snapshot TARGET NAME` makes one (in constant time,
+    /// whatever the file system holds) and prints its id; --list lists them; --delete ID
+    /// deletes one (its blocks come back before this returns on an unmounted image, in the
+    /// background on a mount). TARGET: an unmounted image, or a directory on an idxfs mount
+    /// (root or the mount's owner only). Mount a snapshot with `-o snapshot=ID`.
     Snapshot {
-        image: PathBuf,
+        target: PathBuf,
         /// The new snapshot's name (1 to 255 bytes, no '/').
         #[arg(required_unless_present_any = ["list", "delete"])]
         name: Option<String>,
@@ -623,7 +625,7 @@ fn main() -> ExitCode {
         }),
         Cmd::Trim { target } => run_trim(&target).map(|()| ExitCode::SUCCESS),
         Cmd::Snapshot {
-            image,
+            target,
             name,
             list,
             delete,
@@ -634,7 +636,11 @@ fn main() -> ExitCode {
                 (Some(n), _, _) => snapshot::Ask::Make(n),
                 (None, false, None) => unreachable!("clap requires a name, --list or --delete"),
             };
-            snapshot::run(&image, ask).map(|()| ExitCode::SUCCESS)
+            match target.is_dir() {
+                true => snapshot::run_mounted(&target, ask),
+                false => snapshot::run(&target, ask),
+            }
+            .map(|()| ExitCode::SUCCESS)
         }
         Cmd::Sync { path } => sync::sync(&path).map(|mp| {
             println!("{}: every change is durable", mp.display());

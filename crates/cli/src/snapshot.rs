@@ -1,6 +1,6 @@
-//! `idxfs snapshot`: read-only snapshots of an unmounted image (the engine's
-//! `Fs::snapshot`), listed, made and deleted; `idxfs mount -o snapshot=ID` mounts one.
-//! A mounted file system cannot be snapshotted from here yet (`docs/snapshots.md`).
+//! `idxfs snapshot`: read-only snapshots (the engine's `Fs::snapshot`), made, listed and
+//! deleted, of an unmounted image here, or of a mounted file system by its server
+//! (`idxfs_fuse::snapshot`); `idxfs mount -o snapshot=ID` mounts one.
 use idxfs_engine::{Error, Fs, OpenOptions};
 use std::path::Path;
 
@@ -31,17 +31,7 @@ pub(crate) fn run(image: &Path, ask: Ask) -> Result<(), String> {
                 println!("{p}: no snapshots");
             }
             for s in list {
-                let state = if s.dropping {
-                    " (deleted, blocks coming back)"
-                } else {
-                    ""
-                };
-                println!(
-                    "{}\t{}\tgeneration {}{state}",
-                    s.id,
-                    String::from_utf8_lossy(&s.name),
-                    s.generation
-                );
+                print_listed(s.id, &s.name, s.generation, s.dropping);
             }
         }),
         // No mount to give the blocks back in the background: done before returning.
@@ -57,4 +47,65 @@ pub(crate) fn run(image: &Path, ask: Ask) -> Result<(), String> {
         (e, _) => format!("{p}: {e}"),
     })?;
     closed.map_err(|e| format!("{p}: {e}"))
+}
+
+/// `run` for the idxfs mount holding `dir`: its server does it.
+pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
+    use idxfs_fuse::snapshot::{self as wire, Answer};
+    let (_, mp) = crate::sync::idxfs_mount(dir, "use its own snapshot command")?;
+    let m = mp.display();
+    let req = match &ask {
+        Ask::Make(name) => {
+            // Checked here too: the server's EINVAL would read as "not an idxfs mount".
+            if name.is_empty() || name.len() > 255 || name.contains('/') || name.contains('\0') {
+                return Err(format!(
+                    "{m}: a snapshot name is 1 to 255 bytes, no NUL or '/'"
+                ));
+            }
+            wire::Ask::Make(name.as_bytes().to_vec())
+        }
+        Ask::List => wire::Ask::List,
+        Ask::Delete(id) => wire::Ask::Delete(*id),
+    };
+    let r = wire::request(&mp, &req).map_err(|e| match (e.raw_os_error(), &ask) {
+        (Some(libc::ENOENT), Ask::Delete(id)) => format!("{m}: no snapshot {id}"),
+        (Some(libc::EEXIST), Ask::Make(name)) => format!("{m}: a snapshot named {name:?} exists"),
+        _ => format!("{m}: {e}"),
+    })?;
+    match r {
+        Answer::Made(id) => println!(
+            "{m}: snapshot {id} ({}); mount it with -o snapshot={id} (its image unmounted)",
+            match &ask {
+                Ask::Make(n) => n,
+                _ => "",
+            }
+        ),
+        Answer::Deleted => {
+            println!("{m}: snapshot deleted; its blocks come back in the background")
+        }
+        Answer::List(list, more) => {
+            if list.is_empty() {
+                println!("{m}: no snapshots");
+            }
+            for s in &list {
+                print_listed(s.id, &s.name, s.generation, s.dropping);
+            }
+            if more {
+                println!("(more, left out: the list outgrew one request)");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_listed(id: u64, name: &[u8], generation: u64, dropping: bool) {
+    let state = if dropping {
+        " (deleted, blocks coming back)"
+    } else {
+        ""
+    };
+    println!(
+        "{id}\t{}\tgeneration {generation}{state}",
+        String::from_utf8_lossy(name)
+    );
 }

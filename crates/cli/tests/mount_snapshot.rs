@@ -82,3 +82,90 @@ fn a_snapshot_mounts_read_only_with_the_old_state_and_its_delete_gives_the_space
     assert_eq!(std::fs::read(m.path("new")).expect("read"), b"new");
     m.unmount();
 }
+
+fn content(i: u64) -> Vec<u8> {
+    (0..10_000u64).map(|j| (i * 31 + j * 7) as u8).collect()
+}
+
+/// `idxfs snapshot MOUNT NAME` while another thread writes: files made whole under a
+/// temporary name and renamed into place, one after another. The snapshot is one point in
+/// time: its renamed files are exactly the first k, each whole, and at most the k-th's
+/// temporary file besides; the file system goes on with all of them. Then `--list` and
+/// `--delete` through the mount, and fsck clean with the drop left to the next mount.
+#[test]
+fn a_snapshot_of_a_mount_beside_a_writer_is_one_point_in_time() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mut m = Mounted::root_only("256M", "");
+    let (mp, stop) = (m.mp.clone(), std::sync::Arc::new(AtomicBool::new(false)));
+    let writer = {
+        let (mp, stop) = (mp.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let tmp = mp.join(format!("tmp{i}"));
+                std::fs::write(&tmp, content(i)).expect("write");
+                std::fs::rename(&tmp, mp.join(format!("f{i}"))).expect("rename");
+                i += 1;
+            }
+            i
+        })
+    };
+    assert!(
+        wait_for(20, || mp.join("f50").exists()),
+        "the writer did not start"
+    );
+    let (code, out, err) = idxfs(&["snapshot", mp.to_str().expect("utf8"), "mid"]);
+    assert_eq!(code, 0, "snapshot of a mount: {out}{err}");
+    assert!(out.contains("snapshot 256"), "{out}");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    stop.store(true, Ordering::Relaxed);
+    let n = writer.join().expect("writer");
+    let (code, out, _) = idxfs(&["snapshot", mp.to_str().expect("utf8"), "--list"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("256\tmid\t"), "{out}");
+    m.unmount();
+    m.assert_fsck_clean();
+    m.mount("snapshot=256");
+    let mut names: Vec<String> = std::fs::read_dir(&m.mp)
+        .expect("readdir")
+        .map(|e| e.expect("entry").file_name().into_string().expect("utf8"))
+        .collect();
+    names.sort();
+    let k = (0..)
+        .take_while(|i| names.contains(&format!("f{i}")))
+        .count() as u64;
+    assert!(
+        k >= 51 && k <= n,
+        "the snapshot has f0..f{k}, the writer made {n}"
+    );
+    for i in 0..k {
+        assert_eq!(
+            std::fs::read(m.path(&format!("f{i}"))).expect("read"),
+            content(i)
+        );
+    }
+    for name in &names {
+        let ok = name
+            .strip_prefix('f')
+            .is_some_and(|i| i.parse::<u64>().is_ok_and(|i| i < k))
+            || *name == format!("tmp{k}");
+        assert!(ok, "{name} in a snapshot holding f0..f{}", k - 1);
+    }
+    if names.contains(&format!("tmp{k}")) {
+        let part = std::fs::read(m.path(&format!("tmp{k}"))).expect("read");
+        assert!(
+            content(k).starts_with(&part),
+            "tmp{k} holds bytes it never had"
+        );
+    }
+    m.unmount();
+    m.mount("");
+    assert_eq!(
+        std::fs::read(m.path(&format!("f{}", n - 1))).expect("read"),
+        content(n - 1)
+    );
+    let (code, out, err) = idxfs(&["snapshot", m.mp.to_str().expect("utf8"), "--delete", "256"]);
+    assert_eq!(code, 0, "delete through the mount: {out}{err}");
+    m.unmount();
+    m.assert_fsck_clean();
+}

@@ -62,6 +62,7 @@ mod readahead;
 pub mod remount;
 mod root_ioctl;
 mod serve;
+pub mod snapshot;
 pub mod trim;
 pub mod uring;
 
@@ -1301,6 +1302,7 @@ impl Filesystem for IdxFuse {
         match cmd {
             remount::IOC_REMOUNT => self.remount_request(req, ino, in_data, reply),
             trim::IOC_TRIM => self.trim_request(req, ino, reply),
+            snapshot::IOC_SNAPSHOT => self.snapshot_request(req, ino, in_data, reply),
             import::IOC_IMPORT => self.import_request(req, ino, in_data, reply),
             c if fileattr::GETFLAGS.contains(&c) => self.getflags_request(ino, reply),
             c if fileattr::SETFLAGS.contains(&c) => self.setflags_request(ino, in_data, reply),
@@ -1353,6 +1355,45 @@ impl IdxFuse {
                 log::info!("trim: {blocks} free blocks discarded");
                 reply.ioctl(0, &blocks.to_le_bytes())
             }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    /// `idxfs snapshot MOUNT` (`snapshot.rs`): on the root, from root or the mount's owner.
+    fn snapshot_request(&self, req: &Request, ino: INodeNo, in_data: &[u8], reply: ReplyIoctl) {
+        if ino != INodeNo::ROOT {
+            return reply.error(Errno::ENOTTY);
+        }
+        if req.uid() != 0 && req.uid() != self.set.owner_uid {
+            return reply.error(Errno::EPERM);
+        }
+        let Some(ask) = snapshot::decode(in_data) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let r = match ask {
+            snapshot::Ask::Make(name) => self.fs.snapshot(&name).map(|id| {
+                log::info!("snapshot {id} ({}) made", String::from_utf8_lossy(&name));
+                id.to_le_bytes().to_vec()
+            }),
+            snapshot::Ask::Delete(id) => self.fs.delete_snapshot(id).map(|()| {
+                log::info!("snapshot {id} deleted; its blocks come back in the background");
+                Vec::new()
+            }),
+            snapshot::Ask::List => self.fs.snapshots().map(|l| {
+                let l: Vec<snapshot::Listed> = l
+                    .into_iter()
+                    .map(|s| snapshot::Listed {
+                        id: s.id,
+                        generation: s.generation,
+                        dropping: s.dropping,
+                        name: s.name,
+                    })
+                    .collect();
+                snapshot::encode_list(&l)
+            }),
+        };
+        match r {
+            Ok(out) => reply.ioctl(0, &out),
             Err(e) => reply.error(errno(&e)),
         }
     }

@@ -42,8 +42,8 @@
 //! commit, with no write in flight outside the lock (it waits for them, and no new one
 //! starts meanwhile), so it holds every operation that returned before it and none after.
 //!
-//! Not built yet (`docs/snapshots.md`): writable snapshots, subvolumes, snapshots made of a
-//! mounted file system or shown inside it.
+//! Not built yet (`docs/snapshots.md`): writable snapshots, subvolumes, snapshots shown
+//! inside the mounted file system.
 use super::{Fs, Inner};
 use crate::btree::{Ptr, Tree};
 use crate::counters::Counters;

@@ -1,0 +1,163 @@
+//! `idxfs snapshot MOUNT ...` on a mounted file system: the server makes, deletes or lists
+//! read-only snapshots (`idxfs_engine::Fs::snapshot`) when asked through an ioctl on the
+//! mount's root, as for a trim (`trim`): only root and the mount's owner may ask. A snapshot
+//! made so is one point in time beside the mount's other callers: the engine makes it under
+//! its lock after a commit, with no write in flight. A deleted one gives its blocks back in
+//! the background (the commit thread's drop steps).
+//!
+//! The argument, `ARG_SIZE` bytes each way: in, `op` u8 (`MAKE`, `DELETE`, `LIST`), the
+//! name's length u8, 6 zero bytes, an id u64 (little-endian), the name; out, for `MAKE` the
+//! new id u64, for `LIST` a count u32 and a `more` u8 (entries left out for room), then each
+//! entry: id u64, generation u64, dropping u8, the name's length u8, the name.
+use std::io;
+use std::path::Path;
+
+pub const ARG_SIZE: usize = 4096;
+/// `_IOWR(0xD7, 4, [u8; ARG_SIZE])`.
+pub const IOC_SNAPSHOT: u32 = (3 << 30) | ((ARG_SIZE as u32) << 16) | (0xD7 << 8) | 4;
+
+pub const MAKE: u8 = 1;
+pub const DELETE: u8 = 2;
+pub const LIST: u8 = 3;
+const HEADER: usize = 16;
+
+/// What a caller asks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ask {
+    Make(Vec<u8>),
+    Delete(u64),
+    List,
+}
+
+/// A snapshot as the server lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub id: u64,
+    pub generation: u64,
+    pub dropping: bool,
+    pub name: Vec<u8>,
+}
+
+pub fn encode(ask: &Ask) -> Option<Vec<u8>> {
+    let mut buf = vec![0u8; ARG_SIZE];
+    match ask {
+        Ask::Make(name) => {
+            buf[0] = MAKE;
+            buf[1] = u8::try_from(name.len()).ok()?;
+            buf.get_mut(HEADER..HEADER + name.len())?
+                .copy_from_slice(name);
+        }
+        Ask::Delete(id) => {
+            buf[0] = DELETE;
+            buf[8..16].copy_from_slice(&id.to_le_bytes());
+        }
+        Ask::List => buf[0] = LIST,
+    }
+    Some(buf)
+}
+
+/// The server's side of `encode`; None for a request no server could take.
+pub fn decode(buf: &[u8]) -> Option<Ask> {
+    let (&op, rest) = buf.split_first()?;
+    let len = *rest.first()? as usize;
+    let id = u64::from_le_bytes(buf.get(8..16)?.try_into().ok()?);
+    match op {
+        MAKE => Some(Ask::Make(buf.get(HEADER..HEADER + len)?.to_vec())),
+        DELETE => Some(Ask::Delete(id)),
+        LIST => Some(Ask::List),
+        _ => None,
+    }
+}
+
+/// The reply to a `LIST`: as many entries as fit, and whether some did not.
+pub fn encode_list(all: &[Listed]) -> Vec<u8> {
+    let mut out = vec![0u8; 5];
+    let mut n = 0u32;
+    for s in all {
+        if out.len() + 18 + s.name.len() > ARG_SIZE {
+            out[4] = 1;
+            break;
+        }
+        out.extend_from_slice(&s.id.to_le_bytes());
+        out.extend_from_slice(&s.generation.to_le_bytes());
+        out.push(u8::from(s.dropping));
+        out.push(s.name.len().min(255) as u8);
+        out.extend_from_slice(&s.name[..s.name.len().min(255)]);
+        n += 1;
+    }
+    out[..4].copy_from_slice(&n.to_le_bytes());
+    out
+}
+
+fn decode_list(buf: &[u8]) -> Option<(Vec<Listed>, bool)> {
+    let n = u32::from_le_bytes(buf.get(..4)?.try_into().ok()?);
+    let more = *buf.get(4)? != 0;
+    let mut at = 5;
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let id = u64::from_le_bytes(buf.get(at..at + 8)?.try_into().ok()?);
+        let generation = u64::from_le_bytes(buf.get(at + 8..at + 16)?.try_into().ok()?);
+        let dropping = *buf.get(at + 16)? != 0;
+        let len = *buf.get(at + 17)? as usize;
+        let name = buf.get(at + 18..at + 18 + len)?.to_vec();
+        at += 18 + len;
+        out.push(Listed {
+            id,
+            generation,
+            dropping,
+            name,
+        });
+    }
+    Some((out, more))
+}
+
+/// What the server answered.
+#[derive(Debug)]
+pub enum Answer {
+    Made(u64),
+    Deleted,
+    List(Vec<Listed>, bool),
+}
+
+/// Asks the server of the idxfs mount at `mp`.
+pub fn request(mp: &Path, ask: &Ask) -> io::Result<Answer> {
+    let mut buf =
+        encode(ask).ok_or_else(|| io::Error::other("a snapshot name of 1 to 255 bytes"))?;
+    crate::root_ioctl::send(mp, IOC_SNAPSHOT, &mut buf, "snapshot")?;
+    let bad = || io::Error::other("the server's answer could not be read");
+    Ok(match ask {
+        Ask::Make(_) => Answer::Made(u64::from_le_bytes(buf[..8].try_into().map_err(|_| bad())?)),
+        Ask::Delete(_) => Answer::Deleted,
+        Ask::List => {
+            let (l, more) = decode_list(&buf).ok_or_else(bad)?;
+            Answer::List(l, more)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_and_lists_round_trip() {
+        for ask in [Ask::Make(b"nightly".to_vec()), Ask::Delete(257), Ask::List] {
+            assert_eq!(decode(&encode(&ask).expect("encode")), Some(ask));
+        }
+        assert_eq!(encode(&Ask::Make(vec![b'a'; 256])), None);
+        assert_eq!(decode(&[9; 16]), None);
+        let all: Vec<Listed> = (0..300)
+            .map(|i| Listed {
+                id: 256 + i,
+                generation: i,
+                dropping: i % 2 == 0,
+                name: vec![b'n'; 40],
+            })
+            .collect();
+        let mut buf = encode_list(&all);
+        buf.resize(ARG_SIZE, 0);
+        let (got, more) = decode_list(&buf).expect("decode");
+        assert!(more && !got.is_empty() && got.len() < all.len());
+        assert_eq!(got[..], all[..got.len()]);
+    }
+}
