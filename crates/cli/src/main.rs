@@ -190,6 +190,8 @@ enum Cmd {
 enum TreeArg {
     Fs,
     Space,
+    /// Snapshots, shared node counts, held blocks.
+    Roots,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -670,6 +672,7 @@ fn main() -> ExitCode {
             let which = tree.map(|t| match t {
                 TreeArg::Fs => Which::Fs,
                 TreeArg::Space => Which::Space,
+                TreeArg::Roots => Which::Roots,
             });
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());

@@ -28,6 +28,12 @@ fn a_snapshot_mounts_read_only_with_the_old_state_and_its_delete_gives_the_space
     assert_eq!(code, 0, "snapshot: {out}{err}");
     assert!(out.contains("snapshot 256"), "{out}");
     m.assert_fsck_clean();
+    let (code, out, _) = idxfs(&["dump", &img, "roots"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("(256 SUBVOLUME 0)"),
+        "dump of the roots tree: {out}"
+    );
     // Changes after it: the snapshot's blocks stay, the new ones take more space.
     m.mount("");
     let base = used_bytes(&m.mp);

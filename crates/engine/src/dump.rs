@@ -9,7 +9,7 @@ use idxfs_format::items::{
 };
 use idxfs_format::node::{internal_capacity, leaf_capacity, Expect, KeyRange, KEY_PTR_SIZE};
 use idxfs_format::superblock::{RootPtr, Superblock};
-use idxfs_format::{ItemType, Key, BLOCK_SIZE, TREE_FS, TREE_SPACE};
+use idxfs_format::{ItemType, Key, BLOCK_SIZE, TREE_FS, TREE_ROOTS, TREE_SPACE};
 use std::collections::BTreeMap;
 use std::io::Write;
 
@@ -17,6 +17,8 @@ use std::io::Write;
 pub enum Which {
     Fs,
     Space,
+    /// Snapshots, shared node counts and held blocks (when the image has them).
+    Roots,
 }
 
 /// Fill statistics of one tree.
@@ -167,8 +169,13 @@ pub fn dump(
     for (w, root, owner, name) in [
         (Which::Fs, sb.fs_root, TREE_FS, "fs"),
         (Which::Space, sb.space_root, TREE_SPACE, "space"),
+        (Which::Roots, sb.roots_root, TREE_ROOTS, "roots"),
     ] {
         if which.is_some_and(|x| x != w) {
+            continue;
+        }
+        if root.block.get() == 0 {
+            writeln!(out, "tree {name}: none (no snapshot was ever made)")?;
             continue;
         }
         writeln!(
