@@ -413,6 +413,47 @@ impl Checker<'_> {
         }
     }
 
+    /// Reads and decodes the node a pointer leads to (`gen`, `owner`, `level`, `range` as
+    /// the pointer says), counting it; None after reporting why it cannot be used.
+    fn read_node(
+        &mut self,
+        block: u64,
+        gen: u64,
+        owner: u64,
+        level: u8,
+        range: KeyRange,
+        name: &str,
+    ) -> Option<Node> {
+        let mut buf = vec![0u8; self.sb.node_size.get() as usize];
+        if let Err(e) = self.dev.read_at(&mut buf, block * BLOCK_SIZE) {
+            self.report
+                .problem(format!("{name} node {block}: read failed: {e}"));
+            return None;
+        }
+        let exp = Expect {
+            block,
+            generation: gen,
+            owner,
+            level: Some(level),
+            fsid: self.sb.uuid,
+            total_blocks: self.sb.total_blocks.get(),
+            range,
+        };
+        match Node::decode(&buf, &exp) {
+            Ok(n) => {
+                self.report.nodes += 1;
+                if self.report.nodes.is_multiple_of(4096) {
+                    (self.progress)(self.report.nodes);
+                }
+                Some(n)
+            }
+            Err(e) => {
+                self.report.problem(format!("{name}: {e}"));
+                None
+            }
+        }
+    }
+
     fn walk(&mut self, root: &RootPtr, owner: u64, name: &'static str) {
         let bpn = self.sb.blocks_per_node();
         // (block, generation, level, low bound, high bound (exclusive, None = unbounded), parent key)
@@ -426,34 +467,11 @@ impl Checker<'_> {
         )];
         while let Some((block, gen, level, lo, hi, pkey)) = stack.pop() {
             self.claim(block, bpn, name);
-            let mut buf = vec![0u8; self.sb.node_size.get() as usize];
-            if let Err(e) = self.dev.read_at(&mut buf, block * BLOCK_SIZE) {
-                self.report
-                    .problem(format!("{name} node {block}: read failed: {e}"));
+            // fsck checks the range below, naming each key out of place, and goes on
+            // reading the node's subtree.
+            let Some(node) = self.read_node(block, gen, owner, level, KeyRange::ANY, name) else {
                 continue;
-            }
-            let exp = Expect {
-                block,
-                generation: gen,
-                owner,
-                level: Some(level),
-                fsid: self.sb.uuid,
-                total_blocks: self.sb.total_blocks.get(),
-                // fsck checks the range below, naming each key out of place, and goes on
-                // reading the node's subtree.
-                range: KeyRange::ANY,
             };
-            let node = match Node::decode(&buf, &exp) {
-                Ok(n) => n,
-                Err(e) => {
-                    self.report.problem(format!("{name}: {e}"));
-                    continue;
-                }
-            };
-            self.report.nodes += 1;
-            if self.report.nodes.is_multiple_of(4096) {
-                (self.progress)(self.report.nodes);
-            }
             if let (Some(first), Some(pk)) = (node.keys.first(), pkey) {
                 if *first != pk {
                     self.report.problem(format!(

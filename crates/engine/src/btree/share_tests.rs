@@ -14,15 +14,11 @@
 //! At the end every tree is dropped: every node block and every data block comes back, each
 //! exactly once, and no count is left.
 use super::*;
-use crate::counters::Counters;
-use crate::space::Allocator;
 use crate::testutil::Rng;
 use crate::txn;
-use idxfs_blockdev::MemDevice;
 use idxfs_format::{ItemType, Key};
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
 
 type Model = BTreeMap<Key, Vec<u8>>;
 
@@ -78,12 +74,9 @@ impl Data {
     }
 }
 
+/// 4 KiB nodes, so trees of a few thousand items are three levels deep.
 fn store() -> Store {
-    let blocks = 1 << 16;
-    let dev = Arc::new(MemDevice::new(blocks * 4096));
-    let counters = Arc::new(Counters::default());
-    let alloc = Allocator::new(blocks, 8192, counters.clone());
-    Store::new(dev, [9; 16], 4096, blocks, 1, 4096, alloc, counters)
+    super::tests::store(4096, 1 << 16)
 }
 
 fn key(rng: &mut Rng) -> Key {

@@ -11,7 +11,7 @@ use idxfs_format::{ItemType, Key};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-fn store(node_size: u32, blocks: u64) -> Store {
+pub(super) fn store(node_size: u32, blocks: u64) -> Store {
     let dev = Arc::new(MemDevice::new(blocks * 4096));
     let counters = Arc::new(Counters::default());
     let alloc = Allocator::new(blocks, 8192, counters.clone());

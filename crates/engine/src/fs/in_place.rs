@@ -515,7 +515,7 @@ impl Inner {
         let written = |e: &&Ext| e.item.kind == EXTENT_REGULAR;
         let inside = |e: &&Ext| e.offset / BS < b1 && e.offset / BS + e.item.blocks.get() > b0;
         if (exts.iter().filter(written).filter(inside))
-            .any(|e| self.snapshot_may_name(e.item.generation.get()))
+            .any(|e| self.snapshots.may_name(e.item.generation.get()))
         {
             return Ok(true);
         }

@@ -412,12 +412,6 @@ impl Inner {
         Ok(self.store.alloc.free_data(start, n, now)?)
     }
 
-    /// Whether a block of an extent of generation `born` may be named by a snapshot, so
-    /// must not be overwritten in place.
-    pub(crate) fn snapshot_may_name(&self, born: u64) -> bool {
-        self.snapshots.may_name(born)
-    }
-
     /// One step of dropping a deleted snapshot; false when none is left to drop. When a
     /// snapshot's drop ends, the held runs no snapshot's window holds any more are freed.
     pub(crate) fn drop_step(&mut self) -> Result<bool> {

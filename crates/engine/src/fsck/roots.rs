@@ -10,12 +10,10 @@
 //!   snapshot's window holds is a leak.
 use super::Checker;
 use idxfs_format::items::{decode_extent, EXTENT_REGULAR};
-use idxfs_format::node::{Expect, KeyRange};
+use idxfs_format::node::KeyRange;
 use idxfs_format::roots::{decode_held, decode_node_refs, decode_subvolume, SubvolumeItem};
-use idxfs_format::{ItemType, Key, BLOCK_SIZE, HELD_OBJECTID, NODE_REFS_OBJECTID, TREE_FS};
+use idxfs_format::{ItemType, Key, HELD_OBJECTID, NODE_REFS_OBJECTID, TREE_FS};
 use std::collections::HashMap;
-
-use crate::btree::node::Node;
 
 #[derive(Default)]
 pub(super) struct RootsCheck {
@@ -142,31 +140,12 @@ impl Checker<'_> {
             root.level.get() as u8,
             KeyRange::ANY,
         )];
+        let name = format!("snapshot {id}");
         while let Some((block, g, level, range)) = stack.pop() {
-            let what = format!("snapshot {id} node {block}");
             self.claim(block, bpn, "snapshot tree");
-            let mut buf = vec![0u8; self.sb.node_size.get() as usize];
-            if let Err(e) = self.dev.read_at(&mut buf, block * BLOCK_SIZE) {
-                self.report.problem(format!("{what}: read failed: {e}"));
+            let Some(node) = self.read_node(block, g, TREE_FS, level, range, &name) else {
                 continue;
-            }
-            let exp = Expect {
-                block,
-                generation: g,
-                owner: TREE_FS,
-                level: Some(level),
-                fsid: self.sb.uuid,
-                total_blocks: self.sb.total_blocks.get(),
-                range,
             };
-            let node = match Node::decode(&buf, &exp) {
-                Ok(n) => n,
-                Err(e) => {
-                    self.report.problem(format!("snapshot {id}: {e}"));
-                    continue;
-                }
-            };
-            self.report.nodes += 1;
             if node.is_leaf() {
                 for (k, v) in node.keys.iter().zip(node.leaf_vals().iter()) {
                     if k.item_type() == Some(ItemType::Extent) {
