@@ -41,6 +41,9 @@ pub enum Error {
     /// operation lock (`fs::in_place`): `Fs::write_op` runs it again once that write is done.
     /// Never returned to a caller (EBUSY if it were).
     InFlight,
+    /// The object is in use and cannot go now (EBUSY): a snapshot deleted while it is open
+    /// beside its file system (`Fs::open_snapshot`).
+    Busy(&'static str),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -76,7 +79,7 @@ impl Error {
             Error::NotSupported(_) => libc_consts::EOPNOTSUPP,
             Error::NoSuchOffset => libc_consts::ENXIO,
             Error::Io(_) | Error::Corrupt(_) | Error::DataSum { .. } => libc_consts::EIO,
-            Error::InFlight => libc_consts::EBUSY,
+            Error::InFlight | Error::Busy(_) => libc_consts::EBUSY,
         }
     }
 
@@ -133,6 +136,7 @@ impl fmt::Display for Error {
                 "data checksum mismatch in inode {ino}, file block {block}"
             ),
             Error::InFlight => write!(f, "blocks busy with a write without the lock"),
+            Error::Busy(what) => write!(f, "busy: {what}"),
         }
     }
 }

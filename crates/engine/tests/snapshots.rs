@@ -253,6 +253,191 @@ fn snapshots_keep_their_state_and_give_every_block_back() {
     assert_eq!(digest(&fs), live);
 }
 
+/// Snapshots opened beside the file system (`Fs::open_snapshot`, as the mount shows them):
+/// random changes, commits, other snapshots made, deleted and dropped, and each open view
+/// shows what the file system showed when its snapshot was made, after every step. A
+/// snapshot cannot be deleted while a view of it is open; once the view is closed it can,
+/// and fsck finds every block accounted for.
+#[test]
+fn snapshots_open_beside_the_file_system_keep_their_state() {
+    let (mut rng, seed) = Rng::from_env("snapshot views");
+    let dev = Arc::new(MemDevice::new(128 << 20));
+    Fs::mkfs(
+        dev.clone(),
+        &MkfsOptions {
+            node_size: 4096,
+            ..Default::default()
+        },
+    )
+    .expect("mkfs");
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let mut w = World {
+        fsync: true,
+        ..Default::default()
+    };
+    for _ in 0..40 {
+        step(&fs, &mut rng, &mut w);
+    }
+    // id -> (what the file system showed when it was made, its view when open).
+    let mut snaps: BTreeMap<u64, (String, Option<Fs>)> = BTreeMap::new();
+    let mut checked = 0;
+    for i in 0..400 {
+        let at = format!("seed {seed} step {i}");
+        step(&fs, &mut rng, &mut w);
+        if rng.chance(4) && snaps.len() < 4 {
+            let want = digest(&fs);
+            let id = fs.snapshot(format!("v{i}").as_bytes()).expect("snapshot");
+            let view = rng
+                .chance(70)
+                .then(|| fs.open_snapshot(id, 1 << 20).expect("view"));
+            snaps.insert(id, (want, view));
+        }
+        if rng.chance(3) && !snaps.is_empty() {
+            let id = *snaps
+                .keys()
+                .nth(rng.below(snaps.len() as u64) as usize)
+                .expect("id");
+            let open = snaps[&id].1.is_some();
+            match fs.delete_snapshot(id) {
+                Err(Error::Busy(_)) if open => {
+                    // Closing the view lets the delete go through.
+                    snaps.get_mut(&id).expect("snap").1 = None;
+                    fs.delete_snapshot(id)
+                        .expect("delete after the view closed");
+                }
+                Ok(()) if !open => {}
+                r => panic!("{at}: delete of snapshot {id} (view open: {open}): {r:?}"),
+            }
+            snaps.remove(&id);
+            assert!(matches!(
+                fs.open_snapshot(id, 1 << 20),
+                Err(Error::NotFound)
+            ));
+        }
+        if rng.chance(10) {
+            fs.finish_drops().expect("drops");
+        }
+        if rng.chance(10) {
+            fs.sync().expect("commit");
+        }
+        // Every few steps, one open view against its snapshot's state.
+        if rng.chance(30) {
+            let open: Vec<u64> = snaps
+                .iter()
+                .filter(|(_, (_, v))| v.is_some())
+                .map(|(id, _)| *id)
+                .collect();
+            if let Some(&id) = open.get(rng.below(open.len().max(1) as u64) as usize) {
+                let (want, view) = &snaps[&id];
+                let view = view.as_ref().expect("view");
+                assert_eq!(
+                    &digest(view),
+                    want,
+                    "{at}: the view of snapshot {id} changed"
+                );
+                assert_eq!(view.snapshot_id(), Some(id));
+                assert!(matches!(
+                    view.create(ROOT, b"no", 0o644, ME),
+                    Err(Error::ReadOnly)
+                ));
+                assert_eq!(
+                    view.statfs().expect("statfs"),
+                    fs.statfs().expect("statfs"),
+                    "{at}: a view's statfs is its file system's"
+                );
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("seed {seed}: {checked} views checked");
+    assert!(checked > 0, "seed {seed}: no view was checked");
+    for (want, view) in snaps.values() {
+        if let Some(v) = view {
+            assert_eq!(&digest(v), want, "seed {seed}: at the end");
+        }
+    }
+    let ids: Vec<u64> = snaps.keys().copied().collect();
+    drop(snaps);
+    for id in ids {
+        fs.delete_snapshot(id).expect("delete");
+    }
+    fs.finish_drops().expect("drops");
+    fs.close().expect("close");
+    check(&dev, &format!("seed {seed} end"));
+}
+
+/// A reader walks a snapshot's view over and over on its own thread while the file system
+/// overwrites, deletes and truncates everything the snapshot names, commits, and makes and
+/// drops other snapshots: every walk shows the snapshot's state (no block it names is reused
+/// under it).
+#[test]
+fn a_view_read_beside_a_writer_that_frees_everything_it_names_stays_whole() {
+    let (mut rng, seed) = Rng::from_env("snapshot view beside a writer");
+    let dev = Arc::new(MemDevice::new(128 << 20));
+    Fs::mkfs(
+        dev.clone(),
+        &MkfsOptions {
+            node_size: 4096,
+            ..Default::default()
+        },
+    )
+    .expect("mkfs");
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let mut w = World::default();
+    for _ in 0..150 {
+        step(&fs, &mut rng, &mut w);
+    }
+    let want = digest(&fs);
+    let id = fs.snapshot(b"kept").expect("snapshot");
+    let view = fs.open_snapshot(id, 1 << 20).expect("view");
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+    let (stop, walked) = (AtomicBool::new(false), AtomicU64::new(0));
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            while !stop.load(Relaxed) {
+                assert_eq!(
+                    digest(&view),
+                    want,
+                    "seed {seed}: walk {}",
+                    walked.load(Relaxed)
+                );
+                walked.fetch_add(1, Relaxed);
+            }
+        });
+        for round in 0..20 {
+            let before = walked.load(Relaxed);
+            // Everything the snapshot named goes, and new files reuse the space.
+            for (p, _, name) in std::mem::take(&mut w.files) {
+                fs.unlink(p, &name).expect("unlink");
+            }
+            for _ in 0..60 {
+                step(&fs, &mut rng, &mut w);
+            }
+            let other = fs
+                .snapshot(format!("o{round}").as_bytes())
+                .expect("snapshot");
+            fs.sync().expect("commit");
+            fs.delete_snapshot(other).expect("delete");
+            fs.finish_drops().expect("drops");
+            fs.sync().expect("commit");
+            // A walk ends inside each round's changes: they interleave.
+            while walked.load(Relaxed) < before + 2 && !reader.is_finished() {
+                std::thread::yield_now();
+            }
+        }
+        stop.store(true, Relaxed);
+        reader.join().expect("reader");
+    });
+    let walks = walked.load(Relaxed);
+    eprintln!("seed {seed}: {walks} walks");
+    assert_eq!(digest(&view), want);
+    drop(view);
+    fs.delete_snapshot(id).expect("delete");
+    fs.finish_drops().expect("drops");
+    fs.close().expect("close");
+    check(&dev, &format!("seed {seed} end"));
+}
+
 /// The in-place rule: a NOCOW file's overwrite of blocks a snapshot names goes copy-on-write
 /// (the snapshot keeps its bytes), and one of blocks written after the snapshot goes in
 /// place again.

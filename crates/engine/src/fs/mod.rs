@@ -80,6 +80,7 @@ mod reserve;
 mod setattr;
 mod shared;
 mod snapshot;
+mod snapshot_view;
 mod tmpfile;
 pub mod types;
 mod xattr;
@@ -292,6 +293,10 @@ struct Shared {
     stop: Mutex<bool>,
     wake: Condvar,
     counters: Arc<Counters>,
+    /// Snapshots opened beside this file system (`snapshot_view`): none may be deleted.
+    views: snapshot_view::OpenViews,
+    /// Set when this is a snapshot opened beside its file system, which it keeps alive.
+    view_of: Option<snapshot_view::ViewOf>,
 }
 
 /// Times an operation refused for space waits for readers holding freed blocks and runs
@@ -522,6 +527,18 @@ impl Fs {
         } else if crate::log::replay(&mut inner)? > 0 && !inner.policy.read_only {
             inner.commit()?;
         }
+        Fs::launch(inner, &opts, counters, None)
+    }
+
+    /// Starts a file system whose trees are loaded: checks the root, publishes, starts the
+    /// commit thread (`opts.commit_interval`) and frees what orphans a crash left.
+    /// `view_of`: set for a snapshot opened beside its file system (`snapshot_view`).
+    fn launch(
+        mut inner: Inner,
+        opts: &OpenOptions,
+        counters: Arc<Counters>,
+        view_of: Option<snapshot_view::ViewOf>,
+    ) -> Result<Fs> {
         inner.load_orphans()?;
         // The root must exist and be a directory.
         let root = inner.inode(ROOT_INO)?;
@@ -546,6 +563,8 @@ impl Fs {
             total_blocks: inner.store.total_blocks,
             acl: opts.acl,
             inner: Mutex::new(inner),
+            views: Default::default(),
+            view_of,
             stop: Mutex::new(false),
             wake: Condvar::new(),
             counters,
@@ -825,11 +844,31 @@ impl Fs {
     }
 
     /// The file system's size and what is free, as the last finished operation left them:
-    /// without the lock while statfs is asked between operations (`published`).
+    /// without the lock while statfs is asked between operations (`published`). A snapshot
+    /// opened beside its file system answers with that file system's.
     pub fn statfs(&self) -> Result<StatFs> {
-        let c = match self.shared.published.statfs() {
+        let shared = self
+            .shared
+            .view_of
+            .as_ref()
+            .map_or(&self.shared, |v| &v.parent);
+        Ok(shared.statfs())
+    }
+
+    /// Testing only: statfs computed under the lock, never the published counts, to check
+    /// those against.
+    #[doc(hidden)]
+    pub fn statfs_under_lock(&self) -> StatFs {
+        let c = self.lock().space_counts();
+        self.shared.statfs_of(c)
+    }
+}
+
+impl Shared {
+    fn statfs(&self) -> StatFs {
+        let c = match self.published.statfs() {
             Some(c) => {
-                Counters::inc(&self.shared.counters.statfs_lock_free);
+                Counters::inc(&self.counters.statfs_lock_free);
                 c
             }
             None => {
@@ -842,21 +881,13 @@ impl Fs {
                 c
             }
         };
-        Ok(self.statfs_of(c))
-    }
-
-    /// Testing only: statfs computed under the lock, never the published counts, to check
-    /// those against.
-    #[doc(hidden)]
-    pub fn statfs_under_lock(&self) -> StatFs {
-        let c = self.lock().space_counts();
         self.statfs_of(c)
     }
 
     fn statfs_of(&self, c: published::SpaceCounts) -> StatFs {
         StatFs {
             block_size: BLOCK_SIZE as u32,
-            blocks: self.shared.total_blocks,
+            blocks: self.total_blocks,
             blocks_free: c.blocks_free,
             blocks_avail: c.blocks_avail,
             files: c.files,
@@ -864,7 +895,9 @@ impl Fs {
             name_max: NAME_MAX as u32,
         }
     }
+}
 
+impl Fs {
     /// Test and tool access to the whole engine state under the lock.
     /// Discards every free block (`idxfs trim`): what a mount with `nodiscard`, or an
     /// older idxfs, left allocated in an image file goes back. Commits first, so what is

@@ -544,13 +544,18 @@ impl Fs {
 
     /// Deletes snapshot `id`: it is gone once this returns (durably), and its blocks come
     /// back in the background (the commit thread's drop steps, or `finish_drops`), resumed
-    /// at the next open after a crash.
+    /// at the next open after a crash. `Error::Busy` while it is open beside the file system
+    /// (`open_snapshot`).
     pub fn delete_snapshot(&self, id: u64) -> Result<()> {
         let mut g = self.lock();
         g.writable()?;
         let Some(s) = g.snapshots.list.get_mut(&id).filter(|s| !s.dropping()) else {
             return Err(Error::NotFound);
         };
+        // Under the lock, as `open_snapshot`'s registration (`snapshot_view`).
+        if self.shared.views.is_open(id) {
+            return Err(Error::Busy("the snapshot is open beside the file system"));
+        }
         s.item.flags = (s.item.flags.get() | SUBVOL_DROPPING).into();
         s.item.drop_from = Key::MIN.encode();
         g.snapshots.changed_list.insert(id);
