@@ -2,6 +2,7 @@
 //! deleted, of an unmounted image here, or of a mounted file system by its server
 //! (`idxfs_fuse::snapshot`); `idxfs mount -o snapshot=ID` mounts one.
 use idxfs_engine::{Error, Fs, OpenOptions};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 /// What `idxfs snapshot` was asked.
@@ -67,18 +68,34 @@ pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
         Ask::List => wire::Ask::List,
         Ask::Delete(id) => wire::Ask::Delete(*id),
     };
+    if let Ask::Make(_) = ask {
+        // With the writeback cache, written pages wait in the kernel: sent to the server
+        // first (as btrfs writes delalloc before a snapshot), so the snapshot has them.
+        let root = std::fs::File::open(&mp).map_err(|e| format!("{m}: {e}"))?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: syncfs(2) on a descriptor we hold.
+        if unsafe { libc::syncfs(root.as_raw_fd()) } != 0 {
+            return Err(format!("{m}: syncfs: {}", std::io::Error::last_os_error()));
+        }
+    }
     let r = wire::request(&mp, &req).map_err(|e| match (e.raw_os_error(), &ask) {
         (Some(libc::ENOENT), Ask::Delete(id)) => format!("{m}: no snapshot {id}"),
         (Some(libc::EEXIST), Ask::Make(name)) => format!("{m}: a snapshot named {name:?} exists"),
         _ => format!("{m}: {e}"),
     })?;
     match r {
-        Answer::Made(id) => println!(
-            "{m}: snapshot {id} ({}); mount it with -o snapshot={id} (its image unmounted)",
-            match &ask {
-                Ask::Make(n) => n,
-                _ => "",
-            }
+        Answer::Made(id, Some(dir)) => println!(
+            "{m}: snapshot {id}, at {}",
+            mp.join(std::ffi::OsStr::from_bytes(&dir))
+                .join(match &ask {
+                    Ask::Make(n) => n,
+                    _ => "",
+                })
+                .display()
+        ),
+        Answer::Made(id, None) => println!(
+            "{m}: snapshot {id}; not shown in this mount (nosnapdir): mount it with \
+             -o snapshot={id} (its image unmounted)"
         ),
         Answer::Deleted => {
             println!("{m}: snapshot deleted; its blocks come back in the background")

@@ -4,7 +4,9 @@
 //! targets) after every step, which of their and their directories' mtimes and ctimes the
 //! step moved, and the whole trees now and then, across clean remounts and
 //! crashes (SIGKILL of the server right after an fsync, which makes everything before it
-//! durable: the crashed image must open to exactly the tmpfs state of that moment). On
+//! durable: the crashed image must open to exactly the tmpfs state of that moment), and
+//! snapshots made and deleted through the mount now and then, each compared with the tmpfs
+//! tree of the moment it was made (at `.snapshots/NAME`) whenever the trees are. On
 //! idxfs, what is made in `d1` is NOCOW (`chattr +C`), so its writes go in place. Every other
 //! seed mounts idxfs with the kernel's writeback cache (`-o writeback`); before its crashes a
 //! syncfs sends the kernel's dirty pages to the daemon first, as `sync` would.
@@ -230,8 +232,11 @@ fn drop_cached_pages(p: &Path) {
     }
 }
 
-/// Every path under `root` with what `observe` sees, in name order.
-fn tree(root: &Path) -> Vec<(PathBuf, String)> {
+/// Every path under a root with what `observe` sees, in name order.
+type Observed = Vec<(PathBuf, String)>;
+
+/// `Observed` of `root`.
+fn tree(root: &Path) -> Observed {
     let mut out = Vec::new();
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
@@ -273,6 +278,9 @@ struct World {
     held: Vec<(fs::File, fs::File, PathBuf)>,
     /// The idxfs mount's options, for every remount.
     opts: String,
+    /// Snapshots of the idxfs mount: (id, name, the tmpfs tree when it was made), each
+    /// compared with `.snapshots/NAME` whenever the trees are.
+    snaps: Vec<(u64, String, Observed)>,
 }
 
 const DIRS: [&str; 4] = ["", "d0", "d1", "d0/e"];
@@ -408,7 +416,66 @@ impl World {
         }
     }
 
+    /// A snapshot made through the mount (`idxfs snapshot MOUNT NAME`), or one deleted
+    /// (`--delete`), then every snapshot against the tree it was made of.
+    fn snapshot_step(&mut self) {
+        let mp = self.idx.mp.to_str().expect("utf8").to_string();
+        if self.snaps.len() < 3 && (self.snaps.is_empty() || self.rng.chance(60)) {
+            let name = format!("s{}", self.step);
+            self.trail.push(format!("{}: snapshot {name}", self.step));
+            let (code, out, err) = idxfs(&["snapshot", &mp, &name]);
+            if code != 0 {
+                self.fail(&format!("snapshot: {out}{err}"));
+            }
+            let id = out
+                .split("snapshot ")
+                .nth(1)
+                .and_then(|r| r.split(',').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| self.fail(&format!("snapshot said {out:?}")));
+            self.snaps.push((id, name, tree(self.tmp.root())));
+        } else {
+            let (id, name, _) = self
+                .snaps
+                .remove(self.rng.below(self.snaps.len() as u64) as usize);
+            self.trail
+                .push(format!("{}: delete snapshot {id} ({name})", self.step));
+            let (code, out, err) = idxfs(&["snapshot", &mp, "--delete", &id.to_string()]);
+            if code != 0 {
+                self.fail(&format!("snapshot --delete: {out}{err}"));
+            }
+            if self.idx.mp.join(".snapshots").join(&name).exists() {
+                self.fail(&format!("deleted snapshot {name} still shows"));
+            }
+        }
+        *self.tally.entry(("snapshot".into(), true)).or_default() += 1;
+        self.compare_snapshots("after a snapshot step");
+    }
+
+    fn compare_snapshots(&self, when: &str) {
+        for (id, name, want) in &self.snaps {
+            let got = tree(&self.idx.mp.join(".snapshots").join(name));
+            if &got != want {
+                let diff: Vec<String> = got
+                    .iter()
+                    .zip(want.iter())
+                    .filter(|(x, y)| x != y)
+                    .take(5)
+                    .map(|(x, y)| format!(" snapshot {x:?}\n then     {y:?}"))
+                    .collect();
+                self.fail(&format!(
+                    "{when}: snapshot {id} ({name}) differs from the tree it was made of \
+                     ({} and {} paths):\n{}",
+                    got.len(),
+                    want.len(),
+                    diff.join("\n")
+                ));
+            }
+        }
+    }
+
     fn compare_trees(&self, when: &str) {
+        self.compare_snapshots(when);
         let (a, b) = (tree(&self.idx.mp), tree(self.tmp.root()));
         if a != b {
             let diff: Vec<String> = a
@@ -468,6 +535,9 @@ impl World {
     }
 
     fn step(&mut self) {
+        if self.rng.below(100) == 0 {
+            return self.snapshot_step();
+        }
         let p = self.path();
         match self.rng.below(32) {
             0..=3 => {
@@ -1026,6 +1096,7 @@ fn random_operations_match_tmpfs_across_remounts_and_crashes() {
             tick: tick(),
             held: Vec::new(),
             opts: opts.clone(),
+            snaps: Vec::new(),
         };
         for d in ["d0", "d1", "d0/e"] {
             let (a, b) = w.both(Path::new(d));
@@ -1072,6 +1143,7 @@ fn random_operations_match_tmpfs_across_remounts_and_crashes() {
             "utimes",
             "rewrite",
             "fdwrite",
+            "snapshot",
         ] {
             assert!(
                 // (links succeed least: 12-25 times in 3,000 steps)

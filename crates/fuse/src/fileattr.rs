@@ -9,6 +9,7 @@
 //! (NOCOW has none), so all zeros. Without it every `chattr` fails.
 use crate::{errno, IdxFuse};
 use fuser::{Errno, INodeNo, ReplyIoctl};
+use idxfs_engine::Fs;
 
 /// `_IOR('f', 1, long)` and `_IOW('f', 2, long)` on 64-bit Linux, and the 32-bit forms
 /// (`FS_IOC32_*`, `int`), which carry the same flags.
@@ -19,20 +20,6 @@ pub const FSGETXATTR: u32 = 0x801c_581f;
 const FSXATTR_SIZE: usize = 28;
 
 impl IdxFuse {
-    pub(crate) fn getflags_request(&self, ino: INodeNo, reply: ReplyIoctl) {
-        match self.fs.flags(ino.0) {
-            Ok(f) => reply.ioctl(0, &(f as u32).to_ne_bytes()),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
-    pub(crate) fn fsgetxattr_request(&self, ino: INodeNo, reply: ReplyIoctl) {
-        match self.fs.flags(ino.0) {
-            Ok(_) => reply.ioctl(0, &[0u8; FSXATTR_SIZE]),
-            Err(e) => reply.error(errno(&e)),
-        }
-    }
-
     pub(crate) fn setflags_request(&self, ino: INodeNo, in_data: &[u8], reply: ReplyIoctl) {
         let Some(raw) = in_data.get(..4).and_then(|b| <[u8; 4]>::try_from(b).ok()) else {
             return reply.error(Errno::EINVAL);
@@ -49,5 +36,21 @@ impl IdxFuse {
             None | Some(Ok(())) => reply.ioctl(0, &[]),
             Some(Err(_)) => reply.error(Errno::EIO),
         }
+    }
+}
+
+/// FS_IOC_GETFLAGS of inode `ino` of `fs` (the file system's or a snapshot's).
+pub(crate) fn getflags_request(fs: &Fs, ino: u64, reply: ReplyIoctl) {
+    match fs.flags(ino) {
+        Ok(f) => reply.ioctl(0, &(f as u32).to_ne_bytes()),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+/// FS_IOC_FSGETXATTR: no project ids or extent size hints here, all zero.
+pub(crate) fn fsgetxattr_request(fs: &Fs, ino: u64, reply: ReplyIoctl) {
+    match fs.flags(ino) {
+        Ok(_) => reply.ioctl(0, &[0u8; FSXATTR_SIZE]),
+        Err(e) => reply.error(errno(&e)),
     }
 }

@@ -62,6 +62,7 @@ mod readahead;
 pub mod remount;
 mod root_ioctl;
 mod serve;
+mod snapdir;
 pub mod snapshot;
 pub mod trim;
 pub mod uring;
@@ -78,6 +79,7 @@ use fuser::{
 use idxfs_engine::counters::Counter;
 use idxfs_engine::fs::{Attr, Kill, Owner, Seek, SetAttr, SetTime, Time, WriteHow};
 use idxfs_engine::{Error, Fs};
+use snapdir::{Place, View};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -261,6 +263,8 @@ pub struct IdxFuse {
     notifier: Arc<OnceLock<Notifier>>,
     /// What makes the entries of `idxfs import` (`import.rs`); None: the ioctl is unknown.
     import: Option<Arc<dyn import::ImportServer>>,
+    /// The snapshots shown inside the mount (`snapdir.rs`); None with `-o nosnapdir`.
+    snapdir: Option<snapdir::Snapdir>,
 }
 
 /// What a mount settled when it started (from `MountConfig` and the server's own identity),
@@ -316,6 +320,201 @@ impl IdxFuse {
             recent,
             notifier: Arc::default(),
             import: None,
+            snapdir: cfg
+                .snapdir
+                .as_ref()
+                .map(|n| snapdir::Snapdir::new(n.as_bytes().to_vec())),
+        }
+    }
+
+    /// Where an inode number the kernel sent belongs (`snapdir.rs`).
+    fn place(&self, ino: INodeNo) -> Place {
+        match &self.snapdir {
+            Some(d) => d.place(&self.fs, ino.0),
+            None if ino.0 >> snapdir::SHIFT == 0 => Place::Live,
+            None => Place::Stale,
+        }
+    }
+
+    /// The engine that reads `ino`, and its number there: the file system's, or an open
+    /// snapshot's; `in_dir`: the errno for the snapshots directory itself.
+    fn tree(&self, ino: INodeNo, in_dir: Errno) -> Result<(Tree<'_>, u64), Errno> {
+        match self.place(ino) {
+            Place::Live => Ok((Tree::Live(&self.fs), ino.0)),
+            Place::View(v) => Ok((Tree::View(v.fs), v.ino)),
+            Place::Dir => Err(in_dir),
+            Place::Stale => Err(Errno::ESTALE),
+        }
+    }
+
+    /// `ino` for a change: the file system's own, or the errno a change elsewhere gets
+    /// (a snapshot is read-only; a deleted one's numbers are stale).
+    fn changeable(&self, ino: INodeNo) -> Result<u64, Errno> {
+        if ino.0 >> snapdir::SHIFT == 0 {
+            return Ok(ino.0);
+        }
+        match self.place(ino) {
+            Place::Stale => Err(Errno::ESTALE),
+            _ => Err(Errno::EROFS),
+        }
+    }
+
+    /// The errno of a rename or link between `a` and `b` when either is not the file
+    /// system's own: EXDEV between a snapshot and anything else, EROFS inside one.
+    fn across(&self, a: INodeNo, b: INodeNo) -> Option<Errno> {
+        let tree = |i: INodeNo| i.0 >> snapdir::SHIFT;
+        match (tree(a), tree(b)) {
+            (0, 0) => None,
+            (x, y) if x == y => Some(self.changeable(a).err().unwrap_or(Errno::EROFS)),
+            _ => Some(Errno::EXDEV),
+        }
+    }
+
+    /// Whether `name` in `parent` is the snapshots directory: the root's name for it, where
+    /// the file system has no entry of that name.
+    fn names_snapdir(&self, parent: INodeNo, name: &[u8]) -> bool {
+        parent == INodeNo::ROOT
+            && self.snapdir.as_ref().is_some_and(|d| d.name() == name)
+            && matches!(self.fs.lookup(parent.0, name), Err(Error::NotFound))
+    }
+
+    /// Replies with the snapshots directory's entry (zero TTL: its link count follows the
+    /// snapshots).
+    fn snapdir_entry(&self, reply: ReplyEntry) {
+        match self.snapdir.as_ref().map(|d| d.attr(&self.fs)) {
+            Some(Ok(a)) => reply.entry(&Duration::ZERO, &file_attr(&a), Generation(0)),
+            Some(Err(e)) => reply.error(errno(&e)),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    /// Replies with an entry inside a snapshot: nothing there changes, and the engine keeps
+    /// no pins for it (nothing is unlinked in a snapshot).
+    fn view_entry(&self, v: &View, r: Result<Attr, Error>, ttl: Duration, reply: ReplyEntry) {
+        match r {
+            Ok(a) => {
+                let generation = Generation(a.generation);
+                reply.entry(&ttl, &file_attr(&v.attr(a)), generation)
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    /// A name in the snapshots directory: a snapshot's root (zero TTL, so a snapshot made
+    /// or deleted shows at the next walk), or "." and ".." by number (`lookup`).
+    fn lookup_in_snapdir(&self, name: &[u8], reply: ReplyEntry) {
+        let Some(d) = &self.snapdir else {
+            return reply.error(Errno::ESTALE);
+        };
+        match name {
+            b"." => self.snapdir_entry(reply),
+            b".." => self.entry(self.fs.getattr(INodeNo::ROOT.0), reply),
+            _ => match d.lookup(&self.fs, name) {
+                Ok(v) => {
+                    let r = v.fs.getattr(v.ino);
+                    self.view_entry(&v, r, Duration::ZERO, reply)
+                }
+                Err(e) => reply.error(errno(&e)),
+            },
+        }
+    }
+
+    /// The snapshots directory's entries after `offset`: (kernel number, cookie, name).
+    fn snapdir_listing(&self, offset: u64) -> Result<Vec<(u64, u64, std::ffi::OsString)>, Error> {
+        let Some(d) = &self.snapdir else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        if offset < 1 {
+            out.push((snapdir::DIR_INO, 1, ".".into()));
+        }
+        if offset < 2 {
+            out.push((INodeNo::ROOT.0, 2, "..".into()));
+        }
+        for e in d.list(&self.fs, offset)? {
+            // A snapshot past the last slot is not shown (`snapdir`).
+            if let Some(ino) = e.ino {
+                out.push((ino, e.id, OsStr::from_bytes(&e.name).to_owned()));
+            }
+        }
+        Ok(out)
+    }
+
+    /// readdirplus of a snapshot's directory: no pins and no read-ahead (`view_entry`).
+    fn readdirplus_in_view(&self, v: &View, offset: u64, mut reply: ReplyDirectoryPlus) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let limit = self.plus_fit.load(Relaxed) + 32;
+        let batch = match v.fs.readdir_plus_batch(v.ino, offset, limit) {
+            Ok(b) => b,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        let up = match v.ino == INodeNo::ROOT.0 {
+            true => self.snapdir.as_ref().map(|d| d.attr(&self.fs)),
+            false => None,
+        };
+        for (e, a) in batch.entries {
+            let a = match (&up, e.name.as_slice()) {
+                (Some(Ok(up)), b"..") => up.clone(),
+                _ => v.attr(a),
+            };
+            let name = OsStr::from_bytes(&e.name);
+            let generation = Generation(a.generation);
+            if reply.add(
+                INodeNo(a.ino),
+                e.cookie,
+                name,
+                &self.set.ttl,
+                &file_attr(&a),
+                generation,
+            ) {
+                break;
+            }
+        }
+        reply.ok()
+    }
+
+    /// readdirplus of the snapshots directory: each snapshot's root, opened (zero TTL).
+    fn readdirplus_in_snapdir(&self, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let list = match self.snapdir_listing(offset) {
+            Ok(l) => l,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        for (ino, cookie, name) in list {
+            let a = match self.place(INodeNo(ino)) {
+                Place::Dir => self.snapdir.as_ref().map(|d| d.attr(&self.fs)),
+                Place::Live => Some(self.fs.getattr(ino)),
+                Place::View(v) => Some(v.fs.getattr(v.ino).map(|a| v.attr(a))),
+                Place::Stale => None,
+            };
+            // A snapshot deleted since the list was read is left out.
+            let Some(Ok(a)) = a else { continue };
+            let zero = Duration::ZERO;
+            if reply.add(
+                INodeNo(ino),
+                cookie,
+                &name,
+                &zero,
+                &file_attr(&a),
+                Generation(0),
+            ) {
+                break;
+            }
+        }
+        reply.ok()
+    }
+
+    /// A name inside a snapshot; its root's ".." is the snapshots directory.
+    fn lookup_in_view(&self, v: &View, name: &[u8], reply: ReplyEntry) {
+        let r = match name {
+            b"." => v.fs.getattr(v.ino),
+            b".." if v.ino == INodeNo::ROOT.0 => return self.snapdir_entry(reply),
+            _ => v.fs.lookup(v.ino, name),
+        };
+        match r {
+            Err(Error::NotFound) if name != b"." => {
+                reply.entry(&self.set.ttl, &negative_entry(), Generation(0))
+            }
+            r => self.view_entry(v, r, self.set.ttl, reply),
         }
     }
 
@@ -442,6 +641,23 @@ impl IdxFuse {
                 reply.entry(&self.set.ttl, &file_attr(&a), Generation(a.generation));
             }
             Err(e) => reply.error(errno(&e)),
+        }
+    }
+}
+
+/// The engine a request reads (`IdxFuse::tree`): the file system's own handle, borrowed (no
+/// shared count touched on the hot path), or an open snapshot's.
+enum Tree<'a> {
+    Live(&'a Fs),
+    View(Arc<Fs>),
+}
+
+impl std::ops::Deref for Tree<'_> {
+    type Target = Fs;
+    fn deref(&self) -> &Fs {
+        match self {
+            Tree::Live(fs) => fs,
+            Tree::View(fs) => fs,
         }
     }
 }
@@ -660,6 +876,12 @@ impl Filesystem for IdxFuse {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let _in = self.begin(Op::Lookup, req);
+        match self.place(parent) {
+            Place::Live => {}
+            Place::Stale => return reply.error(Errno::ESTALE),
+            Place::Dir => return self.lookup_in_snapdir(bytes(name), reply),
+            Place::View(v) => return self.lookup_in_view(&v, bytes(name), reply),
+        }
         if bytes(name) == b"." {
             // FUSE_EXPORT_SUPPORT: the kernel finds an inode it forgot, from a file handle
             // (nodeid = inode number, and its generation), by a lookup of "." in the inode
@@ -672,6 +894,15 @@ impl Filesystem for IdxFuse {
             return self.entry(r, reply);
         }
         match self.fs.lookup(parent.0, bytes(name)) {
+            Err(Error::NotFound)
+                if parent == INodeNo::ROOT
+                    && self
+                        .snapdir
+                        .as_ref()
+                        .is_some_and(|d| d.name() == bytes(name)) =>
+            {
+                self.snapdir_entry(reply)
+            }
             Err(Error::NotFound) => reply.entry(&self.set.ttl, &negative_entry(), Generation(0)),
             r => self.entry(r, reply),
         }
@@ -681,7 +912,10 @@ impl Filesystem for IdxFuse {
         let _in = self.begin(Op::Forget, req);
         // An error here (a failed device) already turned the file system read-only; the
         // orphan stays listed and is freed at the next mount.
-        let _ = self.fs.unpin(ino.0, nlookup);
+        // Inodes of snapshots hold no pins (`view_entry`).
+        if ino.0 >> snapdir::SHIFT == 0 {
+            let _ = self.fs.unpin(ino.0, nlookup);
+        }
         drop(_in);
         self.after_forget();
     }
@@ -691,7 +925,11 @@ impl Filesystem for IdxFuse {
     /// only while replies hand off (`handoff::FORGET_PAUSE`).
     fn batch_forget(&self, req: &Request, nodes: &[ForgetOne]) {
         let _in = self.begin(Op::BatchForget, req);
-        let list: Vec<(u64, u64)> = nodes.iter().map(|n| (n.nodeid().0, n.nlookup())).collect();
+        let list: Vec<(u64, u64)> = nodes
+            .iter()
+            .filter(|n| n.nodeid().0 >> snapdir::SHIFT == 0)
+            .map(|n| (n.nodeid().0, n.nlookup()))
+            .collect();
         // As in `forget`: an error left the file system read-only, orphans stay listed.
         let _ = self.fs.unpin_many(&list);
         drop(_in);
@@ -700,8 +938,17 @@ impl Filesystem for IdxFuse {
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let _in = self.begin(Op::Getattr, req);
-        match self.fs.getattr(ino.0) {
-            Ok(a) => reply.attr(&self.set.ttl, &file_attr(&a)),
+        let (r, ttl) = match self.place(ino) {
+            Place::Live => (self.fs.getattr(ino.0), self.set.ttl),
+            Place::View(v) => (v.fs.getattr(v.ino).map(|a| v.attr(a)), self.set.ttl),
+            Place::Dir => match &self.snapdir {
+                Some(d) => (d.attr(&self.fs), Duration::ZERO),
+                None => (Err(Error::NotFound), Duration::ZERO),
+            },
+            Place::Stale => return reply.error(Errno::ESTALE),
+        };
+        match r {
+            Ok(a) => reply.attr(&ttl, &file_attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -726,6 +973,9 @@ impl Filesystem for IdxFuse {
         reply: ReplyAttr,
     ) {
         let _in = self.begin(Op::Setattr, req);
+        if let Err(e) = self.changeable(ino) {
+            return reply.error(e);
+        }
         let kill = match self.kill(req, ino, kill_suidgid && size.is_some()) {
             Ok(k) => k,
             Err(e) => return reply.error(errno(&e)),
@@ -748,7 +998,11 @@ impl Filesystem for IdxFuse {
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
         let _in = self.begin(Op::Readlink, req);
-        match self.fs.readlink(ino.0) {
+        let (fs, ino) = match self.tree(ino, Errno::EINVAL) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
+        match fs.readlink(ino) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(errno(&e)),
         }
@@ -765,6 +1019,9 @@ impl Filesystem for IdxFuse {
         reply: ReplyEntry,
     ) {
         let _in = self.begin(Op::Mknod, req);
+        if let Err(e) = self.changeable(parent) {
+            return reply.error(e);
+        }
         // The umask is the engine's to apply (FUSE_DONT_MASK; without it the kernel applied
         // it already, and again changes nothing).
         let r = self
@@ -785,6 +1042,9 @@ impl Filesystem for IdxFuse {
         reply: ReplyCreate,
     ) {
         let _in = self.begin(Op::Tmpfile, req);
+        if let Err(e) = self.changeable(parent) {
+            return reply.error(e);
+        }
         match self.fs.tmpfile_umask(parent.0, mode, owner(req), umask) {
             Ok(a) => reply.created(
                 &self.set.ttl,
@@ -807,6 +1067,9 @@ impl Filesystem for IdxFuse {
         reply: ReplyEntry,
     ) {
         let _in = self.begin(Op::Mkdir, req);
+        if let Err(e) = self.changeable(parent) {
+            return reply.error(e);
+        }
         let r = self.fs.mknod_umask(
             parent.0,
             bytes(name),
@@ -820,11 +1083,23 @@ impl Filesystem for IdxFuse {
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _in = self.begin(Op::Unlink, req);
+        if let Err(e) = self.changeable(parent) {
+            return reply.error(e);
+        }
+        if self.names_snapdir(parent, bytes(name)) {
+            return reply.error(Errno::EROFS);
+        }
         done(reply, self.fs.unlink(parent.0, bytes(name)))
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _in = self.begin(Op::Rmdir, req);
+        if let Err(e) = self.changeable(parent) {
+            return reply.error(e);
+        }
+        if self.names_snapdir(parent, bytes(name)) {
+            return reply.error(Errno::EROFS);
+        }
         done(reply, self.fs.rmdir(parent.0, bytes(name)))
     }
 
@@ -837,6 +1112,9 @@ impl Filesystem for IdxFuse {
         reply: ReplyEntry,
     ) {
         let _in = self.begin(Op::Symlink, req);
+        if let Err(e) = self.changeable(parent) {
+            return reply.error(e);
+        }
         let r = self.fs.symlink(
             parent.0,
             bytes(link_name),
@@ -857,6 +1135,12 @@ impl Filesystem for IdxFuse {
         reply: ReplyEmpty,
     ) {
         let _in = self.begin(Op::Rename, req);
+        if let Some(e) = self.across(parent, newparent) {
+            return reply.error(e);
+        }
+        if self.names_snapdir(parent, bytes(name)) {
+            return reply.error(Errno::EROFS);
+        }
         done(
             reply,
             self.fs.rename(
@@ -878,6 +1162,9 @@ impl Filesystem for IdxFuse {
         reply: ReplyEntry,
     ) {
         let _in = self.begin(Op::Link, req);
+        if let Some(e) = self.across(ino, newparent) {
+            return reply.error(e);
+        }
         let r = self.fs.link(ino.0, newparent.0, bytes(newname));
         self.entry_made(r, reply)
     }
@@ -904,9 +1191,13 @@ impl Filesystem for IdxFuse {
         if misaligned_direct(flags, offset, size as u64) {
             return reply.error(Errno::EINVAL);
         }
+        let (fs, ino) = match self.tree(ino, Errno::EISDIR) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
         // Over io_uring the data goes straight into the ring entry's reply area.
         let reply = match uring::with_reply_area(size as usize, reply, |area, reply| {
-            match self.fs.read_into(ino.0, offset, area) {
+            match fs.read_into(ino, offset, area) {
                 Ok(n) => reply.data(&area[..n]),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -914,7 +1205,7 @@ impl Filesystem for IdxFuse {
             Ok(()) => return,
             Err(reply) => reply,
         };
-        match self.fs.read(ino.0, offset, size as usize) {
+        match fs.read(ino, offset, size as usize) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(errno(&e)),
         }
@@ -933,6 +1224,9 @@ impl Filesystem for IdxFuse {
         reply: ReplyWrite,
     ) {
         let _in = self.begin(Op::Write, req);
+        if let Err(e) = self.changeable(ino) {
+            return reply.error(e);
+        }
         // A delayed write from the page cache (of a file mapped or written through the
         // writeback cache) is not the caller's direct I/O, whatever the file's flags. This
         // kernel sends such writes without open flags (mount_direct_io's mapped file, cut to
@@ -988,7 +1282,12 @@ impl Filesystem for IdxFuse {
         reply: ReplyEmpty,
     ) {
         let _in = self.begin(Op::Fsync, req);
-        done(reply, self.fs.fsync(ino.0))
+        match self.place(ino) {
+            Place::Live => done(reply, self.fs.fsync(ino.0)),
+            // A snapshot is durable since it was made.
+            Place::Dir | Place::View(_) => reply.ok(),
+            Place::Stale => reply.error(Errno::ESTALE),
+        }
     }
 
     fn opendir(&self, req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -1006,6 +1305,38 @@ impl Filesystem for IdxFuse {
         mut reply: ReplyDirectory,
     ) {
         let _in = self.begin(Op::Readdir, req);
+        match self.place(ino) {
+            Place::Live => {}
+            Place::Stale => return reply.error(Errno::ESTALE),
+            Place::View(v) => {
+                let root = v.ino == INodeNo::ROOT.0;
+                let r = v.fs.readdir(v.ino, offset, |e| {
+                    let out = match root && e.name == b".." {
+                        true => snapdir::DIR_INO,
+                        false => v.out(e.ino),
+                    };
+                    let kind = kind_of_dtype(e.dtype);
+                    !reply.add(INodeNo(out), e.cookie, kind, OsStr::from_bytes(&e.name))
+                });
+                return match r {
+                    Ok(()) => reply.ok(),
+                    Err(e) => reply.error(errno(&e)),
+                };
+            }
+            Place::Dir => {
+                let r = self.snapdir_listing(offset).map(|list| {
+                    for (ino, cookie, name) in list {
+                        if reply.add(INodeNo(ino), cookie, FileType::Directory, &name) {
+                            break;
+                        }
+                    }
+                });
+                return match r {
+                    Ok(()) => reply.ok(),
+                    Err(e) => reply.error(errno(&e)),
+                };
+            }
+        }
         let r = self.fs.readdir(ino.0, offset, |e| {
             !reply.add(
                 INodeNo(e.ino),
@@ -1029,6 +1360,12 @@ impl Filesystem for IdxFuse {
         mut reply: ReplyDirectoryPlus,
     ) {
         let _in = self.begin(Op::Readdirplus, req);
+        match self.place(ino) {
+            Place::Live => {}
+            Place::Stale => return reply.error(Errno::ESTALE),
+            Place::View(v) => return self.readdirplus_in_view(&v, offset, reply),
+            Place::Dir => return self.readdirplus_in_snapdir(offset, reply),
+        }
         // The kernel's buffer (up to 32 KiB here: ~200 entries) is not passed to us. Read a
         // little more than the last full reply held; `add` says when the buffer is full, and the
         // names read past it cost only a leaf scan.
@@ -1104,7 +1441,12 @@ impl Filesystem for IdxFuse {
         reply: ReplyEmpty,
     ) {
         let _in = self.begin(Op::Fsyncdir, req);
-        done(reply, self.fs.fsync(ino.0))
+        match self.place(ino) {
+            Place::Live => done(reply, self.fs.fsync(ino.0)),
+            // A snapshot is durable since it was made.
+            Place::Dir | Place::View(_) => reply.ok(),
+            Place::Stale => reply.error(Errno::ESTALE),
+        }
     }
 
     fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -1135,6 +1477,9 @@ impl Filesystem for IdxFuse {
         reply: ReplyEmpty,
     ) {
         let _in = self.begin(Op::Setxattr, req);
+        if let Err(e) = self.changeable(ino) {
+            return reply.error(e);
+        }
         if self.set.acl && acl::is_acl(bytes(name)) {
             return self.set_acl(req, ino, bytes(name), value, flags, reply);
         }
@@ -1155,7 +1500,11 @@ impl Filesystem for IdxFuse {
         if self.unsupported(bytes(name)) {
             return reply.error(Errno::EOPNOTSUPP);
         }
-        match self.fs.getxattr(ino.0, bytes(name)) {
+        let (fs, ino) = match self.tree(ino, Errno::ENODATA) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
+        match fs.getxattr(ino, bytes(name)) {
             Ok(v) => sized(reply, size, &v),
             Err(e) => reply.error(errno(&e)),
         }
@@ -1163,7 +1512,12 @@ impl Filesystem for IdxFuse {
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let _in = self.begin(Op::Listxattr, req);
-        match self.fs.listxattr(ino.0) {
+        let r = match self.tree(ino, Errno::ENODATA) {
+            Ok((fs, ino)) => fs.listxattr(ino),
+            Err(Errno::ENODATA) => Ok(Vec::new()),
+            Err(e) => return reply.error(e),
+        };
+        match r {
             Ok(names) => {
                 let mut buf = Vec::new();
                 for n in names.into_iter().filter(|n| !self.unsupported(n)) {
@@ -1178,6 +1532,9 @@ impl Filesystem for IdxFuse {
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _in = self.begin(Op::Removexattr, req);
+        if let Err(e) = self.changeable(ino) {
+            return reply.error(e);
+        }
         if !self.set.acl && acl::is_acl(bytes(name)) {
             // Nothing beyond the mode is kept, so nothing is removed (`acl.rs`); the owner or
             // root only, as for setting one.
@@ -1197,7 +1554,16 @@ impl Filesystem for IdxFuse {
         let _in = self.begin(Op::Access, req);
         // Sent for access(2) and chdir when the kernel does not check permissions itself (a
         // root mount without allow_other, `MountConfig::kernel_checks_permissions`).
-        match self.fs.getattr(ino.0) {
+        let r = match self.place(ino) {
+            Place::Live => self.fs.getattr(ino.0),
+            Place::View(v) => v.fs.getattr(v.ino),
+            Place::Dir => match &self.snapdir {
+                Some(d) => d.attr(&self.fs),
+                None => Err(Error::NotFound),
+            },
+            Place::Stale => return reply.error(Errno::ESTALE),
+        };
+        match r {
             Ok(a) => {
                 if may_access(&a, req.uid(), req.gid(), mask.bits() as u32) {
                     reply.ok()
@@ -1238,6 +1604,9 @@ impl Filesystem for IdxFuse {
         reply: ReplyEmpty,
     ) {
         let _in = self.begin(Op::Fallocate, req);
+        if let Err(e) = self.changeable(ino) {
+            return reply.error(e);
+        }
         // FUSE passes no kill flag with fallocate (and KILLPRIV_V2 drops the kernel's own
         // setattr for it): a caller other than root counts as lacking CAP_FSETID.
         let kill = match self.kill(req, ino, req.uid() != 0) {
@@ -1270,6 +1639,13 @@ impl Filesystem for IdxFuse {
         reply: ReplyWrite,
     ) {
         let _in = self.begin(Op::CopyFileRange, req);
+        if let Err(e) = self.changeable(ino_out) {
+            return reply.error(e);
+        }
+        if ino_in.0 >> snapdir::SHIFT != 0 {
+            // Nothing is shared between a snapshot and the file system by a copy (`snapdir`).
+            return reply.error(Errno::EXDEV);
+        }
         // As with fallocate, no kill flag comes with the request: a caller other than root
         // counts as lacking CAP_FSETID.
         let kill = match self.kill(req, ino_out, req.uid() != 0) {
@@ -1304,9 +1680,18 @@ impl Filesystem for IdxFuse {
             trim::IOC_TRIM => self.trim_request(req, ino, reply),
             snapshot::IOC_SNAPSHOT => self.snapshot_request(req, ino, in_data, reply),
             import::IOC_IMPORT => self.import_request(req, ino, in_data, reply),
-            c if fileattr::GETFLAGS.contains(&c) => self.getflags_request(ino, reply),
-            c if fileattr::SETFLAGS.contains(&c) => self.setflags_request(ino, in_data, reply),
-            fileattr::FSGETXATTR => self.fsgetxattr_request(ino, reply),
+            c if fileattr::GETFLAGS.contains(&c) => match self.tree(ino, Errno::ENOTTY) {
+                Ok((fs, ino)) => fileattr::getflags_request(&fs, ino, reply),
+                Err(e) => reply.error(e),
+            },
+            c if fileattr::SETFLAGS.contains(&c) => match self.changeable(ino) {
+                Ok(_) => self.setflags_request(ino, in_data, reply),
+                Err(e) => reply.error(e),
+            },
+            fileattr::FSGETXATTR => match self.tree(ino, Errno::ENOTTY) {
+                Ok((fs, ino)) => fileattr::fsgetxattr_request(&fs, ino, reply),
+                Err(e) => reply.error(e),
+            },
             // No other ioctl is known (FS_IOC_FSSETXATTR and the like): "not a tty", as the
             // kernel's file systems answer a command they do not have.
             _ => reply.error(Errno::ENOTTY),
@@ -1332,7 +1717,11 @@ impl Filesystem for IdxFuse {
         let Ok(off) = u64::try_from(offset) else {
             return reply.error(Errno::ENXIO);
         };
-        match self.fs.seek(ino.0, off, what) {
+        let (fs, ino) = match self.tree(ino, Errno::EINVAL) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
+        match fs.seek(ino, off, what) {
             Ok(o) => reply.offset(o as i64),
             Err(e) => reply.error(errno(&e)),
         }
@@ -1373,9 +1762,13 @@ impl IdxFuse {
         let r = match ask {
             snapshot::Ask::Make(name) => self.fs.snapshot(&name).map(|id| {
                 log::info!("snapshot {id} ({}) made", String::from_utf8_lossy(&name));
-                id.to_le_bytes().to_vec()
+                snapshot::encode_made(id, self.snapdir.as_ref().map(|d| d.name()))
             }),
-            snapshot::Ask::Delete(id) => self.fs.delete_snapshot(id).map(|()| {
+            snapshot::Ask::Delete(id) => match &self.snapdir {
+                Some(d) => d.delete(&self.fs, id),
+                None => self.fs.delete_snapshot(id),
+            }
+            .map(|()| {
                 log::info!("snapshot {id} deleted; its blocks come back in the background");
                 Vec::new()
             }),
@@ -1405,6 +1798,9 @@ impl IdxFuse {
         let Some(server) = self.import.as_ref() else {
             return reply.error(Errno::ENOTTY);
         };
+        if let Err(e) = self.changeable(ino) {
+            return reply.error(e);
+        }
         if req.uid() != 0 && req.uid() != self.set.owner_uid {
             return reply.error(Errno::EPERM);
         }

@@ -70,6 +70,9 @@ pub struct MountConfig {
     /// `-o snapshot=ID`: serve this read-only snapshot of the image instead of its file
     /// system (read-only whatever else is asked).
     pub snapshot: Option<u64>,
+    /// `-o snapdir=NAME`: the root's name for the snapshots directory (`snapdir.rs`),
+    /// `.snapshots` unless asked; None with `-o nosnapdir`.
+    pub snapdir: Option<String>,
 }
 
 /// VFS words passed to the kernel as they are: (word, flag, set or clear). They concern the
@@ -107,9 +110,13 @@ impl Default for MountConfig {
             acl: None,
             flags: Vec::new(),
             snapshot: None,
+            snapdir: Some(DEFAULT_SNAPDIR.to_string()),
         }
     }
 }
+
+/// Where the mount shows the image's snapshots unless `-o snapdir=NAME` says otherwise.
+pub const DEFAULT_SNAPDIR: &str = ".snapshots";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OptionError(pub String);
@@ -159,6 +166,16 @@ impl MountConfig {
                     })?;
                     self.snapshot = Some(id);
                 }
+                "snapdir" => {
+                    let v = need(value)?;
+                    if v.is_empty() || v.len() > 255 || v == "." || v == ".." {
+                        return Err(OptionError(format!(
+                            "bad snapdir {v:?}: a name of 1 to 255 bytes, not . or .."
+                        )));
+                    }
+                    self.snapdir = Some(v.to_string());
+                }
+                "nosnapdir" => self.snapdir = None,
                 "ttl" => {
                     let v = need(value)?;
                     let secs: f64 = v

@@ -7,7 +7,8 @@
 //!
 //! The argument, `ARG_SIZE` bytes each way: in, `op` u8 (`MAKE`, `DELETE`, `LIST`), the
 //! name's length u8, 6 zero bytes, an id u64 (little-endian), the name; out, for `MAKE` the
-//! new id u64, for `LIST` a count u32 and a `more` u8 (entries left out for room), then each
+//! new id u64, the length u8 and name of the mount's snapshots directory (`snapdir`; 0: not
+//! shown), for `LIST` a count u32 and a `more` u8 (entries left out for room), then each
 //! entry: id u64, generation u64, dropping u8, the name's length u8, the name.
 use std::io;
 use std::path::Path;
@@ -111,10 +112,28 @@ fn decode_list(buf: &[u8]) -> Option<(Vec<Listed>, bool)> {
     Some((out, more))
 }
 
+/// The reply to a `MAKE`: the new id, and the name of the directory of the mount's root
+/// that shows it (None: not shown).
+pub fn encode_made(id: u64, snapdir: Option<&[u8]>) -> Vec<u8> {
+    let mut out = id.to_le_bytes().to_vec();
+    let dir = snapdir.unwrap_or_default();
+    out.push(dir.len().min(255) as u8);
+    out.extend_from_slice(&dir[..dir.len().min(255)]);
+    out
+}
+
+fn decode_made(buf: &[u8]) -> Option<(u64, Option<Vec<u8>>)> {
+    let id = u64::from_le_bytes(buf.get(..8)?.try_into().ok()?);
+    let len = *buf.get(8)? as usize;
+    let dir = buf.get(9..9 + len)?;
+    Some((id, (len > 0).then(|| dir.to_vec())))
+}
+
 /// What the server answered.
 #[derive(Debug)]
 pub enum Answer {
-    Made(u64),
+    /// The new id, and the mount's snapshots directory that shows it.
+    Made(u64, Option<Vec<u8>>),
     Deleted,
     List(Vec<Listed>, bool),
 }
@@ -126,7 +145,10 @@ pub fn request(mp: &Path, ask: &Ask) -> io::Result<Answer> {
     crate::root_ioctl::send(mp, IOC_SNAPSHOT, &mut buf, "snapshot")?;
     let bad = || io::Error::other("the server's answer could not be read");
     Ok(match ask {
-        Ask::Make(_) => Answer::Made(u64::from_le_bytes(buf[..8].try_into().map_err(|_| bad())?)),
+        Ask::Make(_) => {
+            let (id, dir) = decode_made(&buf).ok_or_else(bad)?;
+            Answer::Made(id, dir)
+        }
         Ask::Delete(_) => Answer::Deleted,
         Ask::List => {
             let (l, more) = decode_list(&buf).ok_or_else(bad)?;
@@ -146,6 +168,11 @@ mod tests {
         }
         assert_eq!(encode(&Ask::Make(vec![b'a'; 256])), None);
         assert_eq!(decode(&[9; 16]), None);
+        for dir in [None, Some(&b".snapshots"[..])] {
+            let mut buf = encode_made(300, dir);
+            buf.resize(ARG_SIZE, 0);
+            assert_eq!(decode_made(&buf), Some((300, dir.map(<[u8]>::to_vec))));
+        }
         let all: Vec<Listed> = (0..300)
             .map(|i| Listed {
                 id: 256 + i,

@@ -1,0 +1,272 @@
+//! Snapshots shown inside the mount: `MOUNT/.snapshots/NAME` is snapshot NAME, read-only,
+//! while the file system goes on beside it (as ZFS's `.zfs/snapshot`). The directory's name
+//! is `-o snapdir=NAME` (`-o nosnapdir`: none).
+//!
+//! - **Where it is.** A name of the root that the file system does not have: a real entry of
+//!   that name wins, so an image that has one loses nothing (the mount option then picks
+//!   another name). It is not listed by the root's readdir, as ZFS's default `snapdir=hidden`,
+//!   so `find`, `du`, `cp -a` and backup tools that walk the mount do not walk every snapshot.
+//! - **What serves it.** Each snapshot looked up is opened beside the file system
+//!   (`Fs::open_snapshot`: a read-only engine on the same device with its own caches) once,
+//!   and stays open until the unmount or its delete. Every change in it is refused (EROFS),
+//!   a rename or link between it and the file system is EXDEV, and a copy from it shares
+//!   nothing (EXDEV: callers then copy the bytes).
+//! - **Inode numbers.** The kernel sees one file system, so a snapshot's inodes get numbers
+//!   of their own: `slot << 48 | ino` (engine inode numbers stay below 2^48), where a slot is
+//!   given to a snapshot the first time this mount shows it and never to another during the
+//!   mount. So a deleted snapshot's numbers answer ESTALE, even when a later snapshot reuses
+//!   its id, and `st_ino` differs between a file and its snapshots' copies (tools that find
+//!   hard links by it see none). `1 << 48` is the directory itself. Slots run out after
+//!   65,533 snapshots shown in one mount (ENOSPC for more until the next mount).
+//! - **Caching.** The directory's entries and attributes go out with a zero TTL, so a
+//!   snapshot made or deleted shows at the next path walk; inside a snapshot nothing
+//!   changes, and the mount's TTL applies.
+//! - **Deleting** through the mount (`idxfs snapshot MOUNT --delete ID`) retires the slot,
+//!   waits for requests inside the snapshot to end, closes it and then deletes it (the
+//!   engine refuses the delete of a snapshot it has open). A file of it still open answers
+//!   ESTALE from then on, as over NFS, for whatever the kernel asks (what it has cached of
+//!   the file it may still return).
+use idxfs_engine::fs::Attr;
+use idxfs_engine::{Error, Fs};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
+
+pub const SHIFT: u32 = 48;
+/// The directory's own inode number.
+pub const DIR_INO: u64 = 1 << SHIFT;
+const FIRST_SLOT: u64 = 2;
+/// A snapshot's root, in the engine's numbering: the kernel's root id is the engine's root.
+const ROOT: u64 = fuser::INodeNo::ROOT.0;
+const LAST_SLOT: u64 = (1 << (64 - SHIFT)) - 1;
+/// Node cache per open snapshot: its directories and files are read, not written.
+const VIEW_CACHE_BYTES: usize = 64 << 20;
+/// How long a delete waits for requests inside the snapshot to end.
+const DRAIN_WAIT: Duration = Duration::from_secs(10);
+
+/// What a slot holds.
+enum Slot {
+    /// Given to snapshot `id`, open once looked up.
+    Shown { id: u64, fs: Option<Arc<Fs>> },
+    /// Its snapshot was deleted: its numbers are stale for the rest of the mount.
+    Retired,
+}
+
+#[derive(Default)]
+struct Slots {
+    by_id: HashMap<u64, u64>,
+    slots: BTreeMap<u64, Slot>,
+    next: u64,
+}
+
+/// The snapshots directory of one mount.
+pub struct Snapdir {
+    name: Vec<u8>,
+    slots: RwLock<Slots>,
+}
+
+/// Where an inode number the kernel sent belongs.
+pub enum Place {
+    /// The file system itself: the number is the engine's.
+    Live,
+    /// The snapshots directory.
+    Dir,
+    /// An inode of an open snapshot, by its engine number there.
+    View(View),
+    /// A number of a deleted snapshot, or one this mount never gave.
+    Stale,
+}
+
+/// An open snapshot and the number of one of its inodes.
+pub struct View {
+    pub fs: Arc<Fs>,
+    pub slot: u64,
+    /// The engine's number inside the snapshot.
+    pub ino: u64,
+}
+
+impl View {
+    /// The kernel's number for the snapshot's inode `ino`.
+    pub fn out(&self, ino: u64) -> u64 {
+        self.slot << SHIFT | ino
+    }
+
+    /// `a` with the kernel's number.
+    pub fn attr(&self, mut a: Attr) -> Attr {
+        a.ino = self.out(a.ino);
+        a
+    }
+}
+
+/// A snapshot as the directory lists it.
+pub struct Entry {
+    pub name: Vec<u8>,
+    /// The snapshot's id: also the entry's readdir cookie (ids start at 256, after "." and
+    /// "..", and a listing goes in id order).
+    pub id: u64,
+    /// The kernel's number for its root; None when slots ran out.
+    pub ino: Option<u64>,
+}
+
+impl Snapdir {
+    pub fn new(name: Vec<u8>) -> Snapdir {
+        Snapdir {
+            name,
+            slots: RwLock::new(Slots {
+                next: FIRST_SLOT,
+                ..Slots::default()
+            }),
+        }
+    }
+
+    pub fn name(&self) -> &[u8] {
+        &self.name
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Slots> {
+        self.slots.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Slots> {
+        self.slots.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Where `ino` belongs; a snapshot given a slot but not open yet is opened here.
+    pub fn place(&self, live: &Fs, ino: u64) -> Place {
+        let slot = ino >> SHIFT;
+        let local = ino & (DIR_INO - 1);
+        match slot {
+            0 => return Place::Live,
+            1 if local == 0 => return Place::Dir,
+            _ => {}
+        }
+        match self.open(live, slot) {
+            Some(fs) => Place::View(View {
+                fs,
+                slot,
+                ino: local,
+            }),
+            None => Place::Stale,
+        }
+    }
+
+    /// The open snapshot in `slot`, opened now if it was only listed; None for a retired or
+    /// unknown slot, or a snapshot that went meanwhile.
+    fn open(&self, live: &Fs, slot: u64) -> Option<Arc<Fs>> {
+        match self.read().slots.get(&slot)? {
+            Slot::Shown { fs: Some(fs), .. } => return Some(fs.clone()),
+            Slot::Shown { fs: None, .. } => {}
+            Slot::Retired => return None,
+        }
+        let mut s = self.write();
+        match s.slots.get_mut(&slot)? {
+            Slot::Shown { fs: Some(fs), .. } => Some(fs.clone()),
+            Slot::Shown { id, fs } => {
+                let view = Arc::new(live.open_snapshot(*id, VIEW_CACHE_BYTES).ok()?);
+                *fs = Some(view.clone());
+                Some(view)
+            }
+            Slot::Retired => None,
+        }
+    }
+
+    /// The slot of snapshot `id`, given now if it has none; None when slots ran out.
+    fn slot_of(&self, id: u64) -> Option<u64> {
+        if let Some(&slot) = self.read().by_id.get(&id) {
+            return Some(slot);
+        }
+        let mut s = self.write();
+        if let Some(&slot) = s.by_id.get(&id) {
+            return Some(slot);
+        }
+        if s.next > LAST_SLOT {
+            return None;
+        }
+        let slot = s.next;
+        s.next += 1;
+        s.by_id.insert(id, slot);
+        s.slots.insert(slot, Slot::Shown { id, fs: None });
+        Some(slot)
+    }
+
+    /// The snapshot named `name`, open, with its root's number.
+    pub fn lookup(&self, live: &Fs, name: &[u8]) -> Result<View, Error> {
+        let snaps = live.snapshots()?;
+        let s = snaps
+            .iter()
+            .find(|s| !s.dropping && s.name == name)
+            .ok_or(Error::NotFound)?;
+        let slot = self.slot_of(s.id).ok_or(Error::NoSpace)?;
+        let fs = self.open(live, slot).ok_or(Error::NotFound)?;
+        Ok(View {
+            fs,
+            slot,
+            ino: ROOT,
+        })
+    }
+
+    /// The snapshots the directory lists after `cookie` (see `Entry::id`), in id order.
+    pub fn list(&self, live: &Fs, cookie: u64) -> Result<Vec<Entry>, Error> {
+        Ok(live
+            .snapshots()?
+            .into_iter()
+            .filter(|s| !s.dropping && s.id > cookie)
+            .map(|s| Entry {
+                ino: self.slot_of(s.id).map(|slot| slot << SHIFT | ROOT),
+                id: s.id,
+                name: s.name,
+            })
+            .collect())
+    }
+
+    /// The directory's attributes: read-only and owned as the root is, with its times.
+    pub fn attr(&self, live: &Fs) -> Result<Attr, Error> {
+        let mut a = live.getattr(ROOT)?;
+        let shown = live.snapshots()?.iter().filter(|s| !s.dropping).count() as u32;
+        a.ino = DIR_INO;
+        a.mode = libc::S_IFDIR | 0o555;
+        a.nlink = 2 + shown;
+        a.size = 0;
+        a.blocks = 0;
+        a.generation = 0;
+        Ok(a)
+    }
+
+    /// Deletes snapshot `id` (module docs): its slot goes stale, requests inside it end, it
+    /// is closed, and then the engine deletes it.
+    pub fn delete(&self, live: &Fs, id: u64) -> Result<(), Error> {
+        let deadline = Instant::now() + DRAIN_WAIT;
+        loop {
+            let open = {
+                let mut s = self.write();
+                match s.by_id.remove(&id) {
+                    Some(slot) => match s.slots.insert(slot, Slot::Retired) {
+                        Some(Slot::Shown { fs, .. }) => fs,
+                        _ => None,
+                    },
+                    None => None,
+                }
+            };
+            if let Some(mut fs) = open {
+                // Requests that took it before the slot went hold it a moment longer.
+                loop {
+                    match Arc::try_unwrap(fs) {
+                        Ok(fs) => break drop(fs),
+                        Err(still) if Instant::now() < deadline => {
+                            fs = still;
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        Err(_) => {
+                            return Err(Error::Busy("the snapshot is being read in the mount"))
+                        }
+                    }
+                }
+            }
+            match live.delete_snapshot(id) {
+                // A lookup opened it again between the two: retire that slot too.
+                Err(Error::Busy(_)) if Instant::now() < deadline => continue,
+                r => return r,
+            }
+        }
+    }
+}
