@@ -97,7 +97,8 @@ enum Cmd {
     /// whatever the file system holds) and prints its id; --list lists them; --delete ID
     /// deletes one (its blocks come back before this returns on an unmounted image, in the
     /// background on a mount). TARGET: an unmounted image, or a directory on an idxfs mount
-    /// (root or the mount's owner only). Mount a snapshot with `-o snapshot=ID`.
+    /// (root or the mount's owner only). A mount shows its snapshots at
+    /// MOUNT/.snapshots/NAME; `-o snapshot=ID` mounts one alone.
     Snapshot {
         target: PathBuf,
         /// The new snapshot's name (1 to 255 bytes, no '/').
@@ -129,7 +130,8 @@ enum Cmd {
         /// every read; default on),
         /// readdirplus=always|auto (auto: names-only listings skip attributes, but tar, cp and
         /// rm then look up every entry; default always), snapshot=ID (serve that read-only
-        /// snapshot, `idxfs snapshot --list`).
+        /// snapshot, `idxfs snapshot --list`), snapdir=NAME (the root's hidden directory
+        /// showing the snapshots, default .snapshots), nosnapdir (none).
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
         /// Create and format the image first if it does not exist.

@@ -41,6 +41,8 @@
 //!   and later writes do not;
 //! - file handles that outlive the kernel's cache (`FUSE_EXPORT_SUPPORT`: "." looked up by
 //!   inode number), O_TMPFILE (`tmpfile`), and `idxfs trim MOUNT` by ioctl (`trim.rs`);
+//! - the image's snapshots at `MOUNT/.snapshots/NAME`, each served by an engine opened
+//!   beside the file system, with inode numbers of their own (`snapdir.rs`);
 //! - `chattr +C` / `lsattr`: the inode flags ioctls the kernel's fileattr calls send
 //!   (`fileattr.rs`);
 //! - O_DIRECT as ext4 takes it: an offset or length that is not a multiple of 512 is EINVAL

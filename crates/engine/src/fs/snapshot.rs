@@ -42,8 +42,10 @@
 //! commit, with no write in flight outside the lock (it waits for them, and no new one
 //! starts meanwhile), so it holds every operation that returned before it and none after.
 //!
-//! Not built yet (`docs/snapshots.md`): writable snapshots, subvolumes, snapshots shown
-//! inside the mounted file system.
+//! A snapshot is read either alone (`OpenOptions::snapshot`) or beside the file system
+//! (`Fs::open_snapshot`, `snapshot_view`), which is how the mount shows them.
+//!
+//! Not built yet (`docs/snapshots.md`): writable snapshots, subvolumes.
 use super::{Fs, Inner};
 use crate::btree::{Ptr, Tree};
 use crate::counters::Counters;
