@@ -233,24 +233,7 @@ fn check_state(
             sb.first_error_time.get()
         ));
     }
-    let mut c = Checker {
-        dev,
-        sb,
-        hash,
-        report,
-        blocks: Blocks::default(),
-        inodes: BTreeMap::new(),
-        names: Names::default(),
-        xattrs: LongXattrs::default(),
-        needs: Needs::default(),
-        sums: SumCheck {
-            verify: verify_data,
-            extents_of: (0, Vec::new()),
-        },
-        sharing: Sharing::default(),
-        roots: Default::default(),
-        progress,
-    };
+    let mut c = Checker::new(dev, sb, hash, verify_data, report, progress);
     for b in 0..SUPER_COPIES {
         c.blocks.owners.insert(b, "superblock");
     }
@@ -332,7 +315,35 @@ fn check_log(
     }
 }
 
-impl Checker<'_> {
+impl<'a> Checker<'a> {
+    fn new(
+        dev: &'a dyn BlockDevice,
+        sb: Superblock,
+        hash: NameHash,
+        verify_data: bool,
+        report: Report,
+        progress: &'a mut dyn FnMut(u64),
+    ) -> Checker<'a> {
+        Checker {
+            dev,
+            sb,
+            hash,
+            report,
+            blocks: Blocks::default(),
+            inodes: BTreeMap::new(),
+            names: Names::default(),
+            xattrs: LongXattrs::default(),
+            needs: Needs::default(),
+            sums: SumCheck {
+                verify: verify_data,
+                extents_of: (0, Vec::new()),
+            },
+            sharing: Sharing::default(),
+            roots: Default::default(),
+            progress,
+        }
+    }
+
     fn claim(&mut self, start: u64, n: u64, what: &'static str) {
         for b in start..start + n {
             if let Some(prev) = self.blocks.owners.insert(b, what) {

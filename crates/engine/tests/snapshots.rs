@@ -438,6 +438,86 @@ fn a_view_read_beside_a_writer_that_frees_everything_it_names_stays_whole() {
     check(&dev, &format!("seed {seed} end"));
 }
 
+/// fsck checks a snapshot's tree as a file system of its own: a wrong link count in a leaf
+/// only the snapshot still names (the file system changed the inode since) is a problem
+/// that names the snapshot; the same image without the damage is clean.
+#[test]
+fn fsck_finds_damage_in_a_leaf_only_a_snapshot_names() {
+    use idxfs_format::node::{ITEM_HEADER_SIZE, NODE_HEADER_SIZE};
+    let dev = Arc::new(MemDevice::new(16 << 20));
+    Fs::mkfs(
+        dev.clone(),
+        &MkfsOptions {
+            node_size: 4096,
+            ..Default::default()
+        },
+    )
+    .expect("mkfs");
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let ino = fs.create(ROOT, b"victim", 0o644, ME).expect("create").ino;
+    for i in 0..200 {
+        fs.create(ROOT, format!("f{i}").as_bytes(), 0o644, ME)
+            .expect("create");
+    }
+    let id = fs.snapshot(b"s").expect("snapshot");
+    // The file system copies the victim's leaf: the old one is the snapshot's alone.
+    fs.setattr(
+        ino,
+        &idxfs_engine::fs::SetAttr {
+            mode: Some(0o600),
+            ..Default::default()
+        },
+    )
+    .expect("chmod");
+    fs.close().expect("close");
+    check(&dev, "before the damage");
+    // Every leaf holding the victim's inode item with its old mode (the snapshot's leaf, and
+    // stale copies in free blocks, which nothing reads) gets link count 7.
+    let mut img = dev.snapshot();
+    let key = idxfs_format::Key::new(ino, idxfs_format::ItemType::Inode, 0).encode();
+    let mut damaged = 0;
+    for n in img.chunks_exact_mut(4096) {
+        if &n[4..8] != b"IXND" || n[48] != 0 {
+            continue;
+        }
+        let items = u16::from_le_bytes([n[50], n[51]]) as usize;
+        for i in 0..items.min(4096 / ITEM_HEADER_SIZE) {
+            let h = NODE_HEADER_SIZE + i * ITEM_HEADER_SIZE;
+            if n.get(h..h + 17) != Some(&key[..]) {
+                continue;
+            }
+            let off = u32::from_le_bytes(n[h + 17..h + 21].try_into().expect("4")) as usize;
+            let mode = u32::from_le_bytes(n[off..off + 4].try_into().expect("4"));
+            if mode & 0o777 == 0o644 {
+                n[off + 4..off + 8].copy_from_slice(&7u32.to_le_bytes());
+                let c = crc32c::crc32c(&n[4..]);
+                n[..4].copy_from_slice(&c.to_le_bytes());
+                damaged += 1;
+            }
+        }
+    }
+    assert!(damaged > 0, "the snapshot's leaf was not found");
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let r = fsck::check(
+        &(dev.clone() as Arc<dyn BlockDevice>),
+        idxfs_format::hash::name_hash,
+        &mut |_| {},
+    )
+    .expect("fsck");
+    assert!(
+        r.problems
+            .iter()
+            .any(|p| p.starts_with(&format!("snapshot {id}:")) && p.contains("link count 7")),
+        "{:?}",
+        r.problems
+    );
+    assert!(
+        r.problems.iter().all(|p| p.starts_with("snapshot")),
+        "the file system itself is whole: {:?}",
+        r.problems
+    );
+}
+
 /// The in-place rule: a NOCOW file's overwrite of blocks a snapshot names goes copy-on-write
 /// (the snapshot keeps its bytes), and one of blocks written after the snapshot goes in
 /// place again.

@@ -7,8 +7,9 @@
 //! - every block a snapshot's written extent names is named by the fs tree or held with
 //!   that snapshot's generation in its window; held runs are claimed like any used block
 //!   (so one the fs tree still names is a block referenced twice), and a held run no
-//!   snapshot's window holds is a leak.
-use super::Checker;
+//!   snapshot's window holds is a leak;
+//! - every snapshot's tree is a whole file system of its own (`check_snapshot_files`).
+use super::{Checker, Report};
 use idxfs_format::items::{decode_extent, EXTENT_REGULAR};
 use idxfs_format::node::KeyRange;
 use idxfs_format::roots::{decode_held, decode_node_refs, decode_subvolume, SubvolumeItem};
@@ -90,6 +91,7 @@ impl Checker<'_> {
             }
             self.walk_snapshot(*id, it, &held);
         }
+        self.check_snapshot_files(&snaps);
         for &(s, n, born, released) in &held {
             let kept = snaps.iter().any(|(_, it)| {
                 let g = it.generation.get();
@@ -121,6 +123,44 @@ impl Checker<'_> {
         bad.sort();
         for (_, p) in bad {
             self.report.problem(p);
+        }
+    }
+
+    /// Each snapshot's tree checked as the fs tree is, as the file system it was at its
+    /// commit: every item, link counts, both directory indexes and the back references,
+    /// sizes, long xattrs, data sums (read with `--data`), shared-block counts and feature
+    /// bits, against the inode counters it was made with. Not its blocks' accounting (they
+    /// are shared: `walk_snapshot` did that). Each tree is walked whole, shared nodes again,
+    /// so this costs a full pass per snapshot; one whose root a checked tree has (nothing
+    /// changed between them) is skipped, and so is a deleted one (part of it is gone).
+    fn check_snapshot_files(&mut self, snaps: &[(u64, SubvolumeItem)]) {
+        let mut seen = std::collections::HashSet::from([self.sb.fs_root.block.get()]);
+        for (id, it) in snaps {
+            let dropping = it.flags.get() & idxfs_format::roots::SUBVOL_DROPPING != 0;
+            if dropping || !seen.insert(it.root.block.get()) {
+                continue;
+            }
+            let mut sb = self.sb;
+            sb.next_ino = it.next_ino;
+            sb.inode_count = it.inode_count;
+            let mut quiet = |_: u64| {};
+            let verify = self.sums.verify;
+            let mut sub = Checker::new(
+                self.dev,
+                sb,
+                self.hash,
+                verify,
+                Report::default(),
+                &mut quiet,
+            );
+            sub.walk(&it.root, TREE_FS, "fs tree");
+            sub.cross_check();
+            sub.check_chunks();
+            sub.check_shared();
+            sub.check_features();
+            for p in sub.report.problems {
+                self.report.problem(format!("snapshot {id}: {p}"));
+            }
         }
     }
 
