@@ -108,3 +108,34 @@ fn handles_survive_dropped_caches_and_a_remount() {
     m.unmount();
     m.assert_fsck_clean();
 }
+
+/// A handle of a file in a snapshot shown inside the mount (`.snapshots/NAME`) opens it
+/// after the kernel dropped its inodes; after a remount, where the snapshot's inode numbers
+/// may name another snapshot, it is stale, never the other snapshot's file.
+#[test]
+fn a_snapshot_file_handle_opens_that_snapshot_or_none() {
+    let mut m = Mounted::root_only("64M", "");
+    let mp = m.mp.to_str().expect("utf8").to_string();
+    std::fs::write(m.path("f"), b"first").expect("write");
+    let (code, out, err) = idxfs(&["snapshot", &mp, "a"]);
+    assert_eq!(code, 0, "{out}{err}");
+    std::fs::write(m.path("f"), b"second").expect("write");
+    let (code, out, err) = idxfs(&["snapshot", &mp, "b"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let h = handle_of(&m.path(".snapshots/a/f"));
+    drop_caches();
+    assert_eq!(
+        read_all(open_by_handle(&m.mp, &h, libc::O_RDONLY).expect("open by handle")),
+        b"first"
+    );
+    m.unmount();
+    m.mount("");
+    // Snapshot b is shown first in this mount: it gets the numbers a had.
+    assert_eq!(
+        std::fs::read(m.path(".snapshots/b/f")).expect("read"),
+        b"second"
+    );
+    let e = open_by_handle(&m.mp, &h, libc::O_RDONLY).expect_err("another snapshot's file");
+    assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+    m.unmount();
+}

@@ -395,8 +395,8 @@ impl IdxFuse {
     fn view_entry(&self, v: &View, r: Result<Attr, Error>, ttl: Duration, reply: ReplyEntry) {
         match r {
             Ok(a) => {
-                let generation = Generation(a.generation);
-                reply.entry(&ttl, &file_attr(&v.attr(a)), generation)
+                let a = v.attr(a);
+                reply.entry(&ttl, &file_attr(&a), Generation(a.generation))
             }
             Err(e) => reply.error(errno(&e)),
         }

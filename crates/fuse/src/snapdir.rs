@@ -16,7 +16,9 @@
 //!   given to a snapshot the first time this mount shows it and never to another during the
 //!   mount. So a deleted snapshot's numbers answer ESTALE, even when a later snapshot reuses
 //!   its id, and `st_ino` differs between a file and its snapshots' copies (tools that find
-//!   hard links by it see none). `1 << 48` is the directory itself. Slots run out after
+//!   hard links by it see none). Generations carry the snapshot's id (`View::attr`), so a
+//!   file handle kept across a remount, whose slot may then name another snapshot, is
+//!   stale rather than that snapshot's file. `1 << 48` is the directory itself. Slots run out after
 //!   65,533 snapshots shown in one mount (ENOSPC for more until the next mount).
 //! - **Caching.** The directory's entries and attributes go out with a zero TTL, so a
 //!   snapshot made or deleted shows at the next path walk; inside a snapshot nothing
@@ -81,6 +83,8 @@ pub enum Place {
 pub struct View {
     pub fs: Arc<Fs>,
     pub slot: u64,
+    /// The snapshot's id.
+    pub id: u64,
     /// The engine's number inside the snapshot.
     pub ino: u64,
 }
@@ -91,9 +95,14 @@ impl View {
         self.slot << SHIFT | ino
     }
 
-    /// `a` with the kernel's number.
+    /// `a` with the kernel's number, and a generation of this snapshot's own: the inode's
+    /// (its creating commit, the same in every snapshot that has it) xor the snapshot's id.
+    /// A file handle (`FUSE_EXPORT_SUPPORT`) kept across a remount, where the slot may name
+    /// another snapshot, then finds a generation that differs, and is stale. The kernel
+    /// keeps 32 bits of it, which tell apart any two snapshot ids below 2^32.
     pub fn attr(&self, mut a: Attr) -> Attr {
         a.ino = self.out(a.ino);
+        a.generation ^= self.id;
         a
     }
 }
@@ -141,9 +150,10 @@ impl Snapdir {
             _ => {}
         }
         match self.open(live, slot) {
-            Some(fs) => Place::View(View {
+            Some((fs, id)) => Place::View(View {
                 fs,
                 slot,
+                id,
                 ino: local,
             }),
             None => Place::Stale,
@@ -152,19 +162,19 @@ impl Snapdir {
 
     /// The open snapshot in `slot`, opened now if it was only listed; None for a retired or
     /// unknown slot, or a snapshot that went meanwhile.
-    fn open(&self, live: &Fs, slot: u64) -> Option<Arc<Fs>> {
+    fn open(&self, live: &Fs, slot: u64) -> Option<(Arc<Fs>, u64)> {
         match self.read().slots.get(&slot)? {
-            Slot::Shown { fs: Some(fs), .. } => return Some(fs.clone()),
+            Slot::Shown { fs: Some(fs), id } => return Some((fs.clone(), *id)),
             Slot::Shown { fs: None, .. } => {}
             Slot::Retired => return None,
         }
         let mut s = self.write();
         match s.slots.get_mut(&slot)? {
-            Slot::Shown { fs: Some(fs), .. } => Some(fs.clone()),
+            Slot::Shown { fs: Some(fs), id } => Some((fs.clone(), *id)),
             Slot::Shown { id, fs } => {
                 let view = Arc::new(live.open_snapshot(*id, VIEW_CACHE_BYTES).ok()?);
                 *fs = Some(view.clone());
-                Some(view)
+                Some((view, *id))
             }
             Slot::Retired => None,
         }
@@ -197,10 +207,11 @@ impl Snapdir {
             .find(|s| !s.dropping && s.name == name)
             .ok_or(Error::NotFound)?;
         let slot = self.slot_of(s.id).ok_or(Error::NoSpace)?;
-        let fs = self.open(live, slot).ok_or(Error::NotFound)?;
+        let (fs, id) = self.open(live, slot).ok_or(Error::NotFound)?;
         Ok(View {
             fs,
             slot,
+            id,
             ino: ROOT,
         })
     }
