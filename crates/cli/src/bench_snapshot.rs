@@ -204,7 +204,12 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
         let data = crate::bench_import::source(&src, n)?;
         let dirs = n.div_ceil(1_000);
         let inodes = (2 * n + dirs) * 5 / 4 + 1024;
-        let bytes = (data * 4).max(1 << 30).div_ceil(1 << 20) << 20;
+        // Two copies of the tree (ext4's `cp -a`), each file up to a 4 KiB block beside its
+        // bytes, with a quarter to spare (a sparse image file: only what is used takes memory).
+        let bytes = ((n * 4096 + data) * 2 * 5 / 4)
+            .max(1 << 30)
+            .div_ceil(1 << 20)
+            << 20;
         for &k in fs {
             bench_env::interrupted()?;
             eprintln!("  {}, {n} files", k.name());
