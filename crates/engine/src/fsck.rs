@@ -10,7 +10,8 @@
 //! hold); the feature bits the items need; every block is accounted for exactly once
 //! (referenced by one tree node or extent, or a superblock, exactly when its bitmap bit is
 //! set), except data blocks several extents share, which the `SharedBlocks` items count
-//! exactly (`check_shared`).
+//! exactly (`check_shared`). With snapshots (`fsck/roots.rs`): the roots tree, every node's
+//! count, every held run, and each snapshot's tree checked as the fs tree is.
 //!
 //! Then the fsync log, if the superblock names one with whole batches: it is replayed in
 //! memory (an open through an `OverlayDevice`, so the image is not written) and the state an
