@@ -41,6 +41,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 mod roots;
+pub(crate) use roots::snapshot_problems;
 
 #[derive(Debug, Default)]
 pub struct Report {

@@ -312,3 +312,134 @@ fn a_lost_leaf_of_one_directory_index_loses_no_name() {
         "the directory should span leaves of both indexes: {tried}"
     );
 }
+
+/// Sets the link count of `ino`'s inode item to `nlink` in every leaf holding it with
+/// permission bits `perm` (the leaf of the tree that has that version, and stale copies in
+/// free blocks, which nothing reads); how many it changed.
+fn set_link_count(img: &mut [u8], ino: u64, perm: u32, nlink: u32) -> usize {
+    use idxfs_format::node::ITEM_HEADER_SIZE;
+    let key = Key::new(ino, ItemType::Inode, 0).encode();
+    let mut done = 0;
+    for n in img.chunks_exact_mut(NS) {
+        if &n[4..8] != b"IXND" || n[48] != 0 {
+            continue;
+        }
+        let items = u16::from_le_bytes([n[50], n[51]]) as usize;
+        for i in 0..items.min(NS / ITEM_HEADER_SIZE) {
+            let h = NODE_HEADER_SIZE + i * ITEM_HEADER_SIZE;
+            if n.get(h..h + 17) != Some(&key[..]) {
+                continue;
+            }
+            let off = u32::from_le_bytes(n[h + 17..h + 21].try_into().expect("4")) as usize;
+            let mode = u32::from_le_bytes(n[off..off + 4].try_into().expect("4"));
+            if mode & 0o7777 == perm {
+                n[off + 4..off + 8].copy_from_slice(&nlink.to_le_bytes());
+                let c = crc32c::crc32c(&n[4..]);
+                n[..4].copy_from_slice(&c.to_le_bytes());
+                done += 1;
+            }
+        }
+    }
+    done
+}
+
+/// An image with two snapshots, the file system damaged (a wrong link count) and the second
+/// snapshot damaged too (in a leaf only it names): the repair keeps the first snapshot as it
+/// was, deletes the second and says so, and repairs the file system; all fsck clean. The
+/// file system then changes beside the kept snapshot, which shows what it always showed;
+/// once it is deleted, every block is back (fsck finds none held or leaked).
+#[test]
+fn repair_keeps_whole_snapshots_and_deletes_a_damaged_one() {
+    use common::digest::digest;
+    let (mut rng, seed) = Rng::from_env("repair with snapshots");
+    let dev = image(&mut rng);
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let a_state = digest(&fs);
+    let a = fs.snapshot(b"a").expect("snapshot");
+    // Changes between the two: files go, a file comes (only b and the file system have it).
+    for e in fs.list(ROOT).expect("list").iter().take(40) {
+        let _ = fs.unlink(ROOT, &e.name);
+    }
+    let b_only = fs.create(ROOT, b"b-only", 0o644, ME).expect("create").ino;
+    let live_victim = fs.create(ROOT, b"victim", 0o644, ME).expect("create").ino;
+    fs.write(live_victim, 0, &vec![3u8; 9000]).expect("write");
+    let b = fs.snapshot(b"b").expect("snapshot");
+    // After b, both victims change mode in the file system: their old leaves are b's alone.
+    for ino in [b_only, live_victim] {
+        fs.setattr(
+            ino,
+            &idxfs_engine::fs::SetAttr {
+                mode: Some(0o600),
+                ..Default::default()
+            },
+        )
+        .expect("chmod");
+    }
+    fs.close().expect("close");
+    assert_clean(&dev);
+    let mut img = dev.snapshot();
+    assert!(set_link_count(&mut img, b_only, 0o644, 5) > 0, "b's leaf");
+    assert!(
+        set_link_count(&mut img, live_victim, 0o600, 9) > 0,
+        "the file system's leaf"
+    );
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let r = repair::repair(
+        &(dev.clone() as Arc<dyn BlockDevice>),
+        idxfs_format::hash::name_hash,
+    )
+    .expect("repair");
+    assert!(r.check.is_clean(), "seed {seed}: {:?}", r.check.problems);
+    assert!(
+        r.actions
+            .iter()
+            .any(|l| l.starts_with(&format!("snapshot {b} (b) is damaged"))),
+        "seed {seed}: {:?}",
+        r.actions
+    );
+    assert!(
+        r.notes
+            .iter()
+            .any(|n| n.contains(&format!("kept as they were: {a}"))),
+        "seed {seed}: {:?}",
+        r.notes
+    );
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let listed: Vec<u64> = fs.snapshots().expect("list").iter().map(|s| s.id).collect();
+    assert_eq!(listed, [a]);
+    assert_eq!(fs.getattr(live_victim).expect("victim").nlink, 1);
+    assert_eq!(
+        fs.read(live_victim, 0, 9000).expect("read"),
+        vec![3u8; 9000]
+    );
+    // The file system changes everything a shares with it: a stays as it was.
+    let view = fs.open_snapshot(a, 1 << 20).expect("view");
+    assert_eq!(
+        digest(&view),
+        a_state,
+        "seed {seed}: snapshot a after the repair"
+    );
+    for e in fs.list(ROOT).expect("list") {
+        let at = fs.getattr(e.ino).expect("getattr");
+        if at.mode & 0o170000 == 0o100000 {
+            fs.write(e.ino, 0, b"rewritten after the repair")
+                .expect("write");
+        } else if at.mode & 0o170000 != 0o040000 {
+            fs.unlink(ROOT, &e.name).expect("unlink");
+        }
+    }
+    fs.sync().expect("commit");
+    assert_eq!(
+        digest(&view),
+        a_state,
+        "seed {seed}: snapshot a beside changes"
+    );
+    drop(view);
+    fs.close().expect("close");
+    assert_clean(&dev);
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    fs.delete_snapshot(a).expect("delete");
+    fs.finish_drops().expect("drops");
+    fs.close().expect("close");
+    assert_clean(&dev);
+}

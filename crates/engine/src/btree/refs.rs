@@ -77,6 +77,15 @@ impl NodeRefs {
         self.newest = self.newest.max(newest);
     }
 
+    /// A count found anew (a repair, which rebuilds the roots tree): the next commit
+    /// writes it.
+    pub fn restore(&mut self, block: u64, count: u32, newest: u64) {
+        debug_assert!(count >= 2);
+        self.counts.insert(block, count);
+        self.changed.insert(block);
+        self.newest = self.newest.max(newest);
+    }
+
     /// The generation of the last share; a node written after it is its tree's own.
     pub fn note_newest(&mut self, generation: u64) {
         self.newest = self.newest.max(generation);

@@ -90,6 +90,7 @@ pub use create::LINK_MAX;
 pub use damage::{Damage, OnDamage};
 pub use inode_flags::NOCOW_FL;
 pub use readdir::PlusBatch;
+pub(crate) use snapshot::Snap;
 pub use snapshot::SnapshotInfo;
 pub use types::*;
 

@@ -450,6 +450,38 @@ impl Inner {
         Ok(true)
     }
 
+    /// Takes `list` as the snapshots of a rebuilt file system (a repair: its fs tree shares
+    /// no node with them), with `counts` the parents of each of their nodes and `held` the
+    /// runs they name that the fs tree does not, held for every one of them (born 0,
+    /// released `released`). The next commit writes a new roots tree of them.
+    pub(crate) fn adopt_snapshots(
+        &mut self,
+        list: BTreeMap<u64, Snap>,
+        counts: &std::collections::HashMap<u64, u32>,
+        held: &[(u64, u64)],
+        released: u64,
+    ) {
+        let newest = list.values().map(Snap::generation).max().unwrap_or(0);
+        for (&block, &c) in counts {
+            if c >= 2 {
+                self.store.refs.restore(block, c, newest);
+            }
+        }
+        for &(start, blocks) in held {
+            self.snapshots.held.insert(
+                start,
+                Held {
+                    blocks,
+                    born: 0,
+                    released,
+                },
+            );
+            self.snapshots.changed_held.insert(start);
+        }
+        self.snapshots.changed_list.extend(list.keys().copied());
+        self.snapshots.list = list;
+    }
+
     /// Opens snapshot `id` in place of the fs tree (read-only open): its root, and the
     /// inode counters it was made with.
     pub(crate) fn enter_snapshot(&mut self, id: u64) -> Result<()> {

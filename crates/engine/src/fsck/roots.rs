@@ -140,25 +140,7 @@ impl Checker<'_> {
             if dropping || !seen.insert(it.root.block.get()) {
                 continue;
             }
-            let mut sb = self.sb;
-            sb.next_ino = it.next_ino;
-            sb.inode_count = it.inode_count;
-            let mut quiet = |_: u64| {};
-            let verify = self.sums.verify;
-            let mut sub = Checker::new(
-                self.dev,
-                sb,
-                self.hash,
-                verify,
-                Report::default(),
-                &mut quiet,
-            );
-            sub.walk(&it.root, TREE_FS, "fs tree");
-            sub.cross_check();
-            sub.check_chunks();
-            sub.check_shared();
-            sub.check_features();
-            for p in sub.report.problems {
+            for p in snapshot_problems(self.dev, &self.sb, self.hash, self.sums.verify, it) {
                 self.report.problem(format!("snapshot {id}: {p}"));
             }
         }
@@ -259,4 +241,27 @@ impl Checker<'_> {
             }
         }
     }
+}
+
+/// Snapshot `it`'s tree checked as the fs tree is, as the file system it was at its commit
+/// (`Checker::check_snapshot_files`): every problem found, none when it is whole. `data`:
+/// read every block that has a data sum too.
+pub(crate) fn snapshot_problems(
+    dev: &dyn idxfs_blockdev::BlockDevice,
+    sb: &idxfs_format::superblock::Superblock,
+    hash: crate::fs::NameHash,
+    data: bool,
+    it: &SubvolumeItem,
+) -> Vec<String> {
+    let mut sb = *sb;
+    sb.next_ino = it.next_ino;
+    sb.inode_count = it.inode_count;
+    let mut quiet = |_: u64| {};
+    let mut sub = Checker::new(dev, sb, hash, data, Report::default(), &mut quiet);
+    sub.walk(&it.root, TREE_FS, "fs tree");
+    sub.cross_check();
+    sub.check_chunks();
+    sub.check_shared();
+    sub.check_features();
+    sub.report.problems
 }

@@ -18,9 +18,11 @@
 //!    then frees those blocks.
 //! 5. fsck of the result.
 //!
-//! Limits: an image with snapshots (`INCOMPAT_SUBVOLUMES`) is refused: the rebuild makes
-//! one fs tree, and the snapshots' nodes and held blocks would be lost or freed under them.
-//! The rebuilt tree is built in memory and written by one commit, so a repair needs
+//! Snapshots (`snapshots`): each whose tree checks whole is kept as it is, with what it
+//! holds found anew and written into a new roots tree by the rebuild's commit; a damaged
+//! one is deleted, and said so.
+//!
+//! Limits: the rebuilt tree is built in memory and written by one commit, so a repair needs
 //! memory in proportion to the metadata (about the node size per 100 files). A lost internal
 //! node loses every leaf under it: nothing scans the device for them (see `salvage`).
 use crate::btree::Store;
@@ -38,6 +40,7 @@ use zerocopy::{FromBytes, IntoBytes};
 
 mod plan;
 mod salvage;
+mod snapshots;
 
 /// What a repair did.
 #[derive(Debug, Default)]
@@ -62,11 +65,6 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
     if !dev.writable() {
         return Err(Error::Invalid("the image was opened read-only"));
     }
-    if read_superblock(dev.as_ref())?.roots_root.block.get() != 0 {
-        return Err(Error::Invalid(
-            "the image has snapshots, which repair does not rebuild yet",
-        ));
-    }
     let mut out = Repaired::default();
     let replay = Fs::open(
         dev.clone(),
@@ -77,7 +75,11 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
             ..OpenOptions::default()
         },
     );
-    match replay.map(|fs| fs.close()) {
+    // Deleted snapshots' drops are finished too: what is left of them is not kept.
+    match replay
+        .and_then(|fs| fs.finish_drops().map(|()| fs))
+        .map(|fs| fs.close())
+    {
         Ok(Ok(())) => {}
         Ok(Err(e)) | Err(e) => out.notes.push(format!(
             "the image could not be opened to replay its fsync log and finish interrupted \
@@ -112,11 +114,28 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
     }
     out.inodes = plan.inodes.len() as u64;
     out.names = plan.entries.len() as u64;
+    let kept = snapshots::keep(dev.as_ref(), &sb, hash, &plan.data, &mut out.actions);
+    if !kept.list.is_empty() {
+        out.notes.push(format!(
+            "{} snapshot(s) kept as they were: {}",
+            kept.list.len(),
+            kept.list
+                .keys()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let bpn = sb.blocks_per_node();
+    let snapshot_runs: Vec<(u64, u64)> = kept
+        .node_runs(bpn)
+        .chain(kept.data.iter().copied())
+        .collect();
 
     // Blocks the rebuild must not write: the old state's, and the data it keeps.
     let total = sb.total_blocks.get();
     let mut busy = Bitmap::new(total);
-    for &(s, n) in salvaged.busy.iter().chain(&plan.data) {
+    for &(s, n) in salvaged.busy.iter().chain(&plan.data).chain(&snapshot_runs) {
         let end = (s + n).min(total);
         if s < end {
             busy.set_range(s, end - s, true);
@@ -141,6 +160,8 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
     let mut base = sb;
     base.errors = 0.into();
     base.first_error_time = 0.into();
+    // The kept snapshots go into a new roots tree (`adopt_snapshots`); none when none is.
+    base.roots_root = Default::default();
     let mut inner = Inner::empty(store, base, hash)?;
     inner.txn.next_ino = plan.next_ino;
     inner.txn.inode_count = plan.inodes.len() as u64;
@@ -149,12 +170,18 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
     }
     inner.txn.compat_ro_wanted |= plan.needs_ro & !base.compat_ro.get();
     build(&mut inner, &plan)?;
+    let held = held_runs(&mut inner, &kept.data, total)?;
+    let released = inner.store.generation;
+    inner.adopt_snapshots(kept.list, &kept.parents, &held, released);
     inner.commit()?;
 
     // The old state is gone now: free what only it used.
     let mut keep = Bitmap::new(total);
-    for &(s, n) in &plan.data {
-        keep.set_range(s, n, true);
+    for &(s, n) in plan.data.iter().chain(&snapshot_runs) {
+        let end = (s + n).min(total);
+        if s < end {
+            keep.set_range(s, end - s, true);
+        }
     }
     let gb = sb.group_blocks.get();
     for (s, n) in runs(&busy) {
@@ -176,6 +203,55 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
     inner.commit()?;
     drop(inner);
     out.check = fsck::check(dev, hash, &mut |_| {})?;
+    Ok(out)
+}
+
+/// The runs of `snapshot_data` the rebuilt fs tree's extents do not name: what the kept
+/// snapshots alone name, held for them.
+fn held_runs(
+    inner: &mut Inner,
+    snapshot_data: &[(u64, u64)],
+    total: u64,
+) -> Result<Vec<(u64, u64)>> {
+    if snapshot_data.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut only = Bitmap::new(total);
+    for &(s, n) in snapshot_data {
+        let end = (s + n).min(total);
+        if s < end {
+            only.set_range(s, end - s, true);
+        }
+    }
+    let tree = inner.fs_tree;
+    let mut named = Vec::new();
+    tree.scan(&mut inner.store, Key::MIN, Key::MAX, |k, v| {
+        if k.item_type() == Some(ItemType::Extent) {
+            if let Ok((e, _)) = ExtentItem::read_from_prefix(v) {
+                if e.kind == idxfs_format::items::EXTENT_REGULAR {
+                    named.push((e.disk_block.get(), e.blocks.get()));
+                }
+            }
+        }
+        Ok(true)
+    })?;
+    for (s, n) in named {
+        let end = (s + n).min(total);
+        if s < end {
+            only.set_range(s, end - s, false);
+        }
+    }
+    // A run is freed by its group (`Allocator::free`): one per group it spans.
+    let gb = inner.store.alloc.group_blocks;
+    let mut out = Vec::new();
+    for (mut s, n) in runs(&only) {
+        let end = s + n;
+        while s < end {
+            let e = end.min((s / gb + 1) * gb);
+            out.push((s, e - s));
+            s = e;
+        }
+    }
     Ok(out)
 }
 

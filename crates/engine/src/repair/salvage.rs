@@ -12,7 +12,7 @@ use crate::space::bitmap::Bitmap;
 use idxfs_blockdev::BlockDevice;
 use idxfs_format::node::{Expect, KeyRange};
 use idxfs_format::superblock::{RootPtr, Superblock};
-use idxfs_format::{ItemType, Key, BLOCK_SIZE, TREE_FS, TREE_SPACE};
+use idxfs_format::{ItemType, Key, BLOCK_SIZE, TREE_FS, TREE_ROOTS, TREE_SPACE};
 use std::collections::BTreeMap;
 
 /// What could be read of an image.
@@ -72,7 +72,7 @@ pub(crate) fn salvage(dev: &dyn BlockDevice, sb: &Superblock) -> Salvaged {
 }
 
 /// Walks one tree, handing each item of each readable leaf to `item`.
-fn walk(
+pub(super) fn walk(
     dev: &dyn BlockDevice,
     sb: &Superblock,
     root: &RootPtr,
@@ -80,10 +80,10 @@ fn walk(
     out: &mut Salvaged,
     item: &mut dyn FnMut(Key, &[u8]),
 ) {
-    let name = if owner == TREE_FS {
-        "fs tree"
-    } else {
-        "space tree"
+    let name = match owner {
+        TREE_FS => "fs tree",
+        TREE_ROOTS => "roots tree",
+        _ => "space tree",
     };
     let ns = sb.node_size.get() as usize;
     let bpn = sb.blocks_per_node();
