@@ -313,36 +313,6 @@ fn a_lost_leaf_of_one_directory_index_loses_no_name() {
     );
 }
 
-/// Sets the link count of `ino`'s inode item to `nlink` in every leaf holding it with
-/// permission bits `perm` (the leaf of the tree that has that version, and stale copies in
-/// free blocks, which nothing reads); how many it changed.
-fn set_link_count(img: &mut [u8], ino: u64, perm: u32, nlink: u32) -> usize {
-    use idxfs_format::node::ITEM_HEADER_SIZE;
-    let key = Key::new(ino, ItemType::Inode, 0).encode();
-    let mut done = 0;
-    for n in img.chunks_exact_mut(NS) {
-        if &n[4..8] != b"IXND" || n[48] != 0 {
-            continue;
-        }
-        let items = u16::from_le_bytes([n[50], n[51]]) as usize;
-        for i in 0..items.min(NS / ITEM_HEADER_SIZE) {
-            let h = NODE_HEADER_SIZE + i * ITEM_HEADER_SIZE;
-            if n.get(h..h + 17) != Some(&key[..]) {
-                continue;
-            }
-            let off = u32::from_le_bytes(n[h + 17..h + 21].try_into().expect("4")) as usize;
-            let mode = u32::from_le_bytes(n[off..off + 4].try_into().expect("4"));
-            if mode & 0o7777 == perm {
-                n[off + 4..off + 8].copy_from_slice(&nlink.to_le_bytes());
-                let c = crc32c::crc32c(&n[4..]);
-                n[..4].copy_from_slice(&c.to_le_bytes());
-                done += 1;
-            }
-        }
-    }
-    done
-}
-
 /// An image with two snapshots, the file system damaged (a wrong link count) and the second
 /// snapshot damaged too (in a leaf only it names): the repair keeps the first snapshot as it
 /// was, deletes the second and says so, and repairs the file system; all fsck clean. The
@@ -378,9 +348,12 @@ fn repair_keeps_whole_snapshots_and_deletes_a_damaged_one() {
     fs.close().expect("close");
     assert_clean(&dev);
     let mut img = dev.snapshot();
-    assert!(set_link_count(&mut img, b_only, 0o644, 5) > 0, "b's leaf");
     assert!(
-        set_link_count(&mut img, live_victim, 0o600, 9) > 0,
+        set_link_count(&mut img, NS, b_only, 0o644, 5) > 0,
+        "b's leaf"
+    );
+    assert!(
+        set_link_count(&mut img, NS, live_victim, 0o600, 9) > 0,
         "the file system's leaf"
     );
     let dev = Arc::new(MemDevice::from_bytes(img));

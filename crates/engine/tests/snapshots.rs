@@ -261,16 +261,7 @@ fn snapshots_keep_their_state_and_give_every_block_back() {
 #[test]
 fn snapshots_open_beside_the_file_system_keep_their_state() {
     let (mut rng, seed) = Rng::from_env("snapshot views");
-    let dev = Arc::new(MemDevice::new(128 << 20));
-    Fs::mkfs(
-        dev.clone(),
-        &MkfsOptions {
-            node_size: 4096,
-            ..Default::default()
-        },
-    )
-    .expect("mkfs");
-    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let (dev, fs) = mem_fs_with(128 << 20, 4096);
     let mut w = World {
         fsync: true,
         ..Default::default()
@@ -373,16 +364,7 @@ fn snapshots_open_beside_the_file_system_keep_their_state() {
 #[test]
 fn a_view_read_beside_a_writer_that_frees_everything_it_names_stays_whole() {
     let (mut rng, seed) = Rng::from_env("snapshot view beside a writer");
-    let dev = Arc::new(MemDevice::new(128 << 20));
-    Fs::mkfs(
-        dev.clone(),
-        &MkfsOptions {
-            node_size: 4096,
-            ..Default::default()
-        },
-    )
-    .expect("mkfs");
-    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let (dev, fs) = mem_fs_with(128 << 20, 4096);
     let mut w = World::default();
     for _ in 0..150 {
         step(&fs, &mut rng, &mut w);
@@ -443,17 +425,7 @@ fn a_view_read_beside_a_writer_that_frees_everything_it_names_stays_whole() {
 /// that names the snapshot; the same image without the damage is clean.
 #[test]
 fn fsck_finds_damage_in_a_leaf_only_a_snapshot_names() {
-    use idxfs_format::node::{ITEM_HEADER_SIZE, NODE_HEADER_SIZE};
-    let dev = Arc::new(MemDevice::new(16 << 20));
-    Fs::mkfs(
-        dev.clone(),
-        &MkfsOptions {
-            node_size: 4096,
-            ..Default::default()
-        },
-    )
-    .expect("mkfs");
-    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let (dev, fs) = mem_fs_with(16 << 20, 4096);
     let ino = fs.create(ROOT, b"victim", 0o644, ME).expect("create").ino;
     for i in 0..200 {
         fs.create(ROOT, format!("f{i}").as_bytes(), 0o644, ME)
@@ -474,28 +446,7 @@ fn fsck_finds_damage_in_a_leaf_only_a_snapshot_names() {
     // Every leaf holding the victim's inode item with its old mode (the snapshot's leaf, and
     // stale copies in free blocks, which nothing reads) gets link count 7.
     let mut img = dev.snapshot();
-    let key = idxfs_format::Key::new(ino, idxfs_format::ItemType::Inode, 0).encode();
-    let mut damaged = 0;
-    for n in img.chunks_exact_mut(4096) {
-        if &n[4..8] != b"IXND" || n[48] != 0 {
-            continue;
-        }
-        let items = u16::from_le_bytes([n[50], n[51]]) as usize;
-        for i in 0..items.min(4096 / ITEM_HEADER_SIZE) {
-            let h = NODE_HEADER_SIZE + i * ITEM_HEADER_SIZE;
-            if n.get(h..h + 17) != Some(&key[..]) {
-                continue;
-            }
-            let off = u32::from_le_bytes(n[h + 17..h + 21].try_into().expect("4")) as usize;
-            let mode = u32::from_le_bytes(n[off..off + 4].try_into().expect("4"));
-            if mode & 0o777 == 0o644 {
-                n[off + 4..off + 8].copy_from_slice(&7u32.to_le_bytes());
-                let c = crc32c::crc32c(&n[4..]);
-                n[..4].copy_from_slice(&c.to_le_bytes());
-                damaged += 1;
-            }
-        }
-    }
+    let damaged = set_link_count(&mut img, 4096, ino, 0o644, 7);
     assert!(damaged > 0, "the snapshot's leaf was not found");
     let dev = Arc::new(MemDevice::from_bytes(img));
     let r = fsck::check(

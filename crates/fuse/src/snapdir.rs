@@ -18,8 +18,8 @@
 //!   its id, and `st_ino` differs between a file and its snapshots' copies (tools that find
 //!   hard links by it see none). Generations carry the snapshot's id (`View::attr`), so a
 //!   file handle kept across a remount, whose slot may then name another snapshot, is
-//!   stale rather than that snapshot's file. `1 << 48` is the directory itself. Slots run out after
-//!   65,533 snapshots shown in one mount (ENOSPC for more until the next mount).
+//!   stale rather than that snapshot's file. `1 << 48` is the directory itself. Slots run
+//!   out after 65,533 snapshots shown in one mount (ENOSPC for more until the next mount).
 //! - **Caching.** The directory's entries and attributes go out with a zero TTL, so a
 //!   snapshot made or deleted shows at the next path walk; inside a snapshot nothing
 //!   changes, and the mount's TTL applies.

@@ -154,3 +154,34 @@ pub fn extent_blocks(fs: &idxfs_engine::Fs, ino: u64) -> Vec<(u64, u64, u8)> {
         out
     })
 }
+
+/// Sets the link count of `ino`'s inode item to `nlink` in every leaf of `img` (nodes of
+/// `node_size`) holding it with permission bits `perm`: the leaf of the tree that has that
+/// version, and stale copies in free blocks, which nothing reads. Returns how many it
+/// changed; each is resealed, so only a check of what the items mean finds the damage.
+pub fn set_link_count(img: &mut [u8], node_size: usize, ino: u64, perm: u32, nlink: u32) -> usize {
+    use idxfs_format::node::{ITEM_HEADER_SIZE, NODE_HEADER_SIZE};
+    let key = idxfs_format::Key::new(ino, idxfs_format::ItemType::Inode, 0).encode();
+    let mut done = 0;
+    for n in img.chunks_exact_mut(node_size) {
+        if &n[4..8] != b"IXND" || n[48] != 0 {
+            continue;
+        }
+        let items = u16::from_le_bytes([n[50], n[51]]) as usize;
+        for i in 0..items.min(node_size / ITEM_HEADER_SIZE) {
+            let h = NODE_HEADER_SIZE + i * ITEM_HEADER_SIZE;
+            if n.get(h..h + 17) != Some(&key[..]) {
+                continue;
+            }
+            let off = u32::from_le_bytes(n[h + 17..h + 21].try_into().expect("4")) as usize;
+            let mode = u32::from_le_bytes(n[off..off + 4].try_into().expect("4"));
+            if mode & 0o7777 == perm {
+                n[off + 4..off + 8].copy_from_slice(&nlink.to_le_bytes());
+                let c = crc32c::crc32c(&n[4..]);
+                n[..4].copy_from_slice(&c.to_le_bytes());
+                done += 1;
+            }
+        }
+    }
+    done
+}
