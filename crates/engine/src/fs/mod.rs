@@ -291,13 +291,18 @@ struct Shared {
     total_blocks: u64,
     /// `OpenOptions::acl`, for the checks that take no lock.
     acl: bool,
+    /// The commit thread's stop flag and wake-up.
+    ticker: Ticker,
+    counters: Arc<Counters>,
+    /// The snapshots opened beside this file system, or the one it is (`snapshot_view`).
+    views: snapshot_view::Views,
+}
+
+/// What stops and wakes the commit thread (`commit_loop`).
+#[derive(Default)]
+struct Ticker {
     stop: Mutex<bool>,
     wake: Condvar,
-    counters: Arc<Counters>,
-    /// Snapshots opened beside this file system (`snapshot_view`): none may be deleted.
-    views: snapshot_view::OpenViews,
-    /// Set when this is a snapshot opened beside its file system, which it keeps alive.
-    view_of: Option<snapshot_view::ViewOf>,
 }
 
 /// Times an operation refused for space waits for readers holding freed blocks and runs
@@ -564,10 +569,11 @@ impl Fs {
             total_blocks: inner.store.total_blocks,
             acl: opts.acl,
             inner: Mutex::new(inner),
-            views: Default::default(),
-            view_of,
-            stop: Mutex::new(false),
-            wake: Condvar::new(),
+            views: snapshot_view::Views {
+                open: Default::default(),
+                of: view_of,
+            },
+            ticker: Ticker::default(),
             counters,
         });
         // Also on a read-only mount: a remount may make it writable (`reconfigure`); the loop
@@ -801,10 +807,10 @@ impl Fs {
     }
 
     fn stop_committer(&mut self) {
-        if let Ok(mut s) = self.shared.stop.lock() {
+        if let Ok(mut s) = self.shared.ticker.stop.lock() {
             *s = true;
         }
-        self.shared.wake.notify_all();
+        self.shared.ticker.wake.notify_all();
         if let Some(h) = self.committer.take() {
             let _ = h.join();
         }
@@ -850,7 +856,8 @@ impl Fs {
     pub fn statfs(&self) -> Result<StatFs> {
         let shared = self
             .shared
-            .view_of
+            .views
+            .of
             .as_ref()
             .map_or(&self.shared, |v| &v.parent);
         Ok(shared.statfs())
@@ -937,11 +944,13 @@ fn commit_loop(weak: std::sync::Weak<Shared>, every: Duration) {
     loop {
         let Some(shared) = weak.upgrade() else { return };
         {
-            let Ok(stop) = shared.stop.lock() else { return };
+            let Ok(stop) = shared.ticker.stop.lock() else {
+                return;
+            };
             if *stop {
                 return;
             }
-            let Ok((stop, _)) = shared.wake.wait_timeout(stop, every) else {
+            let Ok((stop, _)) = shared.ticker.wake.wait_timeout(stop, every) else {
                 return;
             };
             if *stop {
@@ -950,7 +959,7 @@ fn commit_loop(weak: std::sync::Weak<Shared>, every: Duration) {
         }
         // Deleted snapshots give their nodes back a step at a time, each under the lock.
         while shared.drop_step().unwrap_or(false) {
-            if shared.stop.lock().map_or(true, |s| *s) {
+            if shared.ticker.stop.lock().map_or(true, |s| *s) {
                 return;
             }
         }

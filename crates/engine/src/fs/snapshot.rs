@@ -587,7 +587,7 @@ impl Fs {
             return Err(Error::NotFound);
         };
         // Under the lock, as `open_snapshot`'s registration (`snapshot_view`).
-        if self.shared.views.is_open(id) {
+        if self.shared.views.open.is_open(id) {
             return Err(Error::Busy("the snapshot is open beside the file system"));
         }
         s.item.flags = (s.item.flags.get() | SUBVOL_DROPPING).into();

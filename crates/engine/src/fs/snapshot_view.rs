@@ -31,6 +31,15 @@ use std::sync::{Arc, Mutex};
 /// Inodes a view caches: enough for a directory listing's attributes.
 const VIEW_INODES: usize = 4096;
 
+/// What ties a file system and the snapshots opened beside it.
+#[derive(Default)]
+pub(crate) struct Views {
+    /// Snapshots opened beside this file system: none may be deleted.
+    pub open: OpenViews,
+    /// Set when this is a snapshot opened beside its file system, which it keeps alive.
+    pub of: Option<ViewOf>,
+}
+
 /// How many views of each snapshot are open, by snapshot id.
 #[derive(Default)]
 pub(crate) struct OpenViews(Mutex<BTreeMap<u64, usize>>);
@@ -68,7 +77,7 @@ pub(crate) struct ViewOf {
 
 impl Drop for ViewOf {
     fn drop(&mut self) {
-        self.parent.views.remove(self.id);
+        self.parent.views.open.remove(self.id);
     }
 }
 
@@ -84,7 +93,7 @@ impl Fs {
             };
             let snap = snap.clone();
             // Under the lock, as `delete_snapshot`'s check: from here the snapshot stays.
-            self.shared.views.add(id);
+            self.shared.views.open.add(id);
             let view_of = ViewOf {
                 parent: self.shared.clone(),
                 id,
