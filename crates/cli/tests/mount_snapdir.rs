@@ -1,9 +1,10 @@
 //! Snapshots shown inside the mount (`fuse/src/snapdir.rs`): `MOUNT/.snapshots/NAME` holds
 //! the tree as it was when the snapshot was made, walked against a model of it taken then,
 //! while the file system changes beside it; inode numbers of its own; every change refused
-//! (EROFS), a rename out EXDEV, a copy out whole; hidden from the root's listing; deleted
-//! through the mount while a file of it is open (ESTALE from then on); `-o snapdir=NAME`,
-//! `-o nosnapdir`, and a real entry of that name winning.
+//! (EROFS), a rename out EXDEV, a copy out whole; hidden from the root's listing; made by
+//! mkdir and deleted by rmdir in `.snapshots`; deleted through the mount while a file of it
+//! is open (ESTALE from then on); `-o snapdir=NAME`, `-o nosnapdir`, and a real entry of
+//! that name winning.
 mod common;
 use common::*;
 use std::collections::BTreeMap;
@@ -131,10 +132,6 @@ fn snapshots_show_inside_the_mount_read_only_beside_the_changing_file_system() {
     );
     assert_eq!(os_error(std::fs::remove_file(&f)), Some(libc::EROFS));
     assert_eq!(
-        os_error(std::fs::create_dir(m.path(".snapshots/two"))),
-        Some(libc::EROFS)
-    );
-    assert_eq!(
         os_error(std::fs::remove_dir(m.path(".snapshots"))),
         Some(libc::EROFS)
     );
@@ -151,12 +148,30 @@ fn snapshots_show_inside_the_mount_read_only_beside_the_changing_file_system() {
         std::fs::read(m.path("restored")).expect("read"),
         vec![7u8; 3 << 20]
     );
-    // A second snapshot shows the changed state; both stay.
+    // A second snapshot, made by mkdir as ZFS's, shows the changed state; both stay. A
+    // third made so goes again by rmdir.
     let changed = walk(&mp);
-    let (code, out, err) = idxfs(&["snapshot", &mp_s, "two"]);
-    assert_eq!(code, 0, "snapshot: {out}{err}");
+    std::fs::create_dir(m.path(".snapshots/two")).expect("mkdir of a snapshot");
     assert_eq!(walk(&m.path(".snapshots/two")), changed);
     assert_eq!(walk(&snap), model);
+    assert_eq!(
+        os_error(std::fs::create_dir(m.path(".snapshots/two"))),
+        Some(libc::EEXIST)
+    );
+    std::fs::create_dir(m.path(".snapshots/three")).expect("mkdir of a snapshot");
+    std::fs::remove_dir(m.path(".snapshots/three")).expect("rmdir of a snapshot");
+    assert!(
+        !m.path(".snapshots/three").exists(),
+        "a deleted snapshot still shows"
+    );
+    let (code, out, _) = idxfs(&["snapshot", &mp_s, "--list"]);
+    assert_eq!(code, 0);
+    let names: Vec<&str> = out
+        .lines()
+        .filter(|l| !l.contains("(deleted"))
+        .filter_map(|l| l.split('\t').nth(1))
+        .collect();
+    assert_eq!(names, ["one", "two"], "{out}");
     // Deleted through the mount while a file of it is open: gone from the directory, the
     // open file stale, the file system whole.
     // O_DIRECT: every read asks the server (what the kernel cached of a file it may still
@@ -209,6 +224,12 @@ fn the_snapshots_directory_takes_its_name_from_the_mount_and_yields_to_a_real_en
         "the real directory yields to the snapshots"
     );
     assert!(!m.path(".snapshots/s").exists());
+    m.unmount();
+    // With the writeback cache, the kernel may hold written pages a mkdir could not send
+    // first: refused (`idxfs snapshot MOUNT` sends them).
+    m.mount("writeback,snapdir=.snap");
+    let e = std::fs::create_dir(m.path(".snap/w")).expect_err("mkdir on a writeback mount");
+    assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP), "{e}");
     m.unmount();
     let (code, _, err) = idxfs(&["mount", "x", "y", "-o", "snapdir=.."]);
     assert_ne!(code, 0);

@@ -505,6 +505,53 @@ impl IdxFuse {
         reply.ok()
     }
 
+    /// `mkdir MOUNT/.snapshots/NAME` makes snapshot NAME, as ZFS's `.zfs/snapshot` takes it:
+    /// from root or the mount's owner only (EPERM), as `idxfs snapshot MOUNT NAME`. Not on a
+    /// `-o writeback` mount (EOPNOTSUPP): written pages the kernel still holds would be left
+    /// out, and only the caller can send them first (`idxfs snapshot` does, by syncfs).
+    fn snapshot_by_mkdir(&self, req: &Request, name: &[u8], reply: ReplyEntry) {
+        if req.uid() != 0 && req.uid() != self.set.owner_uid {
+            return reply.error(Errno::EPERM);
+        }
+        if self.set.writeback {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
+        match self.fs.snapshot(name) {
+            Ok(id) => {
+                log::info!(
+                    "snapshot {id} ({}) made by mkdir",
+                    String::from_utf8_lossy(name)
+                );
+                self.lookup_in_snapdir(name, reply)
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    /// `rmdir MOUNT/.snapshots/NAME` deletes snapshot NAME (as ZFS's), from root or the
+    /// mount's owner only, as `idxfs snapshot MOUNT --delete ID`; its blocks come back in
+    /// the background.
+    fn delete_by_rmdir(&self, req: &Request, name: &[u8], reply: ReplyEmpty) {
+        if req.uid() != 0 && req.uid() != self.set.owner_uid {
+            return reply.error(Errno::EPERM);
+        }
+        let Some(d) = &self.snapdir else {
+            return reply.error(Errno::ENOENT);
+        };
+        let found = self.fs.snapshots().and_then(|l| {
+            l.into_iter()
+                .find(|s| !s.dropping && s.name == name)
+                .map(|s| s.id)
+                .ok_or(Error::NotFound)
+        });
+        let r = found.and_then(|id| {
+            d.delete(&self.fs, id)?;
+            log::info!("snapshot {id} deleted by rmdir; its blocks come back in the background");
+            Ok(())
+        });
+        done(reply, r)
+    }
+
     /// A name inside a snapshot; its root's ".." is the snapshots directory.
     fn lookup_in_view(&self, v: &View, name: &[u8], reply: ReplyEntry) {
         let r = match name {
@@ -1069,6 +1116,9 @@ impl Filesystem for IdxFuse {
         reply: ReplyEntry,
     ) {
         let _in = self.begin(Op::Mkdir, req);
+        if parent.0 == snapdir::DIR_INO && self.snapdir.is_some() {
+            return self.snapshot_by_mkdir(req, bytes(name), reply);
+        }
         if let Err(e) = self.changeable(parent) {
             return reply.error(e);
         }
@@ -1096,6 +1146,9 @@ impl Filesystem for IdxFuse {
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _in = self.begin(Op::Rmdir, req);
+        if parent.0 == snapdir::DIR_INO && self.snapdir.is_some() {
+            return self.delete_by_rmdir(req, bytes(name), reply);
+        }
         if let Err(e) = self.changeable(parent) {
             return reply.error(e);
         }

@@ -23,7 +23,11 @@
 //! - **Caching.** The directory's entries and attributes go out with a zero TTL, so a
 //!   snapshot made or deleted shows at the next path walk; inside a snapshot nothing
 //!   changes, and the mount's TTL applies.
-//! - **Deleting** through the mount (`idxfs snapshot MOUNT --delete ID`) retires the slot,
+//! - **Making and deleting by name**, as ZFS's `.zfs/snapshot` allows: `mkdir
+//!   MOUNT/.snapshots/NAME` makes snapshot NAME and `rmdir` deletes it, from root or the
+//!   mount's owner only (what `idxfs snapshot MOUNT` allows); mkdir is refused on a
+//!   `-o writeback` mount, whose written pages the kernel may still hold.
+//! - **Deleting** through the mount (`idxfs snapshot MOUNT --delete ID`, or rmdir) retires the slot,
 //!   waits for requests inside the snapshot to end, closes it and then deletes it (the
 //!   engine refuses the delete of a snapshot it has open). A file of it still open answers
 //!   ESTALE from then on, as over NFS, for whatever the kernel asks (what it has cached of
@@ -230,12 +234,13 @@ impl Snapdir {
             .collect())
     }
 
-    /// The directory's attributes: read-only and owned as the root is, with its times.
+    /// The directory's attributes: owned as the root is, with its times; writable by its
+    /// owner, for a mkdir or rmdir of a snapshot (`IdxFuse::snapshot_by_mkdir`).
     pub fn attr(&self, live: &Fs) -> Result<Attr, Error> {
         let mut a = live.getattr(ROOT)?;
         let shown = live.snapshots()?.iter().filter(|s| !s.dropping).count() as u32;
         a.ino = DIR_INO;
-        a.mode = libc::S_IFDIR | 0o555;
+        a.mode = libc::S_IFDIR | 0o755;
         a.nlink = 2 + shown;
         a.size = 0;
         a.blocks = 0;
