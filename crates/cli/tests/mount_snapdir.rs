@@ -236,3 +236,40 @@ fn the_snapshots_directory_takes_its_name_from_the_mount_and_yields_to_a_real_en
     assert!(err.contains("bad snapdir"), "{err}");
     m.assert_fsck_clean();
 }
+
+/// `cp` of a file out of a snapshot back into the file system: one COPY_FILE_RANGE request
+/// the server serves by reading the snapshot and writing the file system itself, no data
+/// through WRITE requests; the copy holds the snapshot's bytes, not the file's new ones.
+#[test]
+fn cp_out_of_a_snapshot_is_copied_by_the_server() {
+    const SIZE: usize = (8 << 20) + 777;
+    let mut m = Mounted::root_only("256M", "");
+    let old: Vec<u8> = (0..SIZE).map(|i| (i / 4096) as u8 ^ (i as u8)).collect();
+    std::fs::write(m.path("big"), &old).expect("write");
+    let mp_s = m.mp.to_str().expect("utf8").to_string();
+    let (code, out, err) = idxfs(&["snapshot", &mp_s, "s"]);
+    assert_eq!(code, 0, "{out}{err}");
+    std::fs::write(m.path("big"), b"new").expect("overwrite");
+    m.unmount();
+    m.counters = true;
+    m.mount("");
+    let st = std::process::Command::new("cp")
+        .arg(m.path(".snapshots/s/big"))
+        .arg(m.path("restored"))
+        .status()
+        .expect("run cp");
+    assert!(st.success(), "cp: {st}");
+    assert!(
+        std::fs::read(m.path("restored")).expect("read") == old,
+        "restored differs"
+    );
+    assert_eq!(std::fs::read(m.path("big")).expect("read"), b"new");
+    let err = m.unmount();
+    assert!(Mounted::requests(&err, "copy_file_range") >= 1, "{err}");
+    assert_eq!(
+        Mounted::requests(&err, "write"),
+        0,
+        "data went through WRITE: {err}"
+    );
+    m.assert_fsck_clean();
+}

@@ -9,8 +9,9 @@
 //! - **What serves it.** Each snapshot looked up is opened beside the file system
 //!   (`Fs::open_snapshot`: a read-only engine on the same device with its own caches) once,
 //!   and stays open until the unmount or its delete. Every change in it is refused (EROFS),
-//!   a rename or link between it and the file system is EXDEV, and a copy from it shares
-//!   nothing (EXDEV: callers then copy the bytes).
+//!   a rename or link between it and the file system is EXDEV, and a copy out of it
+//!   (copy_file_range, as `cp` sends) shares no block: the server reads the snapshot and
+//!   writes the file system itself, so the bytes cross no FUSE request.
 //! - **Inode numbers.** The kernel sees one file system, so a snapshot's inodes get numbers
 //!   of their own: `slot << 48 | ino` (engine inode numbers stay below 2^48), where a slot is
 //!   given to a snapshot the first time this mount shows it and never to another during the
