@@ -966,8 +966,11 @@ impl Tree {
         to: Key,
         mut f: impl FnMut(&Key, &[u8]) -> Result<bool>,
     ) -> Result<()> {
-        // (internal node, child taken, what the node's keys sort below)
-        let mut stack: Vec<(u64, usize, Option<Key>)> = Vec::with_capacity(self.level as usize + 1);
+        // (internal node, its generation, level and key range, child taken). A node is loaded
+        // again when the walk comes back to it: the cache may have evicted it meanwhile (a
+        // small cache, or a large walk).
+        let mut stack: Vec<(u64, u64, u8, KeyRange, usize)> =
+            Vec::with_capacity(self.level as usize + 1);
         let (mut block, mut gen, mut level) = (self.root.block, self.root.generation, self.level);
         let mut range = KeyRange::ANY;
         // Descend to the first leaf that may hold `from`.
@@ -979,7 +982,7 @@ impl Tree {
             }
             let i = n.child_index(&from);
             let p = n.ptrs()[i];
-            stack.push((block, i, range.below));
+            stack.push((block, gen, level, range, i));
             range = child_range(n, i, range.below);
             block = p.block;
             gen = p.generation;
@@ -1001,19 +1004,19 @@ impl Tree {
             }
             // Next leaf: climb to the first ancestor with a next child, then down its left edge.
             loop {
-                let Some((b, i, below)) = stack.pop() else {
+                let Some((b, g, l, r, i)) = stack.pop() else {
                     return Ok(());
                 };
+                store.load(b, g, self.owner, Some(l), r)?;
                 let n = store.node(b);
                 if i + 1 < n.len() {
                     if n.keys[i + 1] >= to {
                         return Ok(());
                     }
                     let p = n.ptrs()[i + 1];
-                    let lvl = n.level - 1;
-                    let mut range = child_range(n, i + 1, below);
-                    stack.push((b, i + 1, below));
-                    let (mut cb, mut cg, mut cl) = (p.block, p.generation, lvl);
+                    let mut range = child_range(n, i + 1, r.below);
+                    stack.push((b, g, l, r, i + 1));
+                    let (mut cb, mut cg, mut cl) = (p.block, p.generation, l - 1);
                     loop {
                         store.load(cb, cg, self.owner, Some(cl), range)?;
                         let c = store.node(cb);
@@ -1021,7 +1024,7 @@ impl Tree {
                             break;
                         }
                         let p0 = c.ptrs()[0];
-                        stack.push((cb, 0, range.below));
+                        stack.push((cb, cg, cl, range, 0));
                         range = child_range(c, 0, range.below);
                         cb = p0.block;
                         cg = p0.generation;
