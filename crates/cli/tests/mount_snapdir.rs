@@ -237,11 +237,13 @@ fn the_snapshots_directory_takes_its_name_from_the_mount_and_yields_to_a_real_en
     m.assert_fsck_clean();
 }
 
-/// `cp` of a file out of a snapshot back into the file system: one COPY_FILE_RANGE request
-/// the server serves by reading the snapshot and writing the file system itself, no data
-/// through WRITE requests; the copy holds the snapshot's bytes, not the file's new ones.
+/// `cp` of a file out of a snapshot back into the file system, after the file system let
+/// go of the file's blocks (held for the snapshot): one COPY_FILE_RANGE request that
+/// shares them (`Fs::copy_from_snapshot`), no data through WRITE requests and no data
+/// blocks taken; the copy holds the snapshot's bytes and stays whole after the snapshot's
+/// delete.
 #[test]
-fn cp_out_of_a_snapshot_is_copied_by_the_server() {
+fn cp_out_of_a_snapshot_shares_its_blocks() {
     const SIZE: usize = (8 << 20) + 777;
     let mut m = Mounted::root_only("256M", "");
     let old: Vec<u8> = (0..SIZE).map(|i| (i / 4096) as u8 ^ (i as u8)).collect();
@@ -249,21 +251,33 @@ fn cp_out_of_a_snapshot_is_copied_by_the_server() {
     let mp_s = m.mp.to_str().expect("utf8").to_string();
     let (code, out, err) = idxfs(&["snapshot", &mp_s, "s"]);
     assert_eq!(code, 0, "{out}{err}");
-    std::fs::write(m.path("big"), b"new").expect("overwrite");
+    std::fs::remove_file(m.path("big")).expect("unlink");
     m.unmount();
     m.counters = true;
     m.mount("");
+    let used = || {
+        let c = std::ffi::CString::new(m.mp.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: statvfs(3) into a zeroed struct, with a valid C string.
+        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0, "statvfs");
+        (s.f_blocks - s.f_bfree) * s.f_frsize
+    };
+    let before = used();
     let st = std::process::Command::new("cp")
         .arg(m.path(".snapshots/s/big"))
         .arg(m.path("restored"))
         .status()
         .expect("run cp");
     assert!(st.success(), "cp: {st}");
+    let grew = used().saturating_sub(before);
+    assert!(
+        grew < 1 << 20,
+        "an 8 MiB restore took {grew} bytes: not shared"
+    );
     assert!(
         std::fs::read(m.path("restored")).expect("read") == old,
         "restored differs"
     );
-    assert_eq!(std::fs::read(m.path("big")).expect("read"), b"new");
     let err = m.unmount();
     assert!(Mounted::requests(&err, "copy_file_range") >= 1, "{err}");
     assert_eq!(
@@ -272,4 +286,16 @@ fn cp_out_of_a_snapshot_is_copied_by_the_server() {
         "data went through WRITE: {err}"
     );
     m.assert_fsck_clean();
+    m.counters = false;
+    m.mount("");
+    let (code, out, err) = idxfs(&["snapshot", &mp_s, "--delete", "256"]);
+    assert_eq!(code, 0, "{out}{err}");
+    m.unmount();
+    m.assert_fsck_clean();
+    m.mount("");
+    assert!(
+        std::fs::read(m.path("restored")).expect("read") == old,
+        "lost with the snapshot"
+    );
+    m.unmount();
 }

@@ -75,6 +75,7 @@ counters! {
     snapshots_made: "snapshots made",
     snapshots_dropped: "deleted snapshots whose every node was let go of",
     blocks_held: "data blocks the fs tree let go of that a snapshot may name, held for it",
+    blocks_unheld: "held data blocks the fs tree named again, copied out of a snapshot",
     tree_shares: "trees made by sharing another's nodes (snapshots)",
     node_unshares: "shared nodes copied for one of the trees pointing at them (kept for the others)",
     node_writes: "nodes written at commit",

@@ -74,6 +74,12 @@ impl ChangedKeys {
         }
     }
 
+    /// The next fsync commits instead of logging: the transaction changed state a batch
+    /// cannot carry (a held run, `fs::restore`).
+    pub fn commit_next(&mut self) {
+        self.overflow = true;
+    }
+
     /// Forgets the keys: a commit or an fsync batch took them.
     pub fn clear(&mut self) {
         self.keys.clear();

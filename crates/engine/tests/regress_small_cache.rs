@@ -50,7 +50,7 @@ fn a_cache_far_smaller_than_the_tree_reads_and_changes_it_whole() {
         fs.write(f.ino, 0, &vec![(i % 251) as u8; (i % 7) as usize * 1000])
             .expect("write");
         if i % 3 == 0 {
-            fs.setxattr(f.ino, b"user.k", &vec![b'v'; 200], 0)
+            fs.setxattr(f.ino, b"user.k", &[b'v'; 200], 0)
                 .expect("setxattr");
         }
     }

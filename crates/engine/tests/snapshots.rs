@@ -8,8 +8,9 @@
 //! block held or leaked, and the free space is what it was before the first snapshot plus
 //! what the file system's own changes freed.
 //!
-//! And at the device boundary: every prefix of the writes of such a workload, with the last
-//! ones torn or dropped, opens to a committed state whose snapshots show what they showed.
+//! And at the device boundary: every prefix of the writes of such a workload (files copied
+//! out of snapshots among its changes), with the last ones torn or dropped, opens to a
+//! committed state whose snapshots show what they showed.
 mod common;
 use common::digest::{digest, digest_crash_stable};
 use common::*;
@@ -469,6 +470,124 @@ fn fsck_finds_damage_in_a_leaf_only_a_snapshot_names() {
     );
 }
 
+/// Copies out of a snapshot (`Fs::copy_from_snapshot`) share its blocks, whether the file
+/// system still names them or let go of them (held): the file system's used space grows
+/// by metadata only; an unaligned copy copies bytes. An fsync right after is durable (the
+/// image as the device holds it then, as after a crash, opens with the copies and fsck
+/// clean). The copies then change, the snapshot does not; once it is deleted, the copies
+/// keep every byte and fsck finds every block accounted for.
+#[test]
+fn copies_out_of_a_snapshot_share_its_blocks() {
+    let (dev, fs) = mem_fs_with(64 << 20, 4096);
+    let mut files = Vec::new();
+    for (i, len) in [10usize, 5000, 70_000, 300_000, 1 << 20]
+        .into_iter()
+        .enumerate()
+    {
+        let a = fs
+            .create(ROOT, format!("f{i}").as_bytes(), 0o644, ME)
+            .expect("create");
+        let data: Vec<u8> = (0..len).map(|j| (j * 7 + i) as u8).collect();
+        fs.write(a.ino, 0, &data).expect("write");
+        files.push((a.ino, data));
+    }
+    // A copy that shares, so that the image has shared blocks already and an fsync may
+    // log one more (the first needs a commit for its feature bit).
+    let warm = fs.create(ROOT, b"warm", 0o644, ME).expect("create").ino;
+    fs.copy_range(files[3].0, 0, warm, 0, 8192, Default::default())
+        .expect("copy_range");
+    let before = digest(&fs);
+    let id = fs.snapshot(b"s").expect("snapshot");
+    // The file system lets go of some (their blocks held) and rewrites others.
+    for (i, (ino, _)) in files.iter().enumerate() {
+        if i % 2 == 0 {
+            fs.unlink(ROOT, format!("f{i}").as_bytes()).expect("unlink");
+        } else {
+            fs.write(*ino, 0, &vec![9u8; 8192]).expect("overwrite");
+        }
+    }
+    fs.sync().expect("commit");
+    let view = fs.open_snapshot(id, 1 << 20).expect("view");
+    let free = fs.statfs().expect("statfs").blocks_free;
+    let mut restored = Vec::new();
+    for (i, (ino, data)) in files.iter().enumerate() {
+        let d = fs
+            .create(ROOT, format!("r{i}").as_bytes(), 0o644, ME)
+            .expect("create");
+        let n = fs
+            .copy_from_snapshot(
+                &view,
+                *ino,
+                0,
+                d.ino,
+                0,
+                data.len() as u64,
+                Default::default(),
+            )
+            .expect("copy out of the snapshot");
+        assert_eq!(n, data.len() as u64);
+        restored.push((d.ino, data.clone()));
+    }
+    // Unaligned: bytes.
+    let odd = fs.create(ROOT, b"odd", 0o644, ME).expect("create").ino;
+    let (big, big_data) = &files[4];
+    let n = fs
+        .copy_from_snapshot(&view, *big, 100, odd, 0, 50_000, Default::default())
+        .expect("unaligned copy");
+    assert_eq!(n, 50_000);
+    restored.push((odd, big_data[100..50_100].to_vec()));
+    let grew = free - fs.statfs().expect("statfs").blocks_free;
+    let data_blocks: u64 = files.iter().map(|f| f.1.len() as u64 / 4096).sum();
+    assert!(
+        grew < data_blocks / 4,
+        "copies of {data_blocks} blocks took {grew}: not shared"
+    );
+    assert!(
+        fs.counters().blocks_unheld.get() > 0,
+        "no held block was named again"
+    );
+    for (ino, data) in &restored {
+        assert_eq!(&fs.read(*ino, 0, data.len() + 1).expect("read"), data);
+    }
+    // Durable with the fsync: the device as it is now, as after a crash.
+    fs.fsync(restored[0].0).expect("fsync");
+    let crashed = Arc::new(MemDevice::from_bytes(dev.snapshot()));
+    check(&crashed, "after the fsync");
+    {
+        let c = Fs::open(crashed.clone(), opts()).expect("open the crash image");
+        for (ino, data) in &restored {
+            assert_eq!(&c.read(*ino, 0, data.len() + 1).expect("read"), data);
+        }
+        c.close().expect("close");
+    }
+    check(&crashed, "after the crash image's replay");
+    // The copies change; the snapshot does not.
+    for (ino, _) in &restored {
+        fs.write(*ino, 4096, b"changed after the copy")
+            .expect("write");
+    }
+    assert_eq!(
+        digest(&view),
+        before,
+        "the snapshot changed with its copies"
+    );
+    drop(view);
+    fs.close().expect("close");
+    check(&dev, "with the snapshot");
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    fs.delete_snapshot(id).expect("delete");
+    fs.finish_drops().expect("drops");
+    for (ino, data) in &restored {
+        let msg = b"changed after the copy";
+        let mut want = data.clone();
+        want.resize(want.len().max(4096 + msg.len()), 0);
+        want[4096..4096 + msg.len()].copy_from_slice(msg);
+        assert_eq!(fs.read(*ino, 0, want.len() + 1).expect("read"), want);
+    }
+    fs.close().expect("close");
+    check(&dev, "after the snapshot's delete");
+}
+
 /// The in-place rule: a NOCOW file's overwrite of blocks a snapshot names goes copy-on-write
 /// (the snapshot keeps its bytes), and one of blocks written after the snapshot goes in
 /// place again.
@@ -700,10 +819,24 @@ fn every_prefix_with_snapshots_opens_to_a_committed_state() {
     let mut states: BTreeMap<u64, String> = BTreeMap::new();
     let mut snap_digest: BTreeMap<u64, String> = BTreeMap::new();
     let mut alive: Vec<u64> = Vec::new();
+    let mut restored = 0;
     states.insert(gen(&fs), digest_crash_stable(&fs));
     for i in 0..10 {
         for _ in 0..rng.below(8) + 2 {
             step(&fs, &mut rng, &mut w);
+        }
+        // Now and then a file copied out of a snapshot, sharing its blocks (some held).
+        if let (3, Some(&id)) = (i % 4, alive.last()) {
+            let view = fs.open_snapshot(id, 1 << 20).expect("view");
+            let files: Vec<_> = view.list(ROOT).expect("list").into_iter().collect();
+            for e in files.iter().filter(|e| e.dtype == 8).take(3) {
+                let size = view.getattr(e.ino).expect("getattr").size;
+                let name = format!("restored{i}-{}", String::from_utf8_lossy(&e.name));
+                let d = fs.create(ROOT, name.as_bytes(), 0o644, ME).expect("create");
+                fs.copy_from_snapshot(&view, e.ino, 0, d.ino, 0, size, Default::default())
+                    .expect("copy out of a snapshot");
+                restored += 1;
+            }
         }
         // Snapshots, deletes, drop steps and syncs commit without changing what the file
         // system shows: every generation they commit shows `now`.
@@ -732,6 +865,7 @@ fn every_prefix_with_snapshots_opens_to_a_committed_state() {
         }
     }
     drop(fs);
+    assert!(restored > 0, "seed {seed}: nothing was copied out of a snapshot");
     let events = rec.events();
     eprintln!("seed {seed}: {} device events", events.len());
     let mut checked = 0;

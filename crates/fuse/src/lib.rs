@@ -1706,15 +1706,18 @@ impl Filesystem for IdxFuse {
         // The reply's count is 32 bits; a longer copy is a short one, which callers repeat.
         let len = len.min(u64::from(u32::MAX) & !4095);
         if ino_in.0 >> snapdir::SHIFT != 0 {
-            // Out of a snapshot: its blocks are not shared with the file system by a copy
-            // (`snapdir`), but the server copies the bytes itself, so they cross no FUSE
-            // round trip or page cache.
-            let (fs, src) = match self.tree(ino_in, Errno::EISDIR) {
-                Ok(t) => t,
-                Err(e) => return reply.error(e),
+            // Out of a snapshot: its blocks are shared where a copy inside the file system
+            // would share them (`Fs::copy_from_snapshot`).
+            let view = match self.place(ino_in) {
+                Place::View(v) => v,
+                Place::Dir => return reply.error(Errno::EISDIR),
+                _ => return reply.error(Errno::ESTALE),
             };
             let to = (ino_out.0, offset_out);
-            return match copy_across(&fs, (src, offset_in), &self.fs, to, len, kill) {
+            let r = self
+                .fs
+                .copy_from_snapshot(&view.fs, view.ino, offset_in, to.0, to.1, len, kill);
+            return match r {
                 Ok(n) => reply.written(n as u32),
                 Err(e) => reply.error(errno(&e)),
             };
@@ -1942,39 +1945,6 @@ fn kernel_held(entries: &[(idxfs_engine::fs::DirEntryOut, Attr)]) -> Vec<u64> {
         .filter(|(e, _)| e.name != b"." && e.name != b"..")
         .map(|(e, _)| e.ino)
         .collect()
-}
-
-/// Copies up to `len` bytes from file `from` (inode, offset) of `src` to `to` of `dst` by
-/// reading and writing through the engines (a copy between a snapshot and the file system,
-/// which share no blocks by it); returns the bytes copied, fewer when the source ends or
-/// space runs out after some.
-fn copy_across(
-    src: &Fs,
-    from: (u64, u64),
-    dst: &Fs,
-    to: (u64, u64),
-    len: u64,
-    kill: Kill,
-) -> Result<u64, Error> {
-    const CHUNK: u64 = 1 << 20;
-    let mut done = 0;
-    while done < len {
-        let n = (len - done).min(CHUNK) as usize;
-        let data = src.read(from.0, from.1 + done, n)?;
-        if data.is_empty() {
-            break;
-        }
-        let how = WriteHow { times: true, kill };
-        match dst.write_with(to.0, to.1 + done, &data, how) {
-            Ok(w) => done += w as u64,
-            Err(Error::NoSpace) if done > 0 => break,
-            Err(e) => return Err(e),
-        }
-        if data.len() < n {
-            break;
-        }
-    }
-    Ok(done)
 }
 
 /// Replies to a request that returns nothing but success or an errno.

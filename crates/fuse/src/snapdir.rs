@@ -10,8 +10,8 @@
 //!   (`Fs::open_snapshot`: a read-only engine on the same device with its own caches) once,
 //!   and stays open until the unmount or its delete. Every change in it is refused (EROFS),
 //!   a rename or link between it and the file system is EXDEV, and a copy out of it
-//!   (copy_file_range, as `cp` sends) shares no block: the server reads the snapshot and
-//!   writes the file system itself, so the bytes cross no FUSE request.
+//!   (copy_file_range, as `cp` sends) shares the snapshot's blocks as a copy inside the file
+//!   system does (`Fs::copy_from_snapshot`): restoring a file moves no data.
 //! - **Inode numbers.** The kernel sees one file system, so a snapshot's inodes get numbers
 //!   of their own: `slot << 48 | ino` (engine inode numbers stay below 2^48), where a slot is
 //!   given to a snapshot the first time this mount shows it and never to another during the

@@ -76,19 +76,22 @@ impl Fs {
         }
         match plan {
             Plan::Nothing => Ok(0),
-            Plan::Copy { len } => self.copy_bytes(src, src_off, dst, dst_off, len, kill),
+            Plan::Copy { len } => self.copy_bytes(self, src, src_off, dst, dst_off, len, kill),
             Plan::Share {
                 src_b,
                 dst_b,
                 blocks,
                 dst_end,
-            } => self.share_blocks(src, src_b, dst, dst_b, blocks, dst_end, kill),
+            } => self.share_blocks(None, src, src_b, dst, dst_b, blocks, dst_end, kill),
         }
     }
 
-    /// The byte-by-byte copy, through read and write (which drop privileges as any write).
-    fn copy_bytes(
+    /// The byte-by-byte copy, through read and write (which drop privileges as any write);
+    /// `from`: the file system `src` is read from (this one, or a snapshot of it).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn copy_bytes(
         &self,
+        from: &Fs,
         src: Ino,
         src_off: u64,
         dst: Ino,
@@ -99,7 +102,7 @@ impl Fs {
         let mut done = 0;
         while done < len {
             let n = (len - done).min(COPY_CHUNK) as usize;
-            let data = self.read(src, src_off + done, n)?;
+            let data = from.read(src, src_off + done, n)?;
             if data.is_empty() {
                 break;
             }
@@ -118,10 +121,12 @@ impl Fs {
 
     /// Shares `blocks` blocks of `src` from file block `src_b` as `dst`'s from `dst_b`, in
     /// batches; returns the bytes copied (fewer only when space ran out after the first
-    /// batch).
+    /// batch). `snapshot`: `src` is that snapshot's, opened beside this file system
+    /// (`restore`), whose pieces each batch reads under the snapshot's lock first.
     #[allow(clippy::too_many_arguments)]
-    fn share_blocks(
+    pub(super) fn share_blocks(
         &self,
+        snapshot: Option<&Fs>,
         src: Ino,
         src_b: u64,
         dst: Ino,
@@ -138,9 +143,28 @@ impl Fs {
             } else {
                 (dst_b + done + n) * BS
             };
-            let r = self.write_op(0, Reserve::Grow, Durable::Data, |g| {
-                g.share_batch(src, src_b + done, dst, dst_b + done, n, end, kill)
-            });
+            let (sb, db) = (src_b + done, dst_b + done);
+            let r = match snapshot {
+                None => self.write_op(0, Reserve::Grow, Durable::Data, |g| {
+                    g.share_batch(From::File(src), sb, dst, db, n, end, kill)
+                }),
+                Some(view) => {
+                    let (pieces, sums) = {
+                        let mut v = view.lock();
+                        (
+                            v.written_pieces(src, sb, n)?,
+                            v.block_sums(src, sb, sb + n)?,
+                        )
+                    };
+                    let from = || From::Snapshot {
+                        pieces: &pieces,
+                        sums: &sums,
+                    };
+                    self.write_op(0, Reserve::Grow, Durable::Data, |g| {
+                        g.share_batch(from(), sb, dst, db, n, end, kill)
+                    })
+                }
+            };
             match r {
                 Ok(k) if k == n => done += n,
                 Ok(k) => {
@@ -150,7 +174,8 @@ impl Fs {
                     let at = (dst_b + done) * BS;
                     let tail = dst_end - at;
                     let src_at = (src_b + done) * BS;
-                    let copied = self.copy_bytes(src, src_at, dst, at, tail, kill)?;
+                    let from = snapshot.unwrap_or(self);
+                    let copied = self.copy_bytes(from, src, src_at, dst, at, tail, kill)?;
                     return Ok(at - dst_b * BS + copied);
                 }
                 Err(Error::NoSpace) if done > 0 => break,
@@ -216,9 +241,9 @@ impl Inner {
     /// when `end` cuts the last block and the destination has grown past it since the plan
     /// (that block's bytes past `end` are the destination's; the caller copies the rest).
     #[allow(clippy::too_many_arguments)]
-    fn share_batch(
+    pub(super) fn share_batch(
         &mut self,
-        src: Ino,
+        src: From<'_>,
         sb: u64,
         dst: Ino,
         db: u64,
@@ -226,9 +251,16 @@ impl Inner {
         end: u64,
         kill: Kill,
     ) -> Result<u64> {
-        // Checked again under this lock: either file may have changed since the plan.
-        let (s, d) = (self.held_inode(src)?, self.held_inode(dst)?);
+        // Checked again under this lock: either file may have changed since the plan (a
+        // snapshot's never does: its plan checked it).
+        let d = self.held_inode(dst)?;
         check_regular(&d)?;
+        if let From::File(src) = src {
+            let s = self.held_inode(src)?;
+            if is_nocow(&s) || self.is_inline(src, &s)? {
+                return Err(Error::NotSupported("sharing with a NOCOW or inline file"));
+            }
+        }
         let n = if end.is_multiple_of(BS) || d.size.get() <= end {
             n
         } else {
@@ -238,7 +270,7 @@ impl Inner {
         if n == 0 {
             return Ok(0);
         }
-        if is_nocow(&s) || is_nocow(&d) || self.is_inline(src, &s)? || self.is_inline(dst, &d)? {
+        if is_nocow(&d) || self.is_inline(dst, &d)? {
             return Err(Error::NotSupported("sharing with a NOCOW or inline file"));
         }
         let drops = self.write_drops(dst, kill)?;
@@ -251,8 +283,38 @@ impl Inner {
         if !self.punch_batched(dst, db * BS, (db + n) * BS)? {
             return Err(Error::NoSpace);
         }
+        let shared = match src {
+            From::File(src) => {
+                let pieces = self.written_pieces(src, sb, n)?;
+                let sums = self.block_sums(src, sb, sb + n)?;
+                self.link_pieces(dst, sb, db, &pieces, &sums, Source::FileSystem)?
+            }
+            From::Snapshot { pieces, sums } => {
+                // The batch read them for `n` blocks; it may take one fewer.
+                let cut: Vec<Piece> = pieces
+                    .iter()
+                    .filter(|p| p.0 < sb + n)
+                    .map(|&(fb, disk, k, gen)| (fb, disk, k.min(sb + n - fb), gen))
+                    .collect();
+                self.link_pieces(dst, sb, db, &cut, sums, Source::Snapshot)?
+            }
+        };
+        let now = self.now();
+        self.modify_inode(dst, |i| {
+            i.size = i.size.get().max(end).into();
+            i.alloc_bytes = (i.alloc_bytes.get() + shared * BS).into();
+            i.mtime = now;
+            i.ctime = now;
+            i.mode = privs::after(i.mode.get(), kill).into();
+        })?;
+        Ok(n)
+    }
+
+    /// The written pieces of `src`'s blocks [sb, sb + n): (file block, disk block, blocks,
+    /// generation); holes and preallocated extents are none (they read as zeros). Inline data
+    /// cannot be shared.
+    pub(super) fn written_pieces(&mut self, src: Ino, sb: u64, n: u64) -> Result<Vec<Piece>> {
         let exts = self.extents(src, sb * BS, (sb + n) * BS)?;
-        // (file block in src, disk block, blocks, generation) of each written piece.
         let mut pieces = Vec::new();
         for e in &exts {
             if e.item.kind == EXTENT_INLINE {
@@ -268,16 +330,38 @@ impl Inner {
                 pieces.push((ps, disk, pt - ps, e.item.generation.get()));
             }
         }
+        Ok(pieces)
+    }
+
+    /// Gives `dst` extents naming `pieces` (of a source's file blocks from `sb`, placed from
+    /// `db`), with the source's `sums` beside them, after reserving for it all; `from`
+    /// says how the blocks become the file system's again. The destination's range must be
+    /// empty. Returns the blocks linked.
+    pub(super) fn link_pieces(
+        &mut self,
+        dst: Ino,
+        sb: u64,
+        db: u64,
+        pieces: &[Piece],
+        sums: &[Option<u32>],
+        from: Source,
+    ) -> Result<u64> {
         let shared: u64 = pieces.iter().map(|p| p.2).sum();
         let items = pieces.len() as u64 + 2;
-        let nodes = self.run_nodes(items, items * 57)
+        let mut nodes = self.run_nodes(items, items * 57)
             + self.sum_nodes(shared)
             + self.shared_nodes(pieces.len() as u64)
             + 2 * self.item_nodes();
+        if from == Source::Snapshot {
+            // Each piece may cut a held run in two (`unhold`).
+            nodes += self.roots_growth(3 * pieces.len() as u64);
+        }
         self.reserve_nodes(nodes, 0, Reserve::Grow)?;
-        let sums = self.block_sums(src, sb, sb + n)?;
-        for &(fb, disk, k, gen) in &pieces {
-            self.share(disk, k)?;
+        for &(fb, disk, k, gen) in pieces {
+            match from {
+                Source::FileSystem => self.share(disk, k)?,
+                Source::Snapshot => self.adopt_blocks(disk, k)?,
+            }
             let to = db + (fb - sb);
             self.insert_extent(dst, to * BS, disk, k, gen)?;
             // The source's sums, in runs of blocks that have one.
@@ -299,14 +383,30 @@ impl Inner {
                 at += run.len() as u64;
             }
         }
-        let now = self.now();
-        self.modify_inode(dst, |i| {
-            i.size = i.size.get().max(end).into();
-            i.alloc_bytes = (i.alloc_bytes.get() + shared * BS).into();
-            i.mtime = now;
-            i.ctime = now;
-            i.mode = privs::after(i.mode.get(), kill).into();
-        })?;
-        Ok(n)
+        Ok(shared)
     }
+}
+
+/// The source of a batch (`Inner::share_batch`).
+pub(super) enum From<'a> {
+    /// A file of this file system, read under the batch's lock.
+    File(Ino),
+    /// A snapshot's file, read beforehand under its own lock (`restore`): its written
+    /// pieces and data sums, from the batch's first block.
+    Snapshot {
+        pieces: &'a [Piece],
+        sums: &'a [Option<u32>],
+    },
+}
+
+/// A written piece of a source file: (file block, disk block, blocks, extent generation).
+pub(super) type Piece = (u64, u64, u64, u64);
+
+/// Where shared blocks come from (`Inner::link_pieces`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Source {
+    /// A file of the file system: the blocks gain a count (`shared`).
+    FileSystem,
+    /// A snapshot's file (`restore`): the blocks become the file system's again.
+    Snapshot,
 }

@@ -77,6 +77,7 @@ mod readdir;
 mod remove;
 mod rename;
 mod reserve;
+mod restore;
 mod setattr;
 mod shared;
 mod snapshot;

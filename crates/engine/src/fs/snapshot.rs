@@ -299,7 +299,7 @@ impl Inner {
     /// leaves their bytes fill (half full, as after splits), one split of every leaf there
     /// is, and a parent for every two of those, up to a new root. Copies of the tree's
     /// nodes are `roots_copies`.
-    fn roots_growth(&self, items: u64) -> u64 {
+    pub(crate) fn roots_growth(&self, items: u64) -> u64 {
         if items == 0 {
             return 0;
         }
@@ -448,6 +448,47 @@ impl Inner {
             }
         }
         Ok(true)
+    }
+
+    /// The held blocks of [start, start + n) leave their runs: the fs tree names them again
+    /// (`restore`). Returns their runs, ascending; the runs they were in keep the rest, with
+    /// the same window. The next fsync commits: a replay over the committed roots tree would
+    /// find them named and still held.
+    pub(crate) fn unhold(&mut self, start: u64, n: u64) -> Result<Vec<(u64, u64)>> {
+        let end = start + n;
+        let held = &self.snapshots.held;
+        let mut runs: Vec<u64> = held
+            .range(..start)
+            .next_back()
+            .filter(|(s, h)| **s + h.blocks > start)
+            .map(|(s, _)| *s)
+            .into_iter()
+            .collect();
+        runs.extend(held.range(start..end).map(|(s, _)| *s));
+        let mut out = Vec::new();
+        for s in runs {
+            let Some(h) = self.snapshots.held.remove(&s) else {
+                continue;
+            };
+            self.snapshots.changed_held.insert(s);
+            let e = s + h.blocks;
+            let (a, b) = (s.max(start), e.min(end));
+            out.push((a, b - a));
+            if s < a {
+                let left = Held { blocks: a - s, ..h };
+                self.snapshots.held.insert(s, left);
+            }
+            if b < e {
+                let right = Held { blocks: e - b, ..h };
+                self.snapshots.held.insert(b, right);
+                self.snapshots.changed_held.insert(b);
+            }
+            Counters::add(&self.store.counters.blocks_unheld, b - a);
+        }
+        if !out.is_empty() {
+            self.store.changes.log.commit_next();
+        }
+        Ok(out)
     }
 
     /// Takes `list` as the snapshots of a rebuilt file system (a repair: its fs tree shares

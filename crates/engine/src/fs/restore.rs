@@ -1,0 +1,110 @@
+//! Copies out of a snapshot into the file system that share the snapshot's blocks
+//! (`Fs::copy_from_snapshot`: what `cp` out of `MOUNT/.snapshots` sends). Restoring a file
+//! costs its extent and sum items, as a sharing copy inside the file system does (`clone`,
+//! whose batches it runs); offsets that are not block-aligned, and NOCOW or inline files,
+//! are copied byte by byte instead.
+//!
+//! A block a snapshot names is the fs tree's or held (`snapshot`), and the copy's new
+//! extents name it again:
+//! - a block the fs tree names gains a count, as any sharing copy's (`shared`);
+//! - a held block is the fs tree's again: it leaves its held run (`Inner::adopt_blocks`),
+//!   and the new extent alone names it.
+//!
+//! The new extents keep the snapshot's extent generation. None of their blocks is older, so
+//! every snapshot that may name one of them is at least as new, and when the file system
+//! lets go of them again they are held for all of those (`free_or_hold`).
+//!
+//! Held runs are roots-tree state the fsync log does not carry: after a block leaves one,
+//! the next fsync commits instead of logging (a replay over the committed roots tree would
+//! find it named and still held).
+//!
+//! The two sides are read under their own locks: the snapshot's pieces and sums under the
+//! view's, then the changes under the file system's. Nothing the snapshot names changes in
+//! between: it is open, so it cannot be deleted, and whether each block is the fs tree's or
+//! held is decided under the file system's lock.
+use super::file::{check_regular, MAX_FILE_SIZE};
+use super::inode_flags::is_nocow;
+use super::{Fs, Inner, Ino, Kill};
+use crate::error::{Error, Result};
+use idxfs_format::BLOCK_SIZE;
+use std::sync::Arc;
+
+const BS: u64 = BLOCK_SIZE;
+
+impl Fs {
+    /// copy_file_range(2) from file `src` of `view`, a snapshot of this file system opened
+    /// beside it (`open_snapshot`), at `src_off`, to this file system's `dst` at `dst_off`:
+    /// at most `len` bytes, fewer when the source ends first; returns how many were copied.
+    /// Shares the snapshot's blocks where `copy_range` would share a file's (module docs).
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy_from_snapshot(
+        &self,
+        view: &Fs,
+        src: Ino,
+        src_off: u64,
+        dst: Ino,
+        dst_off: u64,
+        len: u64,
+        kill: Kill,
+    ) -> Result<u64> {
+        let mine = view.shared.views.of.as_ref();
+        if !mine.is_some_and(|v| Arc::ptr_eq(&v.parent, &self.shared)) {
+            return Err(Error::Invalid(
+                "not a snapshot opened beside this file system",
+            ));
+        }
+        if src_off.checked_add(len).is_none() {
+            return Err(Error::Invalid("copy range past the largest offset"));
+        }
+        let (size, src_shares) = {
+            let mut v = view.lock();
+            let s = v.inode(src)?;
+            check_regular(&s)?;
+            (s.size.get(), !is_nocow(&s) && !v.is_inline(src, &s)?)
+        };
+        let len = len.min(size.saturating_sub(src_off));
+        if len == 0 {
+            return Ok(0);
+        }
+        let dst_end = dst_off
+            .checked_add(len)
+            .filter(|e| *e <= MAX_FILE_SIZE)
+            .ok_or(Error::FileTooBig)?;
+        let (dst_size, dst_shares) = {
+            let mut g = self.lock();
+            g.writable()?;
+            let d = g.held_inode(dst)?;
+            check_regular(&d)?;
+            (d.size.get(), !is_nocow(&d) && !g.is_inline(dst, &d)?)
+        };
+        // As `plan_copy`: the source's partial last block is shared only when the copy ends
+        // the destination too.
+        let whole = len.is_multiple_of(BS) || (src_off + len == size && dst_end >= dst_size);
+        let aligned = src_off.is_multiple_of(BS) && dst_off.is_multiple_of(BS);
+        if !(aligned && whole && src_shares && dst_shares) {
+            return self.copy_bytes(view, src, src_off, dst, dst_off, len, kill);
+        }
+        let (src_b, dst_b) = (src_off / BS, dst_off / BS);
+        let blocks = len.div_ceil(BS);
+        self.share_blocks(Some(view), src, src_b, dst, dst_b, blocks, dst_end, kill)
+    }
+}
+
+impl Inner {
+    /// Blocks [start, start + n), which a snapshot names, become named by one more extent of
+    /// the fs tree (`link_pieces`): those it names already gain a count, held ones leave
+    /// their runs.
+    pub(super) fn adopt_blocks(&mut self, start: u64, n: u64) -> Result<()> {
+        let mut at = start;
+        for (s, k) in self.unhold(start, n)? {
+            if at < s {
+                self.share(at, s - at)?;
+            }
+            at = s + k;
+        }
+        if at < start + n {
+            self.share(at, start + n - at)?;
+        }
+        Ok(())
+    }
+}
