@@ -14,6 +14,9 @@
 //! the ordinary read and write paths. The last, partial block of the source is shared
 //! when the copy ends the destination too (as a reflink does); else it is copied.
 //!
+//! A copy out of a snapshot (`restore`) runs the same batches, with the pieces read from
+//! the snapshot under its own lock (`From::Snapshot`).
+//!
 //! The copy runs in batches of `CLONE_BATCH_BLOCKS`, each reserving for itself and ending
 //! in a whole state: a copy refused for space part-way returns the bytes done so far (a
 //! short copy, as copy_file_range allows), and a crash leaves a prefix of the copy, as a
