@@ -865,7 +865,10 @@ fn every_prefix_with_snapshots_opens_to_a_committed_state() {
         }
     }
     drop(fs);
-    assert!(restored > 0, "seed {seed}: nothing was copied out of a snapshot");
+    assert!(
+        restored > 0,
+        "seed {seed}: nothing was copied out of a snapshot"
+    );
     let events = rec.events();
     eprintln!("seed {seed}: {} device events", events.len());
     let mut checked = 0;
