@@ -177,7 +177,16 @@ impl Snapdir {
         match s.slots.get_mut(&slot)? {
             Slot::Shown { fs: Some(fs), id } => Some((fs.clone(), *id)),
             Slot::Shown { id, fs } => {
-                let view = Arc::new(live.open_snapshot(*id, VIEW_CACHE_BYTES).ok()?);
+                let view = match live.open_snapshot(*id, VIEW_CACHE_BYTES) {
+                    Ok(v) => Arc::new(v),
+                    // Deleted meanwhile (its numbers are stale), or unreadable: said once
+                    // per request, as the damage a read meets is.
+                    Err(crate::Error::NotFound) => return None,
+                    Err(e) => {
+                        log::warn!("snapshot {id} cannot be opened: {e}");
+                        return None;
+                    }
+                };
                 *fs = Some(view.clone());
                 Some((view, *id))
             }
