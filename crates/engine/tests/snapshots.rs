@@ -821,6 +821,14 @@ fn every_prefix_with_snapshots_opens_to_a_committed_state() {
     let mut alive: Vec<u64> = Vec::new();
     let mut restored = 0;
     states.insert(gen(&fs), digest_crash_stable(&fs));
+    // A file in the root from the start, so every snapshot has one to copy out.
+    let first = gen(&fs) + 1;
+    let f = fs.create(ROOT, b"first", 0o644, ME).expect("create").ino;
+    fs.write(f, 0, &rng.bytes(20_000)).expect("write");
+    fs.sync().expect("sync");
+    for g in first..=gen(&fs) {
+        states.insert(g, digest_crash_stable(&fs));
+    }
     for i in 0..10 {
         for _ in 0..rng.below(8) + 2 {
             step(&fs, &mut rng, &mut w);
