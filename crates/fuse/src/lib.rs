@@ -538,13 +538,7 @@ impl IdxFuse {
         let Some(d) = &self.snapdir else {
             return reply.error(Errno::ENOENT);
         };
-        let found = self.fs.snapshots().and_then(|l| {
-            l.into_iter()
-                .find(|s| !s.dropping && s.name == name)
-                .map(|s| s.id)
-                .ok_or(Error::NotFound)
-        });
-        let r = found.and_then(|id| {
+        let r = snapdir::Snapdir::id_of(&self.fs, name).and_then(|id| {
             d.delete(&self.fs, id)?;
             log::info!("snapshot {id} deleted by rmdir; its blocks come back in the background");
             Ok(())

@@ -213,14 +213,19 @@ impl Snapdir {
         Some(slot)
     }
 
+    /// The id of the snapshot named `name` (one not being deleted).
+    pub fn id_of(live: &Fs, name: &[u8]) -> Result<u64, Error> {
+        live.snapshots()?
+            .into_iter()
+            .find(|s| !s.dropping && s.name == name)
+            .map(|s| s.id)
+            .ok_or(Error::NotFound)
+    }
+
     /// The snapshot named `name`, open, with its root's number.
     pub fn lookup(&self, live: &Fs, name: &[u8]) -> Result<View, Error> {
-        let snaps = live.snapshots()?;
-        let s = snaps
-            .iter()
-            .find(|s| !s.dropping && s.name == name)
-            .ok_or(Error::NotFound)?;
-        let slot = self.slot_of(s.id).ok_or(Error::NoSpace)?;
+        let id = Snapdir::id_of(live, name)?;
+        let slot = self.slot_of(id).ok_or(Error::NoSpace)?;
         let (fs, id) = self.open(live, slot).ok_or(Error::NotFound)?;
         Ok(View {
             fs,

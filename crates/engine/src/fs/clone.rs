@@ -35,7 +35,7 @@ const CLONE_BATCH_BLOCKS: u64 = 2048;
 const COPY_CHUNK: u64 = 1 << 20;
 
 /// How a copy of `len` bytes goes, decided under the lock.
-enum Plan {
+pub(super) enum Plan {
     /// Nothing to copy: the source ends at or before `src_off`.
     Nothing,
     /// Shares whole blocks: `blocks` of them from block `src_b` to block `dst_b`, and sets
@@ -77,15 +77,31 @@ impl Fs {
         if let (Some(hook), Plan::Share { .. }) = (hook, &plan) {
             hook();
         }
+        self.run_plan(plan, None, (src, src_off), (dst, dst_off), kill)
+    }
+
+    /// Carries out `plan` for a copy from `src` (inode, offset) to `dst`; `snapshot`: the
+    /// snapshot `src` is in (`restore`), None for this file system.
+    pub(super) fn run_plan(
+        &self,
+        plan: Plan,
+        snapshot: Option<&Fs>,
+        (src, src_off): (Ino, u64),
+        (dst, dst_off): (Ino, u64),
+        kill: Kill,
+    ) -> Result<u64> {
         match plan {
             Plan::Nothing => Ok(0),
-            Plan::Copy { len } => self.copy_bytes(self, src, src_off, dst, dst_off, len, kill),
+            Plan::Copy { len } => {
+                let from = snapshot.unwrap_or(self);
+                self.copy_bytes(from, src, src_off, dst, dst_off, len, kill)
+            }
             Plan::Share {
                 src_b,
                 dst_b,
                 blocks,
                 dst_end,
-            } => self.share_blocks(None, src, src_b, dst, dst_b, blocks, dst_end, kill),
+            } => self.share_blocks(snapshot, src, src_b, dst, dst_b, blocks, dst_end, kill),
         }
     }
 
@@ -216,26 +232,12 @@ impl Inner {
                 "copy onto an overlapping range of the same file",
             ));
         }
-        let dst_end = dst_off + len;
-        // The source's partial last block is shared only when the copy ends the destination
-        // too, so the bytes past the source's end read as zeros on both sides.
-        let whole = len.is_multiple_of(BS) || (src_off + len == size && dst_end >= d.size.get());
-        let shareable = src_off.is_multiple_of(BS)
-            && dst_off.is_multiple_of(BS)
-            && whole
-            && !is_nocow(&s)
+        let files_share = !is_nocow(&s)
             && !is_nocow(&d)
             && !self.is_inline(src, &s)?
             && !self.is_inline(dst, &d)?;
-        if !shareable {
-            return Ok(Plan::Copy { len });
-        }
-        Ok(Plan::Share {
-            src_b: src_off / BS,
-            dst_b: dst_off / BS,
-            blocks: len.div_ceil(BS),
-            dst_end,
-        })
+        let sizes = (size, d.size.get());
+        Ok(Plan::of(src_off, dst_off, len, sizes, files_share))
     }
 
     /// One batch: `n` blocks of `src` from file block `sb` become `dst`'s from `db`, whose
@@ -387,6 +389,34 @@ impl Inner {
             }
         }
         Ok(shared)
+    }
+}
+
+impl Plan {
+    /// The plan of a copy of `len` bytes (cut at the source's end, not zero, and checked to
+    /// fit the destination) from `src_off` to `dst_off`, between files of `sizes` (source,
+    /// destination); `files_share`: neither is NOCOW or inline.
+    pub(super) fn of(
+        src_off: u64,
+        dst_off: u64,
+        len: u64,
+        sizes: (u64, u64),
+        files_share: bool,
+    ) -> Plan {
+        let dst_end = dst_off + len;
+        // The source's partial last block is shared only when the copy ends the destination
+        // too, so the bytes past the source's end read as zeros on both sides.
+        let whole = len.is_multiple_of(BS) || (src_off + len == sizes.0 && dst_end >= sizes.1);
+        let aligned = src_off.is_multiple_of(BS) && dst_off.is_multiple_of(BS);
+        if !(aligned && whole && files_share) {
+            return Plan::Copy { len };
+        }
+        Plan::Share {
+            src_b: src_off / BS,
+            dst_b: dst_off / BS,
+            blocks: len.div_ceil(BS),
+            dst_end,
+        }
     }
 }
 

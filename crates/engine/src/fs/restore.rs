@@ -22,14 +22,12 @@
 //! view's, then the changes under the file system's. Nothing the snapshot names changes in
 //! between: it is open, so it cannot be deleted, and whether each block is the fs tree's or
 //! held is decided under the file system's lock.
+use super::clone::Plan;
 use super::file::{check_regular, MAX_FILE_SIZE};
 use super::inode_flags::is_nocow;
 use super::{Fs, Inner, Ino, Kill};
 use crate::error::{Error, Result};
-use idxfs_format::BLOCK_SIZE;
 use std::sync::Arc;
-
-const BS: u64 = BLOCK_SIZE;
 
 impl Fs {
     /// copy_file_range(2) from file `src` of `view`, a snapshot of this file system opened
@@ -66,10 +64,9 @@ impl Fs {
         if len == 0 {
             return Ok(0);
         }
-        let dst_end = dst_off
-            .checked_add(len)
-            .filter(|e| *e <= MAX_FILE_SIZE)
-            .ok_or(Error::FileTooBig)?;
+        if dst_off.checked_add(len).is_none_or(|e| e > MAX_FILE_SIZE) {
+            return Err(Error::FileTooBig);
+        }
         let (dst_size, dst_shares) = {
             let mut g = self.lock();
             g.writable()?;
@@ -77,16 +74,14 @@ impl Fs {
             check_regular(&d)?;
             (d.size.get(), !is_nocow(&d) && !g.is_inline(dst, &d)?)
         };
-        // As `plan_copy`: the source's partial last block is shared only when the copy ends
-        // the destination too.
-        let whole = len.is_multiple_of(BS) || (src_off + len == size && dst_end >= dst_size);
-        let aligned = src_off.is_multiple_of(BS) && dst_off.is_multiple_of(BS);
-        if !(aligned && whole && src_shares && dst_shares) {
-            return self.copy_bytes(view, src, src_off, dst, dst_off, len, kill);
-        }
-        let (src_b, dst_b) = (src_off / BS, dst_off / BS);
-        let blocks = len.div_ceil(BS);
-        self.share_blocks(Some(view), src, src_b, dst, dst_b, blocks, dst_end, kill)
+        let plan = Plan::of(
+            src_off,
+            dst_off,
+            len,
+            (size, dst_size),
+            src_shares && dst_shares,
+        );
+        self.run_plan(plan, Some(view), (src, src_off), (dst, dst_off), kill)
     }
 }
 
