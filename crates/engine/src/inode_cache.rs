@@ -37,6 +37,11 @@ impl InodeCache {
         }
     }
 
+    /// The most inodes it keeps.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
     pub fn get(&mut self, ino: u64) -> Option<&InodeItem> {
         self.slab.get(ino).map(|s| &s.item)
     }

@@ -11,6 +11,11 @@
 //! And at the device boundary: every prefix of the writes of such a workload (files copied
 //! out of snapshots among its changes), with the last ones torn or dropped, opens to a
 //! committed state whose snapshots show what they showed.
+//!
+//! Rollbacks (`Fs::rollback`): among the same changes, the file system rolled back to a
+//! random snapshot shows exactly what the snapshot shows, every snapshot keeps its state,
+//! fsck passes after each, and after everything is deleted no block is held or leaked; every
+//! prefix of a rollback's writes opens to the state before it or after it.
 mod common;
 use common::digest::{digest, digest_crash_stable};
 use common::*;
@@ -22,7 +27,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Files the workload knows: (parent, ino, name).
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct World {
     files: Vec<(u64, u64, Vec<u8>)>,
     dirs: Vec<u64>,
@@ -919,4 +924,231 @@ fn every_prefix_with_snapshots_opens_to_a_committed_state() {
         }
     }
     eprintln!("seed {seed}: {checked} crash images checked");
+}
+
+/// Rolls `fs` back to snapshot `id`, checks the image, and opens it again.
+fn roll_back(
+    fs: Fs,
+    dev: &Arc<MemDevice>,
+    id: u64,
+    at: &str,
+) -> (Fs, idxfs_engine::fs::RolledBack) {
+    let r = fs
+        .rollback(id)
+        .unwrap_or_else(|e| panic!("{at}: rollback to {id}: {e}"));
+    check(dev, &format!("{at}, rolled back to {id}"));
+    (Fs::open(dev.clone(), opts()).expect("reopen"), r)
+}
+
+#[test]
+fn rollbacks_return_to_each_snapshot_and_keep_the_others() {
+    let (mut rng, seed) = Rng::from_env("rollback model");
+    let (dev, mut fs) = mem_fs_with(128 << 20, 4096);
+    let mut w = World {
+        fsync: true,
+        ..Default::default()
+    };
+    for _ in 0..60 {
+        step(&fs, &mut rng, &mut w);
+    }
+    // id -> what the file system showed when it was made, and the workload's files then.
+    let mut snaps: BTreeMap<u64, (String, World)> = BTreeMap::new();
+    let (mut made, mut rollbacks) = (0, 0);
+    let (mut released, mut taken_back, mut moved) = (0, 0, 0);
+    for round in 0..30 {
+        let at = format!("seed {seed} round {round}");
+        for _ in 0..rng.below(60) + 10 {
+            step(&fs, &mut rng, &mut w);
+            if rng.chance(4) && snaps.len() < 5 {
+                let id = fs
+                    .snapshot(format!("s{made}").as_bytes())
+                    .expect("snapshot");
+                made += 1;
+                snaps.insert(id, (digest(&fs), w.clone()));
+            }
+            if rng.chance(1) && !snaps.is_empty() {
+                let id = *snaps.keys().next().expect("id");
+                fs.delete_snapshot(id).expect("delete");
+                snaps.remove(&id);
+            }
+            // A file copied out of a snapshot now and then: its blocks are held ones
+            // the file system names again, or shared ones.
+            if rng.chance(3) {
+                if let Some(&id) = snaps.keys().next_back() {
+                    let view = fs.open_snapshot(id, 1 << 20).expect("view");
+                    let files = view.list(ROOT).expect("list");
+                    if let Some(e) = files.iter().find(|e| e.dtype == 8) {
+                        let size = view.getattr(e.ino).expect("getattr").size;
+                        let name = format!("back{}", w.n).into_bytes();
+                        w.n += 1;
+                        let d = fs.create(ROOT, &name, 0o644, ME).expect("create");
+                        fs.copy_from_snapshot(&view, e.ino, 0, d.ino, 0, size, Default::default())
+                            .expect("copy out of a snapshot");
+                        w.files.push((ROOT, d.ino, name));
+                    }
+                }
+            }
+        }
+        if snaps.is_empty() || rng.chance(30) {
+            continue;
+        }
+        let id = *snaps
+            .keys()
+            .nth(rng.below(snaps.len() as u64) as usize)
+            .expect("id");
+        let r;
+        (fs, r) = roll_back(fs, &dev, id, &at);
+        rollbacks += 1;
+        released += r.blocks_released;
+        taken_back += r.blocks_taken_back;
+        moved += r.blocks_moved;
+        let (want, then) = &snaps[&id];
+        assert_eq!(&digest(&fs), want, "{at}: rolled back to {id}");
+        w = World {
+            fsync: true,
+            n: w.n,
+            ..then.clone()
+        };
+        let listed: Vec<u64> = (fs.snapshots().expect("list").iter())
+            .filter(|s| !s.dropping)
+            .map(|s| s.id)
+            .collect();
+        assert_eq!(listed, snaps.keys().copied().collect::<Vec<_>>(), "{at}");
+        for (id, (want, _)) in &snaps {
+            let v = fs.open_snapshot(*id, 1 << 20).expect("view");
+            assert_eq!(&digest(&v), want, "{at}: snapshot {id} after the rollback");
+        }
+    }
+    eprintln!(
+        "seed {seed}: {made} snapshots, {rollbacks} rollbacks, {released} blocks released, \
+         {taken_back} taken back, {moved} preallocated ones moved"
+    );
+    assert!(
+        rollbacks > 0 && released > 0 && taken_back > 0,
+        "seed {seed}: too little ran"
+    );
+    // Delete everything: no block stays held, fsck finds every block accounted for, and the
+    // files' blocks are all that is used.
+    for id in snaps.keys() {
+        fs.delete_snapshot(*id).expect("delete");
+    }
+    fs.finish_drops().expect("drops");
+    let live = digest(&fs);
+    fs.close().expect("close");
+    check(&dev, &format!("seed {seed} end"));
+    let fs = Fs::open(dev.clone(), opts()).expect("reopen");
+    assert_eq!(digest(&fs), live);
+}
+
+#[test]
+fn a_rollback_to_a_missing_or_deleted_snapshot_changes_nothing() {
+    let (dev, fs) = mem_fs_with(32 << 20, 4096);
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
+    fs.write(f, 0, b"before").expect("write");
+    let id = fs.snapshot(b"s").expect("snapshot");
+    fs.write(f, 0, b"after!").expect("write");
+    fs.delete_snapshot(id).expect("delete");
+    let want = digest(&fs);
+    assert!(matches!(fs.rollback(id), Err(Error::NotFound)));
+    let fs = Fs::open(dev.clone(), opts()).expect("reopen");
+    assert_eq!(digest(&fs), want);
+    assert!(matches!(fs.rollback(id + 7), Err(Error::NotFound)));
+    let fs = Fs::open(dev.clone(), opts()).expect("reopen");
+    assert_eq!(digest(&fs), want);
+    // A snapshot open alone is read-only: nothing to roll back.
+    fs.close().expect("close");
+    let id = {
+        let fs = Fs::open(dev.clone(), opts()).expect("reopen");
+        let id = fs.snapshot(b"t").expect("snapshot");
+        fs.close().expect("close");
+        id
+    };
+    assert!(matches!(
+        open_snapshot(&dev, id).rollback(id),
+        Err(Error::ReadOnly)
+    ));
+    check(&dev, "after refused rollbacks");
+}
+
+#[test]
+fn every_prefix_of_a_rollback_opens_to_before_or_after_it() {
+    let (mut rng, seed) = Rng::from_env("rollback crash");
+    let rec = recorded_with(32 << 20, Some([6; 16]));
+    let fs = Fs::open(rec.clone(), opts()).expect("open");
+    let mut w = World::default();
+    for _ in 0..40 {
+        step(&fs, &mut rng, &mut w);
+    }
+    let old_want = digest(&fs);
+    let old = fs.snapshot(b"old").expect("snapshot");
+    for _ in 0..30 {
+        step(&fs, &mut rng, &mut w);
+    }
+    let want = digest(&fs);
+    let id = fs.snapshot(b"target").expect("snapshot");
+    for _ in 0..40 {
+        step(&fs, &mut rng, &mut w);
+    }
+    // A file back from the older snapshot: held blocks the file system names again, which
+    // the target does not name.
+    let view = fs.open_snapshot(old, 1 << 20).expect("view");
+    for e in view
+        .list(ROOT)
+        .expect("list")
+        .iter()
+        .filter(|e| e.dtype == 8)
+        .take(2)
+    {
+        let size = view.getattr(e.ino).expect("getattr").size;
+        let d = fs
+            .create(ROOT, &[b"back-", &e.name[..]].concat(), 0o644, ME)
+            .expect("create");
+        fs.copy_from_snapshot(&view, e.ino, 0, d.ino, 0, size, Default::default())
+            .expect("copy out of a snapshot");
+    }
+    drop(view);
+    fs.sync().expect("sync");
+    let before = digest(&fs);
+    let from = rec.events().len();
+    let r = fs.rollback(id).expect("rollback");
+    eprintln!("seed {seed}: {r:?}");
+    let events = rec.events();
+    assert!(
+        events.len() > from,
+        "seed {seed}: the rollback wrote nothing"
+    );
+    let mut outcomes = [0; 2];
+    for prefix in from..=events.len() {
+        for tear in [Tear::None, Tear::TornLast(1), Tear::Drop(rng.next_u64())] {
+            let at = format!("seed {seed} prefix {prefix} {tear:?}");
+            let dev = Arc::new(MemDevice::from_bytes(rec.crash_image(prefix, tear).bytes));
+            check(&dev, &at);
+            let fs = Fs::open(dev.clone(), opts()).unwrap_or_else(|e| panic!("{at}: open: {e}"));
+            let got = digest(&fs);
+            let after = got == want;
+            assert!(
+                after || got == before,
+                "{at}: neither before nor after the rollback"
+            );
+            outcomes[after as usize] += 1;
+            fs.close().expect("close");
+            for (s, snap_want) in [(old, &old_want), (id, &want)] {
+                let v = open_snapshot(&dev, s);
+                assert_eq!(&digest(&v), snap_want, "{at}: snapshot {s}");
+                v.close().expect("close");
+            }
+            // Deleting everything afterwards leaves nothing held or leaked.
+            let fs = Fs::open(dev.clone(), opts()).expect("reopen");
+            fs.delete_snapshot(old).expect("delete");
+            fs.delete_snapshot(id).expect("delete");
+            fs.finish_drops().expect("drops");
+            fs.close().expect("close");
+            check(&dev, &format!("{at}, all deleted"));
+        }
+    }
+    eprintln!("seed {seed}: before {}, after {}", outcomes[0], outcomes[1]);
+    assert!(
+        outcomes[0] > 0 && outcomes[1] > 0,
+        "seed {seed}: {outcomes:?}"
+    );
 }

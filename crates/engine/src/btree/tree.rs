@@ -31,6 +31,7 @@ use idxfs_format::node::{
     internal_capacity, leaf_capacity, KeyRange, ITEM_HEADER_SIZE, KEY_PTR_SIZE, MAX_LEVEL,
 };
 use idxfs_format::{ItemType, Key};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy)]
@@ -1080,6 +1081,65 @@ impl Tree {
             }
         }
         Ok(count)
+    }
+
+    /// Visits the leaves each of two trees has that the other has not (`on_leaf` is told
+    /// which tree's: true for `self`'s), reading only the nodes that differ and the paths to
+    /// them, and returns how many nodes it read. The trees may share nodes (a snapshot and
+    /// its file system): a node both point to at the same level is the same subtree in both,
+    /// so the walk goes down both trees a level at a time, with every node of that level not
+    /// under one they share, and leaves out those both have. A node both trees have is
+    /// under no node only one has, so it is always met at its level in both lists.
+    pub fn own_leaves(
+        &self,
+        other: &Tree,
+        store: &mut Store,
+        mut on_leaf: impl FnMut(bool, &Node) -> Result<()>,
+    ) -> Result<u64> {
+        let mut sides = [
+            (*self, vec![(self.root, KeyRange::ANY)], self.level),
+            (*other, vec![(other.root, KeyRange::ANY)], other.level),
+        ];
+        let mut read = 0;
+        loop {
+            if sides[0].2 == sides[1].2 {
+                let key = |p: &Ptr| (p.block, p.generation);
+                let [a, b] = [0, 1].map(|i| {
+                    sides[i]
+                        .1
+                        .iter()
+                        .map(|(p, _)| key(p))
+                        .collect::<HashSet<_>>()
+                });
+                sides[0].1.retain(|(p, _)| !b.contains(&key(p)));
+                sides[1].1.retain(|(p, _)| !a.contains(&key(p)));
+            }
+            let top = sides[0].2.max(sides[1].2);
+            for (i, (tree, frontier, level)) in sides.iter_mut().enumerate() {
+                if *level != top {
+                    continue;
+                }
+                let mut below = Vec::new();
+                for (p, range) in std::mem::take(frontier) {
+                    read += 1;
+                    store.load(p.block, p.generation, tree.owner, Some(*level), range)?;
+                    let Some(n) = store.cache.get_arc(p.block) else {
+                        panic!("node {} not cached after load", p.block);
+                    };
+                    if n.is_leaf() {
+                        on_leaf(i == 0, &n)?;
+                        continue;
+                    }
+                    let children = n.ptrs().iter().enumerate();
+                    below.extend(children.map(|(c, cp)| (*cp, child_range(&n, c, range.below))));
+                }
+                *frontier = below;
+                *level = level.saturating_sub(1);
+            }
+            if top == 0 {
+                return Ok(read);
+            }
+        }
     }
 
     /// Visits every node (pre-order) with its level, reading each once: fsck and dump.

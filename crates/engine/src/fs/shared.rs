@@ -22,6 +22,7 @@
 //! The items are fs-tree items, so the fsync log carries them with the extents they count,
 //! and a replay reads each block's count before and after (`crate::log`).
 use super::Inner;
+use crate::btree::Tree;
 use crate::error::Result;
 use idxfs_format::items::{decode_shared, SharedItem};
 use idxfs_format::versions::INCOMPAT_SHARED_BLOCKS;
@@ -59,9 +60,13 @@ impl Inner {
 
     /// The items whose runs overlap blocks [start, end), in order.
     fn shared_items(&mut self, start: u64, end: u64) -> Result<Vec<Run>> {
+        self.shared_items_in(self.fs_tree, start, end)
+    }
+
+    /// `shared_items` of `tree`, an fs tree (the file system's or a snapshot's).
+    fn shared_items_in(&mut self, tree: Tree, start: u64, end: u64) -> Result<Vec<Run>> {
         let total = self.store.total_blocks;
         let mut out = Vec::new();
-        let tree = self.fs_tree;
         // The run that starts before `start` may reach into the range.
         if start > 0 {
             if let Some((k, v)) =
@@ -103,8 +108,13 @@ impl Inner {
 
     /// Blocks [start, start + n) cut into runs of one count each (1 where no item says more).
     pub(crate) fn block_refs(&mut self, start: u64, n: u64) -> Result<Vec<Run>> {
+        self.block_refs_in(self.fs_tree, start, n)
+    }
+
+    /// `block_refs` as `tree` counts them.
+    pub(crate) fn block_refs_in(&mut self, tree: Tree, start: u64, n: u64) -> Result<Vec<Run>> {
         let items = if self.may_share() {
-            self.shared_items(start, start + n)?
+            self.shared_items_in(tree, start, start + n)?
         } else {
             Vec::new()
         };

@@ -36,7 +36,9 @@
 //! NOCOW file's write over an extent as old as a snapshot goes copy-on-write, as btrfs's
 //! nodatacow does over a shared extent). A preallocated block a snapshot names is still
 //! filled in place: the snapshot's extent is preallocated and reads as zeros whatever the
-//! block holds.
+//! block holds (the file system only turns preallocated blocks into written ones, so no
+//! snapshot names as written a block it names preallocated; a rollback keeps that true by
+//! giving such extents new blocks, `rollback`).
 //!
 //! **A snapshot is a point in time**: it is made under the operation lock right after a
 //! commit, with no write in flight outside the lock (it waits for them, and no new one
@@ -44,6 +46,8 @@
 //!
 //! A snapshot is read either alone (`OpenOptions::snapshot`) or beside the file system
 //! (`Fs::open_snapshot`, `snapshot_view`), which is how the mount shows them.
+//!
+//! The file system can be rolled back to a snapshot (`rollback`).
 //!
 //! Not built yet (`docs/snapshots.md`): writable snapshots, subvolumes.
 use super::{Fs, Inner};
@@ -162,6 +166,15 @@ impl Snapshots {
         self.list
             .values()
             .any(|s| h.born <= s.generation() && s.generation() < h.released)
+    }
+
+    /// How many of blocks [start, start + n) held runs cover.
+    pub fn held_within(&self, start: u64, n: u64) -> u64 {
+        let end = start + n;
+        let before = self.held.range(..start).next_back();
+        (before.into_iter().chain(self.held.range(start..end)))
+            .map(|(s, h)| (s + h.blocks).min(end).saturating_sub(*s.max(&start)))
+            .sum()
     }
 
     /// Holds blocks [start, start + blocks). They were the fs tree's until now, so no run
