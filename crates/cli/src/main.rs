@@ -96,18 +96,21 @@ enum Cmd {
     /// Read-only snapshots: `idxfs snapshot TARGET NAME` makes one (in constant time,
     /// whatever the file system holds) and prints its id; --list lists them; --delete ID
     /// deletes one (its blocks come back before this returns on an unmounted image, in the
-    /// background on a mount). TARGET: an unmounted image, or a directory on an idxfs mount
-    /// (root or the mount's owner only). A mount shows its snapshots at
-    /// MOUNT/.snapshots/NAME; `-o snapshot=ID` mounts one alone.
+    /// background on a mount); --rollback ID makes the file system what snapshot ID holds,
+    /// every later change gone, every snapshot kept (an unmounted image only). TARGET: an
+    /// unmounted image, or a directory on an idxfs mount (root or the mount's owner only). A
+    /// mount shows its snapshots at MOUNT/.snapshots/NAME; `-o snapshot=ID` mounts one alone.
     Snapshot {
         target: PathBuf,
         /// The new snapshot's name (1 to 255 bytes, no '/').
-        #[arg(required_unless_present_any = ["list", "delete"])]
+        #[arg(required_unless_present_any = ["list", "delete", "rollback"])]
         name: Option<String>,
-        #[arg(long, conflicts_with_all = ["name", "delete"])]
+        #[arg(long, conflicts_with_all = ["name", "delete", "rollback"])]
         list: bool,
-        #[arg(long, value_name = "ID", conflicts_with = "name")]
+        #[arg(long, value_name = "ID", conflicts_with_all = ["name", "rollback"])]
         delete: Option<u64>,
+        #[arg(long, value_name = "ID", conflicts_with = "name")]
+        rollback: Option<u64>,
     },
     /// Make every change on the idxfs mount holding PATH durable (sync and sync -f cannot:
     /// FUSE does not pass them on; an fsync of any file on the mount does the same).
@@ -633,12 +636,16 @@ fn main() -> ExitCode {
             name,
             list,
             delete,
+            rollback,
         } => {
-            let ask = match (&name, list, delete) {
-                (_, true, _) => snapshot::Ask::List,
-                (_, _, Some(id)) => snapshot::Ask::Delete(id),
-                (Some(n), _, _) => snapshot::Ask::Make(n),
-                (None, false, None) => unreachable!("clap requires a name, --list or --delete"),
+            let ask = match (&name, list, delete, rollback) {
+                (_, true, _, _) => snapshot::Ask::List,
+                (_, _, Some(id), _) => snapshot::Ask::Delete(id),
+                (_, _, _, Some(id)) => snapshot::Ask::Rollback(id),
+                (Some(n), _, _, _) => snapshot::Ask::Make(n),
+                (None, false, None, None) => {
+                    unreachable!("clap requires a name, --list, --delete or --rollback")
+                }
             };
             match target.is_dir() {
                 true => snapshot::run_mounted(&target, ask),

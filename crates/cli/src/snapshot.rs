@@ -1,6 +1,8 @@
 //! `idxfs snapshot`: read-only snapshots (the engine's `Fs::snapshot`), made, listed and
 //! deleted, of an unmounted image here, or of a mounted file system by its server
-//! (`idxfs_fuse::snapshot`); `idxfs mount -o snapshot=ID` mounts one.
+//! (`idxfs_fuse::snapshot`); `idxfs mount -o snapshot=ID` mounts one. A rollback to one
+//! (`Fs::rollback`) is for an unmounted image only: the kernel of a mount would go on
+//! serving what it cached of the files the rollback takes away.
 use idxfs_engine::{Error, Fs, OpenOptions};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -10,6 +12,7 @@ pub(crate) enum Ask<'a> {
     Make(&'a str),
     List,
     Delete(u64),
+    Rollback(u64),
 }
 
 pub(crate) fn run(image: &Path, ask: Ask) -> Result<(), String> {
@@ -40,6 +43,20 @@ pub(crate) fn run(image: &Path, ask: Ask) -> Result<(), String> {
             .delete_snapshot(*id)
             .and_then(|()| fs.finish_drops())
             .map(|()| println!("{p}: snapshot {id} deleted, its blocks free")),
+        Ask::Rollback(id) => {
+            // Consumes and closes the file system.
+            let r = fs.rollback(*id).map(|r| {
+                println!(
+                    "{p}: rolled back to snapshot {id}: {} blocks let go of, {} taken back \
+                     from the snapshot, {} preallocated ones moved; {} nodes read",
+                    r.blocks_released, r.blocks_taken_back, r.blocks_moved, r.nodes_walked
+                )
+            });
+            return r.map_err(|e| match e {
+                Error::NotFound => format!("{p}: no snapshot {id}"),
+                e => format!("{p}: {e}"),
+            });
+        }
     };
     let closed = fs.close();
     r.map_err(|e| match (e, &ask) {
@@ -67,6 +84,12 @@ pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
         }
         Ask::List => wire::Ask::List,
         Ask::Delete(id) => wire::Ask::Delete(*id),
+        Ask::Rollback(_) => {
+            return Err(format!(
+                "{m}: a rollback takes away files the kernel may have cached or open: \
+                 unmount it and roll back the image"
+            ))
+        }
     };
     if let Ask::Make(_) = ask {
         // With the writeback cache, written pages wait in the kernel: sent to the server

@@ -1,7 +1,9 @@
 //! Read-only snapshots through the CLI and the mount (issue 25): `idxfs snapshot` of an
 //! unmounted image, changes through the mount afterwards, `-o snapshot=ID` serving the old
 //! state read-only (EROFS for a write) while the file system has the new one, `--delete`
-//! giving the space back, fsck clean after each step; bad input answered in one line.
+//! giving the space back, fsck clean after each step; bad input answered in one line. And
+//! `--rollback`: the image made what a snapshot holds again, the later changes' space back,
+//! refused on a mount.
 mod common;
 use common::*;
 
@@ -87,6 +89,64 @@ fn a_snapshot_mounts_read_only_with_the_old_state_and_its_delete_gives_the_space
     );
     assert_eq!(std::fs::read(m.path("new")).expect("read"), b"new");
     m.unmount();
+}
+
+#[test]
+fn a_rollback_brings_back_what_the_snapshot_holds_and_a_mount_refuses_it() {
+    let mut m = Mounted::root_only("256M", "");
+    let old: Vec<u8> = (0..(8 << 20)).map(|i: u32| (i % 249) as u8).collect();
+    std::fs::create_dir(m.path("d")).expect("mkdir");
+    for i in 0..50 {
+        std::fs::write(m.path(&format!("d/f{i}")), format!("v1 {i}")).expect("write");
+    }
+    std::fs::write(m.path("big"), &old).expect("write");
+    m.unmount();
+    let img = m.image.to_str().expect("utf8").to_string();
+    let (code, out, err) = idxfs(&["snapshot", &img, "before"]);
+    assert_eq!(code, 0, "snapshot: {out}{err}");
+    m.mount("");
+    let base = used_bytes(&m.mp);
+    std::fs::remove_dir_all(m.path("d")).expect("rm -r");
+    std::fs::write(m.path("big"), vec![7u8; 8 << 20]).expect("overwrite");
+    std::fs::write(m.path("new"), vec![1u8; 4 << 20]).expect("write");
+    // Through the mount: refused in one line, nothing changed.
+    let mp = m.mp.to_str().expect("utf8").to_string();
+    let (code, out, err) = idxfs(&["snapshot", &mp, "--rollback", "256"]);
+    assert_ne!(code, 0, "{out}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("unmount it"), "{err}");
+    assert!(m.path("new").exists());
+    m.unmount();
+    let (code, _, err) = idxfs(&["snapshot", &img, "--rollback", "999"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("no snapshot 999"), "{err}");
+    let (code, out, err) = idxfs(&["snapshot", &img, "--rollback", "256"]);
+    assert_eq!(code, 0, "rollback: {out}{err}");
+    assert!(out.contains("rolled back to snapshot 256"), "{out}");
+    m.assert_fsck_clean();
+    m.mount("");
+    assert_eq!(std::fs::read(m.path("big")).expect("read"), old);
+    assert_eq!(
+        std::fs::read_to_string(m.path("d/f7")).expect("read"),
+        "v1 7"
+    );
+    assert!(!m.path("new").exists());
+    // The snapshot stays, as it was.
+    assert_eq!(
+        std::fs::read(m.path(".snapshots/before/big")).expect("read"),
+        old
+    );
+    // The later changes' blocks are free again (nothing but the rolled-back tree and the
+    // snapshot, which share everything, names any block).
+    let used = used_bytes(&m.mp);
+    assert!(
+        used <= base + (1 << 20),
+        "{} bytes used after the rollback, {base} before the changes",
+        used
+    );
+    std::fs::write(m.path("after"), b"writable").expect("write after the rollback");
+    m.unmount();
+    m.assert_fsck_clean();
 }
 
 fn content(i: u64) -> Vec<u8> {
