@@ -93,7 +93,10 @@ pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
     };
     if let Ask::Make(_) = ask {
         // With the writeback cache, written pages wait in the kernel: sent to the server
-        // first (as btrfs writes delalloc before a snapshot), so the snapshot has them.
+        // first, as btrfs writes delalloc before a snapshot. Linux no longer waits for a FUSE
+        // server to take them ("fs/writeback: skip AS_NO_DATA_INTEGRITY mappings in
+        // wait_sb_inodes()"), so pages still on their way may miss the snapshot: only an
+        // fsync of a file waits for its pages (README, "snapshots").
         let root = std::fs::File::open(&mp).map_err(|e| format!("{m}: {e}"))?;
         use std::os::fd::AsRawFd;
         // SAFETY: syncfs(2) on a descriptor we hold.

@@ -8,8 +8,9 @@
 //! snapshots made and deleted through the mount now and then, each compared with the tmpfs
 //! tree of the moment it was made (at `.snapshots/NAME`) whenever the trees are. On
 //! idxfs, what is made in `d1` is NOCOW (`chattr +C`), so its writes go in place. Every other
-//! seed mounts idxfs with the kernel's writeback cache (`-o writeback`); before its crashes a
-//! syncfs sends the kernel's dirty pages to the daemon first, as `sync` would.
+//! seed mounts idxfs with the kernel's writeback cache (`-o writeback`); before its crashes
+//! and snapshots every file is fsynced, which sends the kernel's dirty pages to the daemon
+//! and waits for it to take them (`World::write_back`).
 //!
 //! Each run takes new seeds (3 by default, 3,000 steps each, about a minute and a half) and
 //! prints them. Replay a failure with `IDXFS_SEED=n IDXFS_DIFF_SEEDS=1 IDXFS_DIFF_MOUNT=opts`
@@ -423,6 +424,7 @@ impl World {
         if self.snaps.len() < 3 && (self.snaps.is_empty() || self.rng.chance(60)) {
             let name = format!("s{}", self.step);
             self.trail.push(format!("{}: snapshot {name}", self.step));
+            self.write_back();
             let (code, out, err) = idxfs(&["snapshot", &mp, &name]);
             if code != 0 {
                 self.fail(&format!("snapshot: {out}{err}"));
@@ -483,7 +485,7 @@ impl World {
                 .zip(b.iter())
                 .filter(|(x, y)| x != y)
                 .take(5)
-                .map(|(x, y)| format!(" idxfs {x:?}\n tmpfs {y:?}"))
+                .map(|(x, y)| format!(" idxfs {x:?}\n tmpfs {y:?}{}", self.bytes_differ(&x.0)))
                 .collect();
             self.fail(&format!(
                 "{when}: trees differ ({} and {} paths):\n{}",
@@ -491,6 +493,47 @@ impl World {
                 b.len(),
                 diff.join("\n")
             ));
+        }
+    }
+
+    /// With the kernel's writeback cache, written pages wait in the kernel: each file's are
+    /// sent to the daemon and waited for, by an fsync of every file, which is what a program
+    /// wanting them in a snapshot or past a crash has to do. syncfs is not enough: it sends them without waiting for a FUSE
+    /// daemon to take them (Linux's "fs/writeback: skip AS_NO_DATA_INTEGRITY mappings in
+    /// wait_sb_inodes()"), so a later request may overtake them; this test once lost a
+    /// 1-byte write that way.
+    fn write_back(&self) {
+        if !self.opts.contains("writeback") {
+            return;
+        }
+        for (rel, _) in tree(&self.idx.mp) {
+            let p = self.idx.mp.join(&rel);
+            if fs::symlink_metadata(&p).is_ok_and(|m| m.is_file()) {
+                let _ = fs::File::open(&p).and_then(|f| f.sync_all());
+            }
+        }
+        for (f, _, _) in &self.held {
+            let _ = f.sync_all();
+        }
+    }
+
+    /// Where a regular file's bytes differ between the two sides, for a failure message.
+    fn bytes_differ(&self, rel: &Path) -> String {
+        let (a, b) = self.both(rel);
+        let (Ok(a), Ok(b)) = (fs::read(a), fs::read(b)) else {
+            return String::new();
+        };
+        let differ: Vec<usize> = (0..a.len().min(b.len()))
+            .filter(|&i| a[i] != b[i])
+            .collect();
+        match (differ.first(), differ.last()) {
+            (Some(f), Some(l)) => format!(
+                "\n  {} bytes differ, from {f} to {l} (idxfs {:?}, tmpfs {:?} there)",
+                differ.len(),
+                &a[*f..(*f + 8).min(a.len())],
+                &b[*f..(*f + 8).min(b.len())]
+            ),
+            _ => String::new(),
         }
     }
 
@@ -961,16 +1004,9 @@ impl World {
                 // Everything before an fsync is durable: a crash right after it must open to
                 // exactly this state.
                 self.trail.push(format!("{}: fsync + SIGKILL", self.step));
-                let root = fs::File::open(&self.idx.mp);
-                if let Ok(f) = &root {
-                    // With the writeback cache, written pages wait in the kernel until
-                    // written back; syncfs sends them all to the daemon (as sync(1) does),
-                    // whose fsync then makes them durable with everything else.
-                    use std::os::fd::AsRawFd;
-                    // SAFETY: a descriptor we hold.
-                    unsafe { libc::syncfs(f.as_raw_fd()) };
-                }
-                let _ = root.and_then(|f| f.sync_all());
+                self.write_back();
+                // The daemon's fsync makes every change it has durable, not only the root's.
+                let _ = fs::File::open(&self.idx.mp).and_then(|f| f.sync_all());
                 self.held.clear();
                 self.idx.kill();
                 self.idx.mount(&self.opts);

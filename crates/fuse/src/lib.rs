@@ -508,7 +508,8 @@ impl IdxFuse {
     /// `mkdir MOUNT/.snapshots/NAME` makes snapshot NAME, as ZFS's `.zfs/snapshot` takes it:
     /// from root or the mount's owner only (EPERM), as `idxfs snapshot MOUNT NAME`. Not on a
     /// `-o writeback` mount (EOPNOTSUPP): written pages the kernel still holds would be left
-    /// out, and only the caller can send them first (`idxfs snapshot` does, by syncfs).
+    /// out, and only the caller can send them (`idxfs snapshot` sends them by syncfs; an
+    /// fsync of a file also waits for them).
     fn snapshot_by_mkdir(&self, req: &Request, name: &[u8], reply: ReplyEntry) {
         if req.uid() != 0 && req.uid() != self.set.owner_uid {
             return reply.error(Errno::EPERM);
