@@ -7,6 +7,11 @@
 //!   a mount (`idxfs import`; the command's syncfs and ioctl, the server's two commits);
 //!   `btrfs subvolume snapshot` of a subvolume holding the tree; `cp -a` of the tree on ext4,
 //!   until synced (what a file system without snapshots has).
+//! - **rollback** after the same changes at both counts (`mistake`: a directory of 1,000
+//!   files removed, 100 files of 4 KiB made): idxfs's `Fs::rollback` on the unmounted image
+//!   (its commits included); btrfs's way, `btrfs subvolume delete` of the subvolume and
+//!   `btrfs subvolume snapshot` of the snapshot in its place, until both return. ext4 has
+//!   none.
 //! - **delete a tree nobody else holds**: idxfs: a snapshot whose files the file system has
 //!   since removed, `Fs::delete_snapshot` until it returns, and the drop until the space is
 //!   back; btrfs: `btrfs subvolume delete` of the subvolume (its snapshot deleted first)
@@ -33,6 +38,8 @@ struct Times {
     cli: f64,
     /// `idxfs snapshot MOUNT NAME`.
     mount: f64,
+    /// Back to the snapshot after `mistake`; None where the file system has no way.
+    rollback: Option<f64>,
     returns: f64,
     back: f64,
 }
@@ -69,6 +76,24 @@ fn empty_root(fs: &Fs) -> Result<(), String> {
     Ok(())
 }
 
+/// The changes a rollback undoes, the same whatever the tree holds: directory `d00000` (up
+/// to 1,000 files) removed, and 100 files of 4 KiB made in a new directory.
+fn mistake(fs: &Fs) -> Result<(), String> {
+    let e = |e: idxfs_engine::Error| e.to_string();
+    let owner = idxfs_engine::fs::Owner::default();
+    let d = fs.lookup(1, b"d00000").map_err(e)?.ino;
+    for f in fs.list(d).map_err(e)? {
+        fs.unlink(d, &f.name).map_err(e)?;
+    }
+    fs.rmdir(1, b"d00000").map_err(e)?;
+    let n = fs.mkdir(1, b"new", 0o755, owner).map_err(e)?.ino;
+    for i in 0..100 {
+        let a = fs.create(n, format!("n{i}").as_bytes(), 0o644, owner);
+        fs.write(a.map_err(e)?.ino, 0, &[7u8; 4096]).map_err(e)?;
+    }
+    fs.sync().map_err(e)
+}
+
 fn idxfs(src: &Path, base: &Path, bytes: u64) -> Result<Times, String> {
     let img = base.join("snap.img");
     let _ = std::fs::remove_file(&img);
@@ -101,6 +126,14 @@ fn idxfs(src: &Path, base: &Path, bytes: u64) -> Result<Times, String> {
         .iter()
         .map(|s| s.id)
         .collect();
+    mistake(&fs)?;
+    t.rollback = Some(secs(|| {
+        fs.rollback(ids[0]).map(|_| ()).map_err(|e| e.to_string())
+    })?);
+    let fs = open(&img)?;
+    if fs.lookup(1, b"d00000").is_err() || fs.lookup(1, b"new").is_ok() {
+        return Err("the rollback did not bring the tree back".into());
+    }
     // All but the first go untimed; the file system lets go of its copy of the tree.
     for &id in &ids[1..] {
         fs.delete_snapshot(id).map_err(|e| e.to_string())?;
@@ -164,6 +197,24 @@ fn btrfs(src: &Path, base: &Path, bytes: u64, inodes: u64) -> Result<Times, Stri
         .map(|_| ())
     })?;
     r.cli = r.snap;
+    // The same mistake, undone as btrfs users do: the subvolume replaced by a snapshot of
+    // its snapshot.
+    bench_env::run(Command::new("rm").arg("-rf").arg(sv.join("d00000")))?;
+    std::fs::create_dir(sv.join("new")).map_err(|e| e.to_string())?;
+    for i in 0..100 {
+        std::fs::write(sv.join(format!("new/n{i}")), [7u8; 4096]).map_err(|e| e.to_string())?;
+    }
+    sync(&t.mp)?;
+    r.rollback = Some(secs(|| {
+        btrfs(&["subvolume", "delete"], &sv)?;
+        bench_env::run(
+            Command::new("btrfs")
+                .args(["subvolume", "snapshot"])
+                .arg(&snap)
+                .arg(&sv),
+        )
+        .map(|_| ())
+    })?);
     btrfs(&["subvolume", "delete"], &snap)?;
     btrfs(&["subvolume", "sync"], &t.mp)?;
     r.returns = secs(|| btrfs(&["subvolume", "delete"], &sv).map(|_| ()))?;
@@ -271,6 +322,15 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
             ms(t[0].back),
             ms(t[1].back),
         ));
+        if let [Some(a), Some(b)] = [t[0].rollback, t[1].rollback] {
+            text.push_str(&format!(
+                "{:<24} {:>12} {:>12} {:>7.2}x\n",
+                format!("{label} rollback"),
+                ms(a),
+                ms(b),
+                b / a
+            ));
+        }
         if label == "idxfs" {
             text.push_str(&format!(
                 "{:<24} {:>12} {:>12}\n",
@@ -285,7 +345,7 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
                 ms(t[1].mount)
             ));
         }
-        let one = |t: &Times| json!({"snapshot_s": t.snap, "command_s": t.cli, "mount_command_s": t.mount, "delete_returns_s": t.returns, "space_back_s": t.back});
+        let one = |t: &Times| json!({"snapshot_s": t.snap, "command_s": t.cli, "mount_command_s": t.mount, "rollback_s": t.rollback, "delete_returns_s": t.returns, "space_back_s": t.back});
         raw.insert(
             label.clone(),
             json!({"small": one(&t[0]), "large": one(&t[1])}),
@@ -295,7 +355,10 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
         "(ratio: snapshot of the larger count against the smaller; idxfs's library call is two \
          commits on the unmounted image, its command adds the open and close, and MOUNT is \
          the command against a mount holding the tree (syncfs, an ioctl, the server's two \
-         commits), each the fastest of 3; ext4's row is cp -a and rm -rf until synced, what a file system without \
+         commits), each the fastest of 3; rollback: back to the snapshot after the same \
+         changes at both counts (a directory of 1,000 files removed, 100 files made), idxfs's \
+         library call and btrfs's subvolume delete and snapshot of the snapshot in its place; \
+         ext4's row is cp -a and rm -rf until synced, what a file system without \
          snapshots offers)\n",
     );
     Ok((text, json!({"counts": counts, "results": raw})))
