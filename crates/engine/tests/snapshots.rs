@@ -1152,3 +1152,62 @@ fn every_prefix_of_a_rollback_opens_to_before_or_after_it() {
         "seed {seed}: {outcomes:?}"
     );
 }
+
+/// A rollback that must move a preallocated extent (the snapshot's preallocated blocks, which
+/// the file system wrote after it and a later snapshot names as written) needs room for the
+/// new blocks first: on a full device it is refused (ENOSPC) with nothing changed; with room
+/// it moves them, and the later snapshot keeps its bytes while the rolled-back file fills
+/// its preallocated range again.
+#[test]
+fn a_rollback_that_moves_preallocated_blocks_needs_room_first() {
+    let (dev, fs) = mem_fs_with(24 << 20, 4096);
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
+    fs.fallocate(f, 0, 1 << 20, 0).expect("preallocate");
+    let want = digest(&fs);
+    let a = fs.snapshot(b"a").expect("snapshot");
+    // Filled in place after the snapshot; a later snapshot names those blocks as written.
+    fs.write(f, 0, &vec![5u8; 1 << 20]).expect("fill");
+    let later = digest(&fs);
+    let b = fs.snapshot(b"b").expect("snapshot");
+    let mut n = 0;
+    loop {
+        let name = format!("fill{n}");
+        let Ok(c) = fs.create(ROOT, name.as_bytes(), 0o644, ME) else {
+            break;
+        };
+        n += 1;
+        if fs.write(c.ino, 0, &vec![9u8; 256 << 10]).is_err() {
+            break;
+        }
+    }
+    fs.sync().expect("sync");
+    let full = digest(&fs);
+    assert!(matches!(fs.rollback(a), Err(Error::NoSpace)));
+    check(&dev, "after a rollback refused for space");
+    let fs = Fs::open(dev.clone(), opts()).expect("reopen");
+    assert_eq!(
+        digest(&fs),
+        full,
+        "a refused rollback changed the file system"
+    );
+    for i in 0..n {
+        let _ = fs.unlink(ROOT, format!("fill{i}").as_bytes());
+    }
+    fs.sync().expect("sync");
+    let r = fs.rollback(a).expect("rollback with room");
+    assert_eq!(r.blocks_moved, 256, "{r:?}");
+    check(&dev, "after the rollback");
+    let fs = Fs::open(dev.clone(), opts()).expect("reopen");
+    assert_eq!(digest(&fs), want);
+    // The rolled-back file's preallocated range fills in place; snapshot b keeps its bytes.
+    fs.write(f, 0, &vec![6u8; 1 << 20]).expect("fill again");
+    fs.sync().expect("sync");
+    let v = fs.open_snapshot(b, 1 << 20).expect("view");
+    assert_eq!(digest(&v), later, "snapshot b changed");
+    drop(v);
+    fs.delete_snapshot(a).expect("delete");
+    fs.delete_snapshot(b).expect("delete");
+    fs.finish_drops().expect("drops");
+    fs.close().expect("close");
+    check(&dev, "everything deleted");
+}
