@@ -94,9 +94,9 @@ enum Cmd {
         path: PathBuf,
     },
     /// Read-only snapshots: `idxfs snapshot TARGET NAME` makes one (in constant time,
-    /// whatever the file system holds) and prints its id; --list lists them; --delete ID
+    /// whatever the file system holds) and prints its id; --list lists them; --delete ID|NAME
     /// deletes one (its blocks come back before this returns on an unmounted image, in the
-    /// background on a mount); --rollback ID makes the file system what snapshot ID holds,
+    /// background on a mount); --rollback ID|NAME makes the file system what it holds,
     /// every later change gone, every snapshot kept (an unmounted image only). TARGET: an
     /// unmounted image, or a directory on an idxfs mount (root or the mount's owner only). A
     /// mount shows its snapshots at MOUNT/.snapshots/NAME; `-o snapshot=ID` mounts one alone.
@@ -107,10 +107,12 @@ enum Cmd {
         name: Option<String>,
         #[arg(long, conflicts_with_all = ["name", "delete", "rollback"])]
         list: bool,
-        #[arg(long, value_name = "ID", conflicts_with_all = ["name", "rollback"])]
-        delete: Option<u64>,
-        #[arg(long, value_name = "ID", conflicts_with = "name")]
-        rollback: Option<u64>,
+        /// The snapshot to delete, by id or name.
+        #[arg(long, value_name = "ID|NAME", conflicts_with_all = ["name", "rollback"])]
+        delete: Option<String>,
+        /// The snapshot to roll back to, by id or name.
+        #[arg(long, value_name = "ID|NAME", conflicts_with = "name")]
+        rollback: Option<String>,
     },
     /// Make every change on the idxfs mount holding PATH durable (sync and sync -f cannot:
     /// FUSE does not pass them on; an fsync of any file on the mount does the same).
@@ -638,10 +640,10 @@ fn main() -> ExitCode {
             delete,
             rollback,
         } => {
-            let ask = match (&name, list, delete, rollback) {
+            let ask = match (&name, list, &delete, &rollback) {
                 (_, true, _, _) => snapshot::Ask::List,
-                (_, _, Some(id), _) => snapshot::Ask::Delete(id),
-                (_, _, _, Some(id)) => snapshot::Ask::Rollback(id),
+                (_, _, Some(which), _) => snapshot::Ask::Delete(which),
+                (_, _, _, Some(which)) => snapshot::Ask::Rollback(which),
                 (Some(n), _, _, _) => snapshot::Ask::Make(n),
                 (None, false, None, None) => {
                     unreachable!("clap requires a name, --list, --delete or --rollback")

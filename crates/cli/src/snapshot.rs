@@ -11,8 +11,23 @@ use std::path::Path;
 pub(crate) enum Ask<'a> {
     Make(&'a str),
     List,
-    Delete(u64),
-    Rollback(u64),
+    /// A snapshot's id or name.
+    Delete(&'a str),
+    Rollback(&'a str),
+}
+
+/// The snapshot `which` names among `listed` (id, name, deleted): an id first (a number that
+/// is a snapshot's id), else a name; one being deleted is not there.
+fn resolve<'n>(
+    which: &str,
+    listed: impl Iterator<Item = (u64, &'n [u8], bool)> + Clone,
+) -> Option<u64> {
+    let mut live = listed.filter(|s| !s.2);
+    let by_id = which
+        .parse::<u64>()
+        .ok()
+        .filter(|id| live.clone().any(|s| s.0 == *id));
+    by_id.or_else(|| live.find(|s| s.1 == which.as_bytes()).map(|s| s.0))
 }
 
 pub(crate) fn run(image: &Path, ask: Ask) -> Result<(), String> {
@@ -26,6 +41,11 @@ pub(crate) fn run(image: &Path, ask: Ask) -> Result<(), String> {
         ..OpenOptions::default()
     };
     let fs = Fs::open(crate::open_dev(image, writable)?, opts).map_err(|e| format!("{p}: {e}"))?;
+    let id_of = |which: &str| -> Result<u64, String> {
+        let list = fs.snapshots().map_err(|e| format!("{p}: {e}"))?;
+        let listed = list.iter().map(|s| (s.id, &s.name[..], s.dropping));
+        resolve(which, listed).ok_or_else(|| format!("{p}: no snapshot {which}"))
+    };
     let r = match &ask {
         Ask::Make(name) => fs
             .snapshot(name.as_bytes())
@@ -39,13 +59,16 @@ pub(crate) fn run(image: &Path, ask: Ask) -> Result<(), String> {
             }
         }),
         // No mount to give the blocks back in the background: done before returning.
-        Ask::Delete(id) => fs
-            .delete_snapshot(*id)
-            .and_then(|()| fs.finish_drops())
-            .map(|()| println!("{p}: snapshot {id} deleted, its blocks free")),
-        Ask::Rollback(id) => {
+        Ask::Delete(which) => {
+            let id = id_of(which)?;
+            fs.delete_snapshot(id)
+                .and_then(|()| fs.finish_drops())
+                .map(|()| println!("{p}: snapshot {id} deleted, its blocks free"))
+        }
+        Ask::Rollback(which) => {
+            let id = id_of(which)?;
             // Consumes and closes the file system.
-            let r = fs.rollback(*id).map(|r| {
+            let r = fs.rollback(id).map(|r| {
                 println!(
                     "{p}: rolled back to snapshot {id}: {} blocks let go of, {} taken back \
                      from the snapshot, {} preallocated ones moved; {} nodes read",
@@ -60,7 +83,7 @@ pub(crate) fn run(image: &Path, ask: Ask) -> Result<(), String> {
     };
     let closed = fs.close();
     r.map_err(|e| match (e, &ask) {
-        (Error::NotFound, Ask::Delete(id)) => format!("{p}: no snapshot {id}"),
+        (Error::NotFound, Ask::Delete(which)) => format!("{p}: no snapshot {which}"),
         (Error::Exists, Ask::Make(name)) => format!("{p}: a snapshot named {name:?} exists"),
         (e, _) => format!("{p}: {e}"),
     })?;
@@ -83,7 +106,16 @@ pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
             wire::Ask::Make(name.as_bytes().to_vec())
         }
         Ask::List => wire::Ask::List,
-        Ask::Delete(id) => wire::Ask::Delete(*id),
+        Ask::Delete(which) => {
+            let no = || format!("{m}: no snapshot {which}");
+            let list = match wire::request(&mp, &wire::Ask::List) {
+                Ok(Answer::List(list, _)) => list,
+                Ok(_) => return Err(no()),
+                Err(e) => return Err(format!("{m}: {e}")),
+            };
+            let listed = list.iter().map(|s| (s.id, &s.name[..], s.dropping));
+            wire::Ask::Delete(resolve(which, listed).ok_or_else(no)?)
+        }
         Ask::Rollback(_) => {
             return Err(format!(
                 "{m}: a rollback takes away files the kernel may have cached or open: \
@@ -105,7 +137,7 @@ pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
         }
     }
     let r = wire::request(&mp, &req).map_err(|e| match (e.raw_os_error(), &ask) {
-        (Some(libc::ENOENT), Ask::Delete(id)) => format!("{m}: no snapshot {id}"),
+        (Some(libc::ENOENT), Ask::Delete(which)) => format!("{m}: no snapshot {which}"),
         (Some(libc::EEXIST), Ask::Make(name)) => format!("{m}: a snapshot named {name:?} exists"),
         _ => format!("{m}: {e}"),
     })?;

@@ -3,7 +3,7 @@
 //! state read-only (EROFS for a write) while the file system has the new one, `--delete`
 //! giving the space back, fsck clean after each step; bad input answered in one line. And
 //! `--rollback`: the image made what a snapshot holds again, the later changes' space back,
-//! refused on a mount.
+//! refused on a mount; snapshots named by id or by name.
 mod common;
 use common::*;
 
@@ -120,7 +120,12 @@ fn a_rollback_brings_back_what_the_snapshot_holds_and_a_mount_refuses_it() {
     let (code, _, err) = idxfs(&["snapshot", &img, "--rollback", "999"]);
     assert_ne!(code, 0);
     assert!(err.contains("no snapshot 999"), "{err}");
-    let (code, out, err) = idxfs(&["snapshot", &img, "--rollback", "256"]);
+    let (code, _, err) = idxfs(&["snapshot", &img, "--rollback", "nosuch"]);
+    assert_ne!(code, 0);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("no snapshot nosuch"), "{err}");
+    // By name.
+    let (code, out, err) = idxfs(&["snapshot", &img, "--rollback", "before"]);
     assert_eq!(code, 0, "rollback: {out}{err}");
     assert!(out.contains("rolled back to snapshot 256"), "{out}");
     m.assert_fsck_clean();
@@ -145,6 +150,10 @@ fn a_rollback_brings_back_what_the_snapshot_holds_and_a_mount_refuses_it() {
         used
     );
     std::fs::write(m.path("after"), b"writable").expect("write after the rollback");
+    // A delete through the mount by name.
+    let (code, out, err) = idxfs(&["snapshot", &mp, "--delete", "before"]);
+    assert_eq!(code, 0, "delete by name: {out}{err}");
+    assert!(!m.path(".snapshots/before").exists());
     m.unmount();
     m.assert_fsck_clean();
 }
