@@ -15,12 +15,13 @@ fn used_bytes(p: &std::path::Path) -> u64 {
     (s.f_blocks - s.f_bfree) * s.f_frsize
 }
 
-#[test]
-fn a_snapshot_mounts_read_only_with_the_old_state_and_its_delete_gives_the_space_back() {
+/// A mount with `d/f0..` ("v1 I") and a file `big` of `big` bytes, unmounted, and snapshot
+/// "before" (id 256) made of its image by the command.
+fn with_snapshot(files: u32, big: u32) -> (Mounted, String, Vec<u8>) {
     let mut m = Mounted::root_only("256M", "");
-    let old: Vec<u8> = (0..(16 << 20)).map(|i: u32| (i % 251) as u8).collect();
+    let old: Vec<u8> = (0..big).map(|i: u32| (i % 251) as u8).collect();
     std::fs::create_dir(m.path("d")).expect("mkdir");
-    for i in 0..100 {
+    for i in 0..files {
         std::fs::write(m.path(&format!("d/f{i}")), format!("v1 {i}")).expect("write");
     }
     std::fs::write(m.path("big"), &old).expect("write");
@@ -29,6 +30,12 @@ fn a_snapshot_mounts_read_only_with_the_old_state_and_its_delete_gives_the_space
     let (code, out, err) = idxfs(&["snapshot", &img, "before"]);
     assert_eq!(code, 0, "snapshot: {out}{err}");
     assert!(out.contains("snapshot 256"), "{out}");
+    (m, img, old)
+}
+
+#[test]
+fn a_snapshot_mounts_read_only_with_the_old_state_and_its_delete_gives_the_space_back() {
+    let (mut m, img, old) = with_snapshot(100, 16 << 20);
     m.assert_fsck_clean();
     let (code, out, _) = idxfs(&["dump", &img, "roots"]);
     assert_eq!(code, 0);
@@ -93,17 +100,7 @@ fn a_snapshot_mounts_read_only_with_the_old_state_and_its_delete_gives_the_space
 
 #[test]
 fn a_rollback_brings_back_what_the_snapshot_holds_and_a_mount_refuses_it() {
-    let mut m = Mounted::root_only("256M", "");
-    let old: Vec<u8> = (0..(8 << 20)).map(|i: u32| (i % 249) as u8).collect();
-    std::fs::create_dir(m.path("d")).expect("mkdir");
-    for i in 0..50 {
-        std::fs::write(m.path(&format!("d/f{i}")), format!("v1 {i}")).expect("write");
-    }
-    std::fs::write(m.path("big"), &old).expect("write");
-    m.unmount();
-    let img = m.image.to_str().expect("utf8").to_string();
-    let (code, out, err) = idxfs(&["snapshot", &img, "before"]);
-    assert_eq!(code, 0, "snapshot: {out}{err}");
+    let (mut m, img, old) = with_snapshot(50, 8 << 20);
     m.mount("");
     let base = used_bytes(&m.mp);
     std::fs::remove_dir_all(m.path("d")).expect("rm -r");
