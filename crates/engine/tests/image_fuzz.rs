@@ -1,8 +1,8 @@
 //! Whole damaged images, fuzzed for a bounded time: an image holding every kind of item (and
 //! an fsync log with batches) is damaged at random, mostly in metadata blocks with their
 //! checksums sealed again (so the damage reaches the checks behind them), then fsck'd,
-//! opened, walked file by file (attributes, data, targets, xattrs), written to, closed and
-//! fsck'd again. Every outcome is allowed but a panic, a hang or an abort: damage must come
+//! opened, walked file by file (attributes, data, targets, xattrs), written to, closed,
+//! rolled back to a snapshot and fsck'd again. Every outcome is allowed but a panic, a hang or an abort: damage must come
 //! back as a clear error.
 //!
 //! CI runs it for `IDXFS_FUZZ_SECS` seconds (default 40); each case prints nothing unless it
@@ -250,6 +250,13 @@ fn exercise(img: Vec<u8>) -> Reach {
             }
             let _ = s.close();
         }
+    }
+    // A rollback to the first snapshot, over whatever the damage left of both trees.
+    if let (Ok(fs), Some(s)) = (
+        Fs::open(dev.clone(), opts()),
+        snaps.iter().find(|s| !s.dropping),
+    ) {
+        let _ = fs.rollback(s.id);
     }
     let _ = fsck::check(&as_dyn, idxfs_format::hash::name_hash, &mut |_| {});
     reach

@@ -262,8 +262,15 @@ impl Inner {
         places: &[Vec<(u64, u64)>],
     ) -> Result<()> {
         let old = self.fs_tree;
+        let group = self.store.alloc.group_blocks;
         for &(start, blocks, born) in &settle.release {
-            self.free_or_hold(start, blocks, false, born)?;
+            // Runs joined in the plan may cross a group; a free or a held run may not.
+            let mut at = start;
+            while at < start + blocks {
+                let n = (start + blocks).min((at / group + 1) * group) - at;
+                self.free_or_hold(at, n, false, born)?;
+                at += n;
+            }
         }
         for &(start, blocks, _) in &settle.take_back {
             self.unhold(start, blocks)?;
