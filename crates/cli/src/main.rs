@@ -16,6 +16,7 @@ mod import;
 mod logging;
 mod mkfs;
 mod mount;
+mod rm;
 mod snapshot;
 mod sync;
 
@@ -117,6 +118,13 @@ enum Cmd {
     /// Make every change on the idxfs mount holding PATH durable (sync and sync -f cannot:
     /// FUSE does not pass them on; an fsync of any file on the mount does the same).
     Sync { path: PathBuf },
+    /// Remove each PATH on an idxfs mount, and everything under it, inside the mount's
+    /// server (as `rm -rf`, without a request per file through FUSE); root or the mount's
+    /// owner only. An open file stays readable until closed, as after rm.
+    Rm {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
     /// Mount an image through FUSE and serve it in the foreground until unmounted
     /// (umount, or Ctrl-C/SIGTERM, which unmount it); the last changes are committed then.
     Mount {
@@ -455,9 +463,9 @@ pub(crate) fn tempdir_in_shm() -> Result<PathBuf, String> {
     Ok(p)
 }
 
-const SUBCOMMANDS: [&str; 12] = [
-    "mkfs", "fsck", "mount", "sync", "trim", "snapshot", "import", "dump", "demo", "bench", "help",
-    "--help",
+const SUBCOMMANDS: [&str; 13] = [
+    "mkfs", "fsck", "mount", "sync", "trim", "snapshot", "rm", "import", "dump", "demo", "bench",
+    "help", "--help",
 ];
 
 /// The other names and forms this binary answers to; `None` when it is the `idxfs` command.
@@ -655,6 +663,7 @@ fn main() -> ExitCode {
             }
             .map(|()| ExitCode::SUCCESS)
         }
+        Cmd::Rm { paths } => rm::run(&paths).map(|()| ExitCode::SUCCESS),
         Cmd::Sync { path } => sync::sync(&path).map(|mp| {
             println!("{}: every change is durable", mp.display());
             ExitCode::SUCCESS

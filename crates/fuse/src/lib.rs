@@ -62,6 +62,7 @@ mod options;
 mod pin;
 mod readahead;
 pub mod remount;
+pub mod rmtree;
 mod root_ioctl;
 mod serve;
 mod snapdir;
@@ -1743,6 +1744,7 @@ impl Filesystem for IdxFuse {
             trim::IOC_TRIM => self.trim_request(req, ino, reply),
             snapshot::IOC_SNAPSHOT => self.snapshot_request(req, ino, in_data, reply),
             import::IOC_IMPORT => self.import_request(req, ino, in_data, reply),
+            rmtree::IOC_RMTREE => self.rmtree_request(req, ino, in_data, reply),
             c if fileattr::GETFLAGS.contains(&c) => match self.tree(ino, Errno::ENOTTY) {
                 Ok((fs, ino)) => fileattr::getflags_request(&fs, ino, reply),
                 Err(e) => reply.error(e),
@@ -1806,6 +1808,44 @@ impl IdxFuse {
             Ok(blocks) => {
                 log::info!("trim: {blocks} free blocks discarded");
                 reply.ioctl(0, &blocks.to_le_bytes())
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    /// `idxfs rm` (`rmtree.rs`): on a directory of the file system, from root or the mount's
+    /// owner.
+    fn rmtree_request(&self, req: &Request, ino: INodeNo, in_data: &[u8], reply: ReplyIoctl) {
+        if req.uid() != 0 && req.uid() != self.set.owner_uid {
+            return reply.error(Errno::EPERM);
+        }
+        match self.place(ino) {
+            Place::Live => {}
+            Place::Stale => return reply.error(Errno::ESTALE),
+            Place::Dir | Place::View(_) => return reply.error(Errno::EROFS),
+        }
+        let Some(name) = rmtree::decode(in_data) else {
+            return reply.error(Errno::EINVAL);
+        };
+        if name == b"." || name == b".." || name.contains(&b'/') {
+            return reply.error(Errno::EINVAL);
+        }
+        let r = self.fs.remove_tree(ino.0, name, |_| {});
+        // The kernel still holds the name and what it cached under it, and the directory's
+        // old times and link count: told to drop them, whatever part was removed.
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_entry(ino, OsStr::from_bytes(name));
+            let _ = n.inval_inode(ino, -1, 0);
+        }
+        match r {
+            Ok(d) => {
+                log::info!(
+                    "removed {} files and {} directories under {:?}",
+                    d.files,
+                    d.dirs,
+                    String::from_utf8_lossy(name)
+                );
+                reply.ioctl(0, &rmtree::encode_removed(d.files, d.dirs))
             }
             Err(e) => reply.error(errno(&e)),
         }

@@ -1,0 +1,46 @@
+//! `idxfs rm PATH...`: PATH and everything under it removed by the server of the idxfs mount
+//! holding it (`idxfs_fuse::rmtree`, the engine's `Fs::remove_tree`), without the request
+//! per name `rm -rf` sends through FUSE. Root and the mount's owner only; PATH's last part is
+//! removed as `rm` removes it (a symlink, not what it points to).
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+pub(crate) fn run(paths: &[PathBuf]) -> Result<(), String> {
+    for p in paths {
+        one(p)?;
+    }
+    Ok(())
+}
+
+fn one(p: &Path) -> Result<(), String> {
+    let shown = p.display();
+    let name = p
+        .file_name()
+        .filter(|n| *n != OsStr::new(".") && *n != OsStr::new(".."))
+        .ok_or_else(|| format!("{shown}: not a name to remove"))?;
+    let parent = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let (canon, mp) = crate::sync::idxfs_mount(parent, "use rm -r")?;
+    if canon.join(name) == mp {
+        return Err(format!(
+            "{shown}: the mount point itself; unmount it to remove it"
+        ));
+    }
+    let t = Instant::now();
+    let (files, dirs) = idxfs_fuse::rmtree::remove(parent, name.as_bytes()).map_err(|e| match e
+        .raw_os_error()
+    {
+        Some(libc::ENOENT) => format!("{shown}: no such file or directory"),
+        Some(libc::EROFS) => format!("{shown}: on a read-only file system or snapshot"),
+        _ => format!("{shown}: {e}"),
+    })?;
+    println!(
+        "{shown}: removed {files} files and {dirs} directories in {:.2} s",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

@@ -1,0 +1,164 @@
+//! `Fs::remove_tree` (the mount's `idxfs rm`) against a model: random trees of files of every
+//! size, preallocated and NOCOW ones, symlinks, xattrs, hard links between the tree and the
+//! rest, nested directories, and a file held open inside. After the removal: the counts are
+//! the model's, the name is gone, every link outside keeps its file whole with one link less,
+//! the open file reads whole until let go of, fsck is clean, and the free space is what it
+//! was before the tree was made (a snapshot made meanwhile holds what it names, and gives it
+//! back when deleted).
+mod common;
+use common::digest::digest;
+use common::*;
+use idxfs_engine::fs::{Removed, NOCOW_FL};
+use idxfs_engine::testutil::Rng;
+use idxfs_engine::{fsck, Error};
+
+/// What the tree holds, as the model counts it.
+#[derive(Default)]
+struct Made {
+    files: u64,
+    dirs: u64,
+    /// (directory outside, name, ino, bytes): links outside the tree to files in it.
+    outside: Vec<(u64, Vec<u8>, u64, Vec<u8>)>,
+}
+
+fn make_tree(fs: &idxfs_engine::Fs, rng: &mut Rng, top: u64, out: u64, made: &mut Made) {
+    let mut dirs = vec![top];
+    for i in 0..rng.below(300) + 100 {
+        let d = dirs[rng.below(dirs.len() as u64) as usize];
+        let name = format!("n{i}").into_bytes();
+        match rng.below(10) {
+            0 | 1 => {
+                let a = fs.mkdir(d, &name, 0o755, ME).expect("mkdir");
+                dirs.push(a.ino);
+                made.dirs += 1;
+            }
+            2 => {
+                fs.symlink(d, &name, b"somewhere", ME).expect("symlink");
+                made.files += 1;
+            }
+            n => {
+                let a = fs.create(d, &name, 0o644, ME).expect("create");
+                made.files += 1;
+                if n == 3 {
+                    fs.set_flags(a.ino, NOCOW_FL).expect("chattr +C");
+                }
+                let len = [0usize, 100, 5000, 70_000][rng.below(4) as usize];
+                let bytes = rng.bytes(len);
+                fs.write(a.ino, 0, &bytes).expect("write");
+                if n == 4 {
+                    fs.fallocate(a.ino, 0, 200_000, 0).expect("preallocate");
+                }
+                if n == 5 {
+                    fs.setxattr(a.ino, b"user.x", &rng.bytes(3000), 0)
+                        .expect("setxattr");
+                }
+                if n == 6 && rng.chance(30) {
+                    let link = format!("out{i}").into_bytes();
+                    fs.link(a.ino, out, &link).expect("link out");
+                    made.outside.push((out, link, a.ino, bytes));
+                }
+            }
+        }
+    }
+    // A directory chain deeper than any batch or stack the walk might keep.
+    let mut d = top;
+    for i in 0..150 {
+        d = fs
+            .mkdir(d, format!("deep{i}").as_bytes(), 0o755, ME)
+            .expect("mkdir")
+            .ino;
+        made.dirs += 1;
+    }
+}
+
+#[test]
+fn a_removed_tree_leaves_the_rest_whole_and_gives_every_block_back() {
+    let (mut rng, seed) = Rng::from_env("remove tree");
+    let (dev, fs) = mem_fs_with(256 << 20, 4096);
+    let out = fs.mkdir(ROOT, b"outside", 0o755, ME).expect("mkdir").ino;
+    let keep = fs.create(out, b"keep", 0o644, ME).expect("create").ino;
+    fs.write(keep, 0, b"kept").expect("write");
+    // The roots tree a snapshot makes stays after its delete: made before the baseline.
+    let first = fs.snapshot(b"first").expect("snapshot");
+    fs.delete_snapshot(first).expect("delete");
+    fs.finish_drops().expect("drops");
+    fs.sync().expect("sync");
+    let free = fs.statfs().expect("statfs").blocks_free;
+    let rest = digest(&fs);
+    let top = fs.mkdir(ROOT, b"tree", 0o755, ME).expect("mkdir").ino;
+    let mut made = Made {
+        dirs: 1,
+        ..Made::default()
+    };
+    make_tree(&fs, &mut rng, top, out, &mut made);
+    // A file held open inside, as the kernel holds one a process has open.
+    let open = fs.create(top, b"held-open", 0o644, ME).expect("create").ino;
+    let held = rng.bytes(20_000);
+    fs.write(open, 0, &held).expect("write");
+    made.files += 1;
+    assert!(fs.pin(open), "pin");
+    fs.sync().expect("sync");
+    let snap = fs.snapshot(b"before").expect("snapshot");
+    let mut calls = 0;
+    let r = fs
+        .remove_tree(ROOT, b"tree", |_| calls += 1)
+        .unwrap_or_else(|e| panic!("seed {seed}: remove_tree: {e}"));
+    assert_eq!(
+        r,
+        Removed {
+            files: made.files,
+            dirs: made.dirs
+        },
+        "seed {seed}"
+    );
+    assert!(calls > 0, "seed {seed}: no progress reported");
+    eprintln!("seed {seed}: {r:?}, {} links outside", made.outside.len());
+    assert!(matches!(fs.lookup(ROOT, b"tree"), Err(Error::NotFound)));
+    for (d, name, ino, bytes) in &made.outside {
+        let a = fs.lookup(*d, name).expect("the link outside");
+        assert_eq!(a.ino, *ino);
+        assert_eq!(a.nlink, 1, "seed {seed}: links of a file linked outside");
+        assert_eq!(&fs.read(*ino, 0, bytes.len() + 10).expect("read"), bytes);
+    }
+    assert_eq!(fs.read(open, 0, 30_000).expect("read the open file"), held);
+    fs.unpin(open, 1).expect("let go");
+    for (d, name, _, _) in &made.outside {
+        fs.unlink(*d, name).expect("unlink the link outside");
+    }
+    assert_eq!(digest(&fs), rest, "seed {seed}: the rest changed");
+    // Everything the tree held comes back once the snapshot that holds it is deleted.
+    fs.delete_snapshot(snap).expect("delete");
+    fs.finish_drops().expect("drops");
+    fs.sync().expect("sync");
+    assert_eq!(
+        fs.statfs().expect("statfs").blocks_free,
+        free,
+        "seed {seed}"
+    );
+    fs.close().expect("close");
+    let r = fsck::check(
+        &(dev.clone() as std::sync::Arc<dyn idxfs_blockdev::BlockDevice>),
+        idxfs_format::hash::name_hash,
+        &mut |_| {},
+    )
+    .expect("fsck");
+    assert!(r.is_clean(), "seed {seed}: {}", r.problems.join("\n"));
+}
+
+#[test]
+fn a_file_or_a_missing_name_is_removed_as_rm_removes_it() {
+    let (_dev, fs) = mem_fs_with(16 << 20, 4096);
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
+    fs.write(f, 0, b"x").expect("write");
+    let r = fs.remove_tree(ROOT, b"f", |_| {}).expect("remove a file");
+    assert_eq!(r, Removed { files: 1, dirs: 0 });
+    assert!(matches!(fs.lookup(ROOT, b"f"), Err(Error::NotFound)));
+    assert!(matches!(
+        fs.remove_tree(ROOT, b"f", |_| {}),
+        Err(Error::NotFound)
+    ));
+    let d = fs.mkdir(ROOT, b"empty", 0o755, ME).expect("mkdir").ino;
+    assert!(d > 0);
+    let r = fs.remove_tree(ROOT, b"empty", |_| {}).expect("remove");
+    assert_eq!(r, Removed { files: 0, dirs: 1 });
+}

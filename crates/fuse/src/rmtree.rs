@@ -1,0 +1,64 @@
+//! `idxfs rm PATH`: the server removes PATH and everything under it inside the engine
+//! (`idxfs_engine::Fs::remove_tree`), asked through an ioctl on PATH's parent directory,
+//! instead of the kernel sending an UNLINK or RMDIR (and a LOOKUP or a listing) per name.
+//! Only root and the mount's owner may ask, as for a snapshot: the engine checks no
+//! permission on the way down. The server then tells the kernel to forget the name, which
+//! drops what it cached of the tree (a file still open stays readable until closed, as
+//! after `rm`).
+//!
+//! The argument, `ARG_SIZE` bytes each way: in, the name's length u8 and the name; out, the
+//! files removed u64 and the directories removed u64 (little-endian).
+use std::io;
+use std::path::Path;
+
+pub const ARG_SIZE: usize = 264;
+/// `_IOWR(0xD7, 5, [u8; ARG_SIZE])`.
+pub const IOC_RMTREE: u32 = (3 << 30) | ((ARG_SIZE as u32) << 16) | (0xD7 << 8) | 5;
+
+/// The request for `name` (1 to 255 bytes); None for a name no server could take.
+pub fn encode(name: &[u8]) -> Option<Vec<u8>> {
+    let len = u8::try_from(name.len()).ok().filter(|l| *l > 0)?;
+    let mut buf = vec![0u8; ARG_SIZE];
+    buf[0] = len;
+    buf.get_mut(1..1 + name.len())?.copy_from_slice(name);
+    Some(buf)
+}
+
+/// The server's side of `encode`.
+pub fn decode(buf: &[u8]) -> Option<&[u8]> {
+    let len = *buf.first()? as usize;
+    buf.get(1..1 + len).filter(|n| !n.is_empty())
+}
+
+/// The reply: files and directories removed.
+pub fn encode_removed(files: u64, dirs: u64) -> Vec<u8> {
+    let mut out = files.to_le_bytes().to_vec();
+    out.extend_from_slice(&dirs.to_le_bytes());
+    out
+}
+
+/// Asks the server of the idxfs mount holding directory `parent` to remove `name` in it and
+/// everything under it; returns the files and directories removed.
+pub fn remove(parent: &Path, name: &[u8]) -> io::Result<(u64, u64)> {
+    let mut buf = encode(name).ok_or_else(|| io::Error::other("a name of 1 to 255 bytes"))?;
+    crate::root_ioctl::send(parent, IOC_RMTREE, &mut buf, "remove a tree in")?;
+    let n = |r: std::ops::Range<usize>| u64::from_le_bytes(buf[r].try_into().unwrap_or([0; 8]));
+    Ok((n(0..8), n(8..16)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_goes_there_and_back_and_bad_ones_are_refused() {
+        let buf = encode(b"build-cache").expect("encode");
+        assert_eq!(buf.len(), ARG_SIZE);
+        assert_eq!(decode(&buf), Some(&b"build-cache"[..]));
+        assert!(encode(b"").is_none());
+        assert!(encode(&[b'x'; 256]).is_none());
+        assert_eq!(encode(&[b'x'; 255]).map(|b| b.len()), Some(ARG_SIZE));
+        assert_eq!(decode(&[0u8; ARG_SIZE]), None);
+        assert_eq!(decode(&[]), None);
+    }
+}
