@@ -12,6 +12,9 @@
 //!   (its commits included); btrfs's way, `btrfs subvolume delete` of the subvolume and
 //!   `btrfs subvolume snapshot` of the snapshot in its place, until both return. ext4 has
 //!   none.
+//! - **remove a tree from a mount**, until synced: `idxfs rm` (inside the server) and
+//!   `rm -rf` (a request per name through FUSE), each on a fresh mount the tree was
+//!   imported into; ext4's `rm -rf` is its delete row.
 //! - **delete a tree nobody else holds**: idxfs: a snapshot whose files the file system has
 //!   since removed, `Fs::delete_snapshot` until it returns, and the drop until the space is
 //!   back; btrfs: `btrfs subvolume delete` of the subvolume (its snapshot deleted first)
@@ -40,6 +43,9 @@ struct Times {
     mount: f64,
     /// Back to the snapshot after `mistake`; None where the file system has no way.
     rollback: Option<f64>,
+    /// idxfs only: the tree removed from a mount by `idxfs rm` and by `rm -rf`, until synced.
+    rm: Option<f64>,
+    rm_rf: Option<f64>,
     returns: f64,
     back: f64,
 }
@@ -173,6 +179,26 @@ fn idxfs_mounted(src: &Path, base: &Path, bytes: u64) -> Result<f64, String> {
     Ok(best)
 }
 
+/// The tree imported into a fresh mount, then removed, until synced: by `idxfs rm` (inside
+/// the server) or by `rm -rf` (a request per name through FUSE).
+fn idxfs_removed(src: &Path, base: &Path, bytes: u64, in_server: bool) -> Result<f64, String> {
+    let t = Target::make(base, FsKind::Idxfs, bytes, 0)?;
+    let tree = t.mp.join("tree");
+    bench_env::run(
+        Command::new(bench_env::self_exe())
+            .arg("import")
+            .arg(src)
+            .arg(&tree),
+    )?;
+    secs(|| {
+        match in_server {
+            true => bench_env::run(Command::new(bench_env::self_exe()).arg("rm").arg(&tree)),
+            false => bench_env::run(Command::new("rm").arg("-rf").arg(&tree)),
+        }?;
+        bench_env::run(Command::new(bench_env::self_exe()).arg("sync").arg(&t.mp)).map(|_| ())
+    })
+}
+
 fn sync(p: &Path) -> Result<(), String> {
     bench_env::run(Command::new("sync").arg("-f").arg(p)).map(|_| ())
 }
@@ -291,6 +317,8 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
                 FsKind::Idxfs => {
                     let mut t = idxfs(&src, base, bytes)?;
                     t.mount = idxfs_mounted(&src, base, bytes)?;
+                    t.rm = Some(idxfs_removed(&src, base, bytes, true)?);
+                    t.rm_rf = Some(idxfs_removed(&src, base, bytes, false)?);
                     per("idxfs", i, t)
                 }
                 FsKind::Btrfs => per("btrfs", i, btrfs(&src, base, bytes, inodes)?),
@@ -331,6 +359,19 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
                 b / a
             ));
         }
+        for (what, v) in [
+            ("idxfs rm MOUNT/tree", [t[0].rm, t[1].rm]),
+            ("rm -rf MOUNT/tree", [t[0].rm_rf, t[1].rm_rf]),
+        ] {
+            if let [Some(a), Some(b)] = v {
+                text.push_str(&format!(
+                    "{what:<24} {:>12} {:>12} {:>7.2}x\n",
+                    ms(a),
+                    ms(b),
+                    b / a
+                ));
+            }
+        }
         if label == "idxfs" {
             text.push_str(&format!(
                 "{:<24} {:>12} {:>12}\n",
@@ -345,7 +386,7 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
                 ms(t[1].mount)
             ));
         }
-        let one = |t: &Times| json!({"snapshot_s": t.snap, "command_s": t.cli, "mount_command_s": t.mount, "rollback_s": t.rollback, "delete_returns_s": t.returns, "space_back_s": t.back});
+        let one = |t: &Times| json!({"snapshot_s": t.snap, "command_s": t.cli, "mount_command_s": t.mount, "rollback_s": t.rollback, "idxfs_rm_s": t.rm, "rm_rf_mount_s": t.rm_rf, "delete_returns_s": t.returns, "space_back_s": t.back});
         raw.insert(
             label.clone(),
             json!({"small": one(&t[0]), "large": one(&t[1])}),
@@ -358,6 +399,7 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
          commits), each the fastest of 3; rollback: back to the snapshot after the same \
          changes at both counts (a directory of 1,000 files removed, 100 files made), idxfs's \
          library call and btrfs's subvolume delete and snapshot of the snapshot in its place; \
+         idxfs rm and rm -rf: the tree removed from a mount it was imported into, until synced; \
          ext4's row is cp -a and rm -rf until synced, what a file system without \
          snapshots offers)\n",
     );
