@@ -2,7 +2,6 @@
 //! holding it (`idxfs_fuse::rmtree`, the engine's `Fs::remove_tree`), without the request
 //! per name `rm -rf` sends through FUSE. Root and the mount's owner only; PATH's last part is
 //! removed as `rm` removes it (a symlink, not what it points to).
-use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -16,9 +15,15 @@ pub(crate) fn run(paths: &[PathBuf]) -> Result<(), String> {
 
 fn one(p: &Path) -> Result<(), String> {
     let shown = p.display();
+    // As rm, "." and ".." are refused as the last part (which `Path` would drop or keep).
+    let raw = p.as_os_str().as_bytes();
+    let last = raw
+        .split(|b| *b == b'/')
+        .rfind(|s| !s.is_empty())
+        .unwrap_or_default();
     let name = p
         .file_name()
-        .filter(|n| *n != OsStr::new(".") && *n != OsStr::new(".."))
+        .filter(|_| last != b"." && last != b"..")
         .ok_or_else(|| format!("{shown}: not a name to remove"))?;
     let parent = match p.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,

@@ -85,6 +85,10 @@ fn idxfs_rm_removes_a_tree_in_the_server_and_the_kernel_forgets_it() {
         (tree.clone(), "no such file or directory"),
         (snapdir, "read-only"),
         (format!("{tree}/.."), "not a name to remove"),
+        (
+            format!("{}/.", m.path("").display()),
+            "not a name to remove",
+        ),
         (elsewhere.to_str().expect("utf8").to_string(), "not idxfs"),
     ] {
         let (code, out, err) = idxfs(&["rm", &arg]);

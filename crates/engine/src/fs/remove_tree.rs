@@ -10,7 +10,8 @@
 //!
 //! Not one change: a crash midway leaves part of the tree (what the last commit or fsync
 //! held), as with `rm -rf`. A name someone else removed or renamed away meanwhile is
-//! skipped; a directory found empty whose rmdir meets a new entry is listed again, up to
+//! skipped, but a directory renamed out of the tree after it was listed is still emptied
+//! (its number is what the walk holds, as `rm -rf` holds a descriptor of it); a directory found empty whose rmdir meets a new entry is listed again, up to
 //! `REFILLS` times, then the removal gives up (`NotEmpty`). Someone creating inside the tree
 //! as fast as it empties keeps it going, as long as that lasts.
 use super::{Fs, Ino};
