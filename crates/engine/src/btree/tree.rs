@@ -1088,8 +1088,10 @@ impl Tree {
     /// them, and returns how many nodes it read. The trees may share nodes (a snapshot and
     /// its file system): a node both point to at the same level is the same subtree in both,
     /// so the walk goes down both trees a level at a time, with every node of that level not
-    /// under one they share, and leaves out those both have. A node both trees have is
-    /// under no node only one has, so it is always met at its level in both lists.
+    /// under one they share, and leaves out those both have. Each list holds every node of
+    /// its tree at that level that is under no shared node, so a node both trees have either
+    /// lies under one they share (and is never listed) or is met in both lists at its level,
+    /// and left out there.
     pub fn own_leaves(
         &self,
         other: &Tree,
