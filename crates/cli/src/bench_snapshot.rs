@@ -28,7 +28,7 @@ use crate::bench_suite::Scale;
 use idxfs_blockdev::FileDevice;
 use idxfs_engine::{Fs, OpenOptions};
 use serde_json::{json, Value};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
@@ -159,9 +159,8 @@ fn idxfs(src: &Path, base: &Path, bytes: u64) -> Result<Times, String> {
     Ok(t)
 }
 
-/// `idxfs snapshot MOUNT NAME` of the tree imported into a fresh mount, the fastest of
-/// `ROUNDS`.
-fn idxfs_mounted(src: &Path, base: &Path, bytes: u64) -> Result<f64, String> {
+/// A fresh idxfs mount with the tree imported into it at `tree`, and that path.
+fn imported(src: &Path, base: &Path, bytes: u64) -> Result<(Target, PathBuf), String> {
     let t = Target::make(base, FsKind::Idxfs, bytes, 0)?;
     let tree = t.mp.join("tree");
     bench_env::run(
@@ -170,6 +169,13 @@ fn idxfs_mounted(src: &Path, base: &Path, bytes: u64) -> Result<f64, String> {
             .arg(src)
             .arg(&tree),
     )?;
+    Ok((t, tree))
+}
+
+/// `idxfs snapshot MOUNT NAME` of the tree imported into a fresh mount, the fastest of
+/// `ROUNDS`.
+fn idxfs_mounted(src: &Path, base: &Path, bytes: u64) -> Result<f64, String> {
+    let (t, _tree) = imported(src, base, bytes)?;
     let mut best = f64::INFINITY;
     for i in 0..ROUNDS {
         let mut cmd = Command::new(bench_env::self_exe());
@@ -182,14 +188,7 @@ fn idxfs_mounted(src: &Path, base: &Path, bytes: u64) -> Result<f64, String> {
 /// The tree imported into a fresh mount, then removed, until synced: by `idxfs rm` (inside
 /// the server) or by `rm -rf` (a request per name through FUSE).
 fn idxfs_removed(src: &Path, base: &Path, bytes: u64, in_server: bool) -> Result<f64, String> {
-    let t = Target::make(base, FsKind::Idxfs, bytes, 0)?;
-    let tree = t.mp.join("tree");
-    bench_env::run(
-        Command::new(bench_env::self_exe())
-            .arg("import")
-            .arg(src)
-            .arg(&tree),
-    )?;
+    let (t, tree) = imported(src, base, bytes)?;
     secs(|| {
         match in_server {
             true => bench_env::run(Command::new(bench_env::self_exe()).arg("rm").arg(&tree)),
