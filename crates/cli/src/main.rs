@@ -119,8 +119,9 @@ enum Cmd {
     /// FUSE does not pass them on; an fsync of any file on the mount does the same).
     Sync { path: PathBuf },
     /// Remove each PATH on an idxfs mount, and everything under it, inside the mount's
-    /// server (as `rm -rf`, without a request per file through FUSE); root or the mount's
-    /// owner only. An open file stays readable until closed, as after rm.
+    /// server (as `rm -rf`, without a request per file through FUSE), held to the
+    /// permission checks rm -rf would meet; it stops at the first refusal. An open file
+    /// stays readable until closed, as after rm.
     Rm {
         #[arg(required = true)]
         paths: Vec<PathBuf>,

@@ -1,7 +1,8 @@
 //! `idxfs rm PATH...`: PATH and everything under it removed by the server of the idxfs mount
 //! holding it (`idxfs_fuse::rmtree`, the engine's `Fs::remove_tree`), without the request
-//! per name `rm -rf` sends through FUSE. Root and the mount's owner only; PATH's last part is
-//! removed as `rm` removes it (a symlink, not what it points to).
+//! per name `rm -rf` sends through FUSE. Anyone may use it; the server holds the caller to
+//! the permission checks `rm -rf` would meet, stopping at the first refusal. PATH's last part
+//! is removed as `rm` removes it (a symlink, not what it points to).
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -41,6 +42,13 @@ fn one(p: &Path) -> Result<(), String> {
     {
         Some(libc::ENOENT) => format!("{shown}: no such file or directory"),
         Some(libc::EROFS) => format!("{shown}: on a read-only file system or snapshot"),
+        Some(libc::EACCES) => format!(
+            "{shown}: permission denied on the way down (names removed before it stay removed)"
+        ),
+        Some(libc::EPERM) => format!(
+            "{shown}: not permitted: another user's file in a sticky directory \
+             (names removed before it stay removed)"
+        ),
         _ => format!("{shown}: {e}"),
     })?;
     println!(

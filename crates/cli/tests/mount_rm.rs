@@ -1,7 +1,9 @@
 //! `idxfs rm` through a mount: a tree the kernel has cached removed inside the server, then
 //! gone for the kernel too (no stale entry), a file open inside still readable until closed,
-//! the space back, fsck clean; an unprivileged caller refused by the server; bad input
-//! answered in one line.
+//! the space back, fsck clean; bad input answered in one line. Another user's `idxfs rm` on
+//! random trees of owners, modes, sticky bits and ACLs against `rm -rf` of the same tree on
+//! tmpfs as that user: refused exactly where `rm -rf` fails, and removing nothing `rm -rf`
+//! keeps.
 mod common;
 use common::*;
 use std::io::Read;
@@ -42,7 +44,8 @@ fn idxfs_rm_removes_a_tree_in_the_server_and_the_kernel_forgets_it() {
     let mut open = std::fs::File::open(m.path("tree/held")).expect("open");
     let tree = m.path("tree").to_str().expect("utf8").to_string();
 
-    // Not from another user: the server refuses it.
+    // Not from another user, who may not write the root or the tree's directories: refused
+    // before anything goes, as rm -rf would be at its first unlink.
     let out = std::process::Command::new("setpriv")
         .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
         .arg(bin())
@@ -51,8 +54,10 @@ fn idxfs_rm_removes_a_tree_in_the_server_and_the_kernel_forgets_it() {
         .expect("setpriv");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
-    assert!(err.contains("only root or the mount's owner"), "{err}");
+    assert!(err.contains("permission denied"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
     assert!(m.path("tree/d3/sub/f7").exists());
+    assert!(m.path("tree/held").exists());
 
     let (code, out, err) = idxfs(&["rm", &tree]);
     assert_eq!(code, 0, "rm: {out}{err}");
@@ -105,4 +110,186 @@ fn idxfs_rm_removes_a_tree_in_the_server_and_the_kernel_forgets_it() {
         "{after} bytes used after the removal, {before} before the tree"
     );
     m.unmount();
+}
+
+/// The user the reference test runs as, and a supplementary group of theirs.
+const USER: u32 = 65534;
+const GROUP: u32 = 1000;
+
+/// Makes the same random tree at `tops[0]` and `tops[1]` (as root): directories and files of
+/// random owners and modes, sticky directories, and directory ACLs naming the user or its
+/// group. `mood`: `Some(true)` makes it all the user's, `Some(false)` gives it a top the user
+/// may not change (so whether `rm -rf` can remove it is known: both outcomes come up).
+fn random_tree(
+    rng: &mut idxfs_engine::testutil::Rng,
+    tops: [&std::path::Path; 2],
+    mood: Option<bool>,
+) {
+    use std::os::unix::fs::chown;
+    let owners = [USER, USER, USER, 0, 4242];
+    let groups = [USER, GROUP, 0, 4242];
+    let dir_modes = [
+        0o755, 0o777, 0o700, 0o775, 0o770, 0o750, 0o1777, 0o1770, 0o500, 0o300, 0o000, 0o711,
+    ];
+    let acls = [
+        "u:65534:rwx",
+        "u:65534:r-x",
+        "g:1000:rwx",
+        "g:1000:r-x,m::r-x",
+        "u:65534:rwx,m::---",
+        "o::rwx",
+    ];
+    // (relative path, depth), made in creation order; modes are set afterwards, deepest
+    // first, so root's writes are not what a mode would stop (it stops nothing for root,
+    // but this keeps the trees equal for any mode).
+    let mut dirs = vec![(std::path::PathBuf::new(), 0)];
+    let mut made = Vec::new();
+    for t in tops {
+        std::fs::create_dir(t).expect("mkdir top");
+    }
+    for i in 0..rng.below(25) + 3 {
+        let (d, depth) = dirs[rng.below(dirs.len() as u64) as usize].clone();
+        let rel = d.join(format!("n{i}"));
+        let is_dir = depth < 3 && rng.chance(40);
+        for t in tops {
+            let p = t.join(&rel);
+            if is_dir {
+                std::fs::create_dir(&p).expect("mkdir");
+            } else {
+                std::fs::write(&p, b"x").expect("write");
+            }
+        }
+        if is_dir {
+            dirs.push((rel.clone(), depth + 1));
+        }
+        made.push((rel, is_dir));
+    }
+    made.insert(0, (std::path::PathBuf::new(), true));
+    for (rel, is_dir) in made.iter().rev() {
+        let uid = owners[rng.below(owners.len() as u64) as usize];
+        let gid = groups[rng.below(groups.len() as u64) as usize];
+        // Mostly modes that let the removal go on, so both outcomes come up.
+        let mode = if !is_dir {
+            0o644
+        } else if rng.chance(70) {
+            [0o777, 0o755, 0o775][rng.below(3) as usize]
+        } else {
+            dir_modes[rng.below(dir_modes.len() as u64) as usize]
+        };
+        let mut acl =
+            (*is_dir && rng.chance(30)).then(|| acls[rng.below(acls.len() as u64) as usize]);
+        let (uid, gid, mode) = match mood {
+            // An empty directory the user may not read goes too, as rm -rf removes it.
+            Some(true) => {
+                acl = None;
+                let empty = !made.iter().any(|(r, _)| r.parent() == Some(rel.as_path()));
+                let mode = match (is_dir, empty) {
+                    (false, _) => 0o644,
+                    (true, true) if !rel.as_os_str().is_empty() => 0o300,
+                    (true, _) => 0o755,
+                };
+                (USER, USER, mode)
+            }
+            Some(false) if rel.as_os_str().is_empty() => {
+                acl = None;
+                (0, 0, 0o555)
+            }
+            _ => (uid, gid, mode),
+        };
+        for t in tops {
+            let p = t.join(rel);
+            chown(&p, Some(uid), Some(gid)).expect("chown");
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            if let Some(a) = acl {
+                let st = std::process::Command::new("setfacl")
+                    .args(["-m", a])
+                    .arg(&p)
+                    .status()
+                    .expect("setfacl");
+                assert!(st.success(), "setfacl -m {a} {}", p.display());
+            }
+        }
+    }
+}
+
+/// Every path under `top` (itself included, as ""), walked as root.
+fn paths_under(top: &std::path::Path) -> std::collections::BTreeSet<std::path::PathBuf> {
+    let mut out = std::collections::BTreeSet::new();
+    if std::fs::symlink_metadata(top).is_err() {
+        return out;
+    }
+    let mut todo = vec![std::path::PathBuf::new()];
+    while let Some(rel) = todo.pop() {
+        let p = top.join(&rel);
+        if std::fs::symlink_metadata(&p).expect("stat").is_dir() {
+            for e in std::fs::read_dir(&p).expect("ls") {
+                todo.push(rel.join(e.expect("entry").file_name()));
+            }
+        }
+        out.insert(rel);
+    }
+    out
+}
+
+/// Runs `cmd args` as `USER` with `GROUP` among its groups; whether it succeeded, and its
+/// standard error.
+fn as_user(cmd: &str, args: &[&std::path::Path]) -> (bool, String) {
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--groups", "1000"])
+        .arg(cmd)
+        .args(args)
+        .output()
+        .expect("setpriv");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn another_users_idxfs_rm_fails_where_rm_rf_does_and_removes_no_more() {
+    let (mut rng, seed) = idxfs_engine::testutil::Rng::from_env("idxfs rm as a user");
+    let mut m = Mounted::new("256M", "");
+    let reference = shm_tempdir();
+    // Both parents reachable and writable by the user: whether the top goes is the tree's.
+    for p in [m.dir.path(), &m.mp, reference.path()] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    }
+    let (mut removed, mut refused) = (0, 0);
+    for k in 0..48 {
+        let name = format!("t{k}");
+        let (idx, tmp) = (m.path(&name), reference.path().join(&name));
+        let mood = [Some(true), Some(false)].get(k).copied().flatten();
+        random_tree(&mut rng, [&tmp, &idx], mood);
+        let before = paths_under(&idx);
+        assert_eq!(
+            before,
+            paths_under(&tmp),
+            "seed {seed}, tree {k}: made alike"
+        );
+        let (rm_ok, rm_err) = as_user("rm", &["-rf".as_ref(), tmp.as_path()]);
+        let (idx_ok, idx_err) = as_user(bin(), &["rm".as_ref(), idx.as_path()]);
+        let (left_rm, left_idx) = (paths_under(&tmp), paths_under(&idx));
+        let ctx = format!(
+            "seed {seed}, tree {k}: rm -rf {rm_ok} ({rm_err}), idxfs rm {idx_ok} ({idx_err}), \
+             left by rm -rf {left_rm:?}, by idxfs rm {left_idx:?}"
+        );
+        assert_eq!(rm_ok, idx_ok, "{ctx}");
+        assert!(left_idx.is_superset(&left_rm), "{ctx}");
+        if idx_ok {
+            assert!(left_idx.is_empty(), "{ctx}");
+            removed += 1;
+        } else {
+            assert_eq!(idx_err.trim_end().lines().count(), 1, "{ctx}");
+            assert!(!idx_err.contains("panicked"), "{ctx}");
+            refused += 1;
+        }
+    }
+    eprintln!("seed {seed}: {removed} trees removed, {refused} refused");
+    assert!(
+        removed > 0 && refused > 0,
+        "seed {seed}: {removed} removed, {refused} refused"
+    );
+    m.unmount();
+    m.assert_fsck_clean();
 }

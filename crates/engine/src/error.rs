@@ -44,6 +44,13 @@ pub enum Error {
     /// The object is in use and cannot go now (EBUSY): a snapshot deleted while it is open
     /// beside its file system (`Fs::open_snapshot`).
     Busy(&'static str),
+    /// A front end's permission check refused it (EACCES): the engine checks no permission
+    /// itself, but asks a front end's check where one walk does many changes
+    /// (`fs::remove_tree::Permits`).
+    Denied(&'static str),
+    /// A front end's check refused it for want of ownership or privilege (EPERM), as the
+    /// sticky bit refuses a removal.
+    NotPermitted(&'static str),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -80,6 +87,8 @@ impl Error {
             Error::NoSuchOffset => libc_consts::ENXIO,
             Error::Io(_) | Error::Corrupt(_) | Error::DataSum { .. } => libc_consts::EIO,
             Error::InFlight | Error::Busy(_) => libc_consts::EBUSY,
+            Error::Denied(_) => libc_consts::EACCES,
+            Error::NotPermitted(_) => libc_consts::EPERM,
         }
     }
 
@@ -91,10 +100,12 @@ impl Error {
 
 /// The few errno values the engine names (Linux numbering), kept here so the engine needs no libc.
 mod libc_consts {
+    pub const EPERM: i32 = 1;
     pub const ENOENT: i32 = 2;
     pub const EIO: i32 = 5;
     pub const ENXIO: i32 = 6;
     pub const E2BIG: i32 = 7;
+    pub const EACCES: i32 = 13;
     pub const EBUSY: i32 = 16;
     pub const EEXIST: i32 = 17;
     pub const ENOTDIR: i32 = 20;
@@ -137,6 +148,8 @@ impl fmt::Display for Error {
             ),
             Error::InFlight => write!(f, "blocks busy with a write without the lock"),
             Error::Busy(what) => write!(f, "busy: {what}"),
+            Error::Denied(what) => write!(f, "permission denied: {what}"),
+            Error::NotPermitted(what) => write!(f, "operation not permitted: {what}"),
         }
     }
 }

@@ -8,8 +8,9 @@
 mod common;
 use common::digest::digest;
 use common::*;
-use idxfs_engine::fs::{Removed, NOCOW_FL};
+use idxfs_engine::fs::{Attr, Permits, Removed, Unchecked, NOCOW_FL};
 use idxfs_engine::testutil::Rng;
+use idxfs_engine::Fs;
 use idxfs_engine::{fsck, Error};
 
 /// What the tree holds, as the model counts it.
@@ -101,7 +102,7 @@ fn a_removed_tree_leaves_the_rest_whole_and_gives_every_block_back() {
     let snap = fs.snapshot(b"before").expect("snapshot");
     let mut calls = 0;
     let r = fs
-        .remove_tree(ROOT, b"tree", |_| calls += 1)
+        .remove_tree(ROOT, b"tree", &Unchecked, |_| calls += 1)
         .unwrap_or_else(|e| panic!("seed {seed}: remove_tree: {e}"));
     assert_eq!(
         r,
@@ -150,15 +151,172 @@ fn a_file_or_a_missing_name_is_removed_as_rm_removes_it() {
     let (_dev, fs) = mem_fs_with(16 << 20, 4096);
     let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
     fs.write(f, 0, b"x").expect("write");
-    let r = fs.remove_tree(ROOT, b"f", |_| {}).expect("remove a file");
+    let r = fs
+        .remove_tree(ROOT, b"f", &Unchecked, |_| {})
+        .expect("remove a file");
     assert_eq!(r, Removed { files: 1, dirs: 0 });
     assert!(matches!(fs.lookup(ROOT, b"f"), Err(Error::NotFound)));
     assert!(matches!(
-        fs.remove_tree(ROOT, b"f", |_| {}),
+        fs.remove_tree(ROOT, b"f", &Unchecked, |_| {}),
         Err(Error::NotFound)
     ));
     let d = fs.mkdir(ROOT, b"empty", 0o755, ME).expect("mkdir").ino;
     assert!(d > 0);
-    let r = fs.remove_tree(ROOT, b"empty", |_| {}).expect("remove");
+    let r = fs
+        .remove_tree(ROOT, b"empty", &Unchecked, |_| {})
+        .expect("remove");
     assert_eq!(r, Removed { files: 0, dirs: 1 });
+}
+
+/// A front end's checks (`Permits`) that refuse to list the directories in `unlisted` and to
+/// remove anything from those in `fixed`, and keep what they were asked.
+#[derive(Default)]
+struct Refusing {
+    unlisted: Vec<u64>,
+    fixed: Vec<u64>,
+    listed: std::cell::RefCell<Vec<u64>>,
+    permitted: std::cell::RefCell<Vec<(u64, u64)>>,
+}
+
+impl Permits for Refusing {
+    fn list(&self, _: &Fs, dir: &Attr) -> Result<(), Error> {
+        if self.unlisted.contains(&dir.ino) {
+            return Err(Error::Denied("test"));
+        }
+        self.listed.borrow_mut().push(dir.ino);
+        Ok(())
+    }
+    fn remove(&self, _: &Fs, dir: &Attr, child: u64) -> Result<(), Error> {
+        if self.fixed.contains(&dir.ino) {
+            return Err(Error::NotPermitted("test"));
+        }
+        self.permitted.borrow_mut().push((dir.ino, child));
+        Ok(())
+    }
+}
+
+/// Each directory's names and numbers, under `top` (itself included, by its number).
+fn names_under(fs: &Fs, top: u64) -> Vec<(u64, Vec<u8>, u64)> {
+    let mut out = Vec::new();
+    let mut dirs = vec![top];
+    while let Some(d) = dirs.pop() {
+        let mut es = Vec::new();
+        fs.readdir(d, 2, |e| {
+            es.push(e.clone());
+            true
+        })
+        .expect("readdir");
+        for e in es {
+            if e.dtype == 4 {
+                dirs.push(e.ino);
+            }
+            out.push((d, e.name, e.ino));
+        }
+    }
+    out
+}
+
+/// top/{a,b,c,e,plain}: each directory but c (empty) holds files and a subdirectory with
+/// files. Returns top's number and its directories' by name.
+fn refusal_tree(fs: &Fs) -> (u64, std::collections::BTreeMap<&'static [u8], u64>) {
+    let top = fs.mkdir(ROOT, b"top", 0o755, ME).expect("mkdir").ino;
+    let mut ino = std::collections::BTreeMap::new();
+    for d in [&b"a"[..], b"b", b"c", b"e"] {
+        let di = fs.mkdir(top, d, 0o755, ME).expect("mkdir").ino;
+        ino.insert(d, di);
+        if d == b"c" {
+            continue;
+        }
+        let sub = fs.mkdir(di, b"sub", 0o755, ME).expect("mkdir").ino;
+        for i in 0..30 {
+            for at in [di, sub] {
+                let f = fs.create(at, format!("f{i}").as_bytes(), 0o644, ME);
+                fs.write(f.expect("create").ino, 0, b"data").expect("write");
+            }
+        }
+    }
+    fs.create(top, b"plain", 0o644, ME).expect("create");
+    (top, ino)
+}
+
+#[test]
+fn a_refused_check_stops_the_removal_having_removed_only_what_was_permitted() {
+    let (dev, fs) = mem_fs_with(64 << 20, 4096);
+    type Refuse = fn(&std::collections::BTreeMap<&'static [u8], u64>) -> Refusing;
+    let cases: [(&str, Refuse); 4] = [
+        ("nothing may be removed from the root", |_| Refusing {
+            fixed: vec![ROOT],
+            ..Refusing::default()
+        }),
+        ("b may not be listed", |ino| Refusing {
+            unlisted: vec![ino[&b"b"[..]]],
+            ..Refusing::default()
+        }),
+        ("nothing may be removed from e", |ino| Refusing {
+            fixed: vec![ino[&b"e"[..]]],
+            ..Refusing::default()
+        }),
+        // Removed all the same, as rm -rf removes an empty directory it may not read.
+        ("c, empty, may not be listed", |ino| Refusing {
+            unlisted: vec![ino[&b"c"[..]]],
+            ..Refusing::default()
+        }),
+    ];
+    for (what, refuse) in cases {
+        let (top, ino) = refusal_tree(&fs);
+        let checks = refuse(&ino);
+        let before = names_under(&fs, top);
+        let refused: Vec<u64> = checks
+            .unlisted
+            .iter()
+            .chain(&checks.fixed)
+            .copied()
+            .collect();
+        let whole: Vec<_> = refused.iter().map(|d| names_under(&fs, *d)).collect();
+        let r = fs.remove_tree(ROOT, b"top", &checks, |_| {});
+        if what.starts_with("c,") {
+            assert!(r.is_ok(), "{what}: {r:?}");
+            assert!(matches!(fs.lookup(ROOT, b"top"), Err(Error::NotFound)));
+            continue;
+        }
+        assert!(
+            matches!(r, Err(Error::Denied(_)) | Err(Error::NotPermitted(_))),
+            "{what}: {r:?}"
+        );
+        let after = names_under(&fs, top);
+        // Only what was permitted went, from directories that were listed.
+        let permitted = checks.permitted.borrow();
+        for name in before.iter().filter(|n| !after.contains(n)) {
+            let (dir, _, child) = name;
+            assert!(
+                permitted.contains(&(*dir, *child)),
+                "{what}: {name:?} went without a permitted removal"
+            );
+            assert!(
+                checks.listed.borrow().contains(dir),
+                "{what}: {name:?} went from a directory not listed"
+            );
+        }
+        // A refused directory keeps its name and everything under it.
+        for (d, was) in refused.iter().zip(&whole) {
+            assert_eq!(&names_under(&fs, *d), was, "{what}: under {d}");
+            assert!(*d == ROOT || after.iter().any(|n| n.2 == *d), "{what}");
+        }
+        if checks.fixed == [ROOT] {
+            assert_eq!(after, before, "{what}: something went");
+            assert!(checks.listed.borrow().is_empty(), "{what}");
+        } else {
+            assert_ne!(after, before, "{what}: nothing went");
+        }
+        fs.remove_tree(ROOT, b"top", &Unchecked, |_| {})
+            .expect("the rest");
+    }
+    fs.close().expect("close");
+    let r = fsck::check(
+        &(dev.clone() as std::sync::Arc<dyn idxfs_blockdev::BlockDevice>),
+        idxfs_format::hash::name_hash,
+        &mut |_| {},
+    )
+    .expect("fsck");
+    assert!(r.is_clean(), "{}", r.problems.join("\n"));
 }

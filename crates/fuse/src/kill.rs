@@ -34,11 +34,5 @@ pub fn outside_group(req: &Request, gid: u32) -> bool {
 
 /// Whether process `pid` has `gid` among its supplementary groups.
 fn in_groups(pid: u32, gid: u32) -> bool {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-        return false;
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Groups:"))
-        .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
+    crate::permission::groups_of(pid).is_some_and(|g| g.contains(&gid))
 }

@@ -26,7 +26,9 @@
 //! - permissions checked by the kernel (`default_permissions`) wherever anyone but root can
 //!   reach the mount; on a root mount without `allow_other` not asked for, which spares a
 //!   GETATTR of the directory after every change in it
-//!   (`MountConfig::kernel_checks_permissions`);
+//!   (`MountConfig::kernel_checks_permissions`); the one request that stands for many
+//!   changes, `idxfs rm`'s, is checked by the server as the kernel would check each
+//!   (`permission.rs`);
 //! - POSIX ACLs kept by the engine and cached and enforced by the kernel (`FUSE_POSIX_ACL`,
 //!   with `FUSE_DONT_MASK` so the engine applies the umask, which a default ACL overrides),
 //!   wherever the kernel checks permissions anyway (`MountConfig::acl_on`);
@@ -59,6 +61,7 @@ pub mod handoff;
 pub mod import;
 mod kill;
 mod options;
+pub mod permission;
 mod pin;
 mod readahead;
 pub mod remount;
@@ -1813,12 +1816,9 @@ impl IdxFuse {
         }
     }
 
-    /// `idxfs rm` (`rmtree.rs`): on a directory of the file system, from root or the mount's
-    /// owner.
+    /// `idxfs rm` (`rmtree.rs`): on a directory of the file system, from anyone the kernel let
+    /// open it, held to the checks `rm -rf` would meet (`permission.rs`).
     fn rmtree_request(&self, req: &Request, ino: INodeNo, in_data: &[u8], reply: ReplyIoctl) {
-        if req.uid() != 0 && req.uid() != self.set.owner_uid {
-            return reply.error(Errno::EPERM);
-        }
         match self.place(ino) {
             Place::Live => {}
             Place::Stale => return reply.error(Errno::ESTALE),
@@ -1830,7 +1830,17 @@ impl IdxFuse {
         if name == b"." || name == b".." || name.contains(&b'/') {
             return reply.error(Errno::EINVAL);
         }
-        let r = self.fs.remove_tree(ino.0, name, |_| {});
+        // Root passes every check; anyone else meets what `rm -rf` would (`permission`).
+        let checks = permission::RemoveChecks {
+            caller: permission::Caller::of(req),
+            acl: self.set.acl,
+        };
+        let permits: &dyn idxfs_engine::fs::Permits = if req.uid() == 0 {
+            &idxfs_engine::fs::Unchecked
+        } else {
+            &checks
+        };
+        let r = self.fs.remove_tree(ino.0, name, permits, |_| {});
         // The kernel still holds the name and what it cached under it, and the directory's
         // old times and link count: told to drop them, whatever part was removed.
         if let Some(n) = self.notifier.get() {

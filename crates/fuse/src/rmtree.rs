@@ -1,8 +1,13 @@
 //! `idxfs rm PATH`: the server removes PATH and everything under it inside the engine
 //! (`idxfs_engine::Fs::remove_tree`), asked through an ioctl on PATH's parent directory,
 //! instead of the kernel sending an UNLINK or RMDIR (and a LOOKUP or a listing) per name.
-//! Only root and the mount's owner may ask, as for a snapshot: the engine checks no
-//! permission on the way down. The server then tells the kernel to forget the name, which
+//! Anyone who can open PATH's parent may ask; the server holds every caller but root to the
+//! checks `rm -rf` would meet on the way down (`permission::RemoveChecks`: read and search
+//! to list a directory, write and search to remove from one, the sticky bit), since the
+//! kernel checks nothing past the ioctl's open. The first refusal ends the removal with
+//! EACCES or EPERM, what went before it gone (`rm -rf` would go on with the rest). Unlike
+//! `rm`, it needs read permission on PATH's parent, which it opens to send the ioctl.
+//! The server then tells the kernel to forget the name, which
 //! drops what it cached of the tree (a file still open stays readable until closed, as
 //! after `rm`).
 //!
@@ -41,7 +46,13 @@ pub fn encode_removed(files: u64, dirs: u64) -> Vec<u8> {
 /// everything under it; returns the files and directories removed.
 pub fn remove(parent: &Path, name: &[u8]) -> io::Result<(u64, u64)> {
     let mut buf = encode(name).ok_or_else(|| io::Error::other("a name of 1 to 255 bytes"))?;
-    crate::root_ioctl::send(parent, IOC_RMTREE, &mut buf, "remove a tree in")?;
+    // EACCES and EPERM are the checks' on the way down, not the usual refusal of a caller.
+    crate::root_ioctl::send_raw(parent, IOC_RMTREE, &mut buf).map_err(|e| {
+        match e.raw_os_error() {
+            Some(libc::EACCES) | Some(libc::EPERM) => e,
+            _ => crate::root_ioctl::explained(e, parent, "remove a tree in"),
+        }
+    })?;
     let n = |r: std::ops::Range<usize>| u64::from_le_bytes(buf[r].try_into().unwrap_or([0; 8]));
     Ok((n(0..8), n(8..16)))
 }

@@ -8,13 +8,23 @@
 //! walk lists each directory in its inode-number index's order (seed 002), so a whole pass
 //! reads the directories' entries and inodes in on-disk order.
 //!
+//! The engine checks no permission (its front ends do, or the kernel in front of them), but
+//! one call here does what would have been many checked calls, so it asks the caller's
+//! `Permits` before each listing and each removal: a front end serving more than one user
+//! checks there what the kernel would check for `rm -rf` (`idxfs_fuse::permission`). The
+//! first refusal ends the walk with its error, what was removed before it staying removed
+//! (`rm -rf` would report it and go on with the rest; the removal stops, so a walk meeting
+//! a refusal removes less, never more, than `rm -rf` would). A directory's own removal is
+//! asked for before it is entered, so a directory that could not go is not emptied first;
+//! one that may not be listed is removed if it is empty, as `rm -rf` removes it.
+//!
 //! Not one change: a crash midway leaves part of the tree (what the last commit or fsync
 //! held), as with `rm -rf`. A name someone else removed or renamed away meanwhile is
 //! skipped, but a directory renamed out of the tree after it was listed is still emptied
 //! (its number is what the walk holds, as `rm -rf` holds a descriptor of it); a directory found empty whose rmdir meets a new entry is listed again, up to
 //! `REFILLS` times, then the removal gives up (`NotEmpty`). Someone creating inside the tree
 //! as fast as it empties keeps it going, as long as that lasts.
-use super::{Fs, Ino};
+use super::{Attr, Fs, Ino};
 use crate::error::{Error, Result};
 use idxfs_format::items::{S_IFDIR, S_IFMT};
 
@@ -33,6 +43,30 @@ pub struct Removed {
     pub dirs: u64,
 }
 
+/// What `Fs::remove_tree` asks before each step, the answers a front end's permission checks
+/// give (module docs). An `Err` ends the walk and is what it returns: `Error::Denied` and
+/// `Error::NotPermitted` are meant for these.
+pub trait Permits {
+    /// Before `dir` is listed (its attributes read just before).
+    fn list(&self, fs: &Fs, dir: &Attr) -> Result<()>;
+    /// Before the entry naming `child` is removed from `dir` (or before `child`, a directory,
+    /// is entered to be emptied).
+    fn remove(&self, fs: &Fs, dir: &Attr, child: Ino) -> Result<()>;
+}
+
+/// Permits everything: for a caller that checked what it needs itself, or needs no checks
+/// (a library's owner, root).
+pub struct Unchecked;
+
+impl Permits for Unchecked {
+    fn list(&self, _: &Fs, _: &Attr) -> Result<()> {
+        Ok(())
+    }
+    fn remove(&self, _: &Fs, _: &Attr, _: Ino) -> Result<()> {
+        Ok(())
+    }
+}
+
 /// A directory being emptied: where its name is, and its number.
 struct Dir {
     parent: Ino,
@@ -43,16 +77,19 @@ struct Dir {
 }
 
 impl Fs {
-    /// Removes `name` in `parent` and, when it is a directory, everything under it (module
-    /// docs). `progress` is told the counts after each directory's batch.
+    /// Removes `name` in `parent` and, when it is a directory, everything under it, asking
+    /// `permits` before each listing and removal (module docs). `progress` is told the counts
+    /// after each directory's batch.
     pub fn remove_tree(
         &self,
         parent: Ino,
         name: &[u8],
+        permits: &dyn Permits,
         mut progress: impl FnMut(&Removed),
     ) -> Result<Removed> {
         let mut done = Removed::default();
         let top = self.lookup(parent, name)?;
+        permits.remove(self, &self.getattr(parent)?, top.ino)?;
         if top.mode & S_IFMT != S_IFDIR {
             self.unlink(parent, name)?;
             done.files = 1;
@@ -65,6 +102,29 @@ impl Fs {
             refills: 0,
         }];
         while let Some(d) = stack.last() {
+            // Read again for every batch: a chmod meanwhile counts from then on.
+            let attr = match self.getattr(d.ino) {
+                Ok(a) => a,
+                Err(Error::NotFound) => {
+                    stack.pop();
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if let Err(refused) = permits.list(self, &attr) {
+                // As `rm -rf` does with a directory it may not read: removed if it is empty
+                // (its removal was permitted when it was entered), else the refusal stands.
+                let d = stack
+                    .pop()
+                    .unwrap_or_else(|| unreachable!("the loop's top"));
+                match self.rmdir(d.parent, &d.name) {
+                    Ok(()) => done.dirs += 1,
+                    Err(Error::NotFound) => {}
+                    Err(Error::NotEmpty) => return Err(refused),
+                    Err(e) => return Err(e),
+                }
+                continue;
+            }
             let mut batch = Vec::new();
             let listed = self.readdir(d.ino, 2, |e| {
                 batch.push(e.clone());
@@ -96,6 +156,7 @@ impl Fs {
             } else {
                 let dir = d.ino;
                 for e in batch {
+                    permits.remove(self, &attr, e.ino)?;
                     if e.dtype == DT_DIR {
                         stack.push(Dir {
                             parent: dir,
