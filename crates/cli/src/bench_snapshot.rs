@@ -15,6 +15,10 @@
 //! - **remove a tree from a mount**, until synced: `idxfs rm` (inside the server) and
 //!   `rm -rf` (a request per name through FUSE), each on a fresh mount the tree was
 //!   imported into; ext4's `rm -rf` is its delete row.
+//! - **copy a tree inside a mount**, until synced: `idxfs cp` (inside the server, data
+//!   shared) and `cp -a` (requests per name through FUSE, each file's data shared by
+//!   copy_file_range), each on a fresh mount the tree was imported into; ext4's `cp -a` is
+//!   its snapshot row.
 //! - **delete a tree nobody else holds**: idxfs: a snapshot whose files the file system has
 //!   since removed, `Fs::delete_snapshot` until it returns, and the drop until the space is
 //!   back; btrfs: `btrfs subvolume delete` of the subvolume (its snapshot deleted first)
@@ -46,6 +50,9 @@ struct Times {
     /// idxfs only: the tree removed from a mount by `idxfs rm` and by `rm -rf`, until synced.
     rm: Option<f64>,
     rm_rf: Option<f64>,
+    /// idxfs only: the tree copied inside a mount by `idxfs cp` and by `cp -a`, until synced.
+    cp: Option<f64>,
+    cp_a: Option<f64>,
     returns: f64,
     back: f64,
 }
@@ -198,6 +205,25 @@ fn idxfs_removed(src: &Path, base: &Path, bytes: u64, in_server: bool) -> Result
     })
 }
 
+/// The tree imported into a fresh mount, then copied beside itself, until synced: by
+/// `idxfs cp` (inside the server) or by `cp -a` (requests per name through FUSE).
+fn idxfs_copied(src: &Path, base: &Path, bytes: u64, in_server: bool) -> Result<f64, String> {
+    let (t, tree) = imported(src, base, bytes)?;
+    let copy = t.mp.join("copy");
+    secs(|| {
+        match in_server {
+            true => bench_env::run(
+                Command::new(bench_env::self_exe())
+                    .arg("cp")
+                    .arg(&tree)
+                    .arg(&copy),
+            ),
+            false => bench_env::run(Command::new("cp").arg("-a").arg(&tree).arg(&copy)),
+        }?;
+        bench_env::run(Command::new(bench_env::self_exe()).arg("sync").arg(&t.mp)).map(|_| ())
+    })
+}
+
 fn sync(p: &Path) -> Result<(), String> {
     bench_env::run(Command::new("sync").arg("-f").arg(p)).map(|_| ())
 }
@@ -318,6 +344,8 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
                     t.mount = idxfs_mounted(&src, base, bytes)?;
                     t.rm = Some(idxfs_removed(&src, base, bytes, true)?);
                     t.rm_rf = Some(idxfs_removed(&src, base, bytes, false)?);
+                    t.cp = Some(idxfs_copied(&src, base, bytes, true)?);
+                    t.cp_a = Some(idxfs_copied(&src, base, bytes, false)?);
                     per("idxfs", i, t)
                 }
                 FsKind::Btrfs => per("btrfs", i, btrfs(&src, base, bytes, inodes)?),
@@ -361,6 +389,8 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
         for (what, v) in [
             ("idxfs rm MOUNT/tree", [t[0].rm, t[1].rm]),
             ("rm -rf MOUNT/tree", [t[0].rm_rf, t[1].rm_rf]),
+            ("idxfs cp MOUNT/tree", [t[0].cp, t[1].cp]),
+            ("cp -a MOUNT/tree", [t[0].cp_a, t[1].cp_a]),
         ] {
             if let [Some(a), Some(b)] = v {
                 text.push_str(&format!(
@@ -385,7 +415,7 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
                 ms(t[1].mount)
             ));
         }
-        let one = |t: &Times| json!({"snapshot_s": t.snap, "command_s": t.cli, "mount_command_s": t.mount, "rollback_s": t.rollback, "idxfs_rm_s": t.rm, "rm_rf_mount_s": t.rm_rf, "delete_returns_s": t.returns, "space_back_s": t.back});
+        let one = |t: &Times| json!({"snapshot_s": t.snap, "command_s": t.cli, "mount_command_s": t.mount, "rollback_s": t.rollback, "idxfs_rm_s": t.rm, "rm_rf_mount_s": t.rm_rf, "idxfs_cp_s": t.cp, "cp_a_mount_s": t.cp_a, "delete_returns_s": t.returns, "space_back_s": t.back});
         raw.insert(
             label.clone(),
             json!({"small": one(&t[0]), "large": one(&t[1])}),
@@ -399,6 +429,7 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
          changes at both counts (a directory of 1,000 files removed, 100 files made), idxfs's \
          library call and btrfs's subvolume delete and snapshot of the snapshot in its place; \
          idxfs rm and rm -rf: the tree removed from a mount it was imported into, until synced; \
+         idxfs cp and cp -a: the tree copied beside itself in such a mount, until synced; \
          ext4's row is cp -a and rm -rf until synced, what a file system without \
          snapshots offers)\n",
     );

@@ -12,6 +12,7 @@ mod bench_import;
 mod bench_mount;
 mod bench_snapshot;
 mod bench_suite;
+mod cp;
 mod import;
 mod logging;
 mod mkfs;
@@ -118,6 +119,11 @@ enum Cmd {
     /// Make every change on the idxfs mount holding PATH durable (sync and sync -f cannot:
     /// FUSE does not pass them on; an fsync of any file on the mount does the same).
     Sync { path: PathBuf },
+    /// Copy SRC and everything under it to DST on the same idxfs mount, inside the mount's
+    /// server (as `cp -a --reflink`, without a request per file through FUSE): file data
+    /// is shared, not copied. Into DST/SRC's name when DST is a directory; an existing
+    /// name is refused. Root or the mount's owner only.
+    Cp { src: PathBuf, dst: PathBuf },
     /// Remove each PATH on an idxfs mount, and everything under it, inside the mount's
     /// server (as `rm -rf`, without a request per file through FUSE), held to the
     /// permission checks rm -rf would meet; it stops at the first refusal. An open file
@@ -464,9 +470,9 @@ pub(crate) fn tempdir_in_shm() -> Result<PathBuf, String> {
     Ok(p)
 }
 
-const SUBCOMMANDS: [&str; 13] = [
-    "mkfs", "fsck", "mount", "sync", "trim", "snapshot", "rm", "import", "dump", "demo", "bench",
-    "help", "--help",
+const SUBCOMMANDS: [&str; 14] = [
+    "mkfs", "fsck", "mount", "sync", "trim", "snapshot", "cp", "rm", "import", "dump", "demo",
+    "bench", "help", "--help",
 ];
 
 /// The other names and forms this binary answers to; `None` when it is the `idxfs` command.
@@ -664,6 +670,7 @@ fn main() -> ExitCode {
             }
             .map(|()| ExitCode::SUCCESS)
         }
+        Cmd::Cp { src, dst } => cp::run(&src, &dst).map(|()| ExitCode::SUCCESS),
         Cmd::Rm { paths } => rm::run(&paths).map(|()| ExitCode::SUCCESS),
         Cmd::Sync { path } => sync::sync(&path).map(|mp| {
             println!("{}: every change is durable", mp.display());

@@ -16,20 +16,8 @@ pub(crate) fn run(paths: &[PathBuf]) -> Result<(), String> {
 
 fn one(p: &Path) -> Result<(), String> {
     let shown = p.display();
-    // As rm, "." and ".." are refused as the last part (which `Path` would drop or keep).
-    let raw = p.as_os_str().as_bytes();
-    let last = raw
-        .split(|b| *b == b'/')
-        .rfind(|s| !s.is_empty())
-        .unwrap_or_default();
-    let name = p
-        .file_name()
-        .filter(|_| last != b"." && last != b"..")
-        .ok_or_else(|| format!("{shown}: not a name to remove"))?;
-    let parent = match p.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
+    let (parent, name) = crate::sync::parent_and_name(p, "remove")?;
+    let parent = parent.as_path();
     let (canon, mp) = crate::sync::idxfs_mount(parent, "use rm -r")?;
     if canon.join(name) == mp {
         return Err(format!(

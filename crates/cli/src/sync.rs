@@ -64,6 +64,31 @@ pub(crate) fn idxfs_mount(path: &Path, elsewhere: &str) -> Result<(PathBuf, Path
     Ok((canon, mp))
 }
 
+/// A path's parent directory ("." when it has none) and its last name, for a command that
+/// acts on that name; "." and ".." are refused as the last part, as rm refuses them (which
+/// `Path` would drop or keep). `verb` says what the command would do with it.
+pub(crate) fn parent_and_name<'a>(
+    p: &'a Path,
+    verb: &str,
+) -> Result<(PathBuf, &'a std::ffi::OsStr), String> {
+    use std::os::unix::ffi::OsStrExt;
+    let last = p
+        .as_os_str()
+        .as_bytes()
+        .split(|b| *b == b'/')
+        .rfind(|s| !s.is_empty())
+        .unwrap_or_default();
+    let name = p
+        .file_name()
+        .filter(|_| last != b"." && last != b"..")
+        .ok_or_else(|| format!("{}: not a name to {verb}", p.display()))?;
+    let parent = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    Ok((parent, name))
+}
+
 /// Makes every change on the idxfs mount holding `path` durable; returns the mount point.
 pub(crate) fn sync(path: &Path) -> Result<PathBuf, String> {
     let p = path.display();

@@ -5,7 +5,8 @@
 //! share an inode, read back through the kernel and compared with what `lstat` and friends
 //! said of the source before the copy. Then what must fail does, with one line, removing an
 //! image it made and leaving one that was there clean; an import into a mount frees all it
-//! made once removed, and is refused to other users.
+//! made once removed, and is refused to other users. `idxfs cp` inside a mount is compared
+//! the same way, with an imported copy of the tree as its source.
 mod common;
 
 use common::{idxfs, shm_tempdir, Mounted};
@@ -35,6 +36,32 @@ struct Entry {
     xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
     /// A file's bytes or a symlink's target.
     data: Option<Vec<u8>>,
+}
+
+/// What differs between `have` and `want`, without their bytes.
+fn differs(have: Option<&Entry>, want: &Entry) -> String {
+    let Some(h) = have else {
+        return "missing".into();
+    };
+    let show =
+        |e: &Entry| {
+            format!(
+            "mode {:o} owner {}:{} size {:?} nlink {} rdev {} atime {:?} mtime {:?} ctime {:?} \
+             xattrs {:?} data {}",
+            e.mode,
+            e.uid,
+            e.gid,
+            e.size,
+            e.nlink,
+            e.rdev,
+            e.atime,
+            e.mtime,
+            e.ctime,
+            e.xattrs.keys().map(|k| String::from_utf8_lossy(k)).collect::<Vec<_>>(),
+            if h.data == want.data { "same" } else { "differs" }
+        )
+        };
+    format!("have {}, want {}", show(h), show(want))
 }
 
 fn cpath(p: &Path) -> CString {
@@ -435,6 +462,10 @@ enum Builder {
     Mkfs,
     /// `import` into a mounted image, as the new directory "sub/copy".
     Import,
+    /// `import` into a mounted image as "sub/orig", then `idxfs cp` of that to "sub/copy"
+    /// by the server: the same but the change times, which are the copy's own (as after
+    /// `cp -a`), and the original unmoved.
+    Cp,
 }
 
 /// Copies `src` with `how`, checks the image, mounts it read-only and compares every entry
@@ -478,10 +509,48 @@ fn copy_and_compare(src: &Path, how: Builder) {
             m.unmount();
             m.path("sub/copy")
         }
+        Builder::Cp => {
+            // Reads through the mount move atimes (relatime; the kernel does not pass
+            // O_NOATIME on): mounted noatime, so the original stands still.
+            m.unmount();
+            m.mount("acl,noatime");
+            std::fs::create_dir(m.path("sub")).expect("mkdir");
+            let at = |r: &str| m.path(r).to_str().expect("utf8").to_string();
+            let (code, out, err) = idxfs(&["import", src.to_str().expect("utf8"), &at("sub/orig")]);
+            assert_eq!(code, 0, "import: {out}{err}");
+            let orig = snapshot(&m.path("sub/orig"));
+            assert!(!m.path("sub/copy").exists());
+            let (code, out, err) = idxfs(&["cp", &at("sub/orig"), &at("sub/copy")]);
+            assert_eq!(code, 0, "cp: {out}{err}");
+            assert!(out.contains("copied"), "{out}");
+            assert!(
+                m.path("sub/copy").is_dir(),
+                "the copy is seen at once through the mount that made it"
+            );
+            let again = snapshot(&m.path("sub/orig"));
+            for (path, e) in &orig.0 {
+                let name = String::from_utf8_lossy(path);
+                assert!(
+                    again.0.get(path) == Some(e),
+                    "{name}: the copy changed the original: {}",
+                    differs(again.0.get(path), e)
+                );
+            }
+            m.unmount();
+            m.path("sub/copy")
+        }
     };
     m.assert_fsck_clean();
     m.mount("ro,acl");
-    let after = snapshot(&copy);
+    let mut after = snapshot(&copy);
+    if let Builder::Cp = how {
+        // The change times are the copy's own: compared as the source's.
+        for (path, e) in after.0.iter_mut() {
+            if let Some(want) = before.0.get(path) {
+                e.ctime = want.ctime;
+            }
+        }
+    }
     let same_keys = before.0.keys().eq(after.0.keys());
     for (path, want) in &before.0 {
         let name = String::from_utf8_lossy(path);
@@ -575,6 +644,25 @@ fn import_into_a_mount_copies_a_random_tree_exactly() {
     std::fs::create_dir(&src).expect("mkdir");
     random_tree(&src, &mut rng);
     copy_and_compare(&src, Builder::Import);
+}
+
+#[test]
+fn idxfs_cp_in_a_mount_copies_every_kind_of_entry_exactly() {
+    let dir = shm_tempdir();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    every_kind(&src);
+    copy_and_compare(&src, Builder::Cp);
+}
+
+#[test]
+fn idxfs_cp_in_a_mount_copies_a_random_tree_exactly() {
+    let (mut rng, _) = Rng::from_env("idxfs_cp_in_a_mount_copies_a_random_tree_exactly");
+    let dir = shm_tempdir();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    random_tree(&src, &mut rng);
+    copy_and_compare(&src, Builder::Cp);
 }
 
 fn used_bytes(p: &Path) -> u64 {

@@ -312,11 +312,5 @@ fn a_refused_check_stops_the_removal_having_removed_only_what_was_permitted() {
             .expect("the rest");
     }
     fs.close().expect("close");
-    let r = fsck::check(
-        &(dev.clone() as std::sync::Arc<dyn idxfs_blockdev::BlockDevice>),
-        idxfs_format::hash::name_hash,
-        &mut |_| {},
-    )
-    .expect("fsck");
-    assert!(r.is_clean(), "{}", r.problems.join("\n"));
+    assert_clean(&dev);
 }

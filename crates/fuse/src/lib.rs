@@ -56,6 +56,7 @@
 //! asks whether there are capabilities to drop before any file system hears of the chown)
 //! and at a file's first write.
 mod acl;
+pub mod cptree;
 mod fileattr;
 pub mod handoff;
 pub mod import;
@@ -1748,6 +1749,7 @@ impl Filesystem for IdxFuse {
             snapshot::IOC_SNAPSHOT => self.snapshot_request(req, ino, in_data, reply),
             import::IOC_IMPORT => self.import_request(req, ino, in_data, reply),
             rmtree::IOC_RMTREE => self.rmtree_request(req, ino, in_data, reply),
+            cptree::IOC_CPTREE => self.cptree_request(req, ino, in_data, reply),
             c if fileattr::GETFLAGS.contains(&c) => match self.tree(ino, Errno::ENOTTY) {
                 Ok((fs, ino)) => fileattr::getflags_request(&fs, ino, reply),
                 Err(e) => reply.error(e),
@@ -1856,6 +1858,51 @@ impl IdxFuse {
                     String::from_utf8_lossy(name)
                 );
                 reply.ioctl(0, &rmtree::encode_removed(d.files, d.dirs))
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    /// `idxfs cp` (`cptree.rs`): on the destination's parent directory, from root or the
+    /// mount's owner, with the source on the file system itself (not in a snapshot).
+    fn cptree_request(&self, req: &Request, ino: INodeNo, in_data: &[u8], reply: ReplyIoctl) {
+        let dst_parent = match self.changeable(ino) {
+            Ok(i) => i,
+            Err(e) => return reply.error(e),
+        };
+        if req.uid() != 0 && req.uid() != self.set.owner_uid {
+            return reply.error(Errno::EPERM);
+        }
+        let Some(ask) = cptree::decode(in_data) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let bad = |n: &[u8]| n == b"." || n == b".." || n.contains(&b'/');
+        if bad(ask.src) || bad(ask.dst) {
+            return reply.error(Errno::EINVAL);
+        }
+        if let Some(e) = self.across(INodeNo(ask.src_parent), ino) {
+            return reply.error(e);
+        }
+        let r = self
+            .fs
+            .copy_tree(ask.src_parent, ask.src, dst_parent, ask.dst, |_| {});
+        // The kernel may hold a negative entry for the new name and the directory's old
+        // times and link count, whatever part was made.
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_entry(ino, OsStr::from_bytes(ask.dst));
+            let _ = n.inval_inode(ino, -1, 0);
+        }
+        match r {
+            Ok(c) => {
+                log::info!(
+                    "copied {} files and {} directories ({} bytes) from {:?} to {:?}",
+                    c.files,
+                    c.dirs,
+                    c.bytes,
+                    String::from_utf8_lossy(ask.src),
+                    String::from_utf8_lossy(ask.dst)
+                );
+                reply.ioctl(0, &cptree::encode_copied(c.files, c.dirs, c.bytes))
             }
             Err(e) => reply.error(errno(&e)),
         }

@@ -11,7 +11,7 @@ const RENAME_ITEMS: u64 = 13;
 
 impl Inner {
     /// True if `dir` is `anc` or lies below it.
-    fn is_within(&mut self, mut dir: Ino, anc: Ino) -> Result<bool> {
+    pub(super) fn is_within(&mut self, mut dir: Ino, anc: Ino) -> Result<bool> {
         // A directory met twice on the way up is a cycle: corruption. (A cap on the walk
         // would call a deep but valid tree corrupt, and one from the image's inode count
         // would let a damaged image spin for ever.)

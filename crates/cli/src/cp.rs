@@ -1,0 +1,73 @@
+//! `idxfs cp SRC DST`: SRC and everything under it copied to DST by the server of the idxfs
+//! mount holding both (`idxfs_fuse::cptree`, the engine's `Fs::copy_tree`), as `cp -a
+//! --reflink` copies it but without the requests per name `cp -a` sends through FUSE, and
+//! with the data shared, not read and written. As cp: when DST is an existing directory the
+//! copy goes into it under SRC's name; a name that exists is refused, never merged into.
+//! Root and the mount's owner only (it keeps owners and modes, as `idxfs import` does).
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::Instant;
+
+pub(crate) fn run(src: &Path, dst: &Path) -> Result<(), String> {
+    let (s, d) = (src.display(), dst.display());
+    let (src_parent, src_name) = crate::sync::parent_and_name(src, "copy")?;
+    let (canon, mp) = crate::sync::idxfs_mount(&src_parent, "use cp -a")?;
+    if canon.join(src_name) == mp {
+        return Err(format!(
+            "{s}: the mount point itself; name a directory in it"
+        ));
+    }
+    let (dst_parent, dst_name) = match std::fs::metadata(dst) {
+        Ok(m) if m.is_dir() => (dst.to_path_buf(), src_name.to_os_string()),
+        _ => {
+            let (p, n) = crate::sync::parent_and_name(dst, "copy to")?;
+            (p, n.to_os_string())
+        }
+    };
+    let (_, dst_mp) = crate::sync::idxfs_mount(&dst_parent, "use cp -a")?;
+    let stat = |p: &Path| std::fs::metadata(p).map_err(|e| format!("{}: {e}", p.display()));
+    let (sp, dp) = (stat(&src_parent)?, stat(&dst_parent)?);
+    if dst_mp != mp || sp.dev() != dp.dev() {
+        return Err(format!(
+            "{s} and {d}: not on the same idxfs mount (use cp -a between mounts)"
+        ));
+    }
+    // With the writeback cache, pages written to the source wait in the kernel: sent to the
+    // server first (what `idxfs snapshot MOUNT` does, with the same limit: README).
+    let root = std::fs::File::open(&mp).map_err(|e| format!("{}: {e}", mp.display()))?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: syncfs(2) on a descriptor we hold.
+    if unsafe { libc::syncfs(root.as_raw_fd()) } != 0 {
+        return Err(format!(
+            "{}: syncfs: {}",
+            mp.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    let shown = dst_parent.join(&dst_name);
+    let t = Instant::now();
+    let [files, dirs, bytes] = idxfs_fuse::cptree::copy(
+        &dst_parent,
+        sp.ino(),
+        src_name.as_bytes(),
+        dst_name.as_bytes(),
+    )
+    .map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOENT) => format!("{s}: no such file or directory"),
+        Some(libc::EEXIST) => format!("{}: exists (idxfs cp makes a new name)", shown.display()),
+        Some(libc::EINVAL) => format!("{s}: cannot copy a directory into itself"),
+        Some(libc::EXDEV) => format!("{s}: in a snapshot (cp -a out of it shares each file)"),
+        Some(libc::ENOSPC) => format!(
+            "{}: no space left; the part copied stays (remove it with idxfs rm)",
+            shown.display()
+        ),
+        _ => format!("{s}: {e}"),
+    })?;
+    println!(
+        "{s} -> {}: copied {files} files and {dirs} directories ({bytes} bytes, shared) in {:.2} s",
+        shown.display(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

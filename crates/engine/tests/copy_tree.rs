@@ -1,0 +1,504 @@
+//! `Fs::copy_tree` (the mount's `idxfs cp`) against its source: random trees of every file
+//! type, owners, modes with set-user-ID and set-group-ID, times, xattrs and ACLs, sparse,
+//! preallocated and NOCOW files, hard links inside the tree and out of it; copied under a
+//! directory whose set-group-ID bit and default ACL would otherwise shape new files. The copy
+//! is the source in everything `cp -a` keeps, takes few blocks for its data (it shares
+//! them), changes apart from the source both ways, survives a remount, leaves fsck clean,
+//! and gives every block back when both are gone.
+mod common;
+use common::*;
+use idxfs_engine::fs::acl::{GROUP, GROUP_OBJ, MASK, OTHER, USER, USER_OBJ};
+use idxfs_engine::fs::{Copied, Owner, SetAttr, SetTime, Time, Unchecked, NOCOW_FL};
+use idxfs_engine::testutil::Rng;
+use idxfs_engine::{Error, Fs};
+use std::collections::HashMap;
+
+/// Everything `cp -a` keeps of the tree under `top`, one line per name, by path: type and
+/// mode, owner, size, device number, access and modification times, flags, xattrs with
+/// their values, the data's hash or the symlink's target, and for a file with more than one
+/// name the first path naming it in this tree (its links among the copies).
+fn tree(fs: &Fs, top: u64) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut first: HashMap<u64, String> = HashMap::new();
+    let mut names: HashMap<u64, u32> = HashMap::new();
+    let mut lines = Vec::new();
+    let mut todo = vec![(top, String::new())];
+    while let Some((dir, path)) = todo.pop() {
+        let mut es = fs.list(dir).expect("list");
+        es.sort_by(|a, b| a.name.cmp(&b.name));
+        for e in es {
+            let p = format!("{path}/{}", String::from_utf8_lossy(&e.name));
+            let a = fs.getattr(e.ino).expect("getattr");
+            let mut line = format!(
+                "{p} mode={:o} owner={}:{} size={} rdev={} atime={:?} mtime={:?} flags={:x}",
+                a.mode,
+                a.uid,
+                a.gid,
+                a.size,
+                a.rdev,
+                a.atime,
+                a.mtime,
+                fs.flags(e.ino).expect("flags")
+            );
+            let mut xs = fs.listxattr(e.ino).expect("listxattr");
+            xs.sort();
+            for x in xs {
+                let v = fs.getxattr(e.ino, &x).expect("getxattr");
+                line += &format!(" x:{}={:x}", String::from_utf8_lossy(&x), hash(&v));
+            }
+            match a.mode & 0o170000 {
+                0o040000 => todo.push((e.ino, p.clone())),
+                0o100000 => {
+                    let data = fs.read(e.ino, 0, a.size as usize + 1).expect("read");
+                    assert_eq!(data.len() as u64, a.size, "{p}: read the whole size");
+                    line += &format!(" data={:x}", hash(&data));
+                }
+                0o120000 => {
+                    let t = fs.readlink(e.ino).expect("readlink");
+                    line += &format!(" -> {}", String::from_utf8_lossy(&t));
+                }
+                _ => {}
+            }
+            if a.mode & 0o170000 != 0o040000 {
+                let f = first.entry(e.ino).or_insert_with(|| p.clone());
+                *names.entry(e.ino).or_insert(0) += 1;
+                lines.push((line, e.ino, f.clone()));
+            } else {
+                out.push(line);
+            }
+        }
+    }
+    // The first path of a file with more than one name in the tree (links out of it are
+    // not the copy's).
+    for (line, ino, f) in lines {
+        match names[&ino] {
+            1 => out.push(line),
+            _ => out.push(format!("{line} first-name={f}")),
+        }
+    }
+    out.sort();
+    out
+}
+
+fn hash(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
+/// Asserts two `tree`s are equal, showing the lines that differ.
+#[track_caller]
+fn same(have: &[String], want: &[String], what: &str) {
+    if have != want {
+        let only = |a: &[String], b: &[String]| -> Vec<String> {
+            a.iter()
+                .filter(|l| !b.contains(l))
+                .take(6)
+                .cloned()
+                .collect()
+        };
+        panic!(
+            "{what}: differs\nonly in the first:\n{}\nonly in the second:\n{}",
+            only(have, want).join("\n"),
+            only(want, have).join("\n")
+        );
+    }
+}
+
+fn t(sec: i64) -> Time {
+    Time {
+        sec,
+        nsec: (sec as u32 % 1000) * 1000,
+    }
+}
+
+/// What the model counts of a tree made by `make_tree`.
+#[derive(Default)]
+struct Made {
+    files: u64,
+    dirs: u64,
+    data: u64,
+}
+
+/// A random tree under `top`: each kind of file, with owners, modes, times and xattrs;
+/// `out` gets links to some of its files.
+fn make_tree(fs: &Fs, rng: &mut Rng, top: u64, out: u64) -> Made {
+    let mut m = Made {
+        dirs: 1,
+        ..Made::default()
+    };
+    let mut dirs = vec![top];
+    let mut files = Vec::new();
+    let owners = [ME, Owner { uid: 0, gid: 0 }, Owner { uid: 7, gid: 8 }];
+    for i in 0..rng.below(250) + 80 {
+        let d = dirs[rng.below(dirs.len() as u64) as usize];
+        let name = format!("n{i}").into_bytes();
+        let who = owners[rng.below(3) as usize];
+        let ino = match rng.below(14) {
+            0 | 1 => {
+                let a = fs.mkdir(d, &name, 0o755, who).expect("mkdir");
+                dirs.push(a.ino);
+                m.dirs += 1;
+                a.ino
+            }
+            2 => {
+                let len = 1 + rng.below(200) as usize;
+                let target: Vec<u8> = rng.bytes(len).iter().map(|b| b | 1).collect();
+                m.files += 1;
+                fs.symlink(d, &name, &target, who).expect("symlink").ino
+            }
+            3 => {
+                m.files += 1;
+                fs.mknod(d, &name, 0o020644, who, 0x0801)
+                    .expect("mknod")
+                    .ino
+            }
+            4 => {
+                m.files += 1;
+                fs.mknod(d, &name, 0o010600, who, 0).expect("mkfifo").ino
+            }
+            5 if !files.is_empty() => {
+                let f = files[rng.below(files.len() as u64) as usize];
+                fs.link(f, d, &name).expect("link");
+                m.files += 1;
+                continue;
+            }
+            n => {
+                let a = fs.create(d, &name, 0o644, who).expect("create");
+                m.files += 1;
+                if n == 6 {
+                    fs.set_flags(a.ino, NOCOW_FL).expect("chattr +C");
+                }
+                let len = [0usize, 100, 4096, 5000, 70_000, 300_000][rng.below(6) as usize];
+                let bytes = rng.bytes(len);
+                fs.write(a.ino, 0, &bytes).expect("write");
+                m.data += len as u64;
+                if n == 7 {
+                    // A hole, then a block far out.
+                    fs.write(a.ino, 3 << 20, b"far").expect("write far");
+                    m.data += 3;
+                }
+                if n == 8 {
+                    fs.fallocate(a.ino, 0, 400_000, 0).expect("preallocate");
+                }
+                if n == 9 {
+                    fs.link(a.ino, out, &name).expect("link out");
+                }
+                files.push(a.ino);
+                a.ino
+            }
+        };
+        if rng.chance(20) {
+            let len = rng.below(3000) as usize;
+            fs.setxattr(ino, b"user.x", &rng.bytes(len), 0)
+                .expect("setxattr");
+        }
+        if rng.chance(10) && fs.getattr(ino).expect("getattr").mode & 0o170000 != 0o120000 {
+            let acl = acl_xattr(&[
+                (USER_OBJ, 7, u32::MAX),
+                (USER, 5, 4242),
+                (GROUP_OBJ, 5, u32::MAX),
+                (GROUP, 1, 77),
+                (MASK, 5, u32::MAX),
+                (OTHER, 0, u32::MAX),
+            ]);
+            fs.setxattr(ino, b"system.posix_acl_access", &acl, 0)
+                .expect("set an ACL");
+        }
+    }
+    // Modes and times last, deepest first, so nothing made in a directory moves its times.
+    let mut all = Vec::new();
+    let mut todo = vec![top];
+    while let Some(d) = todo.pop() {
+        all.push(d);
+        for e in fs.list(d).expect("list") {
+            if e.dtype == 4 {
+                todo.push(e.ino);
+            } else {
+                all.push(e.ino);
+            }
+        }
+    }
+    for ino in all.into_iter().rev() {
+        let a = fs.getattr(ino).expect("getattr");
+        let mut set = SetAttr {
+            atime: Some(SetTime::At(t(rng.below(1 << 31) as i64))),
+            mtime: Some(SetTime::At(t(rng.below(1 << 31) as i64))),
+            ..SetAttr::default()
+        };
+        if a.mode & 0o170000 != 0o120000 && rng.chance(30) {
+            set.mode = Some([0o4755, 0o2750, 0o1777, 0o600, 0o2775, 0][rng.below(6) as usize]);
+        }
+        fs.setattr(ino, &set).expect("setattr");
+    }
+    m
+}
+
+#[test]
+fn a_copied_tree_is_its_source_shares_its_data_and_changes_apart() {
+    let (mut rng, seed) = Rng::from_env("copy tree");
+    let (dev, fs) = mem_fs_with(512 << 20, 4096);
+    let out = fs.mkdir(ROOT, b"outside", 0o755, ME).expect("mkdir").ino;
+    // Where the copy goes: set-group-ID and a default ACL, which new files would take.
+    let into = fs.mkdir(ROOT, b"into", 0o2775, ME).expect("mkdir").ino;
+    let default = acl_xattr(&[
+        (USER_OBJ, 7, u32::MAX),
+        (GROUP_OBJ, 7, u32::MAX),
+        (OTHER, 0, u32::MAX),
+    ]);
+    fs.setxattr(into, b"system.posix_acl_default", &default, 0)
+        .expect("default ACL");
+    fs.sync().expect("sync");
+    let free = fs.statfs().expect("statfs").blocks_free;
+    let src = fs.mkdir(ROOT, b"src", 0o755, ME).expect("mkdir").ino;
+    let made = make_tree(&fs, &mut rng, src, out);
+    let source = tree(&fs, src);
+    fs.sync().expect("sync");
+    let before_copy = fs.statfs().expect("statfs").blocks_free;
+
+    let mut calls = 0;
+    let c = fs
+        .copy_tree(ROOT, b"src", into, b"copy", |_| calls += 1)
+        .unwrap_or_else(|e| panic!("seed {seed}: copy_tree: {e}"));
+    eprintln!("seed {seed}: {c:?}, {} bytes of data made", made.data);
+    assert_eq!((c.files, c.dirs), (made.files, made.dirs), "seed {seed}");
+    assert!(calls > 0, "seed {seed}: no progress told");
+    let copy = fs.lookup(into, b"copy").expect("the copy").ino;
+    let src_attr = fs.getattr(src).expect("getattr");
+    let copy_attr = fs.getattr(copy).expect("getattr");
+    assert_eq!(
+        (
+            copy_attr.mode,
+            copy_attr.uid,
+            copy_attr.gid,
+            copy_attr.mtime
+        ),
+        (src_attr.mode, src_attr.uid, src_attr.gid, src_attr.mtime),
+        "seed {seed}: the top directory"
+    );
+    same(&tree(&fs, copy), &source, &format!("seed {seed}: the copy"));
+    same(
+        &tree(&fs, src),
+        &source,
+        &format!("seed {seed}: the source after the copy"),
+    );
+    // The data is shared: the copy took far fewer blocks than its bytes would fill.
+    fs.sync().expect("sync");
+    let took = before_copy - fs.statfs().expect("statfs").blocks_free;
+    assert!(
+        took * 4096 < made.data / 2,
+        "seed {seed}: the copy took {took} blocks for {} bytes of data",
+        made.data
+    );
+
+    // Each changes apart from the other.
+    let change = |rng: &mut Rng, top: u64| {
+        let mut files = Vec::new();
+        let mut todo = vec![top];
+        while let Some(d) = todo.pop() {
+            for e in fs.list(d).expect("list") {
+                match e.dtype {
+                    4 => todo.push(e.ino),
+                    8 => files.push((d, e.name, e.ino)),
+                    _ => {}
+                }
+            }
+        }
+        for _ in 0..40 {
+            let (d, name, ino) = &files[rng.below(files.len() as u64) as usize];
+            match rng.below(4) {
+                0 => {
+                    let off = rng.below(400_000);
+                    fs.write(*ino, off, &rng.bytes(5000)).map(|_| ())
+                }
+                1 => fs.truncate(*ino, rng.below(100_000)).map(|_| ()),
+                2 => fs.setxattr(*ino, b"user.changed", b"yes", 0),
+                _ => match fs.unlink(*d, name) {
+                    Err(Error::NotFound) => Ok(()),
+                    r => r,
+                },
+            }
+            .or_else(|e| match e {
+                // An unlinked name picked again.
+                Error::NotFound => Ok(()),
+                e => Err(e),
+            })
+            .expect("change");
+        }
+    };
+    change(&mut rng, copy);
+    same(
+        &tree(&fs, src),
+        &source,
+        &format!("seed {seed}: the source after the copy changed"),
+    );
+    let changed = tree(&fs, copy);
+    assert_ne!(changed, source, "seed {seed}: the changes changed nothing");
+    change(&mut rng, src);
+    same(
+        &tree(&fs, copy),
+        &changed,
+        &format!("seed {seed}: the copy after the source changed"),
+    );
+    let source = tree(&fs, src);
+
+    // Across a remount, then fsck.
+    fs.close().expect("close");
+    assert_clean(&dev);
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let (src, copy) = (
+        fs.lookup(ROOT, b"src").expect("src").ino,
+        fs.lookup(into, b"copy").expect("copy").ino,
+    );
+    same(
+        &tree(&fs, src),
+        &source,
+        &format!("seed {seed}: the source remounted"),
+    );
+    same(
+        &tree(&fs, copy),
+        &changed,
+        &format!("seed {seed}: the copy remounted"),
+    );
+
+    // Both gone, with the links outside: every block is back.
+    fs.remove_tree(ROOT, b"src", &Unchecked, |_| {})
+        .expect("rm src");
+    same(
+        &tree(&fs, copy),
+        &changed,
+        &format!("seed {seed}: the copy without its source"),
+    );
+    fs.remove_tree(into, b"copy", &Unchecked, |_| {})
+        .expect("rm copy");
+    fs.remove_tree(ROOT, b"outside", &Unchecked, |_| {})
+        .expect("rm outside");
+    fs.mkdir(ROOT, b"outside", 0o755, ME).expect("mkdir");
+    fs.sync().expect("sync");
+    assert_eq!(
+        fs.statfs().expect("statfs").blocks_free,
+        free,
+        "seed {seed}"
+    );
+    fs.close().expect("close");
+    assert_clean(&dev);
+}
+
+#[test]
+fn a_copy_into_itself_or_onto_a_name_is_refused_before_anything_is_made() {
+    let (dev, fs) = mem_fs_with(32 << 20, 4096);
+    let a = fs.mkdir(ROOT, b"a", 0o755, ME).expect("mkdir").ino;
+    let b = fs.mkdir(a, b"b", 0o755, ME).expect("mkdir").ino;
+    let f = fs.create(b, b"f", 0o640, ME).expect("create").ino;
+    fs.write(f, 0, b"bytes").expect("write");
+    let before = tree(&fs, ROOT);
+    for (into, why) in [(a, "a itself"), (b, "below a")] {
+        let r = fs.copy_tree(ROOT, b"a", into, b"again", |_| {});
+        assert!(matches!(r, Err(Error::Invalid(_))), "{why}: {r:?}");
+    }
+    let r = fs.copy_tree(ROOT, b"a", ROOT, b"a", |_| {});
+    assert!(matches!(r, Err(Error::Exists)), "{r:?}");
+    let r = fs.copy_tree(ROOT, b"missing", ROOT, b"x", |_| {});
+    assert!(matches!(r, Err(Error::NotFound)), "{r:?}");
+    same(&tree(&fs, ROOT), &before, "something was made");
+    // A file, and a directory beside itself, are copied.
+    let r = fs
+        .copy_tree(b, b"f", ROOT, b"f2", |_| {})
+        .expect("copy a file");
+    assert_eq!(
+        r,
+        Copied {
+            files: 1,
+            dirs: 0,
+            bytes: 5
+        }
+    );
+    let r = fs
+        .copy_tree(ROOT, b"a", ROOT, b"a2", |_| {})
+        .expect("copy beside");
+    assert_eq!((r.files, r.dirs), (1, 2));
+    let a2 = fs.lookup(ROOT, b"a2").expect("a2").ino;
+    same(&tree(&fs, a2), &tree(&fs, a), "a beside itself");
+    fs.close().expect("close");
+    assert_clean(&dev);
+}
+
+/// A copy made with commits in its middle (after each directory): every crash prefix
+/// opens fsck clean with the source whole and the copy, where there is one, a part of it;
+/// the last is the whole copy.
+#[test]
+fn a_crash_at_every_write_prefix_of_a_copy_leaves_the_source_whole() {
+    use idxfs_blockdev::{MemDevice, Tear};
+    use std::sync::Arc;
+    let (mut rng, seed) = Rng::from_env("copy tree crash");
+    let rec = recorded_with(32 << 20, Some([7; 16]));
+    let o = opts();
+    let fs = Fs::open(rec.clone(), o.clone()).expect("open");
+    let src = fs.mkdir(ROOT, b"src", 0o755, ME).expect("mkdir").ino;
+    let mut dirs = vec![src];
+    for i in 0..120 {
+        let d = dirs[rng.below(dirs.len() as u64) as usize];
+        let name = format!("file-with-a-longer-name-{i}").into_bytes();
+        if rng.chance(15) {
+            dirs.push(fs.mkdir(d, &name, 0o750, ME).expect("mkdir").ino);
+            continue;
+        }
+        let f = fs.create(d, &name, 0o640, ME).expect("create").ino;
+        let len = [10usize, 5000, 40_000][rng.below(3) as usize];
+        fs.write(f, 0, &rng.bytes(len)).expect("write");
+        if rng.chance(30) {
+            fs.setxattr(f, b"user.tag", &rng.bytes(300), 0)
+                .expect("setxattr");
+        }
+    }
+    fs.sync().expect("sync");
+    let source = tree(&fs, src);
+    let start = rec.event_count();
+    fs.copy_tree(ROOT, b"src", ROOT, b"copy", |_| fs.sync().expect("sync"))
+        .expect("copy");
+    fs.sync().expect("sync");
+    fs.close().expect("close");
+    let end = rec.event_count();
+    let (mut partial, mut whole) = (0, 0);
+    for prefix in start..=end {
+        let img = Arc::new(MemDevice::from_bytes(
+            rec.crash_image(prefix, Tear::Drop(rng.next_u64())).bytes,
+        ));
+        assert_clean(&img);
+        let f = Fs::open(img.clone(), o.clone()).expect("open");
+        let at = format!("seed {seed} prefix {prefix} of {end}");
+        same(
+            &tree(&f, f.lookup(ROOT, b"src").expect("src").ino),
+            &source,
+            &at,
+        );
+        if let Ok(c) = f.lookup(ROOT, b"copy") {
+            let copy = tree(&f, c.ino);
+            if copy == source {
+                whole += 1;
+            } else {
+                partial += 1;
+            }
+        }
+        f.close().expect("close");
+        assert_clean(&img);
+    }
+    let f = Fs::open(
+        Arc::new(MemDevice::from_bytes(
+            rec.crash_image(end, Tear::None).bytes,
+        )),
+        o,
+    )
+    .expect("open");
+    let copy = f.lookup(ROOT, b"copy").expect("the copy").ino;
+    same(
+        &tree(&f, copy),
+        &source,
+        &format!("seed {seed}: the copy after the last write"),
+    );
+    eprintln!(
+        "seed {seed}: {} prefixes, {partial} with part of the copy, {whole} with all",
+        end - start + 1
+    );
+    assert!(partial > 0, "seed {seed}: no commit in the copy's middle");
+}
