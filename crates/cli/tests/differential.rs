@@ -8,7 +8,8 @@
 //! snapshots made and deleted through the mount now and then, each compared with the tmpfs
 //! tree of the moment it was made (at `.snapshots/NAME`) whenever the trees are, and the
 //! image rolled back to one of them now and then (the tmpfs tree then made a copy of its
-//! moment again). On
+//! moment again), and whole trees copied and removed by `idxfs cp` and `idxfs rm` against
+//! `cp -a` and `rm -rf` of the same on tmpfs. On
 //! idxfs, what is made in `d1` is NOCOW (`chattr +C`), so its writes go in place. Every other
 //! seed mounts idxfs with the kernel's writeback cache (`-o writeback`); before its crashes
 //! and snapshots every file is fsynced, which sends the kernel's dirty pages to the daemon
@@ -422,6 +423,63 @@ impl World {
         }
     }
 
+    /// A whole tree copied or removed inside idxfs's server, against the same done by
+    /// `cp -a` and `rm -rf` on tmpfs: `idxfs cp SRC DST` to a name neither side has, or
+    /// `idxfs rm PATH` of a name both have (rm -rf of a missing name succeeds, idxfs rm's
+    /// fails).
+    fn tree_step(&mut self) {
+        let src = self.path();
+        let command = |args: Vec<&OsStr>| -> Outcome {
+            let out = std::process::Command::new(args[0])
+                .args(&args[1..])
+                .output()
+                .map_err(|e| e.raw_os_error().unwrap_or(-1))?;
+            // The outcome, not the words: each side says it its own way.
+            if out.status.success() {
+                Ok(String::new())
+            } else {
+                Err(1)
+            }
+        };
+        if self.rng.chance(50) {
+            let dst = {
+                let d = DIRS[self.rng.below(DIRS.len() as u64) as usize];
+                Path::new(d).join(format!("copy{}", self.step))
+            };
+            // On a writeback mount, the kernel's dirty pages are sent and taken first, as
+            // for a snapshot (`write_back`).
+            self.write_back();
+            let mp = self.idx.mp.clone();
+            self.run(
+                format!("treecp {} {}", src.display(), dst.display()),
+                &[&src, &dst],
+                |ps| {
+                    let (s, d) = (ps[0].as_os_str(), ps[1].as_os_str());
+                    if ps[0].starts_with(&mp) {
+                        command(vec![OsStr::new(bin()), OsStr::new("cp"), s, d])
+                    } else {
+                        command(vec![OsStr::new("cp"), OsStr::new("-a"), s, d])
+                    }
+                },
+            );
+        } else {
+            if fs::symlink_metadata(self.tmp.root().join(&src)).is_err() {
+                return;
+            }
+            let mp = self.idx.mp.clone();
+            self.run(format!("treerm {}", src.display()), &[&src], |ps| {
+                let p = ps[0].as_os_str();
+                if ps[0].starts_with(&mp) {
+                    command(vec![OsStr::new(bin()), OsStr::new("rm"), p])
+                } else {
+                    command(vec![OsStr::new("rm"), OsStr::new("-rf"), p])
+                }
+            });
+        }
+        // The step's paths are compared by `run`; what is under them, here.
+        self.compare_trees("after a tree copy or removal");
+    }
+
     /// A snapshot made through the mount (`idxfs snapshot MOUNT NAME`), or one deleted
     /// (`--delete`), then every snapshot against the tree it was made of.
     fn snapshot_step(&mut self) {
@@ -617,8 +675,10 @@ impl World {
     }
 
     fn step(&mut self) {
-        if self.rng.below(100) == 0 {
-            return self.snapshot_step();
+        match self.rng.below(100) {
+            0 => return self.snapshot_step(),
+            1 => return self.tree_step(),
+            _ => {}
         }
         let p = self.path();
         match self.rng.below(32) {
@@ -1243,6 +1303,8 @@ fn random_operations_match_tmpfs_across_remounts_and_crashes() {
         "rewrite",
         "fdwrite",
         "snapshot",
+        "treecp",
+        "treerm",
     ] {
         let n = done.get(kind).copied().unwrap_or(0);
         assert!(

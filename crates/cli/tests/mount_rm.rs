@@ -293,3 +293,24 @@ fn another_users_idxfs_rm_fails_where_rm_rf_does_and_removes_no_more() {
     m.unmount();
     m.assert_fsck_clean();
 }
+
+/// What the kernel cached of a file the removal changed is dropped too: a file linked
+/// outside the tree shows one link less, an open one none, as after `rm -rf`.
+#[test]
+fn the_kernel_forgets_the_links_a_removal_took() {
+    use std::os::unix::fs::MetadataExt;
+    let m = Mounted::new("64M", "");
+    std::fs::create_dir_all(m.path("tree/sub")).expect("mkdir");
+    std::fs::write(m.path("tree/sub/linked"), b"kept").expect("write");
+    std::fs::hard_link(m.path("tree/sub/linked"), m.path("outside")).expect("link");
+    std::fs::write(m.path("tree/open"), b"open").expect("write");
+    let open = std::fs::File::open(m.path("tree/open")).expect("open");
+    // Cached by the kernel: two links, one link.
+    assert_eq!(std::fs::metadata(m.path("outside")).expect("stat").nlink(), 2);
+    assert_eq!(open.metadata().expect("fstat").nlink(), 1);
+    let (code, out, err) = idxfs(&["rm", m.path("tree").to_str().expect("utf8")]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(std::fs::metadata(m.path("outside")).expect("stat").nlink(), 1);
+    assert_eq!(open.metadata().expect("fstat").nlink(), 0);
+    assert_eq!(std::fs::read(m.path("outside")).expect("read"), b"kept");
+}

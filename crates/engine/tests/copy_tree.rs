@@ -362,16 +362,16 @@ fn a_copied_tree_is_its_source_shares_its_data_and_changes_apart() {
     );
 
     // Both gone, with the links outside: every block is back.
-    fs.remove_tree(ROOT, b"src", &Unchecked, |_| {})
+    fs.remove_tree(ROOT, b"src", &Unchecked, |_| {}, |_| {})
         .expect("rm src");
     same(
         &tree(&fs, copy),
         &changed,
         &format!("seed {seed}: the copy without its source"),
     );
-    fs.remove_tree(into, b"copy", &Unchecked, |_| {})
+    fs.remove_tree(into, b"copy", &Unchecked, |_| {}, |_| {})
         .expect("rm copy");
-    fs.remove_tree(ROOT, b"outside", &Unchecked, |_| {})
+    fs.remove_tree(ROOT, b"outside", &Unchecked, |_| {}, |_| {})
         .expect("rm outside");
     fs.mkdir(ROOT, b"outside", 0o755, ME).expect("mkdir");
     fs.sync().expect("sync");

@@ -1842,12 +1842,20 @@ impl IdxFuse {
         } else {
             &checks
         };
-        let r = self.fs.remove_tree(ino.0, name, permits, |_| {});
+        let mut held = Vec::new();
+        let r = self
+            .fs
+            .remove_tree(ino.0, name, permits, |_| {}, |i| held.push(i));
         // The kernel still holds the name and what it cached under it, and the directory's
-        // old times and link count: told to drop them, whatever part was removed.
+        // old times and link count: told to drop them, whatever part was removed. And the
+        // attributes of each inode removed that it holds (a file linked elsewhere has one
+        // link less, an open one none), which it would otherwise keep for the entry TTL.
         if let Some(n) = self.notifier.get() {
             let _ = n.inval_entry(ino, OsStr::from_bytes(name));
             let _ = n.inval_inode(ino, -1, 0);
+            for i in held {
+                let _ = n.inval_inode(INodeNo(i), -1, 0);
+            }
         }
         match r {
             Ok(d) => {

@@ -79,19 +79,28 @@ struct Dir {
 impl Fs {
     /// Removes `name` in `parent` and, when it is a directory, everything under it, asking
     /// `permits` before each listing and removal (module docs). `progress` is told the counts
-    /// after each directory's batch.
+    /// after each directory's batch; `held` each inode removed (a name of it, or the
+    /// directory) that a front end pins just after, whose attributes it may have cached (a
+    /// file linked elsewhere has one link less, an open one none).
     pub fn remove_tree(
         &self,
         parent: Ino,
         name: &[u8],
         permits: &dyn Permits,
         mut progress: impl FnMut(&Removed),
+        mut held: impl FnMut(Ino),
     ) -> Result<Removed> {
         let mut done = Removed::default();
+        let mut tell = |ino: Ino| {
+            if self.shared.pins.contains(ino) {
+                held(ino);
+            }
+        };
         let top = self.lookup(parent, name)?;
         permits.remove(self, &self.getattr(parent)?, top.ino)?;
         if top.mode & S_IFMT != S_IFDIR {
             self.unlink(parent, name)?;
+            tell(top.ino);
             done.files = 1;
             return Ok(done);
         }
@@ -118,7 +127,10 @@ impl Fs {
                     .pop()
                     .unwrap_or_else(|| unreachable!("the loop's top"));
                 match self.rmdir(d.parent, &d.name) {
-                    Ok(()) => done.dirs += 1,
+                    Ok(()) => {
+                        done.dirs += 1;
+                        tell(d.ino);
+                    }
                     Err(Error::NotFound) => {}
                     Err(Error::NotEmpty) => return Err(refused),
                     Err(e) => return Err(e),
@@ -144,7 +156,10 @@ impl Fs {
                     .pop()
                     .unwrap_or_else(|| unreachable!("the loop's top"));
                 match self.rmdir(d.parent, &d.name) {
-                    Ok(()) => done.dirs += 1,
+                    Ok(()) => {
+                        done.dirs += 1;
+                        tell(d.ino);
+                    }
                     Err(Error::NotFound) => {}
                     // Filled again meanwhile: listed again.
                     Err(Error::NotEmpty) if d.refills < REFILLS => {
@@ -167,7 +182,10 @@ impl Fs {
                         continue;
                     }
                     match self.unlink(dir, &e.name) {
-                        Ok(()) => done.files += 1,
+                        Ok(()) => {
+                            done.files += 1;
+                            tell(e.ino);
+                        }
                         Err(Error::NotFound) => {}
                         Err(e) => return Err(e),
                     }
