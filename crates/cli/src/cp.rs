@@ -3,6 +3,8 @@
 //! --reflink` copies it but without the requests per name `cp -a` sends through FUSE, and
 //! with the data shared, not read and written. As cp: when DST is an existing directory the
 //! copy goes into it under SRC's name; a name that exists is refused, never merged into.
+//! SRC may be in a snapshot (`MOUNT/.snapshots/NAME/...`, or `MOUNT/.snapshots/NAME` whole):
+//! the copy shares the snapshot's blocks, a tree restored at the cost of its metadata.
 //! Root and the mount's owner only (it keeps owners and modes, as `idxfs import` does).
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -57,7 +59,7 @@ pub(crate) fn run(src: &Path, dst: &Path) -> Result<(), String> {
         Some(libc::ENOENT) => format!("{s}: no such file or directory"),
         Some(libc::EEXIST) => format!("{}: exists (idxfs cp makes a new name)", shown.display()),
         Some(libc::EINVAL) => format!("{s}: cannot copy a directory into itself"),
-        Some(libc::EXDEV) => format!("{s}: in a snapshot (cp -a out of it shares each file)"),
+        Some(libc::EXDEV) => format!("{s}: the snapshots directory; copy one snapshot out of it"),
         Some(libc::ENOSPC) => format!(
             "{}: no space left; the part copied stays (remove it with idxfs rm)",
             shown.display()

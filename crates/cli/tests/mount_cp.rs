@@ -1,8 +1,9 @@
 //! `idxfs cp` through a mount: a tree with a large file and a sparse one copied by the
 //! server with their data shared (the space used grows by metadata, not by the data), the
 //! copy seen at once though the kernel had looked the name up, into a directory as cp
-//! does, each side changed apart from the other, fsck clean; what must fail answered in one
-//! line each. (Every kind of entry and its attributes: `mkfs_from.rs`, `Builder::Cp`.)
+//! does, each side changed apart from the other, a tree and a whole snapshot copied out of
+//! a snapshot after the tree went, fsck clean; what must fail answered in one line each.
+//! (Every kind of entry and its attributes: `mkfs_from.rs`, `Builder::Cp`.)
 mod common;
 use common::*;
 use std::os::unix::fs::{FileExt, PermissionsExt};
@@ -79,8 +80,33 @@ fn idxfs_cp_shares_the_data_and_the_copy_changes_apart() {
     assert_eq!(code, 0, "cp: {out}{err}");
     assert_eq!(std::fs::read(m.path("into/sub/f7")).expect("read"), b"new");
 
-    // What must fail, in one line each, with nothing made.
+    // Out of a snapshot, after the tree changed and went: the tree of its moment, its
+    // blocks shared; a whole snapshot too.
     std::fs::create_dir(m.path(".snapshots/s")).expect("snapshot");
+    let f7 = read(&m.path("data/sub/f7"));
+    std::fs::write(m.path("data/sub/f7"), b"after the snapshot").expect("write");
+    let (code, out, err) = idxfs(&["rm", &at("data")]);
+    assert_eq!(code, 0, "rm: {out}{err}");
+    let before = used_bytes(&m.mp);
+    let (code, out, err) = idxfs(&["cp", &at(".snapshots/s/data"), &at("data")]);
+    assert_eq!(code, 0, "cp out of a snapshot: {out}{err}");
+    assert!(out.contains("copied 202 files and 2 directories"), "{out}");
+    let grew = used_bytes(&m.mp).saturating_sub(before);
+    assert!(
+        grew < 8 << 20,
+        "{grew} bytes more used for a restore of 64 MiB"
+    );
+    assert!(read(&m.path("data/big")) == big);
+    assert_eq!(read(&m.path("data/sub/f7")), f7);
+    let (code, out, err) = idxfs(&["cp", &at(".snapshots/s"), &at("whole")]);
+    assert_eq!(code, 0, "cp of a whole snapshot: {out}{err}");
+    assert!(read(&m.path("whole/data/big")) == big);
+    assert!(
+        read(&m.path("whole/copy/big")) != big,
+        "the copy's change, as it was"
+    );
+
+    // What must fail, in one line each, with nothing made.
     let elsewhere = shm_tempdir();
     let other = elsewhere.path().join("x");
     std::fs::create_dir(&other).expect("mkdir");
@@ -88,7 +114,7 @@ fn idxfs_cp_shares_the_data_and_the_copy_changes_apart() {
         (at("data/big"), at("copy/big"), "exists"),
         (at("data"), at("data/sub/again"), "into itself"),
         (at("missing"), at("new"), "no such file"),
-        (at(".snapshots/s/data"), at("restored"), "in a snapshot"),
+        (at(".snapshots"), at("all"), "the snapshots directory"),
         (at("data"), at(".snapshots/s/x"), "read-only"),
         (other.to_str().expect("utf8").into(), at("new"), "not idxfs"),
         (

@@ -306,11 +306,17 @@ fn the_kernel_forgets_the_links_a_removal_took() {
     std::fs::write(m.path("tree/open"), b"open").expect("write");
     let open = std::fs::File::open(m.path("tree/open")).expect("open");
     // Cached by the kernel: two links, one link.
-    assert_eq!(std::fs::metadata(m.path("outside")).expect("stat").nlink(), 2);
+    assert_eq!(
+        std::fs::metadata(m.path("outside")).expect("stat").nlink(),
+        2
+    );
     assert_eq!(open.metadata().expect("fstat").nlink(), 1);
     let (code, out, err) = idxfs(&["rm", m.path("tree").to_str().expect("utf8")]);
     assert_eq!(code, 0, "{out}{err}");
-    assert_eq!(std::fs::metadata(m.path("outside")).expect("stat").nlink(), 1);
+    assert_eq!(
+        std::fs::metadata(m.path("outside")).expect("stat").nlink(),
+        1
+    );
     assert_eq!(open.metadata().expect("fstat").nlink(), 0);
     assert_eq!(std::fs::read(m.path("outside")).expect("read"), b"kept");
 }

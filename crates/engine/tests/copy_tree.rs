@@ -502,3 +502,96 @@ fn a_crash_at_every_write_prefix_of_a_copy_leaves_the_source_whole() {
     );
     assert!(partial > 0, "seed {seed}: no commit in the copy's middle");
 }
+
+/// A tree copied out of a snapshot opened beside the file system (`copy_tree_from`), after
+/// the file system changed and then removed it: the copy is the tree of the snapshot's
+/// moment, shares the snapshot's blocks (held ones become the file system's again), and
+/// once the snapshot and everything are deleted every block is back and fsck is clean.
+#[test]
+fn a_tree_copied_out_of_a_snapshot_is_its_moment_and_shares_its_blocks() {
+    let (mut rng, seed) = Rng::from_env("copy tree from a snapshot");
+    let (dev, fs) = mem_fs_with(512 << 20, 4096);
+    let out = fs.mkdir(ROOT, b"outside", 0o755, ME).expect("mkdir").ino;
+    // The roots tree a snapshot makes stays after its delete: made before the baseline.
+    let first = fs.snapshot(b"first").expect("snapshot");
+    fs.delete_snapshot(first).expect("delete");
+    fs.finish_drops().expect("drops");
+    fs.sync().expect("sync");
+    let free = fs.statfs().expect("statfs").blocks_free;
+    let src = fs.mkdir(ROOT, b"src", 0o755, ME).expect("mkdir").ino;
+    let made = make_tree(&fs, &mut rng, src, out);
+    let moment = tree(&fs, src);
+    let id = fs.snapshot(b"s").expect("snapshot");
+    // Changed, then gone: what the snapshot names is held for it now.
+    let mut files = Vec::new();
+    for e in fs.list(src).expect("list") {
+        if e.dtype == 8 {
+            files.push(e.ino);
+        }
+    }
+    for f in files.iter().take(5) {
+        fs.write(*f, 0, b"changed after the snapshot")
+            .expect("write");
+    }
+    fs.remove_tree(ROOT, b"src", &Unchecked, |_| {}, |_| {})
+        .expect("rm");
+    fs.sync().expect("sync");
+    let before = fs.statfs().expect("statfs").blocks_free;
+
+    let view = fs.open_snapshot(id, 16 << 20).expect("open the snapshot");
+    let top = view.lookup(ROOT, b"src").expect("src in the snapshot").ino;
+    let c = fs
+        .copy_tree_from(&view, top, ROOT, b"restored", |_| {})
+        .unwrap_or_else(|e| panic!("seed {seed}: copy_tree_from: {e}"));
+    assert_eq!((c.files, c.dirs), (made.files, made.dirs), "seed {seed}");
+    let restored = fs.lookup(ROOT, b"restored").expect("restored").ino;
+    same(
+        &tree(&fs, restored),
+        &moment,
+        &format!("seed {seed}: the restored tree"),
+    );
+    fs.sync().expect("sync");
+    let took = before - fs.statfs().expect("statfs").blocks_free;
+    assert!(
+        took * 4096 < made.data / 2,
+        "seed {seed}: the restore took {took} blocks for {} bytes of data",
+        made.data
+    );
+    // Anything but a view of this file system is refused before anything is made.
+    let (_other_dev, other) = mem_fs_with(32 << 20, 4096);
+    let r = fs.copy_tree_from(&other, ROOT, ROOT, b"foreign", |_| {});
+    assert!(matches!(r, Err(Error::Invalid(_))), "{r:?}");
+    assert!(matches!(fs.lookup(ROOT, b"foreign"), Err(Error::NotFound)));
+    drop(view);
+    fs.delete_snapshot(id).expect("delete the snapshot");
+    fs.finish_drops().expect("drops");
+    same(
+        &tree(&fs, restored),
+        &moment,
+        &format!("seed {seed}: without its snapshot"),
+    );
+
+    // Across a remount, then everything gone: every block back.
+    fs.close().expect("close");
+    assert_clean(&dev);
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let restored = fs.lookup(ROOT, b"restored").expect("restored").ino;
+    same(
+        &tree(&fs, restored),
+        &moment,
+        &format!("seed {seed}: remounted"),
+    );
+    fs.remove_tree(ROOT, b"restored", &Unchecked, |_| {}, |_| {})
+        .expect("rm");
+    fs.remove_tree(ROOT, b"outside", &Unchecked, |_| {}, |_| {})
+        .expect("rm");
+    fs.mkdir(ROOT, b"outside", 0o755, ME).expect("mkdir");
+    fs.sync().expect("sync");
+    assert_eq!(
+        fs.statfs().expect("statfs").blocks_free,
+        free,
+        "seed {seed}"
+    );
+    fs.close().expect("close");
+    assert_clean(&dev);
+}

@@ -4,10 +4,12 @@
 //! SETATTR, COPY_FILE_RANGE and xattr requests per name for `cp -a`.
 //!
 //! Only root and the mount's owner may ask, as for `idxfs import`: the copy keeps owners and
-//! modes as it likes, and the engine checks no permission on the way. The source must be on
-//! the same mount and outside its snapshots (EXDEV: a snapshot is another engine; `cp -a`
-//! out of `.snapshots` shares each file's blocks already). Afterwards the server tells the
-//! kernel to forget DST's name and its parent's attributes, which it may have cached.
+//! modes as it likes, and the engine checks no permission on the way. The source is on the
+//! same mount: in the file system, or in a snapshot (`MOUNT/.snapshots/NAME/...`, or a whole
+//! snapshot `MOUNT/.snapshots/NAME`), whose blocks the copy then shares: a tree restored out
+//! of a snapshot at the cost of its metadata. The snapshots directory itself is not a tree to
+//! copy (EXDEV). Afterwards the server tells the kernel to forget DST's name and its
+//! parent's attributes, which it may have cached.
 //!
 //! The argument, `ARG_SIZE` bytes each way: in, the source's parent directory's inode number
 //! u64 (its `st_ino` on the mount), then the source's name and the destination's, each a

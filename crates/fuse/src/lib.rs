@@ -1872,7 +1872,7 @@ impl IdxFuse {
     }
 
     /// `idxfs cp` (`cptree.rs`): on the destination's parent directory, from root or the
-    /// mount's owner, with the source on the file system itself (not in a snapshot).
+    /// mount's owner; the source on the file system or in one of its snapshots.
     fn cptree_request(&self, req: &Request, ino: INodeNo, in_data: &[u8], reply: ReplyIoctl) {
         let dst_parent = match self.changeable(ino) {
             Ok(i) => i,
@@ -1888,12 +1888,29 @@ impl IdxFuse {
         if bad(ask.src) || bad(ask.dst) {
             return reply.error(Errno::EINVAL);
         }
-        if let Some(e) = self.across(INodeNo(ask.src_parent), ino) {
-            return reply.error(e);
+        // The source: in the file system, in an open snapshot, or a whole snapshot (a name
+        // in the snapshots directory), whose blocks the copy then shares.
+        let parent = INodeNo(ask.src_parent);
+        if self.names_snapdir(parent, ask.src) {
+            return reply.error(Errno::EXDEV);
         }
+        let source = match self.place(parent) {
+            Place::Live => self.fs.lookup(parent.0, ask.src).map(|a| (None, a.ino)),
+            Place::View(v) => v.fs.lookup(v.ino, ask.src).map(|a| (Some(v.fs), a.ino)),
+            Place::Dir => match &self.snapdir {
+                Some(d) => d.lookup(&self.fs, ask.src).map(|v| (Some(v.fs), v.ino)),
+                None => Err(Error::NotFound),
+            },
+            Place::Stale => return reply.error(Errno::ESTALE),
+        };
+        let (view, src) = match source {
+            Ok(s) => s,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        let from: &Fs = view.as_deref().unwrap_or(&self.fs);
         let r = self
             .fs
-            .copy_tree(ask.src_parent, ask.src, dst_parent, ask.dst, |_| {});
+            .copy_tree_from(from, src, dst_parent, ask.dst, |_| {});
         // The kernel may hold a negative entry for the new name and the directory's old
         // times and link count, whatever part was made.
         if let Some(n) = self.notifier.get() {

@@ -21,6 +21,10 @@
 //! copy, as with `cp`. A name that vanished from the source meanwhile is skipped. The
 //! directories are listed in inode order (seed 002), in batches of `BATCH`.
 //!
+//! The source may be a snapshot opened beside the file system (`copy_tree_from`): the copy
+//! then shares the snapshot's blocks as a file restored from it does (`restore.rs`), so a
+//! tree deleted or changed since comes back whole at the cost of its metadata.
+//!
 //! The engine checks no permission: its front end decides who may (the mount lets root and
 //! its owner, as for `idxfs import`, since the copy keeps owners and modes as it likes).
 use super::inode_flags::NOCOW_FL;
@@ -62,16 +66,39 @@ impl Fs {
         name: &[u8],
         dst_parent: Ino,
         dst_name: &[u8],
+        progress: impl FnMut(&Copied),
+    ) -> Result<Copied> {
+        let top = self.lookup(src_parent, name)?.ino;
+        self.copy_tree_from(self, top, dst_parent, dst_name, progress)
+    }
+
+    /// `copy_tree` of inode `src` of `from`: this file system, or a snapshot of it opened
+    /// beside it (`open_snapshot`), whose blocks the copy shares as a restored file does
+    /// (`copy_from_snapshot`): a whole tree brought back out of a snapshot. Anything else
+    /// is refused (`Invalid`) before anything is made.
+    pub fn copy_tree_from(
+        &self,
+        from: &Fs,
+        src: Ino,
+        dst_parent: Ino,
+        dst_name: &[u8],
         mut progress: impl FnMut(&Copied),
     ) -> Result<Copied> {
         let mut done = Copied::default();
-        let top = self.lookup(src_parent, name)?;
-        if top.mode & S_IFMT == S_IFDIR && self.lock().is_within(dst_parent, top.ino)? {
+        let same = std::ptr::eq(from, self);
+        if !same && !self.is_view_of_mine(from) {
+            return Err(Error::Invalid(
+                "a copy from neither this file system nor a snapshot opened beside it",
+            ));
+        }
+        let top = from.getattr(src)?;
+        if same && top.mode & S_IFMT == S_IFDIR && self.lock().is_within(dst_parent, top.ino)? {
             return Err(Error::Invalid("a copy of a directory into itself"));
         }
         // Source inode to copy, for the hard links among the files copied.
         let mut links = HashMap::new();
-        let Some(made) = self.copy_entry(&top, dst_parent, dst_name, &mut links, &mut done)? else {
+        let made = self.copy_entry(from, &top, dst_parent, dst_name, &mut links, &mut done)?;
+        let Some(made) = made else {
             return Err(Error::NotFound);
         };
         if top.mode & S_IFMT != S_IFDIR {
@@ -84,7 +111,7 @@ impl Fs {
         }];
         while let Some(d) = stack.last_mut() {
             let mut batch = Vec::new();
-            let listed = self.readdir(d.src.ino, d.cookie, |e| {
+            let listed = from.readdir(d.src.ino, d.cookie, |e| {
                 batch.push(e.clone());
                 batch.len() < BATCH
             });
@@ -105,12 +132,12 @@ impl Fs {
             d.cookie = last.cookie;
             let dst = d.dst;
             for e in batch {
-                let src = match self.getattr(e.ino) {
+                let src = match from.getattr(e.ino) {
                     Ok(a) => a,
                     Err(Error::NotFound) => continue,
                     Err(e) => return Err(e),
                 };
-                match self.copy_entry(&src, dst, &e.name, &mut links, &mut done)? {
+                match self.copy_entry(from, &src, dst, &e.name, &mut links, &mut done)? {
                     Some(made) if src.mode & S_IFMT == S_IFDIR => stack.push(Dir {
                         src,
                         dst: made,
@@ -128,6 +155,7 @@ impl Fs {
     /// returns its number, or None when the source vanished meanwhile.
     fn copy_entry(
         &self,
+        from: &Fs,
         src: &Attr,
         dir: Ino,
         name: &[u8],
@@ -148,7 +176,7 @@ impl Fs {
         };
         let made = match kind {
             S_IFLNK => {
-                let target = match self.readlink(src.ino) {
+                let target = match from.readlink(src.ino) {
                     Ok(t) => t,
                     Err(Error::NotFound) => return Ok(None),
                     Err(e) => return Err(e),
@@ -161,12 +189,17 @@ impl Fs {
         };
         let ino = made.ino;
         if kind == S_IFREG {
-            if self.flags(src.ino)? & NOCOW_FL != 0 {
+            if from.flags(src.ino)? & NOCOW_FL != 0 {
                 self.set_flags(ino, NOCOW_FL)?;
             }
             let mut at = 0;
             while at < src.size {
-                let n = self.copy_range(src.ino, at, ino, at, src.size - at, Kill::default())?;
+                let (len, no) = (src.size - at, Kill::default());
+                let n = if std::ptr::eq(from, self) {
+                    self.copy_range(src.ino, at, ino, at, len, no)?
+                } else {
+                    self.copy_from_snapshot(from, src.ino, at, ino, at, len, no)?
+                };
                 if n == 0 {
                     // The source got shorter meanwhile.
                     break;
@@ -175,7 +208,7 @@ impl Fs {
             }
             done.bytes += at;
         }
-        self.copy_xattrs(src.ino, ino)?;
+        self.copy_xattrs(from, src.ino, ino)?;
         // The owner again: a set-group-ID directory gave the copy its group. A symlink's
         // permission bits are always 0777.
         self.setattr(
@@ -201,10 +234,10 @@ impl Fs {
 
     /// Gives `dst` exactly `src`'s xattrs: each of the source's set, and any other the copy
     /// was made with (an inherited ACL) removed.
-    fn copy_xattrs(&self, src: Ino, dst: Ino) -> Result<()> {
-        let names = self.listxattr(src)?;
+    fn copy_xattrs(&self, from: &Fs, src: Ino, dst: Ino) -> Result<()> {
+        let names = from.listxattr(src)?;
         for n in &names {
-            match self.getxattr(src, n) {
+            match from.getxattr(src, n) {
                 Ok(v) => self.setxattr(dst, n, &v, 0)?,
                 // Removed meanwhile.
                 Err(Error::NoData) => {}

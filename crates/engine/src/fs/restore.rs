@@ -30,6 +30,12 @@ use crate::error::{Error, Result};
 use std::sync::Arc;
 
 impl Fs {
+    /// Whether `view` is a snapshot of this file system opened beside it (`open_snapshot`).
+    pub(super) fn is_view_of_mine(&self, view: &Fs) -> bool {
+        let mine = view.shared.views.of.as_ref();
+        mine.is_some_and(|v| Arc::ptr_eq(&v.parent, &self.shared))
+    }
+
     /// copy_file_range(2) from file `src` of `view`, a snapshot of this file system opened
     /// beside it (`open_snapshot`), at `src_off`, to this file system's `dst` at `dst_off`:
     /// at most `len` bytes, fewer when the source ends first; returns how many were copied.
@@ -45,8 +51,7 @@ impl Fs {
         len: u64,
         kill: Kill,
     ) -> Result<u64> {
-        let mine = view.shared.views.of.as_ref();
-        if !mine.is_some_and(|v| Arc::ptr_eq(&v.parent, &self.shared)) {
+        if !self.is_view_of_mine(view) {
             return Err(Error::Invalid(
                 "not a snapshot opened beside this file system",
             ));
