@@ -10,9 +10,9 @@
 //! (set-user-ID and set-group-ID included), access and modification times, every xattr
 //! (ACLs included; a default ACL of the destination's directory is not inherited where the
 //! source has none, as `cp -a` sets each copy's ACLs to its source's), NOCOW (set before
-//! the data, as it must be), and the hard links among the copied files (a file linked from
-//! outside the tree is copied once per name inside it that `cp -a` would link). The change
-//! time is the copy's own, as it is after `cp -a`.
+//! the data, as it must be), and the hard links among the copied names (a file that also
+//! has names outside the tree gets one copy, linked from each of its names inside it, as
+//! with `cp -a`). The change time is the copy's own, as it is after `cp -a`.
 //!
 //! Each entry is made by the engine's own operations (`mknod`, `link`, `copy_range`,
 //! `setxattr`, `setattr`), each with its own lock and reservation, so other operations run
