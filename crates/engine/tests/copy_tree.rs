@@ -276,6 +276,12 @@ fn a_copied_tree_is_its_source_shares_its_data_and_changes_apart() {
         (src_attr.mode, src_attr.uid, src_attr.gid, src_attr.mtime),
         "seed {seed}: the top directory"
     );
+    // Not the default ACL of the directory it was made in: the source's xattrs alone.
+    assert_eq!(
+        fs.listxattr(copy).expect("listxattr"),
+        fs.listxattr(src).expect("listxattr"),
+        "seed {seed}: the top directory's xattrs"
+    );
     same(&tree(&fs, copy), &source, &format!("seed {seed}: the copy"));
     same(
         &tree(&fs, src),

@@ -47,11 +47,11 @@ pub struct Copied {
     pub bytes: u64,
 }
 
-/// A directory being copied: the source, its copy, where its listing resumes, and its
-/// attributes (for its times, set once everything in it is made).
+/// A directory being copied: the source (its attributes, for its times, set once
+/// everything in it is made), its copy, and where its listing resumes.
 struct Dir {
     src: Attr,
-    dst: Ino,
+    copy: Ino,
     cookie: u64,
 }
 
@@ -106,7 +106,7 @@ impl Fs {
         }
         let mut stack = vec![Dir {
             src: top,
-            dst: made,
+            copy: made,
             cookie: 2,
         }];
         while let Some(d) = stack.last_mut() {
@@ -126,11 +126,11 @@ impl Fs {
                 let d = stack
                     .pop()
                     .unwrap_or_else(|| unreachable!("the loop's top"));
-                self.keep_times(d.dst, &d.src)?;
+                self.setattr(d.copy, &with_times(SetAttr::default(), &d.src))?;
                 continue;
             };
             d.cookie = last.cookie;
-            let dst = d.dst;
+            let dst = d.copy;
             for e in batch {
                 let src = match from.getattr(e.ino) {
                     Ok(a) => a,
@@ -140,7 +140,7 @@ impl Fs {
                 match self.copy_entry(from, &src, dst, &e.name, &mut links, &mut done)? {
                     Some(made) if src.mode & S_IFMT == S_IFDIR => stack.push(Dir {
                         src,
-                        dst: made,
+                        copy: made,
                         cookie: 2,
                     }),
                     _ => {}
@@ -151,8 +151,9 @@ impl Fs {
         Ok(done)
     }
 
-    /// Makes the copy of `src` as `name` in `dir`, all but a directory's contents and times;
-    /// returns its number, or None when the source vanished meanwhile.
+    /// Makes the copy of `src` as `name` in `dir` (a copy made before, or the destination's
+    /// directory), all but a directory's contents and times; None when the source vanished
+    /// meanwhile.
     fn copy_entry(
         &self,
         from: &Fs,
@@ -210,24 +211,23 @@ impl Fs {
         }
         self.copy_xattrs(from, src.ino, ino)?;
         // The owner again: a set-group-ID directory gave the copy its group. A symlink's
-        // permission bits are always 0777.
-        self.setattr(
-            ino,
-            &SetAttr {
-                mode: (kind != S_IFLNK).then_some(src.mode & 0o7777),
-                uid: Some(src.uid),
-                gid: Some(src.gid),
-                ..SetAttr::default()
-            },
-        )?;
+        // permission bits are always 0777. Anything but a directory gets its times in the
+        // same change; a directory's wait for what is made in it.
+        let owned = SetAttr {
+            mode: (kind != S_IFLNK).then_some(src.mode & 0o7777),
+            uid: Some(src.uid),
+            gid: Some(src.gid),
+            ..SetAttr::default()
+        };
         if kind == S_IFDIR {
+            self.setattr(ino, &owned)?;
             done.dirs += 1;
-        } else {
-            self.keep_times(ino, src)?;
-            done.files += 1;
-            if src.nlink > 1 {
-                links.insert(src.ino, ino);
-            }
+            return Ok(Some(ino));
+        }
+        self.setattr(ino, &with_times(owned, src))?;
+        done.files += 1;
+        if src.nlink > 1 {
+            links.insert(src.ino, ino);
         }
         Ok(Some(ino))
     }
@@ -251,17 +251,13 @@ impl Fs {
         }
         Ok(())
     }
+}
 
-    /// Sets `dst`'s access and modification times to `src`'s.
-    fn keep_times(&self, dst: Ino, src: &Attr) -> Result<()> {
-        self.setattr(
-            dst,
-            &SetAttr {
-                atime: Some(SetTime::At(src.atime)),
-                mtime: Some(SetTime::At(src.mtime)),
-                ..SetAttr::default()
-            },
-        )?;
-        Ok(())
+/// `set`, also giving a copy `src`'s access and modification times.
+fn with_times(set: SetAttr, src: &Attr) -> SetAttr {
+    SetAttr {
+        atime: Some(SetTime::At(src.atime)),
+        mtime: Some(SetTime::At(src.mtime)),
+        ..set
     }
 }
