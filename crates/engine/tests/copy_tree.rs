@@ -7,11 +7,13 @@
 //! and gives every block back when both are gone.
 mod common;
 use common::*;
+use idxfs_blockdev::MemDevice;
 use idxfs_engine::fs::acl::{GROUP, GROUP_OBJ, MASK, OTHER, USER, USER_OBJ};
 use idxfs_engine::fs::{Copied, Owner, SetAttr, SetTime, Time, Unchecked, NOCOW_FL};
 use idxfs_engine::testutil::Rng;
 use idxfs_engine::{Error, Fs};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Everything `cp -a` keeps of the tree under `top`, one line per name, by path: type and
 /// mode, owner, size, device number, access and modification times, flags, xattrs with
@@ -234,6 +236,21 @@ fn make_tree(fs: &Fs, rng: &mut Rng, top: u64, out: u64) -> Made {
     m
 }
 
+/// Removes each of `names` and "outside" (made again empty, as the baseline had it), then
+/// checks that the free blocks are `free` again, and fsck after closing.
+fn all_back(fs: Fs, dev: &Arc<MemDevice>, names: &[(u64, &[u8])], free: u64, seed: u64) {
+    for &(dir, name) in names.iter().chain([(ROOT, &b"outside"[..])].iter()) {
+        fs.remove_tree(dir, name, &Unchecked, |_| {}, |_| {})
+            .expect("rm");
+    }
+    fs.mkdir(ROOT, b"outside", 0o755, ME).expect("mkdir");
+    fs.sync().expect("sync");
+    let now = fs.statfs().expect("statfs").blocks_free;
+    assert_eq!(now, free, "seed {seed}: blocks not back");
+    fs.close().expect("close");
+    assert_clean(dev);
+}
+
 #[test]
 fn a_copied_tree_is_its_source_shares_its_data_and_changes_apart() {
     let (mut rng, seed) = Rng::from_env("copy tree");
@@ -375,19 +392,7 @@ fn a_copied_tree_is_its_source_shares_its_data_and_changes_apart() {
         &changed,
         &format!("seed {seed}: the copy without its source"),
     );
-    fs.remove_tree(into, b"copy", &Unchecked, |_| {}, |_| {})
-        .expect("rm copy");
-    fs.remove_tree(ROOT, b"outside", &Unchecked, |_| {}, |_| {})
-        .expect("rm outside");
-    fs.mkdir(ROOT, b"outside", 0o755, ME).expect("mkdir");
-    fs.sync().expect("sync");
-    assert_eq!(
-        fs.statfs().expect("statfs").blocks_free,
-        free,
-        "seed {seed}"
-    );
-    fs.close().expect("close");
-    assert_clean(&dev);
+    all_back(fs, &dev, &[(into, b"copy")], free, seed);
 }
 
 #[test]
@@ -434,8 +439,7 @@ fn a_copy_into_itself_or_onto_a_name_is_refused_before_anything_is_made() {
 /// the last is the whole copy.
 #[test]
 fn a_crash_at_every_write_prefix_of_a_copy_leaves_the_source_whole() {
-    use idxfs_blockdev::{MemDevice, Tear};
-    use std::sync::Arc;
+    use idxfs_blockdev::Tear;
     let (mut rng, seed) = Rng::from_env("copy tree crash");
     let rec = recorded_with(32 << 20, Some([7; 16]));
     let o = opts();
@@ -518,12 +522,7 @@ fn a_tree_copied_out_of_a_snapshot_is_its_moment_and_shares_its_blocks() {
     let (mut rng, seed) = Rng::from_env("copy tree from a snapshot");
     let (dev, fs) = mem_fs_with(512 << 20, 4096);
     let out = fs.mkdir(ROOT, b"outside", 0o755, ME).expect("mkdir").ino;
-    // The roots tree a snapshot makes stays after its delete: made before the baseline.
-    let first = fs.snapshot(b"first").expect("snapshot");
-    fs.delete_snapshot(first).expect("delete");
-    fs.finish_drops().expect("drops");
-    fs.sync().expect("sync");
-    let free = fs.statfs().expect("statfs").blocks_free;
+    let free = free_blocks_with_roots_tree(&fs);
     let src = fs.mkdir(ROOT, b"src", 0o755, ME).expect("mkdir").ino;
     let made = make_tree(&fs, &mut rng, src, out);
     let moment = tree(&fs, src);
@@ -587,17 +586,5 @@ fn a_tree_copied_out_of_a_snapshot_is_its_moment_and_shares_its_blocks() {
         &moment,
         &format!("seed {seed}: remounted"),
     );
-    fs.remove_tree(ROOT, b"restored", &Unchecked, |_| {}, |_| {})
-        .expect("rm");
-    fs.remove_tree(ROOT, b"outside", &Unchecked, |_| {}, |_| {})
-        .expect("rm");
-    fs.mkdir(ROOT, b"outside", 0o755, ME).expect("mkdir");
-    fs.sync().expect("sync");
-    assert_eq!(
-        fs.statfs().expect("statfs").blocks_free,
-        free,
-        "seed {seed}"
-    );
-    fs.close().expect("close");
-    assert_clean(&dev);
+    all_back(fs, &dev, &[(ROOT, b"restored")], free, seed);
 }

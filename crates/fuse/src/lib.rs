@@ -1620,7 +1620,7 @@ impl Filesystem for IdxFuse {
         };
         match r {
             Ok(a) => {
-                if may_access(&a, req.uid(), req.gid(), mask.bits() as u32) {
+                if permission::Caller::of(req).may(&a, None, mask.bits() as u32) {
                     reply.ok()
                 } else {
                     reply.error(Errno::EACCES)
@@ -2081,21 +2081,4 @@ fn sized(reply: ReplyXattr, size: u32, data: &[u8]) {
     } else {
         reply.data(data);
     }
-}
-
-/// The permission check `access(2)` makes, for a caller with only its primary group.
-fn may_access(a: &Attr, uid: u32, gid: u32, mask: u32) -> bool {
-    let mask = mask & 0o7;
-    if uid == 0 {
-        // Root may do anything but execute a file no one may execute.
-        return mask & 1 == 0 || a.is_dir() || a.mode & 0o111 != 0;
-    }
-    let bits = if uid == a.uid {
-        (a.mode >> 6) & 7
-    } else if gid == a.gid {
-        (a.mode >> 3) & 7
-    } else {
-        a.mode & 7
-    };
-    bits & mask == mask
 }

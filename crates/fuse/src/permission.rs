@@ -1,7 +1,8 @@
 //! The kernel's permission checks (`generic_permission`, POSIX ACLs, `may_delete`'s sticky
 //! bit), made by the server for a request that stands for many calls: `idxfs rm`'s ioctl
 //! (`Fs::remove_tree`), where the kernel checks only that the caller could open the
-//! directory it was sent on. Everywhere else the kernel checks for itself
+//! directory it was sent on; and ACCESS, which the kernel sends where it does not check
+//! (a root mount without `allow_other`). Everywhere else the kernel checks for itself
 //! (`MountConfig::kernel_checks_permissions`).
 //!
 //! What `rm -rf` as the caller would meet: listing a directory needs read and search on it;
@@ -45,6 +46,7 @@ impl Caller {
     }
 
     /// A caller whose supplementary groups are known (tests).
+    #[cfg(test)]
     pub fn with_groups(uid: u32, gid: u32, groups: Vec<u32>) -> Caller {
         Caller {
             uid,
@@ -52,10 +54,6 @@ impl Caller {
             pid: 0,
             groups: OnceLock::from(groups),
         }
-    }
-
-    pub fn uid(&self) -> u32 {
-        self.uid
     }
 
     /// Whether the caller is in group `gid`, primary or supplementary (`in_group_p`).

@@ -126,14 +126,8 @@ impl Fs {
                 let d = stack
                     .pop()
                     .unwrap_or_else(|| unreachable!("the loop's top"));
-                match self.rmdir(d.parent, &d.name) {
-                    Ok(()) => {
-                        done.dirs += 1;
-                        tell(d.ino);
-                    }
-                    Err(Error::NotFound) => {}
-                    Err(Error::NotEmpty) => return Err(refused),
-                    Err(e) => return Err(e),
+                if !self.rmdir_counted(&d, &mut done, &mut tell)? {
+                    return Err(refused);
                 }
                 continue;
             }
@@ -155,18 +149,13 @@ impl Fs {
                 let mut d = stack
                     .pop()
                     .unwrap_or_else(|| unreachable!("the loop's top"));
-                match self.rmdir(d.parent, &d.name) {
-                    Ok(()) => {
-                        done.dirs += 1;
-                        tell(d.ino);
-                    }
-                    Err(Error::NotFound) => {}
+                if !self.rmdir_counted(&d, &mut done, &mut tell)? {
                     // Filled again meanwhile: listed again.
-                    Err(Error::NotEmpty) if d.refills < REFILLS => {
-                        d.refills += 1;
-                        stack.push(d);
+                    if d.refills == REFILLS {
+                        return Err(Error::NotEmpty);
                     }
-                    Err(e) => return Err(e),
+                    d.refills += 1;
+                    stack.push(d);
                 }
             } else {
                 let dir = d.ino;
@@ -194,5 +183,25 @@ impl Fs {
             }
         }
         Ok(done)
+    }
+
+    /// The rmdir of `d`, counted in `done` and told to `tell`: false when it still holds
+    /// something; gone already counts as done.
+    fn rmdir_counted(
+        &self,
+        d: &Dir,
+        done: &mut Removed,
+        tell: &mut impl FnMut(Ino),
+    ) -> Result<bool> {
+        match self.rmdir(d.parent, &d.name) {
+            Ok(()) => {
+                done.dirs += 1;
+                tell(d.ino);
+                Ok(true)
+            }
+            Err(Error::NotFound) => Ok(true),
+            Err(Error::NotEmpty) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 }

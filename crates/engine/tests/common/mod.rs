@@ -185,3 +185,14 @@ pub fn set_link_count(img: &mut [u8], node_size: usize, ino: u64, perm: u32, nli
     }
     done
 }
+
+/// The free blocks every block comes back to once all made after this call is gone, with
+/// snapshots made and deleted meanwhile: taken after one snapshot is made and deleted, since
+/// the roots tree the first snapshot makes stays after its delete.
+pub fn free_blocks_with_roots_tree(fs: &Fs) -> u64 {
+    let first = fs.snapshot(b"first").expect("snapshot");
+    fs.delete_snapshot(first).expect("delete");
+    fs.finish_drops().expect("drops");
+    fs.sync().expect("sync");
+    fs.statfs().expect("statfs").blocks_free
+}
