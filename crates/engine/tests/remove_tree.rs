@@ -183,10 +183,17 @@ impl Permits for Refusing {
         self.listed.borrow_mut().push(dir.ino);
         Ok(())
     }
-    fn remove(&self, _: &Fs, dir: &Attr, child: u64) -> Result<(), Error> {
+    fn change(&self, _: &Fs, dir: &Attr) -> Result<(), Error> {
         if self.fixed.contains(&dir.ino) {
             return Err(Error::NotPermitted("test"));
         }
+        Ok(())
+    }
+    fn remove(&self, _: &Fs, dir: &Attr, child: u64) -> Result<(), Error> {
+        assert!(
+            !self.fixed.contains(&dir.ino),
+            "a removal from a refused directory"
+        );
         self.permitted.borrow_mut().push((dir.ino, child));
         Ok(())
     }

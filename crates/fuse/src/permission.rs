@@ -176,11 +176,16 @@ impl Permits for RemoveChecks {
         }
     }
 
-    fn remove(&self, fs: &Fs, dir: &Attr, child: Ino) -> idxfs_engine::error::Result<()> {
+    fn change(&self, fs: &Fs, dir: &Attr) -> idxfs_engine::error::Result<()> {
         let acl = self.acl_of(fs, dir)?;
-        if !self.caller.may(dir, acl.as_ref(), MAY_WRITE | MAY_EXEC) {
-            return Err(Error::Denied("a directory the caller may not change"));
+        if self.caller.may(dir, acl.as_ref(), MAY_WRITE | MAY_EXEC) {
+            Ok(())
+        } else {
+            Err(Error::Denied("a directory the caller may not change"))
         }
+    }
+
+    fn remove(&self, fs: &Fs, dir: &Attr, child: Ino) -> idxfs_engine::error::Result<()> {
         let uid = self.caller.uid;
         if dir.mode & S_ISVTX != 0 && uid != 0 && uid != dir.uid {
             let owner = match fs.getattr(child) {

@@ -49,8 +49,12 @@ pub struct Removed {
 pub trait Permits {
     /// Before `dir` is listed (its attributes read just before).
     fn list(&self, fs: &Fs, dir: &Attr) -> Result<()>;
+    /// Before names are removed from `dir`: once for each batch of them, with the
+    /// attributes its listing read.
+    fn change(&self, fs: &Fs, dir: &Attr) -> Result<()>;
     /// Before the entry naming `child` is removed from `dir` (or before `child`, a directory,
-    /// is entered to be emptied).
+    /// is entered to be emptied), after `change` permitted `dir`: what depends on the
+    /// entry itself (the sticky bit).
     fn remove(&self, fs: &Fs, dir: &Attr, child: Ino) -> Result<()>;
 }
 
@@ -60,6 +64,9 @@ pub struct Unchecked;
 
 impl Permits for Unchecked {
     fn list(&self, _: &Fs, _: &Attr) -> Result<()> {
+        Ok(())
+    }
+    fn change(&self, _: &Fs, _: &Attr) -> Result<()> {
         Ok(())
     }
     fn remove(&self, _: &Fs, _: &Attr, _: Ino) -> Result<()> {
@@ -97,7 +104,9 @@ impl Fs {
             }
         };
         let top = self.lookup(parent, name)?;
-        permits.remove(self, &self.getattr(parent)?, top.ino)?;
+        let parent_attr = self.getattr(parent)?;
+        permits.change(self, &parent_attr)?;
+        permits.remove(self, &parent_attr, top.ino)?;
         if top.mode & S_IFMT != S_IFDIR {
             self.unlink(parent, name)?;
             tell(top.ino);
@@ -159,6 +168,7 @@ impl Fs {
                 }
             } else {
                 let dir = d.ino;
+                permits.change(self, &attr)?;
                 for e in batch {
                     permits.remove(self, &attr, e.ino)?;
                     if e.dtype == DT_DIR {
