@@ -6,7 +6,10 @@
 //! back as a clear error.
 //!
 //! CI runs it for `IDXFS_FUZZ_SECS` seconds (default 40); each case prints nothing unless it
-//! fails, with its seed: `IDXFS_FUZZ_CASE=n` replays that one case.
+//! fails, with its seed: `IDXFS_FUZZ_CASE=n` replays that one case. Cases that once found a
+//! panic (`FOUND`) run first in every run (the damage is drawn against this base image, so
+//! a change to what it holds may move such a case off its bug: the list is a floor, not a
+//! proof).
 mod common;
 use common::*;
 use idxfs_blockdev::{BlockDevice, MemDevice, RecordingDevice, Tear};
@@ -273,6 +276,12 @@ fn named_acl() -> Vec<u8> {
     ])
 }
 
+/// Cases that panicked before their fix:
+/// - a node copied (a shared one, in the log's replay) onto free space the damaged space
+///   map said free while a cached node lay there: "slab key inserted twice" (now Corrupt,
+///   as a new node's allocation already refused it).
+const FOUND: &[u64] = &[17261166886234172200];
+
 #[test]
 fn damaged_images_give_errors_not_panics() {
     let secs: u64 = std::env::var("IDXFS_FUZZ_SECS")
@@ -291,8 +300,12 @@ fn damaged_images_give_errors_not_panics() {
     let one_case: Option<u64> = std::env::var("IDXFS_FUZZ_CASE")
         .ok()
         .and_then(|s| s.parse().ok());
+    // Cases that found a panic once, replayed first in every run.
+    let mut found = FOUND.iter().copied().filter(|_| one_case.is_none());
     loop {
-        let case_seed = one_case.unwrap_or_else(|| rng.next_u64());
+        let case_seed = one_case
+            .or_else(|| found.next())
+            .unwrap_or_else(|| rng.next_u64());
         let img = damage(&base, &meta, &mut Rng::new(case_seed));
         // Each case in its own thread, so a hang is caught (and reported) too.
         let (tx, rx) = std::sync::mpsc::channel();

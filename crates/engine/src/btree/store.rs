@@ -197,10 +197,19 @@ impl Store {
     /// Allocates a block for a new node of the running transaction.
     pub fn alloc_node(&mut self, node: Node) -> Result<u64> {
         assert_eq!(node.generation, self.generation);
+        let start = self.take_free_node_block()?;
+        self.cache.insert(start, node, true);
+        self.changes.dirty_nodes += 1;
+        Ok(start)
+    }
+
+    /// `take_node_block` for a node about to be put in the cache there (a new node, or a
+    /// copy). Free space said free, yet a node in the cache lies on these blocks: damaged
+    /// space maps (a freed node leaves the cache as it is freed). Refused as corruption
+    /// rather than one node written over another; the slot stays taken, since the node
+    /// uses it.
+    fn take_free_node_block(&mut self) -> Result<u64> {
         let start = self.take_node_block()?;
-        // Free space said free, yet a node in the cache lies on these blocks: damaged space
-        // maps (a freed node leaves the cache as it is freed). Refused as corruption rather
-        // than one node written over another; the slot stays taken, since the node uses it.
         let bpn = self.blocks_per_node();
         if let Some(b) =
             (start.saturating_sub(bpn - 1)..start + bpn).find(|&b| self.cache.contains(b))
@@ -213,8 +222,6 @@ impl Store {
             self.damage.met(start, &e);
             return Err(e);
         }
-        self.cache.insert(start, node, true);
-        self.changes.dirty_nodes += 1;
         Ok(start)
     }
 
@@ -268,7 +275,7 @@ impl Store {
             return Ok(block);
         }
         let bpn = self.blocks_per_node();
-        let new = self.take_node_block()?;
+        let new = self.take_free_node_block()?;
         // A node a commit is still writing is shared: the copy is this generation's own.
         let mut node = match self.cache.remove(block) {
             Some(n) => Arc::unwrap_or_clone(n),
@@ -288,7 +295,7 @@ impl Store {
     /// on the list of copied leaves: its items are now named twice.
     fn cow_shared(&mut self, block: u64) -> Result<u64> {
         let gen = self.generation;
-        let new = self.take_node_block()?;
+        let new = self.take_free_node_block()?;
         let Some(old) = self.cache.get_arc(block) else {
             panic!("cow of uncached node {block}");
         };
