@@ -14,7 +14,7 @@ use idxfs_format::{ItemType, Key, BLOCK_SIZE, SYMLINK_MAX};
 use zerocopy::IntoBytes;
 
 /// Item changes a create makes: inode, two dir indexes, back reference, plus slack.
-const CREATE_ITEMS: u64 = 5;
+pub(super) const CREATE_ITEMS: u64 = 5;
 const S_ISGID: u32 = 0o2000;
 /// Hard links per inode (ext4's limit, so programs see familiar behaviour).
 pub const LINK_MAX: u32 = 65000;
@@ -22,8 +22,8 @@ pub const LINK_MAX: u32 = 65000;
 impl Inner {
     /// Creates an inode of any type named `name` in `parent`: `mode` as asked, cut by
     /// `umask` or by the directory's default ACL, which the inode inherits (`acl`). The
-    /// caller reserved for `CREATE_ITEMS` item changes; the ACLs reserve for themselves
-    /// before the first change.
+    /// caller reserved for `CREATE_ITEMS` item changes and whatever else its operation
+    /// does; the ACLs reserve for themselves on top of that, before the first change.
     pub(crate) fn make_node(
         &mut self,
         parent: Ino,
@@ -60,7 +60,7 @@ impl Inner {
         let acls = self.inherit(parent, mode, umask)?;
         let mode = acls.mode;
         if acls.nodes > 0 {
-            let nodes = CREATE_ITEMS * self.item_nodes() + acls.nodes;
+            let nodes = self.op.nodes.max(CREATE_ITEMS * self.item_nodes()) + acls.nodes;
             self.reserve_nodes(nodes, 0, Reserve::Grow)?;
         }
         // After the reservation, which may commit (ending the directory's run).
@@ -193,9 +193,11 @@ impl Fs {
         }
         let len = f.data.len() as u64;
         self.write_op(CREATE_ITEMS, Reserve::Grow, Durable::Dir, |g| {
-            // Before the first change: the data's blocks and the nodes linking them.
+            // Before the first change: the data's blocks and the nodes linking them, on top
+            // of the create's (a reservation is the least the pools hold, not an addition).
             if len > 0 {
-                g.reserve_write(len, 0)?;
+                let nodes = CREATE_ITEMS * g.item_nodes() + g.write_nodes(len, 0);
+                g.reserve_nodes(nodes, len.div_ceil(BLOCK_SIZE) + 2, Reserve::Grow)?;
             }
             let mode = S_IFREG | (f.mode & 0o7777);
             let (ino, _) = g.make_node(parent, name, mode, f.owner, 0, 0)?;

@@ -277,6 +277,10 @@ pub(crate) struct OpScope {
     pub checkpoint: u64,
     /// Names it removed, as `published::name_key`s: unpublished when it lets go of the lock.
     pub names_removed: Vec<u64>,
+    /// The most node slots it has reserved (`reserve_nodes`'s `nodes`): a reservation is
+    /// the least the pools hold, not an addition, so a part of the operation that finds it
+    /// needs more (`make_node`'s inherited ACLs) reserves on top of this.
+    pub nodes: u64,
 }
 
 struct Shared {
@@ -666,6 +670,7 @@ impl Fs {
             Error::NoSpace => Some(g.store.alloc.held_until()),
             _ => None,
         };
+        g.op.nodes = 0;
         if let Err(e) = g.reserve(items, kind) {
             *held = refused(&g, &e);
             return Err(e);

@@ -221,6 +221,7 @@ impl Inner {
         data_blocks: u64,
         kind: Reserve,
     ) -> Result<()> {
+        self.op.nodes = self.op.nodes.max(nodes);
         // Any operation may let go of the blocks of a freeing batch's extents and two cut
         // ones; while blocks may be shared, each changes counts (`shared`).
         let nodes = nodes + self.shared_nodes(super::shared::SHARED_FREE_BATCH as u64 + 2);
