@@ -5,7 +5,10 @@
 //! copy goes into it under SRC's name; a name that exists is refused, never merged into.
 //! SRC may be in a snapshot (`MOUNT/.snapshots/NAME/...`, or `MOUNT/.snapshots/NAME` whole):
 //! the copy shares the snapshot's blocks, a tree restored at the cost of its metadata.
-//! Root and the mount's owner only (it keeps owners and modes, as `idxfs import` does).
+//! Root and the mount's owner copy as root's `cp -a` does, owners and modes kept; anyone
+//! else as their own `cp -a` would: the copies theirs, and what they may not read or make
+//! left out, each counted, and the first named (`idxfs_fuse::permission::CopyChecks`).
+//! Unlike `cp`, it needs read permission on DST's parent, which it opens to ask the server.
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -49,7 +52,7 @@ pub(crate) fn run(src: &Path, dst: &Path) -> Result<(), String> {
     }
     let shown = dst_parent.join(&dst_name);
     let t = Instant::now();
-    let [files, dirs, bytes] = idxfs_fuse::cptree::copy(
+    let c = idxfs_fuse::cptree::copy(
         &dst_parent,
         sp.ino(),
         src_name.as_bytes(),
@@ -60,6 +63,8 @@ pub(crate) fn run(src: &Path, dst: &Path) -> Result<(), String> {
         Some(libc::EEXIST) => format!("{}: exists (idxfs cp makes a new name)", shown.display()),
         Some(libc::EINVAL) => format!("{s}: cannot copy a directory into itself"),
         Some(libc::EXDEV) => format!("{s}: the snapshots directory; copy one snapshot out of it"),
+        Some(libc::EACCES) => format!("{s} -> {}: permission denied", shown.display()),
+        Some(libc::EPERM) => format!("{s} -> {}: operation not permitted", shown.display()),
         Some(libc::ENOSPC) => format!(
             "{}: no space left; the part copied stays (remove it with idxfs rm)",
             shown.display()
@@ -67,9 +72,30 @@ pub(crate) fn run(src: &Path, dst: &Path) -> Result<(), String> {
         _ => format!("{s}: {e}"),
     })?;
     println!(
-        "{s} -> {}: copied {files} files and {dirs} directories ({bytes} bytes, shared) in {:.2} s",
+        "{s} -> {}: copied {} files and {} directories ({} bytes, shared) in {:.2} s",
         shown.display(),
+        c.files,
+        c.dirs,
+        c.bytes,
         t.elapsed().as_secs_f64()
     );
-    Ok(())
+    match c.first {
+        None => Ok(()),
+        Some((path, errno)) => {
+            let at = match path.is_empty() {
+                true => src.to_path_buf(),
+                false => src.join(std::ffi::OsStr::from_bytes(&path)),
+            };
+            let why = match errno {
+                libc::EACCES => "permission denied".to_string(),
+                libc::EPERM => "operation not permitted".to_string(),
+                e => std::io::Error::from_raw_os_error(e).to_string(),
+            };
+            let others = match c.refused {
+                0 | 1 => String::new(),
+                n => format!(" and {} more", n - 1),
+            };
+            Err(format!("not copied: {}: {why}{others}", at.display()))
+        }
+    }
 }

@@ -122,7 +122,9 @@ enum Cmd {
     /// Copy SRC and everything under it to DST on the same idxfs mount, inside the mount's
     /// server (as `cp -a --reflink`, without a request per file through FUSE): file data
     /// is shared, not copied. Into DST/SRC's name when DST is a directory; an existing
-    /// name is refused. Root or the mount's owner only.
+    /// name is refused. Root and the mount's owner keep owners and modes; anyone else
+    /// copies as their own `cp -a` would (the copies theirs; what they may not read or
+    /// make left out, counted, the first named, exit 1).
     Cp { src: PathBuf, dst: PathBuf },
     /// Remove each PATH on an idxfs mount, and everything under it, inside the mount's
     /// server (as `rm -rf`, without a request per file through FUSE), held to the

@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use idxfs_blockdev::MemDevice;
 use idxfs_engine::fs::acl::{GROUP, GROUP_OBJ, MASK, OTHER, USER, USER_OBJ};
-use idxfs_engine::fs::{Copied, Owner, SetAttr, SetTime, Time, Unchecked, NOCOW_FL};
+use idxfs_engine::fs::{Attr, Copied, CopyAs, Owner, SetAttr, SetTime, Time, Unchecked, NOCOW_FL};
 use idxfs_engine::testutil::Rng;
 use idxfs_engine::{Error, Fs};
 use std::collections::HashMap;
@@ -17,7 +17,8 @@ use std::sync::Arc;
 
 /// Everything `cp -a` keeps of the tree under `top`, one line per name, by path: type and
 /// mode, owner, size, device number, access and modification times, flags, xattrs with
-/// their values, the data's hash or the symlink's target, and for a file with more than one
+/// their values, the data's hash (and which blocks have data sums) or the symlink's
+/// target, and for a file with more than one
 /// name the first path naming it in this tree (its links among the copies).
 fn tree(fs: &Fs, top: u64) -> Vec<String> {
     let mut out = Vec::new();
@@ -53,7 +54,10 @@ fn tree(fs: &Fs, top: u64) -> Vec<String> {
                 0o100000 => {
                     let data = fs.read(e.ino, 0, a.size as usize + 1).expect("read");
                     assert_eq!(data.len() as u64, a.size, "{p}: read the whole size");
-                    line += &format!(" data={:x}", hash(&data));
+                    // Which blocks have a data sum: a copy shares its source's with its
+                    // blocks, or writes its own.
+                    let sums = summed_blocks(fs, e.ino);
+                    line += &format!(" data={:x} sums={sums:?}", hash(&data));
                 }
                 0o120000 => {
                     let t = fs.readlink(e.ino).expect("readlink");
@@ -268,14 +272,27 @@ fn a_copied_tree_is_its_source_shares_its_data_and_changes_apart() {
     fs.sync().expect("sync");
     let free = fs.statfs().expect("statfs").blocks_free;
     let src = fs.mkdir(ROOT, b"src", 0o755, ME).expect("mkdir").ino;
-    let made = make_tree(&fs, &mut rng, src, out);
+    let mut made = make_tree(&fs, &mut rng, src, out);
+    // Past one sharing batch (8 MiB), which a file's copy in one operation is not.
+    let big = fs.create(src, b"big", 0o640, ME).expect("create").ino;
+    let bytes = rng.bytes((9 << 20) + 123);
+    fs.write(big, 0, &bytes).expect("write");
+    fs.setattr(
+        big,
+        &SetAttr {
+            mtime: Some(SetTime::At(t(1234))),
+            ..SetAttr::default()
+        },
+    )
+    .expect("setattr");
+    (made.files, made.data) = (made.files + 1, made.data + bytes.len() as u64);
     let source = tree(&fs, src);
     fs.sync().expect("sync");
     let before_copy = fs.statfs().expect("statfs").blocks_free;
 
     let mut calls = 0;
     let c = fs
-        .copy_tree(ROOT, b"src", into, b"copy", |_| calls += 1)
+        .copy_tree(ROOT, b"src", into, b"copy", &Unchecked, |_| calls += 1)
         .unwrap_or_else(|e| panic!("seed {seed}: copy_tree: {e}"));
     eprintln!("seed {seed}: {c:?}, {} bytes of data made", made.data);
     assert_eq!((c.files, c.dirs), (made.files, made.dirs), "seed {seed}");
@@ -404,32 +421,211 @@ fn a_copy_into_itself_or_onto_a_name_is_refused_before_anything_is_made() {
     fs.write(f, 0, b"bytes").expect("write");
     let before = tree(&fs, ROOT);
     for (into, why) in [(a, "a itself"), (b, "below a")] {
-        let r = fs.copy_tree(ROOT, b"a", into, b"again", |_| {});
+        let r = fs.copy_tree(ROOT, b"a", into, b"again", &Unchecked, |_| {});
         assert!(matches!(r, Err(Error::Invalid(_))), "{why}: {r:?}");
     }
-    let r = fs.copy_tree(ROOT, b"a", ROOT, b"a", |_| {});
+    let r = fs.copy_tree(ROOT, b"a", ROOT, b"a", &Unchecked, |_| {});
     assert!(matches!(r, Err(Error::Exists)), "{r:?}");
-    let r = fs.copy_tree(ROOT, b"missing", ROOT, b"x", |_| {});
+    let r = fs.copy_tree(ROOT, b"missing", ROOT, b"x", &Unchecked, |_| {});
     assert!(matches!(r, Err(Error::NotFound)), "{r:?}");
     same(&tree(&fs, ROOT), &before, "something was made");
     // A file, and a directory beside itself, are copied.
     let r = fs
-        .copy_tree(b, b"f", ROOT, b"f2", |_| {})
+        .copy_tree(b, b"f", ROOT, b"f2", &Unchecked, |_| {})
         .expect("copy a file");
     assert_eq!(
         r,
         Copied {
             files: 1,
             dirs: 0,
-            bytes: 5
+            bytes: 5,
+            refused: 0
         }
     );
     let r = fs
-        .copy_tree(ROOT, b"a", ROOT, b"a2", |_| {})
+        .copy_tree(ROOT, b"a", ROOT, b"a2", &Unchecked, |_| {})
         .expect("copy beside");
     assert_eq!((r.files, r.dirs), (1, 2));
     let a2 = fs.lookup(ROOT, b"a2").expect("a2").ino;
     same(&tree(&fs, a2), &tree(&fs, a), "a beside itself");
+    fs.close().expect("close");
+    assert_clean(&dev);
+}
+
+/// Rules of a user who is not root, by the permission bits alone (a stand-in for the FUSE
+/// edge's `CopyChecks`, which has its own tests): the owner's bits say what may be listed,
+/// searched and read; device nodes may not be made; copies are the user's, without
+/// set-user-ID, set-group-ID and sticky bits; only `user.` xattrs are copied.
+struct AsUser {
+    refused: std::sync::Mutex<Vec<(String, String)>>,
+}
+
+impl CopyAs for AsUser {
+    fn create(&self, _: &Fs, dir: &Attr) -> Result<(), Error> {
+        match dir.mode & 0o300 {
+            0o300 => Ok(()),
+            _ => Err(Error::Denied("not writable")),
+        }
+    }
+    fn list(&self, _: &Fs, dir: &Attr) -> Result<(), Error> {
+        match dir.mode & 0o400 {
+            0 => Err(Error::Denied("not readable")),
+            _ => Ok(()),
+        }
+    }
+    fn search(&self, _: &Fs, dir: &Attr) -> Result<(), Error> {
+        match dir.mode & 0o100 {
+            0 => Err(Error::Denied("not searchable")),
+            _ => Ok(()),
+        }
+    }
+    fn read(&self, _: &Fs, file: &Attr) -> Result<(), Error> {
+        match file.mode & 0o400 {
+            0 => Err(Error::Denied("not readable")),
+            _ => Ok(()),
+        }
+    }
+    fn make(&self, src: &Attr) -> Result<(), Error> {
+        match src.mode & 0o170000 {
+            0o020000 | 0o060000 => Err(Error::NotPermitted("a device")),
+            _ => Ok(()),
+        }
+    }
+    fn owned(&self, src: &Attr, _: &Attr) -> (Owner, u32) {
+        (
+            Owner {
+                uid: 1000,
+                gid: 1000,
+            },
+            src.mode & 0o777,
+        )
+    }
+    fn xattr(&self, _: &Fs, _: &Attr, name: &[u8]) -> Result<bool, Error> {
+        Ok(name.starts_with(b"user."))
+    }
+    fn refused(&self, path: &[u8], why: &Error) {
+        let p = String::from_utf8_lossy(path).into_owned();
+        let kind = match why {
+            Error::Denied(_) => "EACCES",
+            Error::NotPermitted(_) => "EPERM",
+            _ => "other",
+        };
+        self.refused.lock().expect("lock").push((p, kind.into()));
+    }
+}
+
+/// A copy under rules that refuse some entries: each refused entry is told and counted and
+/// the walk goes on (a directory that may not be listed copied empty, the entries of one
+/// that may not be searched left out); what is copied is owned, moded and xattr'd as the
+/// rules say; a refusal of the top changes nothing.
+#[test]
+fn a_copy_under_rules_leaves_out_what_they_refuse_and_goes_on() {
+    let (dev, fs) = mem_fs_with(64 << 20, 4096);
+    let src = fs.mkdir(ROOT, b"src", 0o755, ME).expect("mkdir").ino;
+    let mk = |dir, name: &[u8], mode| fs.mkdir(dir, name, mode, ME).expect("mkdir").ino;
+    let file = |dir, name: &[u8], mode, data: &[u8]| {
+        let f = fs.create(dir, name, mode, ME).expect("create").ino;
+        fs.write(f, 0, data).expect("write");
+        f
+    };
+    let ok = file(src, b"ok", 0o4755, b"readable");
+    fs.setxattr(ok, b"user.kept", b"1", 0).expect("setxattr");
+    fs.setxattr(ok, b"trusted.dropped", b"2", 0)
+        .expect("setxattr");
+    file(src, b"secret", 0o200, b"unreadable");
+    fs.mknod(src, b"dev", 0o020644, ME, 0x0801).expect("mknod");
+    fs.mknod(src, b"fifo", 0o010644, ME, 0).expect("mkfifo");
+    let closed = mk(src, b"closed", 0o755);
+    file(closed, b"inside", 0o644, b"never listed");
+    let blind = mk(src, b"blind", 0o755);
+    file(blind, b"a", 0o644, b"listed, never looked at");
+    file(blind, b"b", 0o644, b"listed, never looked at");
+    let deep = mk(src, b"deep", 0o2755);
+    let big = vec![7u8; 3 << 20];
+    file(deep, b"big", 0o640, &big);
+    fs.symlink(deep, b"link", b"../ok", ME).expect("symlink");
+    // The modes that refuse, last (the engine checks nothing itself).
+    for (ino, mode) in [(closed, 0o311), (blind, 0o655)] {
+        let set = SetAttr {
+            mode: Some(mode),
+            ..SetAttr::default()
+        };
+        fs.setattr(ino, &set).expect("chmod");
+    }
+    let rules = AsUser {
+        refused: Default::default(),
+    };
+    let c = fs
+        .copy_tree(ROOT, b"src", ROOT, b"copy", &rules, |_| {})
+        .expect("copy_tree");
+    let mut told = rules.refused.lock().expect("lock").clone();
+    told.sort();
+    let told: Vec<(&str, &str)> = told.iter().map(|t| (t.0.as_str(), t.1.as_str())).collect();
+    assert_eq!(
+        told,
+        [
+            ("blind/a", "EACCES"),
+            ("blind/b", "EACCES"),
+            ("closed", "EACCES"),
+            ("dev", "EPERM"),
+            ("secret", "EACCES")
+        ]
+    );
+    assert_eq!(c.refused, 5);
+    assert_eq!((c.files, c.dirs), (4, 4), "{c:?}");
+    assert_eq!(c.bytes, 8 + big.len() as u64);
+    let copy = fs.lookup(ROOT, b"copy").expect("the copy").ino;
+    let look = |path: &[&[u8]]| {
+        let mut at = copy;
+        for n in path {
+            at = fs.lookup(at, n).map(|a| a.ino)?;
+        }
+        fs.getattr(at)
+    };
+    let ok2 = look(&[b"ok"]).expect("ok");
+    assert_eq!((ok2.uid, ok2.gid, ok2.mode), (1000, 1000, 0o100755));
+    assert_eq!(fs.read(ok2.ino, 0, 100).expect("read"), b"readable");
+    assert_eq!(
+        fs.listxattr(ok2.ino).expect("listxattr"),
+        vec![b"user.kept".to_vec()]
+    );
+    assert!(matches!(look(&[b"secret"]), Err(Error::NotFound)));
+    assert!(matches!(look(&[b"dev"]), Err(Error::NotFound)));
+    assert_eq!(look(&[b"fifo"]).expect("fifo").mode, 0o010644);
+    assert!(fs
+        .list(look(&[b"closed"]).expect("closed").ino)
+        .expect("list")
+        .is_empty());
+    assert!(fs
+        .list(look(&[b"blind"]).expect("blind").ino)
+        .expect("list")
+        .is_empty());
+    let deep2 = look(&[b"deep"]).expect("deep");
+    assert_eq!((deep2.uid, deep2.mode), (1000, 0o040755));
+    assert_eq!(
+        fs.read(look(&[b"deep", b"big"]).expect("big").ino, 0, big.len())
+            .expect("read"),
+        big
+    );
+    assert_eq!(
+        fs.readlink(look(&[b"deep", b"link"]).expect("link").ino)
+            .expect("readlink"),
+        b"../ok"
+    );
+
+    // The top refused: nothing made, the refusal is the copy's.
+    let shut = fs.mkdir(ROOT, b"shut", 0o555, ME).expect("mkdir").ino;
+    let before = tree(&fs, ROOT);
+    let r = fs.copy_tree(src, b"secret", ROOT, b"s2", &rules, |_| {});
+    assert!(matches!(r, Err(Error::Denied(_))), "{r:?}");
+    let r = fs.copy_tree(src, b"dev", ROOT, b"d2", &rules, |_| {});
+    assert!(matches!(r, Err(Error::NotPermitted(_))), "{r:?}");
+    let r = fs.copy_tree(ROOT, b"src", shut, b"x", &rules, |_| {});
+    assert!(
+        matches!(r, Err(Error::Denied(_))),
+        "a destination not writable: {r:?}"
+    );
+    same(&tree(&fs, ROOT), &before, "something was made");
     fs.close().expect("close");
     assert_clean(&dev);
 }
@@ -464,8 +660,10 @@ fn a_crash_at_every_write_prefix_of_a_copy_leaves_the_source_whole() {
     fs.sync().expect("sync");
     let source = tree(&fs, src);
     let start = rec.event_count();
-    fs.copy_tree(ROOT, b"src", ROOT, b"copy", |_| fs.sync().expect("sync"))
-        .expect("copy");
+    fs.copy_tree(ROOT, b"src", ROOT, b"copy", &Unchecked, |_| {
+        fs.sync().expect("sync")
+    })
+    .expect("copy");
     fs.sync().expect("sync");
     fs.close().expect("close");
     let end = rec.event_count();
@@ -546,7 +744,7 @@ fn a_tree_copied_out_of_a_snapshot_is_its_moment_and_shares_its_blocks() {
     let view = fs.open_snapshot(id, 16 << 20).expect("open the snapshot");
     let top = view.lookup(ROOT, b"src").expect("src in the snapshot").ino;
     let c = fs
-        .copy_tree_from(&view, top, ROOT, b"restored", |_| {})
+        .copy_tree_from(&view, top, ROOT, b"restored", &Unchecked, |_| {})
         .unwrap_or_else(|e| panic!("seed {seed}: copy_tree_from: {e}"));
     assert_eq!((c.files, c.dirs), (made.files, made.dirs), "seed {seed}");
     let restored = fs.lookup(ROOT, b"restored").expect("restored").ino;
@@ -564,7 +762,7 @@ fn a_tree_copied_out_of_a_snapshot_is_its_moment_and_shares_its_blocks() {
     );
     // Anything but a view of this file system is refused before anything is made.
     let (_other_dev, other) = mem_fs_with(32 << 20, 4096);
-    let r = fs.copy_tree_from(&other, ROOT, ROOT, b"foreign", |_| {});
+    let r = fs.copy_tree_from(&other, ROOT, ROOT, b"foreign", &Unchecked, |_| {});
     assert!(matches!(r, Err(Error::Invalid(_))), "{r:?}");
     assert!(matches!(fs.lookup(ROOT, b"foreign"), Err(Error::NotFound)));
     drop(view);

@@ -9,10 +9,9 @@ use idxfs_blockdev::{BlockDevice, MemDevice, Tear};
 use idxfs_engine::fs::{Fs, FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE, FALLOC_ZERO_RANGE, NOCOW_FL};
 use idxfs_engine::testutil::Rng;
 use idxfs_engine::{fsck, Error, OpenOptions};
-use idxfs_format::items::{BlockSums, EXTENT_REGULAR, SUM_GROUP_BLOCKS};
+use idxfs_format::items::{EXTENT_REGULAR, SUM_GROUP_BLOCKS};
 use idxfs_format::superblock::Superblock;
 use idxfs_format::versions::COMPAT_RO_DATA_SUMS;
-use idxfs_format::{ItemType, Key};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -25,29 +24,6 @@ fn regular_blocks(fs: &Fs, ino: u64) -> Vec<(u64, u64)> {
         .filter(|b| b.2 == EXTENT_REGULAR)
         .map(|(f, d, _)| (f, d))
         .collect()
-}
-
-/// The file blocks of `ino` that have a sum.
-fn summed_blocks(fs: &Fs, ino: u64) -> Vec<u64> {
-    fs.with_store(|s, t, _| {
-        let mut out = Vec::new();
-        t.scan(
-            s,
-            Key::new(ino, ItemType::DataSum, 0),
-            Key::new(ino, ItemType::DataSum, u64::MAX),
-            |k, v| {
-                let sums = BlockSums::decode(v, "sums").expect("sums");
-                for (i, x) in sums.sums.iter().enumerate() {
-                    if x.is_some() {
-                        out.push(k.offset * SUM_GROUP_BLOCKS + i as u64);
-                    }
-                }
-                Ok(true)
-            },
-        )
-        .expect("scan");
-        out
-    })
 }
 
 fn flip_bit(dev: &MemDevice, block: u64, bit: u64) {

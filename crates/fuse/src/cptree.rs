@@ -3,8 +3,10 @@
 //! an ioctl on DST's parent directory, instead of the kernel sending a LOOKUP, MKNOD,
 //! SETATTR, COPY_FILE_RANGE and xattr requests per name for `cp -a`.
 //!
-//! Only root and the mount's owner may ask, as for `idxfs import`: the copy keeps owners and
-//! modes as it likes, and the engine checks no permission on the way. The source is on the
+//! Anyone may ask. Root and the mount's owner copy as root's `cp -a` does, owners and modes
+//! kept; anyone else as their own `cp -a` would, the server making the checks the kernel
+//! would have made for each call (`permission::CopyChecks`): what they may not read or make
+//! is left out and counted, as `cp -a` reports it and goes on. The source is on the
 //! same mount: in the file system, or in a snapshot (`MOUNT/.snapshots/NAME/...`, or a whole
 //! snapshot `MOUNT/.snapshots/NAME`), whose blocks the copy then shares: a tree restored out
 //! of a snapshot at the cost of its metadata. The snapshots directory itself is not a tree to
@@ -13,7 +15,9 @@
 //!
 //! The argument, `ARG_SIZE` bytes each way: in, the source's parent directory's inode number
 //! u64 (its `st_ino` on the mount), then the source's name and the destination's, each a
-//! length u8 and the bytes; out, the files u64, directories u64 and file bytes u64 copied
+//! length u8 and the bytes; out, the files u64, directories u64, file bytes u64 and entries
+//! refused u64 copied, then the first refusal's errno u32 and its path under the copy's top
+//! (a length u16 and the bytes, its end kept when it is longer than the rest of the buffer)
 //! (little-endian).
 use std::io;
 use std::path::Path;
@@ -59,18 +63,59 @@ pub fn decode(buf: &[u8]) -> Option<Ask<'_>> {
     })
 }
 
-/// The reply: files, directories and file bytes copied.
-pub fn encode_copied(files: u64, dirs: u64, bytes: u64) -> Vec<u8> {
-    [files, dirs, bytes]
+/// Bytes of the reply before the first refusal's path.
+const REPLY_HEAD: usize = 4 * 8 + 4 + 2;
+
+/// What a copy did, as the reply carries it.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Copied {
+    pub files: u64,
+    pub dirs: u64,
+    pub bytes: u64,
+    /// Entries left out, each refused.
+    pub refused: u64,
+    /// The first refusal: its path under the copy's top (empty for the top), and errno.
+    pub first: Option<(Vec<u8>, i32)>,
+}
+
+/// The reply: the counts, and the first refusal (`first`) if any.
+pub fn encode_copied(c: &idxfs_engine::fs::Copied, first: Option<&(Vec<u8>, i32)>) -> Vec<u8> {
+    let mut out: Vec<u8> = [c.files, c.dirs, c.bytes, c.refused]
         .iter()
         .flat_map(|n| n.to_le_bytes())
-        .collect()
+        .collect();
+    let (path, errno) = first.map_or((&[][..], 0), |(p, e)| (&p[..], *e));
+    // A path longer than the buffer keeps its end: the name refused.
+    let path = &path[path.len().saturating_sub(ARG_SIZE - REPLY_HEAD)..];
+    out.extend_from_slice(&(errno as u32).to_le_bytes());
+    out.extend_from_slice(&(path.len() as u16).to_le_bytes());
+    out.extend_from_slice(path);
+    out
+}
+
+/// The client's side of `encode_copied`; None for a reply too short for its counts.
+pub fn decode_copied(buf: &[u8]) -> Option<Copied> {
+    let n = |i: usize| -> Option<u64> {
+        Some(u64::from_le_bytes(
+            buf.get(i * 8..i * 8 + 8)?.try_into().ok()?,
+        ))
+    };
+    let errno = u32::from_le_bytes(buf.get(32..36)?.try_into().ok()?) as i32;
+    let len = u16::from_le_bytes(buf.get(36..38)?.try_into().ok()?) as usize;
+    let path = buf.get(REPLY_HEAD..REPLY_HEAD + len)?.to_vec();
+    Some(Copied {
+        files: n(0)?,
+        dirs: n(1)?,
+        bytes: n(2)?,
+        refused: n(3)?,
+        first: (errno != 0).then_some((path, errno)),
+    })
 }
 
 /// Asks the server of the idxfs mount holding directory `dst_parent` to copy `src` in the
-/// directory numbered `src_parent` (on the same mount) to `dst` in `dst_parent`; returns the
-/// files, directories and bytes copied.
-pub fn copy(dst_parent: &Path, src_parent: u64, src: &[u8], dst: &[u8]) -> io::Result<[u64; 3]> {
+/// directory numbered `src_parent` (on the same mount) to `dst` in `dst_parent`; returns
+/// what it copied and refused.
+pub fn copy(dst_parent: &Path, src_parent: u64, src: &[u8], dst: &[u8]) -> io::Result<Copied> {
     let mut buf =
         encode(src_parent, src, dst).ok_or_else(|| io::Error::other("names of 1 to 255 bytes"))?;
     // The copy's own errors as they are; the usual refusals in words. EINVAL here is the
@@ -78,12 +123,19 @@ pub fn copy(dst_parent: &Path, src_parent: u64, src: &[u8], dst: &[u8]) -> io::R
     // know the command answers ENOTTY.
     crate::root_ioctl::send_raw(dst_parent, IOC_CPTREE, &mut buf).map_err(|e| {
         match e.raw_os_error() {
-            Some(libc::EINVAL | libc::EEXIST | libc::ENOENT | libc::EXDEV | libc::ENOSPC) => e,
+            Some(
+                libc::EINVAL
+                | libc::EEXIST
+                | libc::ENOENT
+                | libc::EXDEV
+                | libc::ENOSPC
+                | libc::EACCES
+                | libc::EPERM,
+            ) => e,
             _ => crate::root_ioctl::explained(e, dst_parent, "copy a tree in"),
         }
     })?;
-    let n = |i: usize| u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
-    Ok([n(0), n(1), n(2)])
+    decode_copied(&buf).ok_or_else(|| io::Error::other("a reply too short"))
 }
 
 #[cfg(test)]
@@ -110,5 +162,36 @@ mod tests {
         assert!(encode(1, b"x", &[b'x'; 256]).is_none());
         assert_eq!(decode(&[0u8; ARG_SIZE]), None);
         assert_eq!(decode(&[1, 2, 3]), None);
+    }
+
+    #[test]
+    fn a_reply_carries_the_counts_and_the_end_of_the_first_refusal() {
+        let c = idxfs_engine::fs::Copied {
+            files: 1,
+            dirs: 2,
+            bytes: 3,
+            refused: 4,
+        };
+        let mut buf = encode_copied(&c, None);
+        buf.resize(ARG_SIZE, 0);
+        let none = decode_copied(&buf).expect("decode");
+        assert_eq!(
+            (none.files, none.dirs, none.bytes, none.refused),
+            (1, 2, 3, 4)
+        );
+        assert_eq!(none.first, None);
+        let first = (b"a/b/secret".to_vec(), libc::EACCES);
+        let mut buf = encode_copied(&c, Some(&first));
+        buf.resize(ARG_SIZE, 0);
+        assert_eq!(decode_copied(&buf).expect("decode").first, Some(first));
+        // A path longer than the buffer keeps its end.
+        let mut long = vec![b'd'; 600];
+        long.extend_from_slice(b"/name");
+        let buf = encode_copied(&c, Some(&(long.clone(), libc::EPERM)));
+        assert!(buf.len() <= ARG_SIZE);
+        let (path, errno) = decode_copied(&buf).expect("decode").first.expect("first");
+        assert_eq!(errno, libc::EPERM);
+        assert!(path.ends_with(b"/name") && long.ends_with(&path));
+        assert_eq!(decode_copied(&buf[..20]), None);
     }
 }

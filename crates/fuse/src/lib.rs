@@ -711,7 +711,7 @@ impl std::ops::Deref for Tree<'_> {
     }
 }
 
-fn errno(e: &Error) -> Errno {
+pub(crate) fn errno(e: &Error) -> Errno {
     if e.is_fatal() {
         // A failing device or a damaged image: worth a line wherever the messages go.
         log::error!("{e}");
@@ -1871,16 +1871,20 @@ impl IdxFuse {
         }
     }
 
-    /// `idxfs cp` (`cptree.rs`): on the destination's parent directory, from root or the
-    /// mount's owner; the source on the file system or in one of its snapshots.
+    /// `idxfs cp` (`cptree.rs`): on the destination's parent directory; the source on the
+    /// file system or in one of its snapshots. Root and the mount's owner copy as root's
+    /// `cp -a` does; anyone else as their own `cp -a` would (`permission::CopyChecks`).
     fn cptree_request(&self, req: &Request, ino: INodeNo, in_data: &[u8], reply: ReplyIoctl) {
         let dst_parent = match self.changeable(ino) {
             Ok(i) => i,
             Err(e) => return reply.error(e),
         };
-        if req.uid() != 0 && req.uid() != self.set.owner_uid {
-            return reply.error(Errno::EPERM);
-        }
+        let checks = (req.uid() != 0 && req.uid() != self.set.owner_uid)
+            .then(|| permission::CopyChecks::new(permission::Caller::of(req), self.set.acl));
+        let rules: &dyn idxfs_engine::fs::CopyAs = match &checks {
+            Some(c) => c,
+            None => &idxfs_engine::fs::Unchecked,
+        };
         let Some(ask) = cptree::decode(in_data) else {
             return reply.error(Errno::EINVAL);
         };
@@ -1910,7 +1914,7 @@ impl IdxFuse {
         let from: &Fs = view.as_deref().unwrap_or(&self.fs);
         let r = self
             .fs
-            .copy_tree_from(from, src, dst_parent, ask.dst, |_| {});
+            .copy_tree_from(from, src, dst_parent, ask.dst, rules, |_| {});
         // The kernel may hold a negative entry for the new name and the directory's old
         // times and link count, whatever part was made.
         if let Some(n) = self.notifier.get() {
@@ -1927,7 +1931,16 @@ impl IdxFuse {
                     String::from_utf8_lossy(ask.src),
                     String::from_utf8_lossy(ask.dst)
                 );
-                reply.ioctl(0, &cptree::encode_copied(c.files, c.dirs, c.bytes))
+                let first =
+                    checks.and_then(|c| c.first.into_inner().unwrap_or_else(|p| p.into_inner()));
+                if let Some((path, errno)) = &first {
+                    log::info!(
+                        "{} entries not copied, the first {:?} (errno {errno})",
+                        c.refused,
+                        String::from_utf8_lossy(path)
+                    );
+                }
+                reply.ioctl(0, &cptree::encode_copied(&c, first.as_ref()))
             }
             Err(e) => reply.error(errno(&e)),
         }

@@ -16,8 +16,9 @@
 //! they are read from `/proc/PID/status` once per request, when a check first needs them.
 //! A caller whose groups cannot be read (it exited) counts as in its primary group only.
 use fuser::Request;
+use idxfs_engine::error::Result;
 use idxfs_engine::fs::acl::{Acl, GROUP, GROUP_OBJ, MASK, OTHER, USER, USER_OBJ};
-use idxfs_engine::fs::{Attr, Ino, Permits};
+use idxfs_engine::fs::{Attr, CopyAs, Ino, Owner, Permits};
 use idxfs_engine::{Error, Fs};
 use std::sync::OnceLock;
 
@@ -151,41 +152,47 @@ pub struct RemoveChecks {
     pub acl: bool,
 }
 
-impl RemoveChecks {
-    fn acl_of(&self, fs: &Fs, dir: &Attr) -> idxfs_engine::error::Result<Option<Acl>> {
-        if !self.acl || self.caller.uid == dir.uid {
-            return Ok(None);
-        }
-        match fs.getxattr(dir.ino, idxfs_engine::fs::acl::ACCESS) {
-            // A stored ACL the engine wrote is valid; one that does not parse grants nothing
-            // beyond the mode.
-            Ok(v) => Ok(Acl::parse(&v).ok()),
-            Err(Error::NoData) => Ok(None),
-            Err(e) => Err(e),
+impl Caller {
+    /// Whether the caller may do `want` to `a` of `fs`, its access ACL read when it can
+    /// matter (`acl`: ACLs are kept and enforced, `MountConfig::acl`).
+    fn may_in(&self, fs: &Fs, a: &Attr, acl: bool, want: u32) -> Result<bool> {
+        let acl = if !acl || self.uid == a.uid || self.uid == 0 {
+            None
+        } else {
+            match fs.getxattr(a.ino, idxfs_engine::fs::acl::ACCESS) {
+                // A stored ACL the engine wrote is valid; one that does not parse grants
+                // nothing beyond the mode.
+                Ok(v) => Acl::parse(&v).ok(),
+                Err(Error::NoData) => None,
+                Err(e) => return Err(e),
+            }
+        };
+        Ok(self.may(a, acl.as_ref(), want))
+    }
+
+    /// `may_in`, a refusal as `Error::Denied(why)`.
+    fn must(&self, fs: &Fs, a: &Attr, acl: bool, want: u32, why: &'static str) -> Result<()> {
+        match self.may_in(fs, a, acl, want)? {
+            true => Ok(()),
+            false => Err(Error::Denied(why)),
         }
     }
 }
 
 impl Permits for RemoveChecks {
-    fn list(&self, fs: &Fs, dir: &Attr) -> idxfs_engine::error::Result<()> {
-        let acl = self.acl_of(fs, dir)?;
-        if self.caller.may(dir, acl.as_ref(), MAY_READ | MAY_EXEC) {
-            Ok(())
-        } else {
-            Err(Error::Denied("a directory the caller may not list"))
-        }
+    fn list(&self, fs: &Fs, dir: &Attr) -> Result<()> {
+        let why = "a directory the caller may not list";
+        self.caller
+            .must(fs, dir, self.acl, MAY_READ | MAY_EXEC, why)
     }
 
-    fn change(&self, fs: &Fs, dir: &Attr) -> idxfs_engine::error::Result<()> {
-        let acl = self.acl_of(fs, dir)?;
-        if self.caller.may(dir, acl.as_ref(), MAY_WRITE | MAY_EXEC) {
-            Ok(())
-        } else {
-            Err(Error::Denied("a directory the caller may not change"))
-        }
+    fn change(&self, fs: &Fs, dir: &Attr) -> Result<()> {
+        let why = "a directory the caller may not change";
+        self.caller
+            .must(fs, dir, self.acl, MAY_WRITE | MAY_EXEC, why)
     }
 
-    fn remove(&self, fs: &Fs, dir: &Attr, child: Ino) -> idxfs_engine::error::Result<()> {
+    fn remove(&self, fs: &Fs, dir: &Attr, child: Ino) -> Result<()> {
         let uid = self.caller.uid;
         if dir.mode & S_ISVTX != 0 && uid != 0 && uid != dir.uid {
             let owner = match fs.getattr(child) {
@@ -201,6 +208,123 @@ impl Permits for RemoveChecks {
             }
         }
         Ok(())
+    }
+}
+
+/// `Fs::copy_tree`'s rules for a caller who is neither root nor the mount's owner: what
+/// `cp -a` run by them would meet and make (module docs of `idxfs_engine::fs::copy_tree`).
+///
+/// - The destination's directory needs write and search; a source directory read to be
+///   listed and search for its entries to be looked at; a file read.
+/// - Device nodes cannot be made (`mknod` needs CAP_MKNOD: EPERM); FIFOs and sockets can.
+/// - A copy is the caller's. `cp -a` then gives it the source's group when the caller is
+///   in it (`fchown(fd, -1, gid)`; a symlink gets both or neither), and, when the
+///   source's owner and group were not both
+///   kept, leaves out a file's set-user-ID, set-group-ID and sticky bits and a directory's
+///   first two (what coreutils 9.1 does, measured by `cli/tests/mount_cp_user.rs`); a
+///   set-group-ID bit on a copy whose group is not the caller's is dropped by the kernel's
+///   chmod.
+/// - ACLs are copied, and `user.` xattrs of what the caller may read (reading one needs
+///   read permission, `xattr_permission`); `trusted.` and `security.` ones are not
+///   (CAP_SYS_ADMIN, CAP_SETFCAP). `cp -a` leaves out each of those without a word.
+pub struct CopyChecks {
+    pub caller: Caller,
+    pub acl: bool,
+    /// The first refusal (its path under the copy's top, and errno), and how many.
+    pub first: std::sync::Mutex<Option<(Vec<u8>, i32)>>,
+}
+
+impl CopyChecks {
+    pub fn new(caller: Caller, acl: bool) -> CopyChecks {
+        CopyChecks {
+            caller,
+            acl,
+            first: std::sync::Mutex::new(None),
+        }
+    }
+}
+
+const S_ISGID: u32 = 0o2000;
+
+impl CopyAs for CopyChecks {
+    fn create(&self, fs: &Fs, dir: &Attr) -> Result<()> {
+        let why = "a directory the caller may not create in";
+        self.caller
+            .must(fs, dir, self.acl, MAY_WRITE | MAY_EXEC, why)
+    }
+
+    fn list(&self, from: &Fs, dir: &Attr) -> Result<()> {
+        let why = "a directory the caller may not read";
+        self.caller.must(from, dir, self.acl, MAY_READ, why)
+    }
+
+    fn search(&self, from: &Fs, dir: &Attr) -> Result<()> {
+        let why = "a directory the caller may not search";
+        self.caller.must(from, dir, self.acl, MAY_EXEC, why)
+    }
+
+    fn read(&self, from: &Fs, file: &Attr) -> Result<()> {
+        let why = "a file the caller may not read";
+        self.caller.must(from, file, self.acl, MAY_READ, why)
+    }
+
+    fn make(&self, src: &Attr) -> Result<()> {
+        match src.mode & 0o170000 {
+            0o020000 | 0o060000 => Err(Error::NotPermitted("a device node made by a user")),
+            _ => Ok(()),
+        }
+    }
+
+    fn owned(&self, src: &Attr, top_dir: &Attr) -> (Owner, u32) {
+        let c = &self.caller;
+        // The group cp's new file gets: every directory it makes is set-group-ID while it
+        // copies into it only when the destination's directory is (its own bits come
+        // after its contents).
+        let made_gid = if top_dir.mode & S_ISGID != 0 {
+            top_dir.gid
+        } else {
+            c.gid
+        };
+        let mine = src.uid == c.uid;
+        let (gid, kept) = if mine && src.gid == made_gid {
+            // Made so already: cp changes no owner.
+            (made_gid, true)
+        } else if c.in_group(src.gid) && (mine || src.mode & 0o170000 != 0o120000) {
+            // cp tries the group alone (`fchown(fd, -1, gid)`) when both fail, but not for
+            // a symlink, which it gives both or neither (`lchown`).
+            (src.gid, mine)
+        } else {
+            (made_gid, false)
+        };
+        let mut mode = src.mode & 0o7777;
+        if !kept {
+            // What cp (coreutils 9) leaves out then: of a file, set-user-ID, set-group-ID
+            // and sticky; of a directory, the first two; of anything else, nothing.
+            mode &= !match src.mode & 0o170000 {
+                0o100000 => 0o7000,
+                0o040000 => 0o6000,
+                _ => 0,
+            };
+        }
+        if !c.in_group(gid) {
+            mode &= !S_ISGID;
+        }
+        (Owner { uid: c.uid, gid }, mode)
+    }
+
+    fn xattr(&self, from: &Fs, src: &Attr, name: &[u8]) -> Result<bool> {
+        if name.starts_with(b"system.posix_acl_") {
+            return Ok(true);
+        }
+        // A user xattr is read as the file is (`xattr_permission`).
+        Ok(name.starts_with(b"user.") && self.caller.may_in(from, src, self.acl, MAY_READ)?)
+    }
+
+    fn refused(&self, path: &[u8], why: &Error) {
+        let mut first = self.first.lock().unwrap_or_else(|p| p.into_inner());
+        if first.is_none() {
+            *first = Some((path.to_vec(), crate::errno(why).code()));
+        }
     }
 }
 

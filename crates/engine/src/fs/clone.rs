@@ -30,7 +30,7 @@ use idxfs_format::BLOCK_SIZE;
 
 const BS: u64 = BLOCK_SIZE;
 /// File blocks one batch of a sharing copy covers (8 MiB).
-const CLONE_BATCH_BLOCKS: u64 = 2048;
+pub(super) const CLONE_BATCH_BLOCKS: u64 = 2048;
 /// Bytes a byte-by-byte copy moves per read and write.
 const COPY_CHUNK: u64 = 1 << 20;
 
@@ -320,22 +320,10 @@ impl Inner {
     /// cannot be shared.
     pub(super) fn written_pieces(&mut self, src: Ino, sb: u64, n: u64) -> Result<Vec<Piece>> {
         let exts = self.extents(src, sb * BS, (sb + n) * BS)?;
-        let mut pieces = Vec::new();
-        for e in &exts {
-            if e.item.kind == EXTENT_INLINE {
-                return Err(Error::NotSupported("sharing inline data"));
-            }
-            if e.item.kind != EXTENT_REGULAR {
-                continue;
-            }
-            let (es, et) = (e.offset / BS, e.offset / BS + e.item.blocks.get());
-            let (ps, pt) = (es.max(sb), et.min(sb + n));
-            if ps < pt {
-                let disk = e.item.disk_block.get() + (ps - es);
-                pieces.push((ps, disk, pt - ps, e.item.generation.get()));
-            }
+        if exts.iter().any(|e| e.item.kind == EXTENT_INLINE) {
+            return Err(Error::NotSupported("sharing inline data"));
         }
-        Ok(pieces)
+        Ok(pieces_in(&exts, sb, n))
     }
 
     /// Gives `dst` extents naming `pieces` (of a source's file blocks from `sb`, placed from
@@ -351,6 +339,12 @@ impl Inner {
         sums: &[Option<u32>],
         from: Source,
     ) -> Result<u64> {
+        self.reserve_nodes(self.link_nodes(pieces, from), 0, Reserve::Grow)?;
+        self.link_reserved(dst, sb, db, pieces, sums, from)
+    }
+
+    /// What `link_pieces` may allocate: for a caller that reserves for it with more.
+    pub(super) fn link_nodes(&self, pieces: &[Piece], from: Source) -> u64 {
         let shared: u64 = pieces.iter().map(|p| p.2).sum();
         let items = pieces.len() as u64 + 2;
         let mut nodes = self.run_nodes(items, items * 57)
@@ -361,7 +355,20 @@ impl Inner {
             // Each piece may cut a held run in two (`unhold`).
             nodes += self.roots_growth(3 * pieces.len() as u64);
         }
-        self.reserve_nodes(nodes, 0, Reserve::Grow)?;
+        nodes
+    }
+
+    /// `link_pieces` once the caller has reserved `link_nodes` (with whatever else it does).
+    pub(super) fn link_reserved(
+        &mut self,
+        dst: Ino,
+        sb: u64,
+        db: u64,
+        pieces: &[Piece],
+        sums: &[Option<u32>],
+        from: Source,
+    ) -> Result<u64> {
+        let shared: u64 = pieces.iter().map(|p| p.2).sum();
         for &(fb, disk, k, gen) in pieces {
             match from {
                 Source::FileSystem => self.share(disk, k)?,
@@ -390,6 +397,24 @@ impl Inner {
         }
         Ok(shared)
     }
+}
+
+/// The written pieces among `exts` (a file's extents, none inline) of its blocks
+/// [sb, sb + n): `Inner::written_pieces`.
+pub(super) fn pieces_in(exts: &[super::file::Ext], sb: u64, n: u64) -> Vec<Piece> {
+    let mut pieces = Vec::new();
+    for e in exts {
+        if e.item.kind != EXTENT_REGULAR {
+            continue;
+        }
+        let (es, et) = (e.offset / BS, e.offset / BS + e.item.blocks.get());
+        let (ps, pt) = (es.max(sb), et.min(sb + n));
+        if ps < pt {
+            let disk = e.item.disk_block.get() + (ps - es);
+            pieces.push((ps, disk, pt - ps, e.item.generation.get()));
+        }
+    }
+    pieces
 }
 
 impl Plan {

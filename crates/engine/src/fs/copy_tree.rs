@@ -14,10 +14,13 @@
 //! has names outside the tree gets one copy, linked from each of its names inside it, as
 //! with `cp -a`). The change time is the copy's own, as it is after `cp -a`.
 //!
-//! Each entry is made by the engine's own operations (`mknod`, `link`, `copy_range`,
-//! `setxattr`, `setattr`), each with its own lock and reservation, so other operations run
-//! between any two, and a source changed meanwhile is copied as the walk finds it (as `cp`
-//! copies a tree that changes under it). Not one change: a crash midway leaves part of the
+//! Each entry is made by the engine's own operations, each with its own lock and
+//! reservation: a regular file in one (`copy_file_whole`, `copy_file.rs`: made with its
+//! bytes, owner, mode and times) unless it is NOCOW, goes into a NOCOW directory or is
+//! larger than one sharing batch; anything else, and those, by `mknod`, `symlink`, `link`,
+//! `copy_range`, `setxattr` and `setattr`; xattrs, where either side has any, after. Other
+//! operations run between any two, and a source changed meanwhile is copied as the walk
+//! finds it (as `cp` copies a tree that changes under it). Not one change: a crash midway leaves part of the
 //! copy, as with `cp`. A name that vanished from the source meanwhile is skipped. The
 //! directories are listed in inode order (seed 002), in batches of `BATCH`.
 //!
@@ -25,9 +28,19 @@
 //! then shares the snapshot's blocks as a file restored from it does (`restore.rs`), so a
 //! tree deleted or changed since comes back whole at the cost of its metadata.
 //!
-//! The engine checks no permission: its front end decides who may (the mount lets root and
-//! its owner, as for `idxfs import`, since the copy keeps owners and modes as it likes).
+//! The engine checks no permission itself, but one call here does what would have been many
+//! checked calls, so it asks the caller's `CopyAs` before each step, and what each copy's
+//! owner and mode are: `Unchecked` permits everything and keeps owners and modes (root's
+//! `cp -a`, or a library's owner); a front end serving other users answers as the kernel
+//! and `cp -a` would for them (`idxfs_fuse::permission::CopyChecks`). As `cp -a` does, a
+//! refused entry is reported (`CopyAs::refused`, counted in `Copied::refused`) and the walk
+//! goes on with the rest: a file that may not be read or a device node that may not be made
+//! is not copied, a directory that may not be listed is copied empty, the entries of one
+//! that may not be searched are not copied. Only a refusal of the top (its destination
+//! directory not writable, or the top itself refused) ends the copy, before anything is
+//! made.
 use super::inode_flags::NOCOW_FL;
+use super::remove_tree::Unchecked;
 use super::{Attr, Fs, Ino, Kill, Owner, SetAttr, SetTime};
 use crate::error::{Error, Result};
 use idxfs_format::items::{S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
@@ -45,31 +58,137 @@ pub struct Copied {
     pub dirs: u64,
     /// Bytes of regular files copied (shared where `copy_range` could).
     pub bytes: u64,
+    /// Entries not copied, each refused by `CopyAs` (a directory that may not be listed,
+    /// copied empty, counts once).
+    pub refused: u64,
+}
+
+/// What `Fs::copy_tree` asks before each step and how its copies are owned: the answers a
+/// front end's permission checks give for the user it copies for (module docs). An `Err`
+/// from a check refuses that entry (`Error::Denied` and `Error::NotPermitted` are meant for
+/// these); the walk reports it to `refused` and goes on.
+pub trait CopyAs {
+    /// Before the top copy is made in `dir`, the destination's directory.
+    fn create(&self, fs: &Fs, dir: &Attr) -> Result<()>;
+    /// Before directory `dir` of the source is listed.
+    fn list(&self, from: &Fs, dir: &Attr) -> Result<()>;
+    /// Before the entries of directory `dir` of the source are looked at (their attributes
+    /// read): once per batch of them.
+    fn search(&self, from: &Fs, dir: &Attr) -> Result<()>;
+    /// Before the data of regular file `file` of the source is read.
+    fn read(&self, from: &Fs, file: &Attr) -> Result<()>;
+    /// Before a copy of `src`, a device node, FIFO or socket, is made.
+    fn make(&self, src: &Attr) -> Result<()>;
+    /// The owner and permission bits (07777) the copy of `src` ends with, in a copy whose
+    /// top is made in `top_dir` (the destination's directory: `cp -a` gives a directory it
+    /// copies its mode and owner after its contents, so what a new file there is made
+    /// with comes from `top_dir` alone).
+    fn owned(&self, src: &Attr, top_dir: &Attr) -> (Owner, u32);
+    /// Whether xattr `name` of `src`, of the source, is copied (the copy's xattrs are
+    /// exactly the source's that this lets through).
+    fn xattr(&self, from: &Fs, src: &Attr, name: &[u8]) -> Result<bool>;
+    /// Told of each entry refused: its path under the top (empty for the top itself) and
+    /// why.
+    fn refused(&self, path: &[u8], why: &Error);
+}
+
+/// Root's `cp -a`: everything copied, owners and modes kept.
+impl CopyAs for Unchecked {
+    fn create(&self, _: &Fs, _: &Attr) -> Result<()> {
+        Ok(())
+    }
+    fn list(&self, _: &Fs, _: &Attr) -> Result<()> {
+        Ok(())
+    }
+    fn search(&self, _: &Fs, _: &Attr) -> Result<()> {
+        Ok(())
+    }
+    fn read(&self, _: &Fs, _: &Attr) -> Result<()> {
+        Ok(())
+    }
+    fn make(&self, _: &Attr) -> Result<()> {
+        Ok(())
+    }
+    fn owned(&self, src: &Attr, _: &Attr) -> (Owner, u32) {
+        (
+            Owner {
+                uid: src.uid,
+                gid: src.gid,
+            },
+            src.mode & 0o7777,
+        )
+    }
+    fn xattr(&self, _: &Fs, _: &Attr, _: &[u8]) -> Result<bool> {
+        Ok(true)
+    }
+    fn refused(&self, _: &[u8], _: &Error) {}
 }
 
 /// A directory being copied: the source (its attributes, for its times, set once
-/// everything in it is made), its copy, and where its listing resumes.
+/// everything in it is made), its copy, where its listing resumes, and its path under the
+/// top.
 struct Dir {
     src: Attr,
     copy: Ino,
     cookie: u64,
+    path: Vec<u8>,
+}
+
+/// One walk's state: the source, the caller's rules, the hard links among the copies
+/// (source inode to its copy), and the counts.
+struct Walk<'a> {
+    from: &'a Fs,
+    rules: &'a dyn CopyAs,
+    /// Where the top copy is made (`CopyAs::owned`).
+    top_dir: Attr,
+    links: HashMap<Ino, Ino>,
+    done: Copied,
+}
+
+impl Walk<'_> {
+    fn refuse(&mut self, path: &[u8], why: &Error) {
+        self.done.refused += 1;
+        self.rules.refused(path, why);
+    }
+}
+
+/// The refusal in a check's answer: None when it permits, an error other than a refusal
+/// (a failed read of an ACL) as it is.
+fn refusal(r: Result<()>) -> Result<Option<Error>> {
+    match r {
+        Ok(()) => Ok(None),
+        Err(why @ (Error::Denied(_) | Error::NotPermitted(_))) => Ok(Some(why)),
+        Err(e) => Err(e),
+    }
+}
+
+/// `dir`'s path joined with `name`.
+fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = dir.to_vec();
+    if !p.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
 }
 
 impl Fs {
     /// Copies `name` in `src_parent` to the new name `dst_name` in `dst_parent`, with
-    /// everything under it (module docs); `progress` is told the counts after each
-    /// directory's batch. Refused before anything is made: a destination that exists
-    /// (`Exists`), and a directory copied into itself (`Invalid`).
+    /// everything under it, as `rules` let it (module docs); `progress` is told the counts
+    /// after each directory's batch. Refused before anything is made: a destination that
+    /// exists (`Exists`), a directory copied into itself (`Invalid`), and whatever `rules`
+    /// refuse of the top.
     pub fn copy_tree(
         &self,
         src_parent: Ino,
         name: &[u8],
         dst_parent: Ino,
         dst_name: &[u8],
+        rules: &dyn CopyAs,
         progress: impl FnMut(&Copied),
     ) -> Result<Copied> {
         let top = self.lookup(src_parent, name)?.ino;
-        self.copy_tree_from(self, top, dst_parent, dst_name, progress)
+        self.copy_tree_from(self, top, dst_parent, dst_name, rules, progress)
     }
 
     /// `copy_tree` of inode `src` of `from`: this file system, or a snapshot of it opened
@@ -82,9 +201,9 @@ impl Fs {
         src: Ino,
         dst_parent: Ino,
         dst_name: &[u8],
+        rules: &dyn CopyAs,
         mut progress: impl FnMut(&Copied),
     ) -> Result<Copied> {
-        let mut done = Copied::default();
         let same = std::ptr::eq(from, self);
         if !same && !self.is_view_of_mine(from) {
             return Err(Error::Invalid(
@@ -95,33 +214,56 @@ impl Fs {
         if same && top.mode & S_IFMT == S_IFDIR && self.lock().is_within(dst_parent, top.ino)? {
             return Err(Error::Invalid("a copy of a directory into itself"));
         }
-        // Source inode to copy, for the hard links among the files copied.
-        let mut links = HashMap::new();
-        let made = self.copy_entry(from, &top, dst_parent, dst_name, &mut links, &mut done)?;
+        let top_dir = self.getattr(dst_parent)?;
+        rules.create(self, &top_dir)?;
+        let mut w = Walk {
+            from,
+            rules,
+            top_dir,
+            links: HashMap::new(),
+            done: Copied::default(),
+        };
+        // The top alone: a refusal of it is the copy's.
+        self.may_copy(&w, &top)?;
+        let made = self.copy_entry(&mut w, &top, dst_parent, dst_name)?;
         let Some(made) = made else {
             return Err(Error::NotFound);
         };
         if top.mode & S_IFMT != S_IFDIR {
-            return Ok(done);
+            return Ok(w.done);
         }
         let mut stack = vec![Dir {
             src: top,
             copy: made,
             cookie: 2,
+            path: Vec::new(),
         }];
         while let Some(d) = stack.last_mut() {
             let mut batch = Vec::new();
-            let listed = from.readdir(d.src.ino, d.cookie, |e| {
-                batch.push(e.clone());
-                batch.len() < BATCH
+            // Asked once, before its first batch.
+            let first = d.cookie == 2;
+            let listed = if first {
+                rules.list(from, &d.src)
+            } else {
+                Ok(())
+            }
+            .and_then(|()| {
+                // With their attributes, read under one lock in inode order.
+                batch = from.readdir_plus_batch(d.src.ino, d.cookie, BATCH)?.entries;
+                Ok(())
             });
             match listed {
                 Ok(()) => {}
                 // Removed meanwhile: what it held goes with it.
                 Err(Error::NotFound) => batch.clear(),
+                Err(why @ (Error::Denied(_) | Error::NotPermitted(_))) => {
+                    let path = d.path.clone();
+                    w.refuse(&path, &why);
+                    batch.clear();
+                }
                 Err(e) => return Err(e),
             }
-            let Some(last) = batch.last() else {
+            let Some((last, _)) = batch.last() else {
                 // Everything in it is made: its times are the source's.
                 let d = stack
                     .pop()
@@ -130,25 +272,43 @@ impl Fs {
                 continue;
             };
             d.cookie = last.cookie;
-            let dst = d.copy;
-            for e in batch {
-                let src = match from.getattr(e.ino) {
-                    Ok(a) => a,
-                    Err(Error::NotFound) => continue,
-                    Err(e) => return Err(e),
-                };
-                match self.copy_entry(from, &src, dst, &e.name, &mut links, &mut done)? {
+            let (dst, dir_path) = (d.copy, d.path.clone());
+            if let Some(why) = refusal(rules.search(from, &d.src))? {
+                for (e, _) in &batch {
+                    w.refuse(&join(&dir_path, &e.name), &why);
+                }
+                progress(&w.done);
+                continue;
+            }
+            for (e, src) in batch {
+                let path = join(&dir_path, &e.name);
+                if let Some(why) = refusal(self.may_copy(&w, &src))? {
+                    w.refuse(&path, &why);
+                    continue;
+                }
+                match self.copy_entry(&mut w, &src, dst, &e.name)? {
                     Some(made) if src.mode & S_IFMT == S_IFDIR => stack.push(Dir {
                         src,
                         copy: made,
                         cookie: 2,
+                        path,
                     }),
                     _ => {}
                 }
             }
-            progress(&done);
+            progress(&w.done);
         }
-        Ok(done)
+        Ok(w.done)
+    }
+
+    /// What the rules say of copying `src` at all: a regular file must be readable, a
+    /// device node, FIFO or socket makeable.
+    fn may_copy(&self, w: &Walk<'_>, src: &Attr) -> Result<()> {
+        match src.mode & S_IFMT {
+            S_IFREG => w.rules.read(w.from, src),
+            S_IFDIR | S_IFLNK => Ok(()),
+            _ => w.rules.make(src),
+        }
     }
 
     /// Makes the copy of `src` as `name` in `dir` (a copy made before, or the destination's
@@ -156,25 +316,39 @@ impl Fs {
     /// meanwhile.
     fn copy_entry(
         &self,
-        from: &Fs,
+        w: &mut Walk<'_>,
         src: &Attr,
         dir: Ino,
         name: &[u8],
-        links: &mut HashMap<Ino, Ino>,
-        done: &mut Copied,
     ) -> Result<Option<Ino>> {
+        let from = w.from;
         let kind = src.mode & S_IFMT;
         if kind != S_IFDIR && src.nlink > 1 {
-            if let Some(&copy) = links.get(&src.ino) {
+            if let Some(&copy) = w.links.get(&src.ino) {
                 self.link(copy, dir, name)?;
-                done.files += 1;
+                w.done.files += 1;
                 return Ok(Some(copy));
             }
         }
-        let owner = Owner {
-            uid: src.uid,
-            gid: src.gid,
-        };
+        let (owner, mode) = w.rules.owned(src, &w.top_dir);
+        if kind == S_IFREG {
+            match self.copy_file_whole(from, src.ino, dir, name, owner, mode) {
+                Ok(Some(made)) => {
+                    w.done.bytes += made.bytes;
+                    if made.xattrs {
+                        self.copied_xattrs(w, src, made.ino, (owner, mode))?;
+                    }
+                    w.done.files += 1;
+                    if src.nlink > 1 {
+                        w.links.insert(src.ino, made.ino);
+                    }
+                    return Ok(Some(made.ino));
+                }
+                Ok(None) => {}
+                Err(Error::NotFound) if from.getattr(src.ino).is_err() => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
         let made = match kind {
             S_IFLNK => {
                 let target = match from.readlink(src.ino) {
@@ -207,37 +381,63 @@ impl Fs {
                 }
                 at += n;
             }
-            done.bytes += at;
+            w.done.bytes += at;
         }
-        self.copy_xattrs(from, src.ino, ino)?;
+        self.copy_xattrs(w, src, ino)?;
         // The owner again: a set-group-ID directory gave the copy its group. A symlink's
         // permission bits are always 0777. Anything but a directory gets its times in the
         // same change; a directory's wait for what is made in it.
         let owned = SetAttr {
-            mode: (kind != S_IFLNK).then_some(src.mode & 0o7777),
-            uid: Some(src.uid),
-            gid: Some(src.gid),
+            mode: (kind != S_IFLNK).then_some(mode),
+            uid: Some(owner.uid),
+            gid: Some(owner.gid),
             ..SetAttr::default()
         };
         if kind == S_IFDIR {
             self.setattr(ino, &owned)?;
-            done.dirs += 1;
+            w.done.dirs += 1;
             return Ok(Some(ino));
         }
         self.setattr(ino, &with_times(owned, src))?;
-        done.files += 1;
+        w.done.files += 1;
         if src.nlink > 1 {
-            links.insert(src.ino, ino);
+            w.links.insert(src.ino, ino);
         }
         Ok(Some(ino))
     }
 
-    /// Gives `dst` exactly `src`'s xattrs: each of the source's set, and any other the copy
-    /// was made with (an inherited ACL) removed.
-    fn copy_xattrs(&self, from: &Fs, src: Ino, dst: Ino) -> Result<()> {
-        let names = from.listxattr(src)?;
+    /// The xattrs of the copy `ino` of file `src` that `copy_file_whole` made with
+    /// `owned`, when either side has any (the source's, or a default ACL the copy
+    /// inherited); then its owner, mode and times again (setting an access ACL sets the
+    /// mode).
+    fn copied_xattrs(
+        &self,
+        w: &Walk<'_>,
+        src: &Attr,
+        ino: Ino,
+        (owner, mode): (Owner, u32),
+    ) -> Result<()> {
+        self.copy_xattrs(w, src, ino)?;
+        let owned = SetAttr {
+            mode: Some(mode),
+            uid: Some(owner.uid),
+            gid: Some(owner.gid),
+            ..SetAttr::default()
+        };
+        self.setattr(ino, &with_times(owned, src)).map(|_| ())
+    }
+
+    /// Gives `dst` exactly the xattrs of `src` the rules let through: each of those set,
+    /// and any other the copy was made with (an inherited ACL) removed.
+    fn copy_xattrs(&self, w: &Walk<'_>, src: &Attr, dst: Ino) -> Result<()> {
+        let mut names = Vec::new();
+        for n in w.from.listxattr(src.ino)? {
+            if w.rules.xattr(w.from, src, &n)? {
+                names.push(n);
+            }
+        }
         for n in &names {
-            match from.getxattr(src, n) {
+            match w.from.getxattr(src.ino, n) {
                 Ok(v) => self.setxattr(dst, n, &v, 0)?,
                 // Removed meanwhile.
                 Err(Error::NoData) => {}

@@ -58,6 +58,7 @@
 //!   briefly for the holder to let go, and runs again (`write_op`, `Releases::wait`).
 pub mod acl;
 mod clone;
+mod copy_file;
 mod copy_tree;
 mod create;
 mod damage;
@@ -90,7 +91,7 @@ pub mod types;
 mod xattr;
 
 pub use acl::{Acl, ACCESS as ACL_ACCESS, DEFAULT as ACL_DEFAULT};
-pub use copy_tree::Copied;
+pub use copy_tree::{Copied, CopyAs};
 pub use create::LINK_MAX;
 pub use damage::{Damage, OnDamage};
 pub use inode_flags::NOCOW_FL;

@@ -331,6 +331,16 @@ impl Inner {
         Ok(out)
     }
 
+    /// Whether `ino` has any xattr (one item read at most).
+    pub(crate) fn has_xattrs(&mut self, ino: Ino) -> Result<bool> {
+        let mut any = false;
+        self.each_xattr(ino, |_| {
+            any = true;
+            false
+        })?;
+        Ok(any)
+    }
+
     /// Calls `f` with each xattr entry of `ino`, in name-hash order, until it returns false.
     fn each_xattr(&mut self, ino: Ino, mut f: impl FnMut(XattrEntry) -> bool) -> Result<()> {
         let tree = self.fs_tree;

@@ -155,6 +155,31 @@ pub fn extent_blocks(fs: &idxfs_engine::Fs, ino: u64) -> Vec<(u64, u64, u8)> {
     })
 }
 
+/// The file blocks of `ino` that have a data sum, in order.
+pub fn summed_blocks(fs: &Fs, ino: u64) -> Vec<u64> {
+    use idxfs_format::items::{BlockSums, SUM_GROUP_BLOCKS};
+    use idxfs_format::{ItemType, Key};
+    fs.with_store(|s, t, _| {
+        let mut out = Vec::new();
+        t.scan(
+            s,
+            Key::new(ino, ItemType::DataSum, 0),
+            Key::new(ino, ItemType::DataSum, u64::MAX),
+            |k, v| {
+                let sums = BlockSums::decode(v, "sums").expect("sums");
+                for (i, x) in sums.sums.iter().enumerate() {
+                    if x.is_some() {
+                        out.push(k.offset * SUM_GROUP_BLOCKS + i as u64);
+                    }
+                }
+                Ok(true)
+            },
+        )
+        .expect("scan");
+        out
+    })
+}
+
 /// Sets the link count of `ino`'s inode item to `nlink` in every leaf of `img` (nodes of
 /// `node_size`) holding it with permission bits `perm`: the leaf of the tree that has that
 /// version, and stale copies in free blocks, which nothing reads. Returns how many it
