@@ -57,6 +57,7 @@ pub(crate) fn run(src: &Path, dst: &Path) -> Result<(), String> {
         sp.ino(),
         src_name.as_bytes(),
         dst_name.as_bytes(),
+        |_| {},
     )
     .map_err(|e| match e.raw_os_error() {
         Some(libc::ENOENT) => format!("{s}: no such file or directory"),
@@ -65,6 +66,11 @@ pub(crate) fn run(src: &Path, dst: &Path) -> Result<(), String> {
         Some(libc::EXDEV) => format!("{s}: the snapshots directory; copy one snapshot out of it"),
         Some(libc::EACCES) => format!("{s} -> {}: permission denied", shown.display()),
         Some(libc::EPERM) => format!("{s} -> {}: operation not permitted", shown.display()),
+        Some(libc::EAGAIN) => format!(
+            "{}: stopped part-way: this user runs as many copies on the mount as one may \
+             (the part copied stays; remove it with idxfs rm)",
+            shown.display()
+        ),
         Some(libc::ENOSPC) => format!(
             "{}: no space left; the part copied stays (remove it with idxfs rm)",
             shown.display()

@@ -153,3 +153,61 @@ fn idxfs_cp_shares_the_data_and_the_copy_changes_apart() {
     m.unmount();
     m.assert_fsck_clean();
 }
+
+/// A copy goes a slice at a time (`fuse/src/cpjobs.rs`): the server answers each IOCTL
+/// when its slice is over and the command asks again, so callers on the ring worker's CPU
+/// wait a slice at most; with slices of no time at all (`IDXFS_CP_SLICE_US=0`), one entry
+/// each, and the copy is whole at the end. A token the server does not hold is refused.
+#[test]
+fn a_copy_goes_a_slice_at_a_time() {
+    let mut m = Mounted::new("256M", "");
+    m.unmount();
+    m.counters = true;
+    m.env.push(("IDXFS_CP_SLICE_US", "0".into()));
+    m.mount("");
+    let n = 300;
+    for d in 0..3 {
+        std::fs::create_dir_all(m.path(&format!("data/d{d}"))).expect("mkdir");
+        for i in 0..n / 3 {
+            let p = m.path(&format!("data/d{d}/f{i}"));
+            std::fs::write(p, format!("{d}/{i}")).expect("write");
+        }
+    }
+    let at = |r: &str| m.path(r).to_str().expect("utf8").to_string();
+    let (code, out, err) = idxfs(&["cp", &at("data"), &at("copy")]);
+    assert_eq!(code, 0, "cp: {out}{err}");
+    assert!(
+        out.contains(&format!("copied {n} files and 4 directories")),
+        "{out}"
+    );
+    for d in 0..3 {
+        let names = std::fs::read_dir(m.path(&format!("copy/d{d}")))
+            .expect("ls")
+            .count();
+        assert_eq!(names, n / 3, "copy/d{d}");
+    }
+    assert_eq!(read(&m.path("copy/d2/f99")), b"2/99");
+    // A made-up token is nobody's.
+    let dir = std::fs::File::open(&m.mp).expect("open");
+    let mut buf = idxfs_fuse::cptree::encode_more(12345);
+    use std::os::fd::AsRawFd;
+    // SAFETY: an ioctl on a descriptor we hold, with a buffer of the size its number says.
+    let r = unsafe {
+        libc::ioctl(
+            dir.as_raw_fd(),
+            idxfs_fuse::cptree::IOC_CPTREE_MORE as _,
+            buf.as_mut_ptr(),
+        )
+    };
+    let e = std::io::Error::last_os_error();
+    assert_eq!((r, e.raw_os_error()), (-1, Some(libc::EINVAL)), "{e}");
+    drop(dir);
+    let err = m.unmount();
+    // An entry a request, the three directories' included, and the refused one.
+    let ioctls = Mounted::requests(&err, "ioctl");
+    assert!(
+        ioctls > n as u64 + 3,
+        "{ioctls} ioctls for {n} files\n{err}"
+    );
+    m.assert_fsck_clean();
+}

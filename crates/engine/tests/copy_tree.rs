@@ -452,6 +452,46 @@ fn a_copy_into_itself_or_onto_a_name_is_refused_before_anything_is_made() {
     assert_clean(&dev);
 }
 
+/// A copy run a slice at a time (`copy_tree_start`, then `copy_tree_step` until it is done,
+/// here one entry per step, with commits and other changes between steps) is the whole
+/// copy.
+#[test]
+fn a_copy_made_one_entry_at_a_time_is_the_whole_copy() {
+    let (mut rng, seed) = Rng::from_env("copy tree in steps");
+    let (dev, fs) = mem_fs_with(512 << 20, 4096);
+    let out = fs.mkdir(ROOT, b"outside", 0o755, ME).expect("mkdir").ino;
+    let other = fs.create(ROOT, b"other", 0o644, ME).expect("create").ino;
+    let src = fs.mkdir(ROOT, b"src", 0o755, ME).expect("mkdir").ino;
+    let made = make_tree(&fs, &mut rng, src, out);
+    let source = tree(&fs, src);
+    let mut job = fs
+        .copy_tree_start(&fs, src, ROOT, b"copy", &Unchecked)
+        .expect("start");
+    let mut steps = 0u64;
+    let mut listed = 0u64;
+    let now = || Some(std::time::Instant::now());
+    while !fs
+        .copy_tree_step(&fs, &mut job, &Unchecked, now(), &mut |_| listed += 1)
+        .unwrap_or_else(|e| panic!("seed {seed}: step: {e}"))
+    {
+        steps += 1;
+        // What another caller might do between two slices.
+        fs.write(other, steps * 100, b"between").expect("write");
+        if steps.is_multiple_of(16) {
+            fs.sync().expect("sync");
+        }
+    }
+    let c = job.copied();
+    assert_eq!((c.files, c.dirs), (made.files, made.dirs), "seed {seed}");
+    // One entry a step: every one but the top, which the start made.
+    assert_eq!(steps, made.files + made.dirs - 1, "seed {seed}");
+    assert!(listed > 0, "seed {seed}: no progress told");
+    let copy = fs.lookup(ROOT, b"copy").expect("the copy").ino;
+    same(&tree(&fs, copy), &source, &format!("seed {seed}: the copy"));
+    fs.close().expect("close");
+    assert_clean(&dev);
+}
+
 /// Rules of a user who is not root, by the permission bits alone (a stand-in for the FUSE
 /// edge's `CopyChecks`, which has its own tests): the owner's bits say what may be listed,
 /// searched and read; device nodes may not be made; copies are the user's, without

@@ -16,15 +16,21 @@
 //! The argument, `ARG_SIZE` bytes each way: in, the source's parent directory's inode number
 //! u64 (its `st_ino` on the mount), then the source's name and the destination's, each a
 //! length u8 and the bytes; out, the files u64, directories u64, file bytes u64 and entries
-//! refused u64 copied, then the first refusal's errno u32 and its path under the copy's top
-//! (a length u16 and the bytes, its end kept when it is longer than the rest of the buffer)
-//! (little-endian).
+//! refused u64 so far, the token u64 to go on with (0: done), then the first refusal's
+//! errno u32 and its path under the copy's top (a length u16 and the bytes, its end kept
+//! when it is longer than the rest of the buffer) (little-endian).
+//!
+//! The server copies for a slice at a time (`cpjobs`): while the reply's token is not 0, the
+//! client sends it back in `IOC_CPTREE_MORE` (the token u64, the rest zeros) on the same
+//! directory, and gets the same reply.
 use std::io;
 use std::path::Path;
 
 pub const ARG_SIZE: usize = 8 + 2 * 256;
 /// `_IOWR(0xD7, 6, [u8; ARG_SIZE])`.
 pub const IOC_CPTREE: u32 = (3 << 30) | ((ARG_SIZE as u32) << 16) | (0xD7 << 8) | 6;
+/// `_IOWR(0xD7, 7, [u8; ARG_SIZE])`: the next slice of a copy.
+pub const IOC_CPTREE_MORE: u32 = (3 << 30) | ((ARG_SIZE as u32) << 16) | (0xD7 << 8) | 7;
 
 /// What one request asks.
 #[derive(Debug, PartialEq, Eq)]
@@ -64,7 +70,7 @@ pub fn decode(buf: &[u8]) -> Option<Ask<'_>> {
 }
 
 /// Bytes of the reply before the first refusal's path.
-const REPLY_HEAD: usize = 4 * 8 + 4 + 2;
+const REPLY_HEAD: usize = 5 * 8 + 4 + 2;
 
 /// What a copy did, as the reply carries it.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -76,11 +82,18 @@ pub struct Copied {
     pub refused: u64,
     /// The first refusal: its path under the copy's top (empty for the top), and errno.
     pub first: Option<(Vec<u8>, i32)>,
+    /// What to send in `IOC_CPTREE_MORE` for the next slice; 0 when the copy is done.
+    pub token: u64,
 }
 
-/// The reply: the counts, and the first refusal (`first`) if any.
-pub fn encode_copied(c: &idxfs_engine::fs::Copied, first: Option<&(Vec<u8>, i32)>) -> Vec<u8> {
-    let mut out: Vec<u8> = [c.files, c.dirs, c.bytes, c.refused]
+/// The reply: the counts, the token for the next slice (0: done), and the first refusal
+/// (`first`) if any.
+pub fn encode_copied(
+    c: &idxfs_engine::fs::Copied,
+    token: u64,
+    first: Option<&(Vec<u8>, i32)>,
+) -> Vec<u8> {
+    let mut out: Vec<u8> = [c.files, c.dirs, c.bytes, c.refused, token]
         .iter()
         .flat_map(|n| n.to_le_bytes())
         .collect();
@@ -100,8 +113,8 @@ pub fn decode_copied(buf: &[u8]) -> Option<Copied> {
             buf.get(i * 8..i * 8 + 8)?.try_into().ok()?,
         ))
     };
-    let errno = u32::from_le_bytes(buf.get(32..36)?.try_into().ok()?) as i32;
-    let len = u16::from_le_bytes(buf.get(36..38)?.try_into().ok()?) as usize;
+    let errno = u32::from_le_bytes(buf.get(40..44)?.try_into().ok()?) as i32;
+    let len = u16::from_le_bytes(buf.get(44..46)?.try_into().ok()?) as usize;
     let path = buf.get(REPLY_HEAD..REPLY_HEAD + len)?.to_vec();
     Some(Copied {
         files: n(0)?,
@@ -109,33 +122,64 @@ pub fn decode_copied(buf: &[u8]) -> Option<Copied> {
         bytes: n(2)?,
         refused: n(3)?,
         first: (errno != 0).then_some((path, errno)),
+        token: n(4)?,
     })
 }
 
+/// The request for the slice after a reply with `token`.
+pub fn encode_more(token: u64) -> Vec<u8> {
+    let mut buf = token.to_le_bytes().to_vec();
+    buf.resize(ARG_SIZE, 0);
+    buf
+}
+
+/// The server's side of `encode_more`.
+pub fn decode_more(buf: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(buf.get(..8)?.try_into().ok()?)).filter(|&t| t != 0)
+}
+
 /// Asks the server of the idxfs mount holding directory `dst_parent` to copy `src` in the
-/// directory numbered `src_parent` (on the same mount) to `dst` in `dst_parent`; returns
-/// what it copied and refused.
-pub fn copy(dst_parent: &Path, src_parent: u64, src: &[u8], dst: &[u8]) -> io::Result<Copied> {
+/// directory numbered `src_parent` (on the same mount) to `dst` in `dst_parent`, a slice at
+/// a time until it is done; `slice` is told the counts after each; returns what it copied
+/// and refused.
+pub fn copy(
+    dst_parent: &Path,
+    src_parent: u64,
+    src: &[u8],
+    dst: &[u8],
+    mut slice: impl FnMut(&Copied),
+) -> io::Result<Copied> {
     let mut buf =
         encode(src_parent, src, dst).ok_or_else(|| io::Error::other("names of 1 to 255 bytes"))?;
-    // The copy's own errors as they are; the usual refusals in words. EINVAL here is the
-    // engine's "into itself": the names were checked above, and a server that does not
-    // know the command answers ENOTTY.
-    crate::root_ioctl::send_raw(dst_parent, IOC_CPTREE, &mut buf).map_err(|e| {
-        match e.raw_os_error() {
-            Some(
-                libc::EINVAL
-                | libc::EEXIST
-                | libc::ENOENT
-                | libc::EXDEV
-                | libc::ENOSPC
-                | libc::EACCES
-                | libc::EPERM,
-            ) => e,
-            _ => crate::root_ioctl::explained(e, dst_parent, "copy a tree in"),
+    let mut cmd = IOC_CPTREE;
+    loop {
+        send(dst_parent, cmd, &mut buf)?;
+        let c = decode_copied(&buf).ok_or_else(|| io::Error::other("a reply too short"))?;
+        if c.token == 0 {
+            return Ok(c);
         }
-    })?;
-    decode_copied(&buf).ok_or_else(|| io::Error::other("a reply too short"))
+        slice(&c);
+        (cmd, buf) = (IOC_CPTREE_MORE, encode_more(c.token));
+    }
+}
+
+/// One request: the copy's own errors as they are; the usual refusals in words. EINVAL
+/// here is the engine's "into itself" (the names were checked before, and a server that
+/// does not know the command answers ENOTTY), or a token the server no longer holds.
+fn send(dst_parent: &Path, cmd: u32, buf: &mut [u8]) -> io::Result<()> {
+    crate::root_ioctl::send_raw(dst_parent, cmd, buf).map_err(|e| match e.raw_os_error() {
+        Some(
+            libc::EINVAL
+            | libc::EEXIST
+            | libc::ENOENT
+            | libc::EXDEV
+            | libc::ENOSPC
+            | libc::EACCES
+            | libc::EPERM
+            | libc::EAGAIN,
+        ) => e,
+        _ => crate::root_ioctl::explained(e, dst_parent, "copy a tree in"),
+    })
 }
 
 #[cfg(test)]
@@ -172,26 +216,29 @@ mod tests {
             bytes: 3,
             refused: 4,
         };
-        let mut buf = encode_copied(&c, None);
+        let mut buf = encode_copied(&c, 77, None);
         buf.resize(ARG_SIZE, 0);
         let none = decode_copied(&buf).expect("decode");
         assert_eq!(
             (none.files, none.dirs, none.bytes, none.refused),
             (1, 2, 3, 4)
         );
+        assert_eq!(none.token, 77);
         assert_eq!(none.first, None);
         let first = (b"a/b/secret".to_vec(), libc::EACCES);
-        let mut buf = encode_copied(&c, Some(&first));
+        let mut buf = encode_copied(&c, 0, Some(&first));
         buf.resize(ARG_SIZE, 0);
         assert_eq!(decode_copied(&buf).expect("decode").first, Some(first));
         // A path longer than the buffer keeps its end.
         let mut long = vec![b'd'; 600];
         long.extend_from_slice(b"/name");
-        let buf = encode_copied(&c, Some(&(long.clone(), libc::EPERM)));
+        let buf = encode_copied(&c, 0, Some(&(long.clone(), libc::EPERM)));
         assert!(buf.len() <= ARG_SIZE);
         let (path, errno) = decode_copied(&buf).expect("decode").first.expect("first");
         assert_eq!(errno, libc::EPERM);
         assert!(path.ends_with(b"/name") && long.ends_with(&path));
         assert_eq!(decode_copied(&buf[..20]), None);
+        assert_eq!(decode_more(&encode_more(9)), Some(9));
+        assert_eq!(decode_more(&[0u8; ARG_SIZE]), None);
     }
 }

@@ -56,6 +56,7 @@
 //! asks whether there are capabilities to drop before any file system hears of the chown)
 //! and at a file's first write.
 mod acl;
+mod cpjobs;
 pub mod cptree;
 mod fileattr;
 pub mod handoff;
@@ -272,6 +273,8 @@ pub struct IdxFuse {
     import: Option<Arc<dyn import::ImportServer>>,
     /// The snapshots shown inside the mount (`snapdir.rs`); None with `-o nosnapdir`.
     snapdir: Option<snapdir::Snapdir>,
+    /// `idxfs cp` copies between two of their slices (`cpjobs.rs`).
+    copies: cpjobs::Jobs,
 }
 
 /// What a mount settled when it started (from `MountConfig` and the server's own identity),
@@ -327,6 +330,7 @@ impl IdxFuse {
             recent,
             notifier: Arc::default(),
             import: None,
+            copies: cpjobs::Jobs::default(),
             snapdir: cfg
                 .snapdir
                 .as_ref()
@@ -1750,6 +1754,12 @@ impl Filesystem for IdxFuse {
             import::IOC_IMPORT => self.import_request(req, ino, in_data, reply),
             rmtree::IOC_RMTREE => self.rmtree_request(req, ino, in_data, reply),
             cptree::IOC_CPTREE => self.cptree_request(req, ino, in_data, reply),
+            cptree::IOC_CPTREE_MORE => {
+                match cptree::decode_more(in_data).and_then(|t| self.copies.take(t, req.uid())) {
+                    Some(job) => self.cptree_slice(job, reply),
+                    None => reply.error(Errno::EINVAL),
+                }
+            }
             c if fileattr::GETFLAGS.contains(&c) => match self.tree(ino, Errno::ENOTTY) {
                 Ok((fs, ino)) => fileattr::getflags_request(&fs, ino, reply),
                 Err(e) => reply.error(e),
@@ -1874,16 +1884,18 @@ impl IdxFuse {
     /// `idxfs cp` (`cptree.rs`): on the destination's parent directory; the source on the
     /// file system or in one of its snapshots. Root and the mount's owner copy as root's
     /// `cp -a` does; anyone else as their own `cp -a` would (`permission::CopyChecks`).
+    /// Makes the top copy, then copies its first slice (`cpjobs`).
     fn cptree_request(&self, req: &Request, ino: INodeNo, in_data: &[u8], reply: ReplyIoctl) {
         let dst_parent = match self.changeable(ino) {
             Ok(i) => i,
             Err(e) => return reply.error(e),
         };
-        let checks = (req.uid() != 0 && req.uid() != self.set.owner_uid)
-            .then(|| permission::CopyChecks::new(permission::Caller::of(req), self.set.acl));
-        let rules: &dyn idxfs_engine::fs::CopyAs = match &checks {
-            Some(c) => c,
-            None => &idxfs_engine::fs::Unchecked,
+        let rules = match req.uid() == 0 || req.uid() == self.set.owner_uid {
+            true => cpjobs::Rules::Kept,
+            false => cpjobs::Rules::Checked(permission::CopyChecks::new(
+                permission::Caller::of(req),
+                self.set.acl,
+            )),
         };
         let Some(ask) = cptree::decode(in_data) else {
             return reply.error(Errno::EINVAL);
@@ -1912,27 +1924,52 @@ impl IdxFuse {
             Err(e) => return reply.error(errno(&e)),
         };
         let from: &Fs = view.as_deref().unwrap_or(&self.fs);
-        let r = self
+        let started = self
             .fs
-            .copy_tree_from(from, src, dst_parent, ask.dst, rules, |_| {});
+            .copy_tree_start(from, src, dst_parent, ask.dst, rules.as_dyn());
         // The kernel may hold a negative entry for the new name and the directory's old
-        // times and link count, whatever part was made.
+        // times and link count, whatever part was made; the copy's later slices make
+        // entries only below the name.
         if let Some(n) = self.notifier.get() {
             let _ = n.inval_entry(ino, OsStr::from_bytes(ask.dst));
             let _ = n.inval_inode(ino, -1, 0);
         }
+        match started {
+            Ok(copy) => {
+                let names = (ask.src.to_vec(), ask.dst.to_vec());
+                self.cptree_slice(cpjobs::Job::new(req.uid(), rules, view, copy, names), reply)
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    /// A slice of `idxfs cp`'s copy `job` (`cpjobs`): answered with the counts so far, and
+    /// a token to go on with while more remains.
+    fn cptree_slice(&self, mut job: cpjobs::Job, reply: ReplyIoctl) {
+        let from: &Fs = job.from.as_deref().unwrap_or(&self.fs);
+        let until = Some(std::time::Instant::now() + cpjobs::slice());
+        let r = self
+            .fs
+            .copy_tree_step(from, &mut job.copy, job.rules.as_dyn(), until, &mut |_| {});
+        let c = job.copy.copied();
+        let first = match &job.rules {
+            cpjobs::Rules::Checked(checks) => checks
+                .first
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            cpjobs::Rules::Kept => None,
+        };
         match r {
-            Ok(c) => {
+            Ok(true) => {
                 log::info!(
                     "copied {} files and {} directories ({} bytes) from {:?} to {:?}",
                     c.files,
                     c.dirs,
                     c.bytes,
-                    String::from_utf8_lossy(ask.src),
-                    String::from_utf8_lossy(ask.dst)
+                    String::from_utf8_lossy(&job.names.0),
+                    String::from_utf8_lossy(&job.names.1)
                 );
-                let first =
-                    checks.and_then(|c| c.first.into_inner().unwrap_or_else(|p| p.into_inner()));
                 if let Some((path, errno)) = &first {
                     log::info!(
                         "{} entries not copied, the first {:?} (errno {errno})",
@@ -1940,8 +1977,13 @@ impl IdxFuse {
                         String::from_utf8_lossy(path)
                     );
                 }
-                reply.ioctl(0, &cptree::encode_copied(&c, first.as_ref()))
+                reply.ioctl(0, &cptree::encode_copied(&c, 0, first.as_ref()))
             }
+            Ok(false) => match self.copies.put(job) {
+                Some(token) => reply.ioctl(0, &cptree::encode_copied(&c, token, first.as_ref())),
+                // Its user holds as many copies as one may: this one stops here.
+                None => reply.error(Errno::EAGAIN),
+            },
             Err(e) => reply.error(errno(&e)),
         }
     }

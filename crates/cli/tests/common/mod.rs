@@ -87,6 +87,8 @@ pub struct Mounted {
     pub counters: bool,
     /// Mount with `-o allow_other` (other users reach it; the kernel checks permissions).
     pub allow_other: bool,
+    /// More environment for the daemon.
+    pub env: Vec<(&'static str, String)>,
 }
 
 impl Mounted {
@@ -114,6 +116,7 @@ impl Mounted {
             child: None,
             counters: false,
             allow_other,
+            env: Vec::new(),
         };
         m.mount(opts);
         m
@@ -131,6 +134,7 @@ impl Mounted {
         if self.counters {
             cmd.env("IDXFS_COUNTERS", "1");
         }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         let mut child = cmd
             .arg("mount")
             .arg(&self.image)

@@ -41,10 +41,11 @@
 //! made.
 use super::inode_flags::NOCOW_FL;
 use super::remove_tree::Unchecked;
-use super::{Attr, Fs, Ino, Kill, Owner, SetAttr, SetTime};
+use super::{Attr, DirEntryOut, Fs, Ino, Kill, Owner, SetAttr, SetTime};
 use crate::error::{Error, Result};
 use idxfs_format::items::{S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
 
 /// Entries one listing of a source directory takes before they are copied.
 const BATCH: usize = 1024;
@@ -125,29 +126,67 @@ impl CopyAs for Unchecked {
 }
 
 /// A directory being copied: the source (its attributes, for its times, set once
-/// everything in it is made), its copy, where its listing resumes, and its path under the
-/// top.
+/// everything in it is made), its copy, where its listing resumes, its path under the top,
+/// the entries of its last batch not copied yet, and the directories that batch made (whose
+/// contents are copied before its next batch).
 struct Dir {
     src: Attr,
     copy: Ino,
     cookie: u64,
     path: Vec<u8>,
+    pending: VecDeque<(DirEntryOut, Attr)>,
+    made: Vec<Dir>,
 }
 
-/// One walk's state: the source, the caller's rules, the hard links among the copies
-/// (source inode to its copy), and the counts.
-struct Walk<'a> {
-    from: &'a Fs,
-    rules: &'a dyn CopyAs,
-    /// Where the top copy is made (`CopyAs::owned`).
+impl Dir {
+    fn new(src: Attr, copy: Ino, path: Vec<u8>) -> Dir {
+        Dir {
+            src,
+            copy,
+            cookie: 2,
+            path,
+            pending: VecDeque::new(),
+            made: Vec::new(),
+        }
+    }
+}
+
+/// A copy under way (`Fs::copy_tree_start`, then `Fs::copy_tree_step` until it says done):
+/// what it has made and where its walk stands. A front end that must not hold a thread for
+/// a whole tree (a FUSE server's ring worker, which other callers on its CPU wait for) runs
+/// it a slice at a time; between slices other operations change what they like, as between
+/// any two of the copy's own operations.
+pub struct CopyJob {
+    state: State,
+    stack: Vec<Dir>,
+}
+
+impl CopyJob {
+    /// What it has copied so far.
+    pub fn copied(&self) -> Copied {
+        self.state.done
+    }
+}
+
+/// What a copy carries from step to step besides its walk: where the top copy was made
+/// (`CopyAs::owned`), the hard links among the copies (source inode to its copy), and the
+/// counts.
+struct State {
     top_dir: Attr,
     links: HashMap<Ino, Ino>,
     done: Copied,
 }
 
+/// One step's view of a copy: the source, the caller's rules, and the copy's state.
+struct Walk<'a> {
+    from: &'a Fs,
+    rules: &'a dyn CopyAs,
+    st: &'a mut State,
+}
+
 impl Walk<'_> {
     fn refuse(&mut self, path: &[u8], why: &Error) {
-        self.done.refused += 1;
+        self.st.done.refused += 1;
         self.rules.refused(path, why);
     }
 }
@@ -204,6 +243,21 @@ impl Fs {
         rules: &dyn CopyAs,
         mut progress: impl FnMut(&Copied),
     ) -> Result<Copied> {
+        let mut job = self.copy_tree_start(from, src, dst_parent, dst_name, rules)?;
+        while !self.copy_tree_step(from, &mut job, rules, None, &mut progress)? {}
+        Ok(job.copied())
+    }
+
+    /// The start of `copy_tree_from`: its checks and the top's copy. `copy_tree_step` with
+    /// the same `from` and `rules` copies what is under it.
+    pub fn copy_tree_start(
+        &self,
+        from: &Fs,
+        src: Ino,
+        dst_parent: Ino,
+        dst_name: &[u8],
+        rules: &dyn CopyAs,
+    ) -> Result<CopyJob> {
         let same = std::ptr::eq(from, self);
         if !same && !self.is_view_of_mine(from) {
             return Err(Error::Invalid(
@@ -216,12 +270,18 @@ impl Fs {
         }
         let top_dir = self.getattr(dst_parent)?;
         rules.create(self, &top_dir)?;
+        let mut job = CopyJob {
+            state: State {
+                top_dir,
+                links: HashMap::new(),
+                done: Copied::default(),
+            },
+            stack: Vec::new(),
+        };
         let mut w = Walk {
             from,
             rules,
-            top_dir,
-            links: HashMap::new(),
-            done: Copied::default(),
+            st: &mut job.state,
         };
         // The top alone: a refusal of it is the copy's.
         self.may_copy(&w, &top)?;
@@ -229,16 +289,53 @@ impl Fs {
         let Some(made) = made else {
             return Err(Error::NotFound);
         };
-        if top.mode & S_IFMT != S_IFDIR {
-            return Ok(w.done);
+        if top.mode & S_IFMT == S_IFDIR {
+            job.stack.push(Dir::new(top, made, Vec::new()));
         }
-        let mut stack = vec![Dir {
-            src: top,
-            copy: made,
-            cookie: 2,
-            path: Vec::new(),
-        }];
-        while let Some(d) = stack.last_mut() {
+        Ok(job)
+    }
+
+    /// Copies more of `job` (made by `copy_tree_start` with this `from` and `rules`): until
+    /// it is done (true), or, with `until`, until that moment passes after an entry (false:
+    /// more to do). `progress` is told the counts as each batch of a directory is listed.
+    pub fn copy_tree_step(
+        &self,
+        from: &Fs,
+        job: &mut CopyJob,
+        rules: &dyn CopyAs,
+        until: Option<Instant>,
+        progress: &mut dyn FnMut(&Copied),
+    ) -> Result<bool> {
+        let CopyJob { state, stack } = job;
+        let mut w = Walk {
+            from,
+            rules,
+            st: state,
+        };
+        loop {
+            let Some(d) = stack.last_mut() else {
+                return Ok(true);
+            };
+            if let Some((e, src)) = d.pending.pop_front() {
+                let path = join(&d.path, &e.name);
+                if let Some(why) = refusal(self.may_copy(&w, &src))? {
+                    w.refuse(&path, &why);
+                } else if let Some(made) = self.copy_entry(&mut w, &src, d.copy, &e.name)? {
+                    if src.mode & S_IFMT == S_IFDIR {
+                        d.made.push(Dir::new(src, made, path));
+                    }
+                }
+                if until.is_some_and(|t| Instant::now() >= t) {
+                    return Ok(false);
+                }
+                continue;
+            }
+            if !d.made.is_empty() {
+                // The directories the batch made, before the next batch.
+                let made = std::mem::take(&mut d.made);
+                stack.extend(made);
+                continue;
+            }
             let mut batch = Vec::new();
             // Asked once, before its first batch.
             let first = d.cookie == 2;
@@ -272,33 +369,16 @@ impl Fs {
                 continue;
             };
             d.cookie = last.cookie;
-            let (dst, dir_path) = (d.copy, d.path.clone());
             if let Some(why) = refusal(rules.search(from, &d.src))? {
+                let path = d.path.clone();
                 for (e, _) in &batch {
-                    w.refuse(&join(&dir_path, &e.name), &why);
+                    w.refuse(&join(&path, &e.name), &why);
                 }
-                progress(&w.done);
-                continue;
+            } else {
+                d.pending = batch.into();
             }
-            for (e, src) in batch {
-                let path = join(&dir_path, &e.name);
-                if let Some(why) = refusal(self.may_copy(&w, &src))? {
-                    w.refuse(&path, &why);
-                    continue;
-                }
-                match self.copy_entry(&mut w, &src, dst, &e.name)? {
-                    Some(made) if src.mode & S_IFMT == S_IFDIR => stack.push(Dir {
-                        src,
-                        copy: made,
-                        cookie: 2,
-                        path,
-                    }),
-                    _ => {}
-                }
-            }
-            progress(&w.done);
+            progress(&w.st.done);
         }
-        Ok(w.done)
     }
 
     /// What the rules say of copying `src` at all: a regular file must be readable, a
@@ -324,23 +404,23 @@ impl Fs {
         let from = w.from;
         let kind = src.mode & S_IFMT;
         if kind != S_IFDIR && src.nlink > 1 {
-            if let Some(&copy) = w.links.get(&src.ino) {
+            if let Some(&copy) = w.st.links.get(&src.ino) {
                 self.link(copy, dir, name)?;
-                w.done.files += 1;
+                w.st.done.files += 1;
                 return Ok(Some(copy));
             }
         }
-        let (owner, mode) = w.rules.owned(src, &w.top_dir);
+        let (owner, mode) = w.rules.owned(src, &w.st.top_dir);
         if kind == S_IFREG {
             match self.copy_file_whole(from, src.ino, dir, name, owner, mode) {
                 Ok(Some(made)) => {
-                    w.done.bytes += made.bytes;
+                    w.st.done.bytes += made.bytes;
                     if made.xattrs {
                         self.copied_xattrs(w, src, made.ino, (owner, mode))?;
                     }
-                    w.done.files += 1;
+                    w.st.done.files += 1;
                     if src.nlink > 1 {
-                        w.links.insert(src.ino, made.ino);
+                        w.st.links.insert(src.ino, made.ino);
                     }
                     return Ok(Some(made.ino));
                 }
@@ -381,7 +461,7 @@ impl Fs {
                 }
                 at += n;
             }
-            w.done.bytes += at;
+            w.st.done.bytes += at;
         }
         self.copy_xattrs(w, src, ino)?;
         // The owner again: a set-group-ID directory gave the copy its group. A symlink's
@@ -395,13 +475,13 @@ impl Fs {
         };
         if kind == S_IFDIR {
             self.setattr(ino, &owned)?;
-            w.done.dirs += 1;
+            w.st.done.dirs += 1;
             return Ok(Some(ino));
         }
         self.setattr(ino, &with_times(owned, src))?;
-        w.done.files += 1;
+        w.st.done.files += 1;
         if src.nlink > 1 {
-            w.links.insert(src.ino, ino);
+            w.st.links.insert(src.ino, ino);
         }
         Ok(Some(ino))
     }

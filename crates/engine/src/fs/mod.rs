@@ -91,7 +91,7 @@ pub mod types;
 mod xattr;
 
 pub use acl::{Acl, ACCESS as ACL_ACCESS, DEFAULT as ACL_DEFAULT};
-pub use copy_tree::{Copied, CopyAs};
+pub use copy_tree::{Copied, CopyAs, CopyJob};
 pub use create::LINK_MAX;
 pub use damage::{Damage, OnDamage};
 pub use inode_flags::NOCOW_FL;
