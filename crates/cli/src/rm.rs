@@ -37,6 +37,10 @@ fn one(p: &Path) -> Result<(), String> {
             "{shown}: not permitted: another user's file in a sticky directory \
              (names removed before it stay removed)"
         ),
+        Some(libc::EAGAIN) => format!(
+            "{shown}: stopped part-way: this user runs as many removals on the mount as one \
+             may (names removed before it stay removed)"
+        ),
         _ => format!("{shown}: {e}"),
     })?;
     println!(

@@ -154,16 +154,16 @@ fn idxfs_cp_shares_the_data_and_the_copy_changes_apart() {
     m.assert_fsck_clean();
 }
 
-/// A copy goes a slice at a time (`fuse/src/cpjobs.rs`): the server answers each IOCTL
+/// A copy goes a slice at a time (`fuse/src/slices.rs`): the server answers each IOCTL
 /// when its slice is over and the command asks again, so callers on the ring worker's CPU
-/// wait a slice at most; with slices of no time at all (`IDXFS_CP_SLICE_US=0`), one entry
+/// wait a slice at most; with slices of no time at all (`IDXFS_SLICE_US=0`), one entry
 /// each, and the copy is whole at the end. A token the server does not hold is refused.
 #[test]
 fn a_copy_goes_a_slice_at_a_time() {
     let mut m = Mounted::new("256M", "");
     m.unmount();
     m.counters = true;
-    m.env.push(("IDXFS_CP_SLICE_US", "0".into()));
+    m.env.push(("IDXFS_SLICE_US", "0".into()));
     m.mount("");
     let n = 300;
     for d in 0..3 {

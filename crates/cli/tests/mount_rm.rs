@@ -320,3 +320,35 @@ fn the_kernel_forgets_the_links_a_removal_took() {
     assert_eq!(open.metadata().expect("fstat").nlink(), 0);
     assert_eq!(std::fs::read(m.path("outside")).expect("read"), b"kept");
 }
+
+/// A removal goes a slice at a time (`fuse/src/slices.rs`): with slices of no time at all
+/// (`IDXFS_SLICE_US=0`), a batch of a directory's names a request, the command asking
+/// again until the tree is gone.
+#[test]
+fn a_removal_goes_a_slice_at_a_time() {
+    let mut m = Mounted::new("256M", "");
+    m.unmount();
+    m.counters = true;
+    m.env.push(("IDXFS_SLICE_US", "0".into()));
+    m.mount("");
+    let dirs = 5;
+    for d in 0..dirs {
+        std::fs::create_dir_all(m.path(&format!("tree/d{d}/e"))).expect("mkdir");
+        for i in 0..40 {
+            std::fs::write(m.path(&format!("tree/d{d}/f{i}")), b"x").expect("write");
+        }
+    }
+    let at = m.path("tree");
+    let (code, out, err) = idxfs(&["rm", at.to_str().expect("utf8")]);
+    assert_eq!(code, 0, "rm: {out}{err}");
+    assert!(
+        out.contains("removed 200 files and 11 directories"),
+        "{out}"
+    );
+    assert!(!at.exists());
+    let err = m.unmount();
+    // At least a request a directory.
+    let ioctls = Mounted::requests(&err, "ioctl");
+    assert!(ioctls > 11, "{ioctls} ioctls\n{err}");
+    m.assert_fsck_clean();
+}

@@ -74,6 +74,17 @@ fn make_tree(fs: &idxfs_engine::Fs, rng: &mut Rng, top: u64, out: u64, made: &mu
 
 #[test]
 fn a_removed_tree_leaves_the_rest_whole_and_gives_every_block_back() {
+    removed_tree(false);
+}
+
+/// The same removal run a slice at a time (`remove_tree_start`, then `remove_tree_step`
+/// until it is done, here a batch a step, with commits between steps).
+#[test]
+fn a_tree_removed_a_batch_at_a_time_is_removed_whole() {
+    removed_tree(true);
+}
+
+fn removed_tree(stepwise: bool) {
     let (mut rng, seed) = Rng::from_env("remove tree");
     let (dev, fs) = mem_fs_with(256 << 20, 4096);
     let out = fs.mkdir(ROOT, b"outside", 0o755, ME).expect("mkdir").ino;
@@ -96,9 +107,29 @@ fn a_removed_tree_leaves_the_rest_whole_and_gives_every_block_back() {
     fs.sync().expect("sync");
     let snap = fs.snapshot(b"before").expect("snapshot");
     let (mut calls, mut told) = (0, Vec::new());
-    let r = fs
-        .remove_tree(ROOT, b"tree", &Unchecked, |_| calls += 1, |i| told.push(i))
-        .unwrap_or_else(|e| panic!("seed {seed}: remove_tree: {e}"));
+    let r = if stepwise {
+        let mut tell = |i| told.push(i);
+        let mut job = fs
+            .remove_tree_start(ROOT, b"tree", &Unchecked, &mut tell)
+            .expect("start");
+        let mut steps = 0;
+        let now = || Some(std::time::Instant::now());
+        while !fs
+            .remove_tree_step(&mut job, &Unchecked, now(), &mut |_| calls += 1, &mut tell)
+            .unwrap_or_else(|e| panic!("seed {seed}: step: {e}"))
+        {
+            steps += 1;
+            if steps % 4 == 0 {
+                fs.sync().expect("sync");
+            }
+        }
+        // A batch a step: at least one a directory.
+        assert!(steps >= made.dirs, "seed {seed}: {steps} steps");
+        job.removed()
+    } else {
+        fs.remove_tree(ROOT, b"tree", &Unchecked, |_| calls += 1, |i| told.push(i))
+            .unwrap_or_else(|e| panic!("seed {seed}: remove_tree: {e}"))
+    };
     assert_eq!(
         r,
         Removed {

@@ -20,7 +20,7 @@
 //! errno u32 and its path under the copy's top (a length u16 and the bytes, its end kept
 //! when it is longer than the rest of the buffer) (little-endian).
 //!
-//! The server copies for a slice at a time (`cpjobs`): while the reply's token is not 0, the
+//! The server copies for a slice at a time (`slices`): while the reply's token is not 0, the
 //! client sends it back in `IOC_CPTREE_MORE` (the token u64, the rest zeros) on the same
 //! directory, and gets the same reply.
 use std::io;

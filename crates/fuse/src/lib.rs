@@ -56,7 +56,6 @@
 //! asks whether there are capabilities to drop before any file system hears of the chown)
 //! and at a file's first write.
 mod acl;
-mod cpjobs;
 pub mod cptree;
 mod fileattr;
 pub mod handoff;
@@ -70,6 +69,7 @@ pub mod remount;
 pub mod rmtree;
 mod root_ioctl;
 mod serve;
+mod slices;
 mod snapdir;
 pub mod snapshot;
 pub mod trim;
@@ -273,8 +273,9 @@ pub struct IdxFuse {
     import: Option<Arc<dyn import::ImportServer>>,
     /// The snapshots shown inside the mount (`snapdir.rs`); None with `-o nosnapdir`.
     snapdir: Option<snapdir::Snapdir>,
-    /// `idxfs cp` copies between two of their slices (`cpjobs.rs`).
-    copies: cpjobs::Jobs,
+    /// `idxfs cp` copies and `idxfs rm` removals between two of their slices (`slices.rs`).
+    copies: slices::Jobs<slices::CopyWork>,
+    removals: slices::Jobs<slices::RemoveWork>,
 }
 
 /// What a mount settled when it started (from `MountConfig` and the server's own identity),
@@ -330,7 +331,8 @@ impl IdxFuse {
             recent,
             notifier: Arc::default(),
             import: None,
-            copies: cpjobs::Jobs::default(),
+            copies: slices::Jobs::default(),
+            removals: slices::Jobs::default(),
             snapdir: cfg
                 .snapdir
                 .as_ref()
@@ -1756,7 +1758,13 @@ impl Filesystem for IdxFuse {
             cptree::IOC_CPTREE => self.cptree_request(req, ino, in_data, reply),
             cptree::IOC_CPTREE_MORE => {
                 match cptree::decode_more(in_data).and_then(|t| self.copies.take(t, req.uid())) {
-                    Some(job) => self.cptree_slice(job, reply),
+                    Some(job) => self.cptree_slice(req.uid(), job, reply),
+                    None => reply.error(Errno::EINVAL),
+                }
+            }
+            rmtree::IOC_RMTREE_MORE => {
+                match rmtree::decode_more(in_data).and_then(|t| self.removals.take(t, req.uid())) {
+                    Some(job) => self.rmtree_slice(req.uid(), job, reply),
                     None => reply.error(Errno::EINVAL),
                 }
             }
@@ -1843,56 +1851,102 @@ impl IdxFuse {
             return reply.error(Errno::EINVAL);
         }
         // Root passes every check; anyone else meets what `rm -rf` would (`permission`).
-        let checks = permission::RemoveChecks {
-            caller: permission::Caller::of(req),
-            acl: self.set.acl,
-        };
-        let permits: &dyn idxfs_engine::fs::Permits = if req.uid() == 0 {
-            &idxfs_engine::fs::Unchecked
-        } else {
-            &checks
+        let rules = match req.uid() {
+            0 => slices::RemoveRules::Root,
+            _ => slices::RemoveRules::Checked(permission::RemoveChecks {
+                caller: permission::Caller::of(req),
+                acl: self.set.acl,
+            }),
         };
         let mut held = Vec::new();
-        let r = self
+        let started = self
             .fs
-            .remove_tree(ino.0, name, permits, |_| {}, |i| held.push(i));
-        // The kernel still holds the name and what it cached under it, and the directory's
-        // old times and link count: told to drop them, whatever part was removed. And the
-        // attributes of each inode removed that it holds (a file linked elsewhere has one
-        // link less, an open one none), which it would otherwise keep for the entry TTL.
-        if let Some(n) = self.notifier.get() {
-            let _ = n.inval_entry(ino, OsStr::from_bytes(name));
-            let _ = n.inval_inode(ino, -1, 0);
-            for i in held {
-                let _ = n.inval_inode(INodeNo(i), -1, 0);
+            .remove_tree_start(ino.0, name, rules.as_dyn(), &mut |i| held.push(i));
+        let work = started.map(|removal| slices::RemoveWork {
+            rules,
+            removal,
+            parent: ino.0,
+            name: name.to_vec(),
+        });
+        match work {
+            Ok(w) => self.rmtree_slice_with(req.uid(), w, held, reply),
+            Err(e) => {
+                self.forget_removed(ino.0, name, &held);
+                reply.error(errno(&e))
             }
         }
+    }
+
+    /// A slice of user `uid`'s `idxfs rm` removal `job` (`slices`): answered with the
+    /// counts so far, and a token to go on with while more remains.
+    fn rmtree_slice(&self, uid: u32, job: slices::RemoveWork, reply: ReplyIoctl) {
+        self.rmtree_slice_with(uid, job, Vec::new(), reply)
+    }
+
+    /// `rmtree_slice`, `held` being inodes removed before it that the kernel must forget.
+    fn rmtree_slice_with(
+        &self,
+        uid: u32,
+        mut job: slices::RemoveWork,
+        mut held: Vec<u64>,
+        reply: ReplyIoctl,
+    ) {
+        let until = Some(std::time::Instant::now() + slices::slice());
+        let r = self.fs.remove_tree_step(
+            &mut job.removal,
+            job.rules.as_dyn(),
+            until,
+            &mut |_| {},
+            &mut |i| held.push(i),
+        );
+        self.forget_removed(job.parent, &job.name, &held);
+        let d = job.removal.removed();
         match r {
-            Ok(d) => {
+            Ok(true) => {
                 log::info!(
                     "removed {} files and {} directories under {:?}",
                     d.files,
                     d.dirs,
-                    String::from_utf8_lossy(name)
+                    String::from_utf8_lossy(&job.name)
                 );
-                reply.ioctl(0, &rmtree::encode_removed(d.files, d.dirs))
+                reply.ioctl(0, &rmtree::encode_removed(d.files, d.dirs, 0))
             }
+            Ok(false) => match self.removals.put(uid, job) {
+                Some(token) => reply.ioctl(0, &rmtree::encode_removed(d.files, d.dirs, token)),
+                // Its user holds as many removals as one may: this one stops here.
+                None => reply.error(Errno::EAGAIN),
+            },
             Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    /// Tells the kernel to forget what a removal's slice changed: the name (and what it
+    /// cached under it) and the directory's old times and link count, whatever part was
+    /// removed; and the attributes of each inode removed that it holds (a file linked
+    /// elsewhere has one link less, an open one none), which it would otherwise keep for
+    /// the entry TTL.
+    fn forget_removed(&self, parent: u64, name: &[u8], held: &[u64]) {
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_entry(INodeNo(parent), OsStr::from_bytes(name));
+            let _ = n.inval_inode(INodeNo(parent), -1, 0);
+            for &i in held {
+                let _ = n.inval_inode(INodeNo(i), -1, 0);
+            }
         }
     }
 
     /// `idxfs cp` (`cptree.rs`): on the destination's parent directory; the source on the
     /// file system or in one of its snapshots. Root and the mount's owner copy as root's
     /// `cp -a` does; anyone else as their own `cp -a` would (`permission::CopyChecks`).
-    /// Makes the top copy, then copies its first slice (`cpjobs`).
+    /// Makes the top copy, then copies its first slice (`slices`).
     fn cptree_request(&self, req: &Request, ino: INodeNo, in_data: &[u8], reply: ReplyIoctl) {
         let dst_parent = match self.changeable(ino) {
             Ok(i) => i,
             Err(e) => return reply.error(e),
         };
         let rules = match req.uid() == 0 || req.uid() == self.set.owner_uid {
-            true => cpjobs::Rules::Kept,
-            false => cpjobs::Rules::Checked(permission::CopyChecks::new(
+            true => slices::CopyRules::Kept,
+            false => slices::CopyRules::Checked(permission::CopyChecks::new(
                 permission::Caller::of(req),
                 self.set.acl,
             )),
@@ -1937,28 +1991,34 @@ impl IdxFuse {
         match started {
             Ok(copy) => {
                 let names = (ask.src.to_vec(), ask.dst.to_vec());
-                self.cptree_slice(cpjobs::Job::new(req.uid(), rules, view, copy, names), reply)
+                let work = slices::CopyWork {
+                    rules,
+                    from: view,
+                    copy,
+                    names,
+                };
+                self.cptree_slice(req.uid(), work, reply)
             }
             Err(e) => reply.error(errno(&e)),
         }
     }
 
-    /// A slice of `idxfs cp`'s copy `job` (`cpjobs`): answered with the counts so far, and
-    /// a token to go on with while more remains.
-    fn cptree_slice(&self, mut job: cpjobs::Job, reply: ReplyIoctl) {
+    /// A slice of user `uid`'s `idxfs cp` copy `job` (`slices`): answered with the counts
+    /// so far, and a token to go on with while more remains.
+    fn cptree_slice(&self, uid: u32, mut job: slices::CopyWork, reply: ReplyIoctl) {
         let from: &Fs = job.from.as_deref().unwrap_or(&self.fs);
-        let until = Some(std::time::Instant::now() + cpjobs::slice());
+        let until = Some(std::time::Instant::now() + slices::slice());
         let r = self
             .fs
             .copy_tree_step(from, &mut job.copy, job.rules.as_dyn(), until, &mut |_| {});
         let c = job.copy.copied();
         let first = match &job.rules {
-            cpjobs::Rules::Checked(checks) => checks
+            slices::CopyRules::Checked(checks) => checks
                 .first
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
-            cpjobs::Rules::Kept => None,
+            slices::CopyRules::Kept => None,
         };
         match r {
             Ok(true) => {
@@ -1979,7 +2039,7 @@ impl IdxFuse {
                 }
                 reply.ioctl(0, &cptree::encode_copied(&c, 0, first.as_ref()))
             }
-            Ok(false) => match self.copies.put(job) {
+            Ok(false) => match self.copies.put(uid, job) {
                 Some(token) => reply.ioctl(0, &cptree::encode_copied(&c, token, first.as_ref())),
                 // Its user holds as many copies as one may: this one stops here.
                 None => reply.error(Errno::EAGAIN),

@@ -24,6 +24,10 @@
 //! copy, as with `cp`. A name that vanished from the source meanwhile is skipped. The
 //! directories are listed in inode order (seed 002), in batches of `BATCH`.
 //!
+//! A front end that must not hold a thread for the whole tree runs it a slice at a time
+//! (`CopyJob`: `copy_tree_start`, then `copy_tree_step` until a deadline, an entry at least
+//! each time).
+//!
 //! The source may be a snapshot opened beside the file system (`copy_tree_from`): the copy
 //! then shares the snapshot's blocks as a file restored from it does (`restore.rs`), so a
 //! tree deleted or changed since comes back whole at the cost of its metadata.

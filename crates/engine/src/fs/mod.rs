@@ -96,7 +96,7 @@ pub use create::LINK_MAX;
 pub use damage::{Damage, OnDamage};
 pub use inode_flags::NOCOW_FL;
 pub use readdir::PlusBatch;
-pub use remove_tree::{Permits, Removed, Unchecked};
+pub use remove_tree::{Permits, RemoveJob, Removed, Unchecked};
 pub use rollback::RolledBack;
 pub(crate) use snapshot::Snap;
 pub use snapshot::SnapshotInfo;

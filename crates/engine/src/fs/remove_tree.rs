@@ -18,6 +18,10 @@
 //! asked for before it is entered, so a directory that could not go is not emptied first;
 //! one that may not be listed is removed if it is empty, as `rm -rf` removes it.
 //!
+//! A front end that must not hold a thread for the whole tree runs it a slice at a time
+//! (`RemoveJob`: `remove_tree_start`, then `remove_tree_step` until a deadline, a batch of a
+//! directory's names at least each time).
+//!
 //! Not one change: a crash midway leaves part of the tree (what the last commit or fsync
 //! held), as with `rm -rf`. A name someone else removed or renamed away meanwhile is
 //! skipped, but a directory renamed out of the tree after it was listed is still emptied
@@ -83,6 +87,21 @@ struct Dir {
     refills: u32,
 }
 
+/// A removal under way (`Fs::remove_tree_start`, then `Fs::remove_tree_step` until it says
+/// done): what it has removed and the directories it is emptying. A front end that must not
+/// hold a thread for a whole tree runs it a slice at a time, as a copy (`CopyJob`).
+pub struct RemoveJob {
+    done: Removed,
+    stack: Vec<Dir>,
+}
+
+impl RemoveJob {
+    /// What it has removed so far.
+    pub fn removed(&self) -> Removed {
+        self.done
+    }
+}
+
 impl Fs {
     /// Removes `name` in `parent` and, when it is a directory, everything under it, asking
     /// `permits` before each listing and removal (module docs). `progress` is told the counts
@@ -97,11 +116,23 @@ impl Fs {
         mut progress: impl FnMut(&Removed),
         mut held: impl FnMut(Ino),
     ) -> Result<Removed> {
-        let mut done = Removed::default();
-        let mut tell = |ino: Ino| {
-            if self.shared.pins.contains(ino) {
-                held(ino);
-            }
+        let mut job = self.remove_tree_start(parent, name, permits, &mut held)?;
+        while !self.remove_tree_step(&mut job, permits, None, &mut progress, &mut held)? {}
+        Ok(job.removed())
+    }
+
+    /// The start of `remove_tree`: the checks of the top, and its unlink when it is not a
+    /// directory. `remove_tree_step` with the same `permits` removes the rest.
+    pub fn remove_tree_start(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        permits: &dyn Permits,
+        held: &mut dyn FnMut(Ino),
+    ) -> Result<RemoveJob> {
+        let mut job = RemoveJob {
+            done: Removed::default(),
+            stack: Vec::new(),
         };
         let top = self.lookup(parent, name)?;
         let parent_attr = self.getattr(parent)?;
@@ -109,17 +140,39 @@ impl Fs {
         permits.remove(self, &parent_attr, top.ino)?;
         if top.mode & S_IFMT != S_IFDIR {
             self.unlink(parent, name)?;
-            tell(top.ino);
-            done.files = 1;
-            return Ok(done);
+            self.tell_held(top.ino, held);
+            job.done.files = 1;
+            return Ok(job);
         }
-        let mut stack = vec![Dir {
+        job.stack.push(Dir {
             parent,
             name: name.to_vec(),
             ino: top.ino,
             refills: 0,
-        }];
+        });
+        Ok(job)
+    }
+
+    /// Removes more of `job` (made by `remove_tree_start` with these `permits`): until it is
+    /// done (true), or, with `until`, until that moment passes after a batch of a
+    /// directory's names (false: more to do).
+    pub fn remove_tree_step(
+        &self,
+        job: &mut RemoveJob,
+        permits: &dyn Permits,
+        until: Option<std::time::Instant>,
+        progress: &mut dyn FnMut(&Removed),
+        held: &mut dyn FnMut(Ino),
+    ) -> Result<bool> {
+        let RemoveJob { done, stack } = job;
+        let mut tell = |ino: Ino| self.tell_held(ino, held);
+        // One batch at least a step, so a step always gets somewhere.
+        let mut first = true;
         while let Some(d) = stack.last() {
+            if !first && until.is_some_and(|t| std::time::Instant::now() >= t) {
+                return Ok(false);
+            }
+            first = false;
             // Read again for every batch: a chmod meanwhile counts from then on.
             let attr = match self.getattr(d.ino) {
                 Ok(a) => a,
@@ -135,7 +188,7 @@ impl Fs {
                 let d = stack
                     .pop()
                     .unwrap_or_else(|| unreachable!("the loop's top"));
-                if !self.rmdir_counted(&d, &mut done, &mut tell)? {
+                if !self.rmdir_counted(&d, done, &mut tell)? {
                     return Err(refused);
                 }
                 continue;
@@ -158,7 +211,7 @@ impl Fs {
                 let mut d = stack
                     .pop()
                     .unwrap_or_else(|| unreachable!("the loop's top"));
-                if !self.rmdir_counted(&d, &mut done, &mut tell)? {
+                if !self.rmdir_counted(&d, done, &mut tell)? {
                     // Filled again meanwhile: listed again.
                     if d.refills == REFILLS {
                         return Err(Error::NotEmpty);
@@ -189,10 +242,17 @@ impl Fs {
                         Err(e) => return Err(e),
                     }
                 }
-                progress(&done);
+                progress(done);
             }
         }
-        Ok(done)
+        Ok(true)
+    }
+
+    /// Tells `held` of `ino`, removed, when a front end pins it.
+    fn tell_held(&self, ino: Ino, held: &mut dyn FnMut(Ino)) {
+        if self.shared.pins.contains(ino) {
+            held(ino);
+        }
     }
 
     /// The rmdir of `d`, counted in `done` and told to `tell`: false when it still holds
