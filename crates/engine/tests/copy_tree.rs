@@ -462,7 +462,12 @@ fn a_copy_made_one_entry_at_a_time_is_the_whole_copy() {
     let out = fs.mkdir(ROOT, b"outside", 0o755, ME).expect("mkdir").ino;
     let other = fs.create(ROOT, b"other", 0o644, ME).expect("create").ino;
     let src = fs.mkdir(ROOT, b"src", 0o755, ME).expect("mkdir").ino;
-    let made = make_tree(&fs, &mut rng, src, out);
+    let mut made = make_tree(&fs, &mut rng, src, out);
+    // Copied byte by byte (NOCOW) over more than two pieces a step (8 MiB each).
+    let big = fs.create(src, b"big", 0o600, ME).expect("create").ino;
+    fs.set_flags(big, NOCOW_FL).expect("chattr +C");
+    fs.write(big, 0, &rng.bytes(20 << 20)).expect("write");
+    made.files += 1;
     let source = tree(&fs, src);
     let mut job = fs
         .copy_tree_start(&fs, src, ROOT, b"copy", &Unchecked)
@@ -483,8 +488,12 @@ fn a_copy_made_one_entry_at_a_time_is_the_whole_copy() {
     }
     let c = job.copied();
     assert_eq!((c.files, c.dirs), (made.files, made.dirs), "seed {seed}");
-    // One entry a step: every one but the top, which the start made.
-    assert_eq!(steps, made.files + made.dirs - 1, "seed {seed}");
+    // An entry a step at least (every one but the top, which the start made), and the big
+    // file's data a piece a step more.
+    assert!(
+        steps >= made.files + made.dirs - 1 + 2,
+        "seed {seed}: {steps} steps"
+    );
     assert!(listed > 0, "seed {seed}: no progress told");
     let copy = fs.lookup(ROOT, b"copy").expect("the copy").ino;
     same(&tree(&fs, copy), &source, &format!("seed {seed}: the copy"));

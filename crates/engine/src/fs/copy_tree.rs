@@ -25,8 +25,8 @@
 //! directories are listed in inode order (seed 002), in batches of `BATCH`.
 //!
 //! A front end that must not hold a thread for the whole tree runs it a slice at a time
-//! (`CopyJob`: `copy_tree_start`, then `copy_tree_step` until a deadline, an entry at least
-//! each time).
+//! (`CopyJob`: `copy_tree_start`, then `copy_tree_step` until a deadline, an entry or 8 MiB
+//! of a file's data at least each time: a large file's copy is cut in pieces too).
 //!
 //! The source may be a snapshot opened beside the file system (`copy_tree_from`): the copy
 //! then shares the snapshot's blocks as a file restored from it does (`restore.rs`), so a
@@ -53,6 +53,9 @@ use std::time::Instant;
 
 /// Entries one listing of a source directory takes before they are copied.
 const BATCH: usize = 1024;
+/// Bytes of a file copied a step (`Fs::file_step`): one sharing batch, so a step's time is
+/// bounded, whatever the file's size.
+const FILE_PIECE: u64 = 8 << 20;
 
 /// What `Fs::copy_tree` copied.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -173,12 +176,23 @@ impl CopyJob {
 }
 
 /// What a copy carries from step to step besides its walk: where the top copy was made
-/// (`CopyAs::owned`), the hard links among the copies (source inode to its copy), and the
-/// counts.
+/// (`CopyAs::owned`), the hard links among the copies (source inode to its copy), the
+/// counts, and a file whose data is under way.
 struct State {
     top_dir: Attr,
     links: HashMap<Ino, Ino>,
     done: Copied,
+    /// A regular file made, whose data is being copied (`Fs::file_step`).
+    file: Option<FileCopy>,
+}
+
+/// A regular file's copy whose data goes a piece a step: its source, the copy, how far its
+/// data is copied, and the owner and permission bits it ends with.
+struct FileCopy {
+    src: Attr,
+    ino: Ino,
+    at: u64,
+    owned: (Owner, u32),
 }
 
 /// One step's view of a copy: the source, the caller's rules, and the copy's state.
@@ -279,6 +293,7 @@ impl Fs {
                 top_dir,
                 links: HashMap::new(),
                 done: Copied::default(),
+                file: None,
             },
             stack: Vec::new(),
         };
@@ -300,8 +315,8 @@ impl Fs {
     }
 
     /// Copies more of `job` (made by `copy_tree_start` with this `from` and `rules`): until
-    /// it is done (true), or, with `until`, until that moment passes after an entry (false:
-    /// more to do). `progress` is told the counts as each batch of a directory is listed.
+    /// it is done (true), or, with `until`, until that moment passes after an entry or a
+    /// piece of a file's data (false: more to do). `progress` is told the counts as each batch of a directory is listed.
     pub fn copy_tree_step(
         &self,
         from: &Fs,
@@ -317,6 +332,13 @@ impl Fs {
             st: state,
         };
         loop {
+            if w.st.file.is_some() {
+                self.file_step(&mut w)?;
+                if until.is_some_and(|t| Instant::now() >= t) {
+                    return Ok(false);
+                }
+                continue;
+            }
             let Some(d) = stack.last_mut() else {
                 return Ok(true);
             };
@@ -451,21 +473,14 @@ impl Fs {
             if from.flags(src.ino)? & NOCOW_FL != 0 {
                 self.set_flags(ino, NOCOW_FL)?;
             }
-            let mut at = 0;
-            while at < src.size {
-                let (len, no) = (src.size - at, Kill::default());
-                let n = if std::ptr::eq(from, self) {
-                    self.copy_range(src.ino, at, ino, at, len, no)?
-                } else {
-                    self.copy_from_snapshot(from, src.ino, at, ino, at, len, no)?
-                };
-                if n == 0 {
-                    // The source got shorter meanwhile.
-                    break;
-                }
-                at += n;
-            }
-            w.st.done.bytes += at;
+            // Its data a piece a step (`file_step`), then the rest of it.
+            w.st.file = Some(FileCopy {
+                src: src.clone(),
+                ino,
+                at: 0,
+                owned: (owner, mode),
+            });
+            return Ok(Some(ino));
         }
         self.copy_xattrs(w, src, ino)?;
         // The owner again: a set-group-ID directory gave the copy its group. A symlink's
@@ -488,6 +503,38 @@ impl Fs {
             w.st.links.insert(src.ino, ino);
         }
         Ok(Some(ino))
+    }
+
+    /// The next piece of the file `copy_entry` left with its data to copy (`State::file`):
+    /// at most `FILE_PIECE` bytes; once they are all there, its xattrs, owner, mode and
+    /// times, and the file is done.
+    fn file_step(&self, w: &mut Walk<'_>) -> Result<()> {
+        let from = w.from;
+        let Some(f) = w.st.file.as_mut() else {
+            return Ok(());
+        };
+        if f.at < f.src.size {
+            let (len, no) = ((f.src.size - f.at).min(FILE_PIECE), Kill::default());
+            let (s, d, at) = (f.src.ino, f.ino, f.at);
+            let n = if std::ptr::eq(from, self) {
+                self.copy_range(s, at, d, at, len, no)?
+            } else {
+                self.copy_from_snapshot(from, s, at, d, at, len, no)?
+            };
+            // Nothing: the source got shorter meanwhile.
+            f.at = if n == 0 { f.src.size } else { at + n };
+            w.st.done.bytes += n;
+            return Ok(());
+        }
+        let Some(f) = w.st.file.take() else {
+            return Ok(());
+        };
+        self.copied_xattrs(w, &f.src, f.ino, f.owned)?;
+        w.st.done.files += 1;
+        if f.src.nlink > 1 {
+            w.st.links.insert(f.src.ino, f.ino);
+        }
+        Ok(())
     }
 
     /// The xattrs of the copy `ino` of file `src` that `copy_file_whole` made with
