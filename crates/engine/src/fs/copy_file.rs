@@ -87,10 +87,9 @@ impl Fs {
     /// Copies regular file `src` of `from` (this file system, or a snapshot opened beside
     /// it; the caller checked which) as `name` in `dir` in one operation: its bytes and
     /// access and modification times, with `owner` and permission bits `perms` (the
-    /// source's, or what the caller's rules make of them); returns the copy and the bytes
-    /// it holds.
-    /// None, with nothing changed, when the file is not one that one operation copies
-    /// (module docs); NotFound when the source is gone.
+    /// source's, or what the caller's rules make of them); returns what it made. None, with
+    /// nothing changed, when the file is not one that one operation copies (module docs);
+    /// NotFound when the source is gone.
     pub(super) fn copy_file_whole(
         &self,
         from: &Fs,
