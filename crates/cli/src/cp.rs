@@ -52,12 +52,13 @@ pub(crate) fn run(src: &Path, dst: &Path) -> Result<(), String> {
     }
     let shown = dst_parent.join(&dst_name);
     let t = Instant::now();
+    let mut line = crate::progress_line::Line::new();
     let c = idxfs_fuse::cptree::copy(
         &dst_parent,
         sp.ino(),
         src_name.as_bytes(),
         dst_name.as_bytes(),
-        |_| {},
+        |c| line.show("copied", c.files + c.dirs),
     )
     .map_err(|e| match e.raw_os_error() {
         Some(libc::ENOENT) => format!("{s}: no such file or directory"),
@@ -77,6 +78,8 @@ pub(crate) fn run(src: &Path, dst: &Path) -> Result<(), String> {
         ),
         _ => format!("{s}: {e}"),
     })?;
+    // Cleared before the summary takes its place.
+    drop(line);
     println!(
         "{s} -> {}: copied {} files and {} directories ({} bytes, shared) in {:.2} s",
         shown.display(),

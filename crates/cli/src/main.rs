@@ -17,6 +17,7 @@ mod import;
 mod logging;
 mod mkfs;
 mod mount;
+mod progress_line;
 mod rm;
 mod snapshot;
 mod sync;

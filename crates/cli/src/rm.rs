@@ -25,9 +25,11 @@ fn one(p: &Path) -> Result<(), String> {
         ));
     }
     let t = Instant::now();
-    let (files, dirs) = idxfs_fuse::rmtree::remove(parent, name.as_bytes()).map_err(|e| match e
-        .raw_os_error()
-    {
+    let mut line = crate::progress_line::Line::new();
+    let (files, dirs) = idxfs_fuse::rmtree::remove(parent, name.as_bytes(), |files, dirs| {
+        line.show("removed", files + dirs)
+    })
+    .map_err(|e| match e.raw_os_error() {
         Some(libc::ENOENT) => format!("{shown}: no such file or directory"),
         Some(libc::EROFS) => format!("{shown}: on a read-only file system or snapshot"),
         Some(libc::EACCES) => format!(
@@ -43,6 +45,8 @@ fn one(p: &Path) -> Result<(), String> {
         ),
         _ => format!("{shown}: {e}"),
     })?;
+    // Cleared before the summary takes its place.
+    drop(line);
     println!(
         "{shown}: removed {files} files and {dirs} directories in {:.2} s",
         t.elapsed().as_secs_f64()

@@ -72,9 +72,13 @@ pub fn decode_more(buf: &[u8]) -> Option<u64> {
 }
 
 /// Asks the server of the idxfs mount holding directory `parent` to remove `name` in it and
-/// everything under it, a slice at a time until it is done; returns the files and
-/// directories removed.
-pub fn remove(parent: &Path, name: &[u8]) -> io::Result<(u64, u64)> {
+/// everything under it, a slice at a time until it is done; `slice` is told the files and
+/// directories removed after each; returns the files and directories removed.
+pub fn remove(
+    parent: &Path,
+    name: &[u8],
+    mut slice: impl FnMut(u64, u64),
+) -> io::Result<(u64, u64)> {
     let mut buf = encode(name).ok_or_else(|| io::Error::other("a name of 1 to 255 bytes"))?;
     let mut cmd = IOC_RMTREE;
     loop {
@@ -89,6 +93,7 @@ pub fn remove(parent: &Path, name: &[u8]) -> io::Result<(u64, u64)> {
         if token == 0 {
             return Ok((files, dirs));
         }
+        slice(files, dirs);
         (cmd, buf) = (IOC_RMTREE_MORE, encode_more(token));
     }
 }
