@@ -270,21 +270,6 @@ fn picture(top: &Path, atime: bool) -> BTreeMap<PathBuf, String> {
         .collect()
 }
 
-/// Runs `cmd args` as `USER` with `GROUP` among its groups: whether it succeeded, its
-/// standard error.
-fn as_user(cmd: &str, args: &[&Path]) -> (bool, String) {
-    let out = std::process::Command::new("setpriv")
-        .args(["--reuid", "65534", "--regid", "65534", "--groups", "1000"])
-        .arg(cmd)
-        .args(args)
-        .output()
-        .expect("setpriv");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// How many entries `idxfs cp`'s message says it left out.
 fn left_out(err: &str) -> usize {
     if !err.contains("not copied:") {

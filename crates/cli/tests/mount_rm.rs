@@ -231,21 +231,6 @@ fn paths_under(top: &std::path::Path) -> std::collections::BTreeSet<std::path::P
     out
 }
 
-/// Runs `cmd args` as `USER` with `GROUP` among its groups; whether it succeeded, and its
-/// standard error.
-fn as_user(cmd: &str, args: &[&std::path::Path]) -> (bool, String) {
-    let out = std::process::Command::new("setpriv")
-        .args(["--reuid", "65534", "--regid", "65534", "--groups", "1000"])
-        .arg(cmd)
-        .args(args)
-        .output()
-        .expect("setpriv");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[test]
 fn another_users_idxfs_rm_fails_where_rm_rf_does_and_removes_no_more() {
     let (mut rng, seed) = idxfs_engine::testutil::Rng::from_env("idxfs rm as a user");

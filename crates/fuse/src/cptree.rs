@@ -128,14 +128,12 @@ pub fn decode_copied(buf: &[u8]) -> Option<Copied> {
 
 /// The request for the slice after a reply with `token`.
 pub fn encode_more(token: u64) -> Vec<u8> {
-    let mut buf = token.to_le_bytes().to_vec();
-    buf.resize(ARG_SIZE, 0);
-    buf
+    crate::slices::more_request(token, ARG_SIZE)
 }
 
 /// The server's side of `encode_more`.
 pub fn decode_more(buf: &[u8]) -> Option<u64> {
-    Some(u64::from_le_bytes(buf.get(..8)?.try_into().ok()?)).filter(|&t| t != 0)
+    crate::slices::token_of(buf)
 }
 
 /// Asks the server of the idxfs mount holding directory `dst_parent` to copy `src` in the

@@ -39,6 +39,19 @@ pub fn slice() -> Duration {
     })
 }
 
+/// The request for the slice after a reply with `token` (`IOC_CPTREE_MORE`,
+/// `IOC_RMTREE_MORE`): the token u64, then zeros up to the ioctl's `size`.
+pub(crate) fn more_request(token: u64, size: usize) -> Vec<u8> {
+    let mut buf = token.to_le_bytes().to_vec();
+    buf.resize(size, 0);
+    buf
+}
+
+/// The token of such a request; None for 0, which no job has, or a request too short.
+pub(crate) fn token_of(buf: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(buf.get(..8)?.try_into().ok()?)).filter(|&t| t != 0)
+}
+
 /// Whose rules a copy follows.
 pub enum CopyRules {
     /// Root or the mount's owner: owners and modes kept.

@@ -349,3 +349,18 @@ impl Ext4 {
         })
     }
 }
+
+/// Runs `cmd args` as uid 65534 (group 65534, with group 1000 among its groups): whether it
+/// succeeded, and its standard error.
+pub fn as_user(cmd: &str, args: &[&Path]) -> (bool, String) {
+    let out = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--groups", "1000"])
+        .arg(cmd)
+        .args(args)
+        .output()
+        .expect("setpriv");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
