@@ -2,9 +2,8 @@
 //! request works for at most `SLICE` (20 ms, after the step it is in) and, while more
 //! remains, answers with a token the client sends back to go on (`IOC_CPTREE_MORE`,
 //! `IOC_RMTREE_MORE`). A ring worker serves its CPU's callers one request at a time
-//! (`uring.rs`), so a whole tree done in one request (19 s to copy 1,000,000 files, 6 s to
-//! remove them) would keep every other caller on that CPU waiting for it; sliced, they wait
-//! a slice at most.
+//! (`uring.rs`), so a whole tree done in one request, seconds for a large one, would keep
+//! every other caller on that CPU waiting for it; sliced, they wait a slice at most.
 //!
 //! Between slices a job is the engine's `CopyJob` or `RemoveJob` with what it needs to go
 //! on: what it copies from (a snapshot's view stays open, so the snapshot cannot be deleted
