@@ -438,7 +438,13 @@ impl<'a> Checker<'a> {
         name: &str,
     ) -> Option<Node> {
         let mut buf = vec![0u8; self.sb.node_size.get() as usize];
-        if let Err(e) = self.dev.read_at(&mut buf, block * BLOCK_SIZE) {
+        // A damaged pointer may name a block past any device.
+        let Some(at) = block.checked_mul(BLOCK_SIZE) else {
+            self.report
+                .problem(format!("{name} node {block}: past the largest offset"));
+            return None;
+        };
+        if let Err(e) = self.dev.read_at(&mut buf, at) {
             self.report
                 .problem(format!("{name} node {block}: read failed: {e}"));
             return None;
@@ -687,7 +693,8 @@ impl<'a> Checker<'a> {
                             ));
                         }
                         let info = self.inodes.entry(k.objectid).or_default();
-                        info.last_extent_end = k.offset + n * BLOCK_SIZE;
+                        info.last_extent_end =
+                            k.offset.saturating_add(n.saturating_mul(BLOCK_SIZE));
                         info.has_block_extent = true;
                         if e.kind == EXTENT_REGULAR {
                             info.last_data_end = info.last_extent_end;
@@ -892,11 +899,11 @@ impl<'a> Checker<'a> {
                         .problems
                         .push(format!("orphan directory {ino}: size {}, expect 0", i.size));
                 }
-                if !is_dir && i.alloc_bytes != i.extent_blocks * BLOCK_SIZE {
+                if !is_dir && i.alloc_bytes != i.extent_blocks.saturating_mul(BLOCK_SIZE) {
                     self.report.problems.push(format!(
                         "inode {ino}: allocated bytes {}, expect {} (sum of extents)",
                         i.alloc_bytes,
-                        i.extent_blocks * BLOCK_SIZE
+                        i.extent_blocks.saturating_mul(BLOCK_SIZE)
                     ));
                 }
                 continue;
@@ -930,11 +937,11 @@ impl<'a> Checker<'a> {
                         i.nlink, i.seen_entries
                     ));
                 }
-                if i.alloc_bytes != i.extent_blocks * BLOCK_SIZE {
+                if i.alloc_bytes != i.extent_blocks.saturating_mul(BLOCK_SIZE) {
                     self.report.problems.push(format!(
                         "inode {ino}: allocated bytes {}, expect {} (sum of extents)",
                         i.alloc_bytes,
-                        i.extent_blocks * BLOCK_SIZE
+                        i.extent_blocks.saturating_mul(BLOCK_SIZE)
                     ));
                 }
             }

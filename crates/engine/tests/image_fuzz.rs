@@ -280,7 +280,9 @@ fn named_acl() -> Vec<u8> {
 /// - a node copied (a shared one, in the log's replay) onto free space the damaged space
 ///   map said free while a cached node lay there: "slab key inserted twice" (now Corrupt,
 ///   as a new node's allocation already refused it).
-const FOUND: &[u64] = &[17261166886234172200];
+/// - a node pointer naming a block past any device, read by fsck at that block times the
+///   block size: an overflow (now a problem reported).
+const FOUND: &[u64] = &[17261166886234172200, 7389634691200983009];
 
 #[test]
 fn damaged_images_give_errors_not_panics() {
