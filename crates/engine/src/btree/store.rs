@@ -113,8 +113,16 @@ impl Store {
         if self.cached_as(block, owner, level)? {
             return Ok(());
         }
+        // A damaged pointer may name a block past any device.
+        let Some(at) = block.checked_mul(BLOCK_SIZE) else {
+            return Err(Error::Corrupt(idxfs_format::Corrupt::new(
+                format!("node pointer to block {block}"),
+                block,
+                "a block on the device",
+            )));
+        };
         let mut buf = std::mem::take(&mut self.scratch);
-        let r = self.dev.read_at(&mut buf, block * BLOCK_SIZE);
+        let r = self.dev.read_at(&mut buf, at);
         let exp = Expect {
             block,
             generation,
