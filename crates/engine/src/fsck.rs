@@ -240,10 +240,15 @@ fn check_state(
         c.blocks.owners.insert(b, "superblock");
     }
     c.roots.parent(sb.fs_root.block.get());
+    // The roots tree first: which clone the fs tree is, if any, decides whose blocks its
+    // extents name (`roots`).
+    if sb.roots_root.block.get() != 0 {
+        c.walk(&sb.roots_root, TREE_ROOTS, "roots tree");
+        c.active_clone();
+    }
     c.walk(&sb.fs_root, TREE_FS, "fs tree");
     c.walk(&sb.space_root, TREE_SPACE, "space tree");
     if sb.roots_root.block.get() != 0 {
-        c.walk(&sb.roots_root, TREE_ROOTS, "roots tree");
         c.check_snapshots();
     }
     c.cross_check();
@@ -356,9 +361,24 @@ impl<'a> Checker<'a> {
         }
     }
 
-    /// A file extent names blocks [start, start + n): the first extent owns them as `claim`
-    /// says, each further one adds to their count of naming extents (`Sharing::refs`).
-    fn claim_data(&mut self, start: u64, n: u64) {
+    /// A file extent of generation `gen` names blocks [start, start + n): the first extent
+    /// owns them as `claim` says, each further one adds to their count of naming extents
+    /// (`Sharing::refs`). In a clone, blocks as old as its origin are its origin's: counted,
+    /// not owned, and found owned or held at the end (`roots`).
+    fn claim_data(&mut self, start: u64, n: u64, gen: u64) {
+        if gen <= self.roots.floor {
+            self.roots
+                .borrowed
+                .push((start, n, "fs tree (a clone)".into()));
+            for b in start..start + n {
+                let named = self.roots.borrowed_named.entry(b).or_insert(0);
+                *named += 1;
+                if *named >= 2 {
+                    self.sharing.refs.insert(b, *named);
+                }
+            }
+            return;
+        }
         for b in start..start + n {
             match self.blocks.owners.get(&b) {
                 None => {
@@ -392,7 +412,10 @@ impl<'a> Checker<'a> {
                 covered.insert(b, refs);
                 let have = match self.sharing.refs.get(&b) {
                     Some(&c) => c,
-                    None => u64::from(self.blocks.owners.get(&b) == Some(&"file extent")),
+                    None => u64::from(
+                        self.blocks.owners.get(&b) == Some(&"file extent")
+                            || self.roots.borrowed_named.contains_key(&b),
+                    ),
                 };
                 if have != refs && wrong.is_none() {
                     wrong = Some((b, have));
@@ -721,7 +744,7 @@ impl<'a> Checker<'a> {
                                 ),
                             ));
                         }
-                        self.claim_data(d, n);
+                        self.claim_data(d, n, e.generation.get());
                     }
                 }
                 Err(e) => self.report.problem(format!("{e}")),

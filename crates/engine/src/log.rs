@@ -145,6 +145,10 @@ impl Inner {
     }
 
     fn log_batch(&mut self, first: u64) -> Result<LogSync> {
+        // A replay in a clone could not tell its origin's blocks from its own (`clones`).
+        if self.snapshots.clones.active != 0 {
+            return Ok(LogSync::Commit);
+        }
         if self.txn.incompat_wanted != 0 || self.txn.compat_ro_wanted != 0 {
             // An item needs a feature bit the committed superblock lacks: only a commit may
             // make it durable (`Inner::require_incompat`).

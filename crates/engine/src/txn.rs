@@ -511,6 +511,7 @@ impl Inner {
         }
         sb.next_ino = self.txn.next_ino.into();
         sb.inode_count = self.txn.inode_count.into();
+        sb.subvolume = self.snapshots.clones.active.into();
         self.txn.ino_runs.expire();
         sb.used_blocks = self.store.alloc.used_blocks().into();
         let nodes = freeze_store(&mut self.store);
@@ -520,6 +521,11 @@ impl Inner {
         let mut incompat = sb.incompat.get() | self.txn.incompat_wanted;
         if sb.log_root.block.get() != 0 {
             incompat |= idxfs_format::versions::INCOMPAT_LOG;
+        }
+        // Clones are what the bit keeps older readers from: none left, none kept from.
+        let clones = &self.snapshots.clones;
+        if !clones.any() && clones.items.is_empty() && clones.active == 0 {
+            incompat &= !idxfs_format::versions::INCOMPAT_CLONES;
         }
         sb.incompat = incompat.into();
         sb.compat_ro = (sb.compat_ro.get() | self.txn.compat_ro_wanted).into();

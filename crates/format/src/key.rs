@@ -47,6 +47,10 @@ pub enum ItemType {
     /// (snapshot id, Subvolume, 0) -> [`crate::items::SubvolumeItem`], then the name (roots
     /// tree). Incompat bit `INCOMPAT_SUBVOLUMES`.
     Subvolume = 132,
+    /// (subvolume id, SubvolumeOrigin, 0) -> [`crate::roots::OriginItem`]: the read-only
+    /// snapshot a writable subvolume was made from (roots tree). Incompat bit
+    /// `INCOMPAT_CLONES`.
+    SubvolumeOrigin = 134,
     /// (NODE_REFS_OBJECTID, NodeRefs, node block) -> [`crate::items::NodeRefsItem`]: a node
     /// that more than one parent points at (trees sharing it), with how many (roots tree).
     NodeRefs = 180,
@@ -56,7 +60,7 @@ pub enum ItemType {
 }
 
 impl ItemType {
-    pub const ALL: [ItemType; 17] = [
+    pub const ALL: [ItemType; 18] = [
         ItemType::Inode,
         ItemType::InodeRef,
         ItemType::InodeExtRef,
@@ -70,6 +74,7 @@ impl ItemType {
         ItemType::LogEntry,
         ItemType::SharedBlocks,
         ItemType::Subvolume,
+        ItemType::SubvolumeOrigin,
         ItemType::NodeRefs,
         ItemType::HeldBlocks,
         ItemType::BlockGroup,
@@ -97,6 +102,7 @@ impl ItemType {
             ItemType::LogEntry => "LOG_ENTRY",
             ItemType::SharedBlocks => "SHARED_BLOCKS",
             ItemType::Subvolume => "SUBVOLUME",
+            ItemType::SubvolumeOrigin => "SUBVOLUME_ORIGIN",
             ItemType::NodeRefs => "NODE_REFS",
             ItemType::HeldBlocks => "HELD_BLOCKS",
         }

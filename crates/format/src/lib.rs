@@ -50,6 +50,10 @@ pub const TREE_LOG: u64 = 3;
 pub const TREE_ROOTS: u64 = 4;
 /// Snapshot ids start here (a `Subvolume` item's object id), as btrfs's subvolume ids.
 pub const FIRST_SNAPSHOT_ID: u64 = 256;
+/// The file system's own tree's id as a subvolume (btrfs's `BTRFS_FS_TREE_OBJECTID`): the
+/// object id of its `Subvolume` item while a clone is the active tree, and what a superblock
+/// `subvolume` of 0 stands for.
+pub const FS_SUBVOL_ID: u64 = 5;
 
 /// Inode number of the root directory (the same number FUSE uses for its root).
 pub const ROOT_INO: u64 = 1;

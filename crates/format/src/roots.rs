@@ -1,18 +1,25 @@
-//! The roots tree's items (`TREE_ROOTS`): snapshots of the first fs tree, the counts of nodes
-//! their trees share, and the data blocks held for them. Incompat bit `INCOMPAT_SUBVOLUMES`.
+//! The roots tree's items (`TREE_ROOTS`): snapshots of the fs trees, writable subvolumes made
+//! from snapshots (clones) with their origins, the counts of nodes their trees share, and the
+//! data blocks held for snapshots. Incompat bits `INCOMPAT_SUBVOLUMES` and `INCOMPAT_CLONES`.
 use crate::key::KEY_SIZE;
 use crate::superblock::RootPtr;
 use crate::{ensure, Corrupt, Key, NAME_MAX};
 use zerocopy::little_endian::U64;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
-/// A snapshot refuses every change (the only kind there is so far).
+/// A snapshot refuses every change.
 pub const SUBVOL_READ_ONLY: u64 = 1;
 /// Deleted: unreachable, its nodes being let go of from `drop_from` on.
 pub const SUBVOL_DROPPING: u64 = 2;
-const SUBVOL_FLAGS: u64 = SUBVOL_READ_ONLY | SUBVOL_DROPPING;
+/// A writable tree that is not the one the superblock's `fs_root` names (parked): a clone,
+/// or the file system's own tree (id `FS_SUBVOL_ID`, no name) while a clone is the active
+/// one. Its `generation` is the commit that parked it. Incompat bit `INCOMPAT_CLONES`.
+pub const SUBVOL_WRITABLE: u64 = 4;
+const SUBVOL_FLAGS: u64 = SUBVOL_READ_ONLY | SUBVOL_DROPPING | SUBVOL_WRITABLE;
 
-/// A snapshot: (id, Subvolume, 0) -> this, then `name_len` bytes of name.
+/// A snapshot or a parked writable tree: (id, Subvolume, 0) -> this, then `name_len` bytes
+/// of name. The active writable tree has no such item while it is active: the superblock
+/// names it (`fs_root`, `subvolume`).
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
 pub struct SubvolumeItem {
@@ -50,29 +57,79 @@ pub fn decode_subvolume(v: &[u8], id: u64) -> Result<(SubvolumeItem, &[u8]), Cor
             format!(">= {SUBVOLUME_ITEM_SIZE}"),
         )
     })?;
+    let own = id == crate::FS_SUBVOL_ID;
     ensure!(
-        (crate::FIRST_SNAPSHOT_ID..=crate::MAX_INO).contains(&id),
+        own || (crate::FIRST_SNAPSHOT_ID..=crate::MAX_INO).contains(&id),
         format!("{what} id"),
         id,
-        format!("in {}..={}", crate::FIRST_SNAPSHOT_ID, crate::MAX_INO)
+        format!(
+            "{} or in {}..={}",
+            crate::FS_SUBVOL_ID,
+            crate::FIRST_SNAPSHOT_ID,
+            crate::MAX_INO
+        )
     );
+    let f = it.flags.get();
+    let kind_ok = match (f & SUBVOL_READ_ONLY != 0, f & SUBVOL_WRITABLE != 0) {
+        (true, false) => !own,
+        // The file system's own tree is never deleted.
+        (false, true) => !own || f & SUBVOL_DROPPING == 0,
+        _ => false,
+    };
     ensure!(
-        it.flags.get() & !SUBVOL_FLAGS == 0 && it.flags.get() & SUBVOL_READ_ONLY != 0,
+        f & !SUBVOL_FLAGS == 0 && kind_ok,
         format!("{what} flags"),
-        format!("{:#x}", it.flags.get()),
-        "read-only, maybe dropping"
+        format!("{f:#x}"),
+        "read-only or writable (not both), maybe dropping"
     );
     let n = it.name_len as usize;
+    let name_ok = match own {
+        true => n == 0 && name.is_empty(),
+        false => (1..=NAME_MAX).contains(&n) && name.len() == n,
+    };
     ensure!(
-        (1..=NAME_MAX).contains(&n)
-            && name.len() == n
-            && !name.contains(&0)
-            && !name.contains(&b'/'),
+        name_ok && !name.contains(&0) && !name.contains(&b'/'),
         format!("{what} name"),
         format!("{} bytes after a length of {n}", name.len()),
-        "1..=255 bytes, no NUL or '/'"
+        match own {
+            true => "none (the file system's own tree)",
+            false => "1..=255 bytes, no NUL or '/'",
+        }
     );
     Ok((it, name))
+}
+
+/// The snapshot a writable subvolume was made from: (clone id, SubvolumeOrigin, 0) -> this.
+/// Every data block the clone names that is as old as `generation` is the origin's (the
+/// clone never lets go of it); the origin is not deleted while the clone exists. A snapshot
+/// of a clone has the clone's origin's item too, as has a deleted clone until its tree is
+/// dropped: both name the origin's blocks.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned,
+)]
+#[repr(C)]
+pub struct OriginItem {
+    /// The origin snapshot's id.
+    pub origin: U64,
+    /// Its generation, as its item has it.
+    pub generation: U64,
+}
+pub const ORIGIN_ITEM_SIZE: usize = 16;
+const _: () = assert!(size_of::<OriginItem>() == ORIGIN_ITEM_SIZE);
+
+pub fn decode_origin(v: &[u8], id: u64) -> Result<OriginItem, Corrupt> {
+    let what = format!("origin of subvolume {id}");
+    let it = OriginItem::read_from_bytes(v)
+        .map_err(|_| Corrupt::new(format!("{what} item size"), v.len(), ORIGIN_ITEM_SIZE))?;
+    ensure!(
+        (crate::FIRST_SNAPSHOT_ID..=crate::MAX_INO).contains(&id)
+            && (crate::FIRST_SNAPSHOT_ID..=crate::MAX_INO).contains(&it.origin.get())
+            && it.origin.get() != id,
+        format!("{what} ids"),
+        format!("{id} from {}", it.origin.get()),
+        "a subvolume made from another snapshot"
+    );
+    Ok(it)
 }
 
 /// A node that `refs` (>= 2) parents point at: (NODE_REFS_OBJECTID, NodeRefs, block).

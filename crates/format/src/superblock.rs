@@ -52,10 +52,13 @@ pub struct Superblock {
     /// The roots tree (`TREE_ROOTS`: snapshots, shared node counts, held blocks); block 0:
     /// none (no snapshot was ever made). Incompat bit `INCOMPAT_SUBVOLUMES`.
     pub roots_root: RootPtr,
-    pub reserved: [U64; 11],
+    /// Which writable tree `fs_root` is: 0 for the file system's own (`FS_SUBVOL_ID`), or a
+    /// clone's id (`roots::SUBVOL_WRITABLE`). Incompat bit `INCOMPAT_CLONES`.
+    pub subvolume: U64,
+    pub reserved: [U64; 10],
 }
 pub const SUPERBLOCK_SIZE: usize =
-    4 + 4 + 8 + 16 + 8 * 5 + 4 + 4 + 8 + 8 + 24 * 3 + 8 * 3 + 8 * 2 + 24 + 8 * 11;
+    4 + 4 + 8 + 16 + 8 * 5 + 4 + 4 + 8 + 8 + 24 * 3 + 8 * 3 + 8 * 2 + 24 + 8 + 8 * 10;
 const _: () = assert!(size_of::<Superblock>() == SUPERBLOCK_SIZE);
 const _: () = assert!(SUPERBLOCK_SIZE <= BLOCK_SIZE as usize);
 
@@ -180,6 +183,17 @@ impl Superblock {
                 "0 (the image has no subvolumes feature)"
             );
             check_root(&sb.roots_root, &what("roots root"), &sb)?;
+        }
+        let sub = sb.subvolume.get();
+        if sub != 0 {
+            ensure!(
+                sb.incompat.get() & crate::versions::INCOMPAT_CLONES != 0
+                    && sb.roots_root.block.get() != 0
+                    && (crate::FIRST_SNAPSHOT_ID..=MAX_INO).contains(&sub),
+                what("subvolume"),
+                sub,
+                "0, or a clone's id in an image with clones and a roots tree"
+            );
         }
         let log = sb.log_root.block.get();
         if log != 0 {

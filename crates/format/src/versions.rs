@@ -25,7 +25,8 @@ pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_LOG
     | INCOMPAT_XATTR_CHUNKS
     | INCOMPAT_ORPHAN_TRIM
     | INCOMPAT_SHARED_BLOCKS
-    | INCOMPAT_SUBVOLUMES;
+    | INCOMPAT_SUBVOLUMES
+    | INCOMPAT_CLONES;
 /// (2026-11-21) The superblock's `log_root` names an fsync log chain (seed 003, `log.rs`): a
 /// reader that does not replay it would miss what was fsynced after the commit. Set by every
 /// commit that names a log.
@@ -54,6 +55,13 @@ pub const INCOMPAT_SHARED_BLOCKS: u64 = 16;
 /// shared node or a held block while a snapshot still uses it. Set by the commit that makes
 /// the first snapshot.
 pub const INCOMPAT_SUBVOLUMES: u64 = 32;
+/// (2026-11-27) Writable subvolumes made from snapshots (clones): `Subvolume` items flagged
+/// `SUBVOL_WRITABLE` and their `SubvolumeOrigin` items, and the superblock's `subvolume`
+/// naming which writable tree `fs_root` is. Several writable trees name the same data
+/// blocks, and a clone lets go only of blocks younger than its origin: a reader that does
+/// not know this would free blocks another tree still names. Set by the commit that makes
+/// the first clone.
+pub const INCOMPAT_CLONES: u64 = 64;
 /// Read-only-compatible features: unknown bits allow a read-only open.
 pub const COMPAT_RO_SUPPORTED: u64 = COMPAT_RO_DATA_SUMS;
 /// (2026-11-24) `DataSum` items: crc32c of file blocks written copy-on-write. A reader that

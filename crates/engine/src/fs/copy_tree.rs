@@ -282,6 +282,11 @@ impl Fs {
                 "a copy from neither this file system nor a snapshot opened beside it",
             ));
         }
+        if !same && self.lock().snapshots.clones.any() {
+            return Err(Error::NotSupported(
+                "restoring from a snapshot beside writable subvolumes (clones)",
+            ));
+        }
         let top = from.getattr(src)?;
         if same && top.mode & S_IFMT == S_IFDIR && self.lock().is_within(dst_parent, top.ino)? {
             return Err(Error::Invalid("a copy of a directory into itself"));

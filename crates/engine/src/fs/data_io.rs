@@ -167,7 +167,7 @@ impl Inner {
         // The extents under the range, read once: a write that puts any block in place runs
         // whole under the lock (`in_place`), and the rest reserve by how many there are.
         let exts = self.extents(ino, b0 * BS, b1 * BS)?;
-        if Inner::puts_in_place(b0, b1, &exts, &it) {
+        if self.puts_in_place(b0, b1, &exts, &it) {
             return Ok(None);
         }
         let mut edges = Vec::new();

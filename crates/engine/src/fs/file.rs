@@ -702,7 +702,8 @@ impl Inner {
     /// extends the extent before when the new blocks continue it in the file and on disk, and
     /// takes in the one after on the same terms. A merged extent keeps the older generation,
     /// so freeing any part of it later waits for a commit (never too early), and stays inside
-    /// one block group, as every allocation does (blocks are freed group by group).
+    /// one block group, as every allocation does (blocks are freed group by group). In a
+    /// clone, extents on either side of its origin's generation never merge (`clones`).
     pub(super) fn insert_extent(
         &mut self,
         ino: Ino,
@@ -737,6 +738,7 @@ impl Inner {
                     && p.disk_block.get() + pn == disk
                     && pn + n <= MAX_EXTENT_BLOCKS
                     && one_group(p.disk_block.get(), pn + n)
+                    && self.snapshots.clones.same_side(p.generation.get(), gen)
                 {
                     ext.disk_block = p.disk_block;
                     ext.blocks = (pn + n).into();
@@ -754,6 +756,7 @@ impl Inner {
                 && x.disk_block.get() == disk + n
                 && en + xn <= MAX_EXTENT_BLOCKS
                 && one_group(ext.disk_block.get(), en + xn)
+                && (self.snapshots.clones).same_side(ext.generation.get(), x.generation.get())
             {
                 self.fs_tree.delete(&mut self.store, &next_key)?;
                 ext.blocks = (en + xn).into();

@@ -314,7 +314,8 @@ impl Inner {
         // Each run's bytes by its place in the file: pieces lie inside [b0, b1), so the
         // slices do too, whatever the extents (even overlapping ones of a damaged image).
         // A copy-on-write file's written blocks are `Cow` pieces: such a write stays here.
-        for p in Inner::pieces(b0, b1, &exts, nocow) {
+        let floor = self.snapshots.clones.shared_floor();
+        for p in Inner::pieces(b0, b1, &exts, nocow, floor) {
             let disk = match p.how {
                 How::Overwrite { disk } => disk,
                 // Filled whole, zeros around the write's bytes: under the lock but for
@@ -382,7 +383,8 @@ impl Inner {
         }
         let (b0, b1) = (off / BS, (off + len).div_ceil(BS));
         let exts = self.extents(ino, b0 * BS, b1 * BS)?;
-        let busy = Inner::pieces(b0, b1, &exts, true)
+        let floor = self.snapshots.clones.shared_floor();
+        let busy = Inner::pieces(b0, b1, &exts, true, floor)
             .iter()
             .any(|p| match p.how {
                 How::Convert { disk, .. } | How::Overwrite { disk } => {
@@ -466,7 +468,9 @@ impl Inner {
     }
 
     /// The pieces of a write of blocks [b0, b1) over `exts` (the extents there, in order).
-    fn pieces(b0: u64, b1: u64, exts: &[Ext], overwrite: bool) -> Vec<Piece> {
+    /// A preallocated extent as old as `floor` may be named by another writable tree
+    /// (`clones`::shared_floor) and is not filled in place.
+    fn pieces(b0: u64, b1: u64, exts: &[Ext], overwrite: bool, floor: u64) -> Vec<Piece> {
         let mut out: Vec<Piece> = Vec::new();
         let mut push = |p: Piece| match out.last_mut() {
             Some(l) if l.how == How::Cow && p.how == How::Cow && l.end == p.start => l.end = p.end,
@@ -488,7 +492,7 @@ impl Inner {
             }
             let disk = e.item.disk_block.get() + (s - e.offset / BS);
             let how = match e.item.kind {
-                EXTENT_PREALLOC => How::Convert { ext: i, disk },
+                EXTENT_PREALLOC if e.item.generation.get() > floor => How::Convert { ext: i, disk },
                 EXTENT_REGULAR if overwrite => How::Overwrite { disk },
                 _ => How::Cow,
             };
@@ -538,8 +542,9 @@ impl Inner {
     /// Whether a write of blocks [b0, b1) of a file (not inline) with inode `it` over `exts`
     /// (the extents there) would put some of its blocks in place: it is then not planned
     /// outside the lock (`data_io`) but runs whole under it (`write_in_place`).
-    pub(crate) fn puts_in_place(b0: u64, b1: u64, exts: &[Ext], it: &InodeItem) -> bool {
-        Inner::pieces(b0, b1, exts, is_nocow(it))
+    pub(crate) fn puts_in_place(&self, b0: u64, b1: u64, exts: &[Ext], it: &InodeItem) -> bool {
+        let floor = self.snapshots.clones.shared_floor();
+        Inner::pieces(b0, b1, exts, is_nocow(it), floor)
             .iter()
             .any(|p| p.how != How::Cow)
     }
@@ -569,7 +574,8 @@ impl Inner {
         let exts = self.extents(ino, b0 * BS, b1 * BS)?;
         // A shared block is another file's too: never written in place (`shared`).
         let overwrite = (full || is_nocow(&it)) && !self.shares_any(b0, b1, &exts)?;
-        let pieces = Inner::pieces(b0, b1, &exts, overwrite);
+        let floor = self.snapshots.clones.shared_floor();
+        let pieces = Inner::pieces(b0, b1, &exts, overwrite, floor);
         if pieces.iter().all(|p| p.how == How::Cow) {
             return Ok(None);
         }

@@ -58,6 +58,7 @@
 //!   briefly for the holder to let go, and runs again (`write_op`, `Releases::wait`).
 pub mod acl;
 mod clone;
+mod clones;
 mod copy_file;
 mod copy_tree;
 mod create;
@@ -91,6 +92,7 @@ pub mod types;
 mod xattr;
 
 pub use acl::{Acl, ACCESS as ACL_ACCESS, DEFAULT as ACL_DEFAULT};
+pub use clones::SubvolumeInfo;
 pub use copy_tree::{Copied, CopyAs, CopyJob};
 pub use create::LINK_MAX;
 pub use damage::{Damage, OnDamage};
@@ -210,6 +212,11 @@ pub struct OpenOptions {
     pub test_commit_between_batches: bool,
     /// Opens this snapshot (`Fs::snapshot`'s id) instead of the file system, read-only.
     pub snapshot: Option<u64>,
+    /// Makes this writable subvolume the active one (`Fs::make_clone`'s id, or
+    /// `FS_SUBVOL_ID` for the file system's own tree; `clones`), with a commit, before
+    /// anything else; a read-only open shows it instead without changing the image. None:
+    /// whichever was active.
+    pub subvolume: Option<u64>,
     /// Testing only: run between a sharing copy's plan and its first batch, without the lock
     /// (`clone`), so a test can change the files in that window.
     #[doc(hidden)]
@@ -239,6 +246,7 @@ impl Default for OpenOptions {
             test_commit_between_batches: false,
             test_before_share: None,
             snapshot: None,
+            subvolume: None,
         }
     }
 }
@@ -452,6 +460,7 @@ impl Fs {
             errors: 0.into(),
             first_error_time: 0.into(),
             roots_root: RootPtr::default(),
+            subvolume: 0.into(),
             reserved: Default::default(),
         };
         let mut inner = Inner::empty(store, sb, idxfs_format::hash::name_hash)?;
@@ -525,7 +534,7 @@ impl Fs {
         );
         let space_tree = inner.space_tree;
         txn::load_space(&mut inner.store, &space_tree)?;
-        inner.load_roots(&sb.roots_root)?;
+        inner.load_roots(&sb.roots_root, sb.subvolume.get())?;
         inner.txn.space_nodes = space_tree.count_nodes(&mut inner.store)?;
         let used = inner.store.alloc.used_blocks();
         if used != sb.used_blocks.get() {
@@ -542,8 +551,16 @@ impl Fs {
         if let Some(id) = opts.snapshot {
             inner.policy.read_only = true;
             inner.enter_snapshot(id)?;
-        } else if crate::log::replay(&mut inner)? > 0 && !inner.policy.read_only {
-            inner.commit()?;
+        } else {
+            if crate::log::replay(&mut inner)? > 0 && !inner.policy.read_only {
+                inner.commit()?;
+            }
+            // After the replay: the log is the active tree's.
+            match opts.subvolume {
+                Some(id) if inner.policy.read_only => inner.enter_parked(id)?,
+                Some(id) => inner.switch_to(id, opts.inode_cache_entries)?,
+                None => {}
+            }
         }
         Fs::launch(inner, &opts, counters, None)
     }

@@ -56,6 +56,12 @@ impl Fs {
                 "not a snapshot opened beside this file system",
             ));
         }
+        // A snapshot's block may be another writable tree's own (`clones`).
+        if self.lock().snapshots.clones.any() {
+            return Err(Error::NotSupported(
+                "sharing a snapshot's blocks beside writable subvolumes (clones)",
+            ));
+        }
         if src_off.checked_add(len).is_none() {
             return Err(Error::Invalid("copy range past the largest offset"));
         }

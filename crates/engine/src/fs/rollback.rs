@@ -114,6 +114,12 @@ impl Fs {
         if !g.in_place.is_empty() {
             return Err(Error::Busy("writes are in flight"));
         }
+        // A snapshot's blocks may be another writable tree's own (`clones`).
+        if g.snapshots.clones.any() {
+            return Err(Error::NotSupported(
+                "a rollback beside writable subvolumes (clones)",
+            ));
+        }
         // Everything before is committed: the caches hold nothing the trees lack.
         g.commit()?;
         let snap = (g.snapshots.list.get(&id))

@@ -49,21 +49,21 @@
 //!
 //! The file system can be rolled back to a snapshot (`rollback`).
 //!
-//! Not built yet (`docs/snapshots.md`): writable snapshots, subvolumes.
+//! Writable subvolumes are made from snapshots (`clones`).
 use super::{Fs, Inner};
 use crate::btree::{Ptr, Tree};
 use crate::counters::Counters;
 use crate::error::{Error, Result};
 use idxfs_format::node::{internal_capacity, leaf_capacity, ITEM_HEADER_SIZE};
 use idxfs_format::roots::{
-    decode_held, decode_node_refs, decode_subvolume, HeldItem, NodeRefsItem, SubvolumeItem,
-    SUBVOL_DROPPING, SUBVOL_READ_ONLY,
+    decode_held, decode_node_refs, decode_origin, decode_subvolume, HeldItem, NodeRefsItem,
+    OriginItem, SubvolumeItem, SUBVOL_DROPPING, SUBVOL_READ_ONLY, SUBVOL_WRITABLE,
 };
 use idxfs_format::superblock::RootPtr;
 use idxfs_format::versions::INCOMPAT_SUBVOLUMES;
 use idxfs_format::{
-    ItemType, Key, FIRST_SNAPSHOT_ID, HELD_OBJECTID, MAX_INO, NAME_MAX, NODE_REFS_OBJECTID,
-    TREE_FS, TREE_ROOTS,
+    ItemType, Key, FIRST_SNAPSHOT_ID, FS_SUBVOL_ID, HELD_OBJECTID, MAX_INO, NAME_MAX,
+    NODE_REFS_OBJECTID, TREE_FS, TREE_ROOTS,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use zerocopy::IntoBytes;
@@ -99,7 +99,7 @@ impl Snap {
     }
 }
 
-fn tree_at(r: &RootPtr, owner: u64) -> Tree {
+pub(super) fn tree_at(r: &RootPtr, owner: u64) -> Tree {
     Tree {
         owner,
         root: Ptr {
@@ -110,7 +110,7 @@ fn tree_at(r: &RootPtr, owner: u64) -> Tree {
     }
 }
 
-fn root_ptr(t: &Tree) -> RootPtr {
+pub(super) fn root_ptr(t: &Tree) -> RootPtr {
     RootPtr {
         block: t.root.block.into(),
         generation: t.root.generation.into(),
@@ -148,13 +148,43 @@ pub(crate) struct Snapshots {
     pub nodes: u64,
     pub list: BTreeMap<u64, Snap>,
     pub held: BTreeMap<u64, Held>,
-    /// The snapshot this read-only open shows instead of the fs tree.
+    /// The snapshot (or parked writable tree) this read-only open shows instead of the fs
+    /// tree.
     pub opened: Option<u64>,
+    /// Writable trees made from snapshots, and which one is active (`clones`).
+    pub clones: super::clones::Clones,
     changed_list: BTreeSet<u64>,
     changed_held: BTreeSet<u64>,
 }
 
 impl Snapshots {
+    /// Whether a snapshot or a writable subvolume has this name.
+    pub fn name_taken(&self, name: &[u8]) -> bool {
+        let live = |s: &&Snap| !s.dropping() && s.name == name;
+        self.list.values().any(|s| live(&s)) || self.clones.items.values().any(|s| live(&s))
+    }
+
+    /// The id the next snapshot or clone takes: past every id in use (never reused while
+    /// its item exists).
+    pub fn next_id(&self) -> Result<u64> {
+        let last = self
+            .list
+            .keys()
+            .chain(self.clones.items.keys())
+            .copied()
+            .max();
+        let id = last.map_or(FIRST_SNAPSHOT_ID, |l| (l + 1).max(FIRST_SNAPSHOT_ID));
+        if id > MAX_INO {
+            return Err(Error::NoSpace);
+        }
+        Ok(id)
+    }
+
+    /// Snapshot `id`'s item changed: the next commit writes it.
+    pub(super) fn mark_changed(&mut self, id: u64) {
+        self.changed_list.insert(id);
+    }
+
     /// Whether a snapshot may name a block of an extent of generation `born`: one was made
     /// at or after it.
     pub fn may_name(&self, born: u64) -> bool {
@@ -205,7 +235,7 @@ impl Snapshots {
 }
 
 /// A snapshot name: 1 to 255 bytes, no NUL or '/'.
-fn check_name(name: &[u8]) -> Result<()> {
+pub(super) fn check_name(name: &[u8]) -> Result<()> {
     if name.len() > NAME_MAX {
         return Err(Error::NameTooLong);
     }
@@ -219,22 +249,43 @@ fn check_name(name: &[u8]) -> Result<()> {
 
 impl Inner {
     /// Loads the roots tree the superblock names (open): snapshots, node counts, held runs.
-    pub(crate) fn load_roots(&mut self, r: &RootPtr) -> Result<()> {
+    /// `active`: the superblock's `subvolume`.
+    pub(crate) fn load_roots(&mut self, r: &RootPtr, active: u64) -> Result<()> {
         if r.block.get() == 0 {
+            if active != 0 {
+                return Err(idxfs_format::Corrupt::new(
+                    "superblock subvolume",
+                    active,
+                    "0 (no roots tree)",
+                )
+                .into());
+            }
             return Ok(());
         }
         let tree = tree_at(r, TREE_ROOTS);
         let total = self.store.total_blocks;
         let (mut list, mut counts, mut held) = (BTreeMap::new(), Vec::new(), BTreeMap::new());
+        let (mut writable, mut origins) = (BTreeMap::new(), BTreeMap::new());
         tree.scan(&mut self.store, Key::MIN, Key::MAX, |k, v| {
             match k.item_type() {
                 Some(ItemType::Subvolume) if k.offset == 0 => {
                     let (item, name) = decode_subvolume(v, k.objectid)?;
-                    list.insert(
+                    let snap = Snap {
+                        item,
+                        name: name.to_vec(),
+                    };
+                    match item.flags.get() & SUBVOL_WRITABLE != 0 && !snap.dropping() {
+                        true => writable.insert(k.objectid, snap),
+                        false => list.insert(k.objectid, snap),
+                    };
+                }
+                Some(ItemType::SubvolumeOrigin) if k.offset == 0 => {
+                    let o = decode_origin(v, k.objectid)?;
+                    origins.insert(
                         k.objectid,
-                        Snap {
-                            item,
-                            name: name.to_vec(),
+                        super::clones::Origin {
+                            id: o.origin.get(),
+                            generation: o.generation.get(),
                         },
                     );
                 }
@@ -256,7 +307,7 @@ impl Inner {
                     return Err(idxfs_format::Corrupt::new(
                         format!("roots tree item {k}"),
                         k.ty,
-                        "a snapshot, node count or held blocks item",
+                        "a snapshot, subvolume, origin, node count or held blocks item",
                     )
                     .into())
                 }
@@ -292,11 +343,13 @@ impl Inner {
             self.store.refs.load(block, c as u32, newest);
         }
         let nodes = tree.count_nodes(&mut self.store)?;
+        let clones = super::clones::Clones::loaded(writable, origins, active, &list)?;
         self.snapshots = Snapshots {
             tree: Some(tree),
             nodes,
             list,
             held,
+            clones,
             ..Default::default()
         };
         Ok(())
@@ -305,7 +358,10 @@ impl Inner {
     /// Roots-tree items the next commit writes so far (changed counts, snapshots, runs).
     fn roots_pending(&self) -> u64 {
         let s = &self.snapshots;
-        (self.store.refs.changed_len() + s.changed_list.len() + s.changed_held.len()) as u64
+        (self.store.refs.changed_len()
+            + s.changed_list.len()
+            + s.changed_held.len()
+            + s.clones.pending()) as u64
     }
 
     /// Worst-case new nodes `items` more roots-tree items make a commit allocate: the
@@ -358,9 +414,12 @@ impl Inner {
     /// runs), making the tree at the first snapshot. Returns its root for the superblock.
     pub(crate) fn persist_roots(&mut self) -> Result<Option<RootPtr>> {
         let counts = self.store.refs.take_changed();
-        let list = std::mem::take(&mut self.snapshots.changed_list);
+        let mut list = std::mem::take(&mut self.snapshots.changed_list);
+        list.append(&mut self.snapshots.clones.changed_items);
+        let origins = std::mem::take(&mut self.snapshots.clones.changed_origins);
         let held = std::mem::take(&mut self.snapshots.changed_held);
-        let unchanged = counts.is_empty() && list.is_empty() && held.is_empty();
+        let unchanged =
+            counts.is_empty() && list.is_empty() && held.is_empty() && origins.is_empty();
         let mut tree = match self.snapshots.tree {
             Some(t) if unchanged => return Ok(Some(root_ptr(&t))),
             Some(t) => t,
@@ -383,11 +442,27 @@ impl Inner {
         }
         for id in list {
             let key = Key::new(id, ItemType::Subvolume, 0);
-            match self.snapshots.list.get(&id) {
+            let writable = self.snapshots.clones.items.get(&id);
+            match self.snapshots.list.get(&id).or(writable) {
                 Some(s) => {
                     let mut v = s.item.as_bytes().to_vec();
                     v.extend_from_slice(&s.name);
                     tree.put(&mut self.store, key, v)?;
+                }
+                None => {
+                    tree.delete(&mut self.store, &key)?;
+                }
+            }
+        }
+        for id in origins {
+            let key = Key::new(id, ItemType::SubvolumeOrigin, 0);
+            match self.snapshots.clones.origins.get(&id) {
+                Some(o) => {
+                    let v = OriginItem {
+                        origin: o.id.into(),
+                        generation: o.generation.into(),
+                    };
+                    tree.put(&mut self.store, key, v.as_bytes().to_vec())?;
                 }
                 None => {
                     tree.delete(&mut self.store, &key)?;
@@ -416,8 +491,19 @@ impl Inner {
     }
 
     /// Frees data blocks the fs tree lets go of, or holds them while a snapshot may name
-    /// them (module docs). `born`: the generation of the extent that named them.
+    /// them (module docs). `born`: the generation of the extent that named them. In a clone,
+    /// blocks as old as its origin are the origin's, and stay as they are (`clones`).
     pub(crate) fn free_or_hold(&mut self, start: u64, n: u64, now: bool, born: u64) -> Result<()> {
+        if let Some(o) = self.snapshots.clones.active_origin() {
+            if born <= o.generation {
+                return Ok(());
+            }
+        }
+        self.let_go(start, n, now, born)
+    }
+
+    /// `free_or_hold` for blocks the caller knows to be the letting tree's own.
+    pub(crate) fn let_go(&mut self, start: u64, n: u64, now: bool, born: u64) -> Result<()> {
         if self.snapshots.may_name(born) {
             let released = self.store.generation;
             self.snapshots.hold(start, n, born, released)?;
@@ -448,6 +534,10 @@ impl Inner {
             }
             None => {
                 self.snapshots.list.remove(&id);
+                // Its leaves named its origin's blocks until now (`clones`).
+                if self.snapshots.clones.origins.remove(&id).is_some() {
+                    self.snapshots.clones.changed_origins.insert(id);
+                }
                 let gone: Vec<(u64, Held)> = (self.snapshots.held.iter())
                     .filter(|(_, h)| !self.snapshots.holds(h))
                     .map(|(s, h)| (*s, *h))
@@ -568,22 +658,10 @@ impl Fs {
             std::thread::sleep(super::IN_FLIGHT_WAIT);
         };
         g.writable()?;
-        if g.snapshots
-            .list
-            .values()
-            .any(|s| !s.dropping() && s.name == name)
-        {
+        if g.snapshots.name_taken(name) {
             return Err(Error::Exists);
         }
-        let id = g
-            .snapshots
-            .list
-            .keys()
-            .next_back()
-            .map_or(FIRST_SNAPSHOT_ID, |l| l + 1);
-        if id > MAX_INO {
-            return Err(Error::NoSpace);
-        }
+        let id = g.snapshots.next_id()?;
         // Everything before is committed: no node of the fs tree belongs to the running
         // transaction, so the fs tree changes none of them in place from now on.
         g.commit()?;
@@ -608,6 +686,11 @@ impl Fs {
             },
         );
         g.snapshots.changed_list.insert(id);
+        // A snapshot of a clone names the clone's origin's blocks too (`clones`).
+        if let Some(o) = g.snapshots.clones.active_origin() {
+            g.snapshots.clones.origins.insert(id, o);
+            g.snapshots.clones.changed_origins.insert(id);
+        }
         g.txn.incompat_wanted |= INCOMPAT_SUBVOLUMES;
         g.txn.changed = true;
         g.commit()?;
@@ -637,6 +720,14 @@ impl Fs {
     pub fn delete_snapshot(&self, id: u64) -> Result<()> {
         let mut g = self.lock();
         g.writable()?;
+        if g.snapshots.clones.is_origin(id) {
+            return Err(Error::Busy(
+                "a writable subvolume was made from the snapshot",
+            ));
+        }
+        if g.snapshots.clones.items.contains_key(&id) || id == FS_SUBVOL_ID {
+            return g.delete_clone(id);
+        }
         let Some(s) = g.snapshots.list.get_mut(&id).filter(|s| !s.dropping()) else {
             return Err(Error::NotFound);
         };

@@ -8,13 +8,28 @@
 //!   that snapshot's generation in its window; held runs are claimed like any used block
 //!   (so one the fs tree still names is a block referenced twice), and a held run no
 //!   snapshot's window holds is a leak;
-//! - every snapshot's tree is a whole file system of its own (`check_snapshot_files`).
+//! - every snapshot's tree is a whole file system of its own (`check_snapshot_files`);
+//! - writable subvolumes (`fs::clones`): every clone has an origin, a snapshot that exists
+//!   with the generation the origin item records; the superblock's `subvolume` is a clone
+//!   whose item has no root, with the file system's own tree parked; each parked tree is
+//!   walked before the snapshots and checked as a file system of its own. A writable tree
+//!   owns the blocks of its extents younger than its origin (one tree each, so two owners are
+//!   a block referenced twice); the older ones are its origin's, and must be owned by another
+//!   writable tree or held, or, when no walk reached them as its own (a node the trees share
+//!   is entered once), are taken as the origin's.
 use super::{Checker, Report};
 use idxfs_format::items::{decode_extent, EXTENT_REGULAR};
 use idxfs_format::node::KeyRange;
-use idxfs_format::roots::{decode_held, decode_node_refs, decode_subvolume, SubvolumeItem};
-use idxfs_format::{ItemType, Key, HELD_OBJECTID, NODE_REFS_OBJECTID, TREE_FS};
-use std::collections::HashMap;
+use idxfs_format::roots::{
+    decode_held, decode_node_refs, decode_origin, decode_subvolume, SubvolumeItem, SUBVOL_DROPPING,
+    SUBVOL_WRITABLE,
+};
+use idxfs_format::{ItemType, Key, FS_SUBVOL_ID, HELD_OBJECTID, NODE_REFS_OBJECTID, TREE_FS};
+use std::collections::{HashMap, HashSet};
+
+fn writable(it: &SubvolumeItem) -> bool {
+    it.flags.get() & SUBVOL_WRITABLE != 0 && it.flags.get() & SUBVOL_DROPPING == 0
+}
 
 #[derive(Default)]
 pub(super) struct RootsCheck {
@@ -24,6 +39,15 @@ pub(super) struct RootsCheck {
     counts: HashMap<u64, u64>,
     /// start -> (blocks, born, released)
     held: Vec<(u64, u64, u64, u64)>,
+    /// Each clone's origin: clone id -> (origin id, origin generation).
+    origins: HashMap<u64, (u64, u64)>,
+    /// The active tree's origin's generation (0: the file system's own tree is active):
+    /// extents this old are not its own (`Checker::claim_data`).
+    pub floor: u64,
+    /// Blocks writable trees name that are their origins' (start, blocks, whose).
+    pub borrowed: Vec<(u64, u64, String)>,
+    /// How many of the active tree's extents name each block it does not own.
+    pub borrowed_named: HashMap<u64, u64>,
 }
 
 impl RootsCheck {
@@ -41,6 +65,12 @@ impl Checker<'_> {
         let r = match k.item_type() {
             Some(ItemType::Subvolume) if k.offset == 0 => decode_subvolume(v, k.objectid)
                 .map(|(it, _)| self.roots.snapshots.push((k.objectid, it))),
+            Some(ItemType::SubvolumeOrigin) if k.offset == 0 => {
+                decode_origin(v, k.objectid).map(|o| {
+                    let o = (o.origin.get(), o.generation.get());
+                    self.roots.origins.insert(k.objectid, o);
+                })
+            }
             Some(ItemType::NodeRefs) if k.objectid == NODE_REFS_OBJECTID => {
                 decode_node_refs(v, k.offset).map(|c| {
                     self.roots.counts.insert(k.offset, c);
@@ -63,6 +93,87 @@ impl Checker<'_> {
         }
     }
 
+    /// After the roots tree's walk, before the fs tree's: the active clone's origin, whose
+    /// generation divides its extents into its own and its origin's.
+    pub(super) fn active_clone(&mut self) {
+        let active = self.sb.subvolume.get();
+        if active == 0 {
+            return;
+        }
+        match self.roots.origins.get(&active) {
+            Some(&(_, g)) => self.roots.floor = g,
+            None => self
+                .report
+                .problem(format!("superblock: subvolume {active} has no origin")),
+        }
+    }
+
+    /// Each clone's origin exists with its generation, and the writable trees' items agree
+    /// with the superblock (module notes).
+    fn check_clones(&mut self, snaps: &[(u64, SubvolumeItem)]) {
+        let active = self.sb.subvolume.get();
+        let items: HashMap<u64, &SubvolumeItem> = snaps
+            .iter()
+            .filter(|(_, it)| writable(it))
+            .map(|(id, it)| (*id, it))
+            .collect();
+        for (&id, it) in &items {
+            let is_active = id == active;
+            if is_active != (it.root.block.get() == 0) || (id == FS_SUBVOL_ID && active == 0) {
+                self.report.problem(format!(
+                    "subvolume {id}: root {} while subvolume {active} is active",
+                    it.root.block.get()
+                ));
+            }
+            if id != FS_SUBVOL_ID && !self.roots.origins.contains_key(&id) {
+                self.report
+                    .problem(format!("subvolume {id}: no origin item"));
+            }
+        }
+        if active != 0 && !(items.contains_key(&active) && items.contains_key(&FS_SUBVOL_ID)) {
+            self.report.problem(format!(
+                "superblock: subvolume {active} active without its item and the file system's \
+                     own tree parked"
+            ));
+        }
+        let mut origins: Vec<_> = self.roots.origins.iter().map(|(a, b)| (*a, *b)).collect();
+        origins.sort_unstable();
+        for (id, (origin, g)) in origins {
+            let snap = snaps.iter().find(|(i, it)| {
+                *i == origin && !writable(it) && it.flags.get() & SUBVOL_DROPPING == 0
+            });
+            let named = snaps.iter().any(|(i, _)| *i == id);
+            if !named || snap.is_none_or(|(_, it)| it.generation.get() != g) {
+                self.report.problem(format!(
+                    "subvolume {id}: origin snapshot {origin} of generation {g} does not exist \
+                     as such, or the subvolume does not"
+                ));
+            }
+        }
+    }
+
+    /// The blocks writable trees name as their origins': owned by a writable tree or held,
+    /// or else taken as the origin's, which no walk reached as its own (module notes).
+    fn check_borrowed(&mut self) {
+        for (s, n, whose) in std::mem::take(&mut self.roots.borrowed) {
+            for b in s..s + n {
+                match self.blocks.owners.get(&b) {
+                    None => {
+                        self.blocks.owners.insert(b, "origin's extent");
+                    }
+                    Some(
+                        &("file extent" | "subvolume extent" | "held blocks" | "origin's extent"),
+                    ) => {}
+                    Some(other) => {
+                        self.report
+                            .problem(format!("{whose}: block {b} of its origin's is {other}"));
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
     /// The checks of the module notes, after the fs, space and roots trees were walked.
     pub(super) fn check_snapshots(&mut self) {
         let gen = self.sb.generation.get();
@@ -78,7 +189,27 @@ impl Checker<'_> {
             end = end.max(s + n);
             self.claim(s, n, "held blocks");
         }
-        let snaps = std::mem::take(&mut self.roots.snapshots);
+        let all = std::mem::take(&mut self.roots.snapshots);
+        self.check_clones(&all);
+        let (parked, snaps): (Vec<_>, Vec<_>) = all.into_iter().partition(|(_, it)| writable(it));
+        // Writable trees first: they own blocks the snapshots then find owned.
+        for (id, it) in &parked {
+            if it.root.block.get() == 0 {
+                continue; // the active one: the superblock's fs tree
+            }
+            if it.generation.get() >= gen || it.root.generation.get() > it.generation.get() {
+                self.report.problem(format!(
+                    "subvolume {id}: parked at generation {} with root of generation {}, in an \
+                     image of generation {gen}",
+                    it.generation.get(),
+                    it.root.generation.get()
+                ));
+                continue;
+            }
+            let floor = self.roots.origins.get(id).map_or(0, |o| o.1);
+            self.walk_tree(*id, it, &held, Some(floor));
+        }
+        self.check_borrowed();
         for (id, it) in &snaps {
             if it.generation.get() >= gen || it.root.generation.get() > it.generation.get() {
                 self.report.problem(format!(
@@ -89,8 +220,13 @@ impl Checker<'_> {
                 ));
                 continue;
             }
-            self.walk_snapshot(*id, it, &held);
+            self.walk_tree(*id, it, &held, None);
         }
+        let parked: Vec<_> = parked
+            .into_iter()
+            .filter(|(_, it)| it.root.block.get() != 0)
+            .collect();
+        self.check_snapshot_files(&parked);
         self.check_snapshot_files(&snaps);
         for &(s, n, born, released) in &held {
             let kept = snaps.iter().any(|(_, it)| {
@@ -146,8 +282,16 @@ impl Checker<'_> {
         }
     }
 
-    /// Walks snapshot `id`'s tree, entering only nodes no tree walked before.
-    fn walk_snapshot(&mut self, id: u64, it: &SubvolumeItem, held: &[(u64, u64, u64, u64)]) {
+    /// Walks snapshot `id`'s tree, or parked writable tree `id`'s (`own`: its origin's
+    /// generation, 0 for the file system's own), entering only nodes no tree walked before.
+    fn walk_tree(
+        &mut self,
+        id: u64,
+        it: &SubvolumeItem,
+        held: &[(u64, u64, u64, u64)],
+        own: Option<u64>,
+    ) {
+        let mut claimed = HashSet::new();
         let bpn = self.sb.blocks_per_node();
         let from = it.drop_key();
         let dropping = it.flags.get() & idxfs_format::roots::SUBVOL_DROPPING != 0;
@@ -162,7 +306,10 @@ impl Checker<'_> {
             root.level.get() as u8,
             KeyRange::ANY,
         )];
-        let name = format!("snapshot {id}");
+        let name = match own {
+            Some(_) => format!("subvolume {id}"),
+            None => format!("snapshot {id}"),
+        };
         while let Some((block, g, level, range)) = stack.pop() {
             self.claim(block, bpn, "snapshot tree");
             let Some(node) = self.read_node(block, g, TREE_FS, level, range, &name) else {
@@ -170,8 +317,15 @@ impl Checker<'_> {
             };
             if node.is_leaf() {
                 for (k, v) in node.keys.iter().zip(node.leaf_vals().iter()) {
-                    if k.item_type() == Some(ItemType::Extent) {
-                        self.snapshot_extent(id, sgen, k, v, held);
+                    if k.item_type() != Some(ItemType::Extent) {
+                        continue;
+                    }
+                    match own {
+                        Some(floor) => self.writable_extent(&name, floor, k, v, &mut claimed),
+                        None => {
+                            let floor = self.roots.origins.get(&id).map_or(0, |o| o.1);
+                            self.snapshot_extent(id, sgen, floor, k, v, held)
+                        }
                     }
                 }
                 continue;
@@ -194,11 +348,50 @@ impl Checker<'_> {
         }
     }
 
-    /// A snapshot's extent: its written blocks are the fs tree's or held for it.
+    /// A parked writable tree's extent: blocks younger than `floor` are the tree's own,
+    /// claimed once however many of its extents name them; older ones its origin's.
+    fn writable_extent(
+        &mut self,
+        name: &str,
+        floor: u64,
+        k: &Key,
+        v: &[u8],
+        claimed: &mut HashSet<u64>,
+    ) {
+        let e = match decode_extent(
+            v,
+            format_args!("{name} extent {k}"),
+            self.sb.total_blocks.get(),
+        ) {
+            Ok((e, _)) => e,
+            Err(e) => {
+                self.report.problem(format!("{name}: {e}"));
+                return;
+            }
+        };
+        if e.kind == idxfs_format::items::EXTENT_INLINE {
+            return;
+        }
+        let (s, n) = (e.disk_block.get(), e.blocks.get());
+        if e.generation.get() <= floor {
+            self.roots.borrowed.push((s, n, name.to_string()));
+            return;
+        }
+        for b in s..s + n {
+            if claimed.insert(b) {
+                self.claim(b, 1, "subvolume extent");
+            }
+        }
+    }
+
+    /// A snapshot's extent: its written blocks are the fs tree's or held for it; those as
+    /// old as `floor` (a snapshot of a clone: its origin's generation) are its origin's,
+    /// owned by a writable tree or held for the origin.
     fn snapshot_extent(
         &mut self,
         id: u64,
         sgen: u64,
+        floor: u64,
         k: &Key,
         v: &[u8],
         held: &[(u64, u64, u64, u64)],
@@ -222,12 +415,12 @@ impl Checker<'_> {
         let (s, n) = (e.disk_block.get(), e.blocks.get());
         for b in s..s + n {
             let ok = match self.blocks.owners.get(&b) {
-                Some(&"file extent") => true,
+                Some(&("file extent" | "subvolume extent" | "origin's extent")) => true,
                 Some(&"held blocks") => {
                     let i = held.partition_point(|h| h.0 <= b);
                     i > 0 && {
                         let (_, _, born, released) = held[i - 1];
-                        born <= sgen && sgen < released
+                        e.generation.get() <= floor || (born <= sgen && sgen < released)
                     }
                 }
                 _ => false,

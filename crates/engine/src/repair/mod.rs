@@ -61,9 +61,24 @@ pub struct Repaired {
 /// Repairs the image on `dev` (see the module notes). Err when it cannot start (no valid
 /// superblock, a device opened read-only) or cannot write; the image is then as it was, or
 /// as a crash would leave it: its old state.
+/// The rebuild keeps snapshots but does not know which writable tree's own data blocks are
+/// which (`fs::clones`): an image with clones is not repaired.
+fn refuse_clones(sb: &idxfs_format::superblock::Superblock) -> Result<()> {
+    if sb.incompat.get() & idxfs_format::versions::INCOMPAT_CLONES != 0 {
+        return Err(Error::NotSupported(
+            "repairing an image with writable subvolumes (clones); delete them first",
+        ));
+    }
+    Ok(())
+}
+
 pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
     if !dev.writable() {
         return Err(Error::Invalid("the image was opened read-only"));
+    }
+    // Before anything is written; again below, on the superblock the repair goes by.
+    if let Ok(sb) = read_superblock(dev.as_ref()) {
+        refuse_clones(&sb)?;
     }
     let mut out = Repaired::default();
     let replay = Fs::open(
@@ -88,6 +103,7 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
         )),
     }
     let sb = read_superblock(dev.as_ref())?;
+    refuse_clones(&sb)?;
     let salvaged = salvage::salvage(dev.as_ref(), &sb);
     let (sec, nsec) = crate::clock::Clock::now(&crate::clock::SystemClock);
     let now = Timespec {

@@ -1,5 +1,6 @@
 #![allow(dead_code)]
 pub mod digest;
+pub mod workload;
 use idxfs_blockdev::{BlockDevice, MemDevice};
 use idxfs_engine::fs::{NameHash, Owner};
 use idxfs_engine::{fsck, Fs, MkfsOptions, OpenOptions};

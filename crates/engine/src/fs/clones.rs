@@ -1,0 +1,451 @@
+//! Writable subvolumes made from snapshots (clones), as ZFS's clones: `Fs::make_clone`
+//! makes one from a read-only snapshot (its origin) in constant time, a second root pointer
+//! to the origin's root as a snapshot is to the fs tree's. An open file system has one
+//! writable tree, the *active* one (the superblock's `fs_root`, `subvolume`); the others are
+//! *parked* (`Subvolume` items flagged `SUBVOL_WRITABLE` with their roots), the file
+//! system's own tree among them (`FS_SUBVOL_ID`) while a clone is active.
+//! `OpenOptions::subvolume` picks which one an open makes active (`Inner::switch_to`, one
+//! commit).
+//!
+//! **Whose data blocks.** Data is held, not counted (`snapshot`), so every release must know
+//! which other trees may name a block. A clone names two kinds of blocks:
+//! - blocks of extents as old as its origin (generation <= the origin's): the origin's. The
+//!   origin names them and is not deleted while the clone exists (`Error::Busy`), so the
+//!   clone never lets go of them: a release of one does nothing (`Inner::free_or_hold`),
+//!   whatever other trees do with it. The tree the origin was taken of lets go of them as
+//!   it always did: held while the origin's window holds them.
+//! - younger blocks: its own, written while it was active. No other writable tree names
+//!   them; its snapshots may, so they are freed or held as the fs tree's are. The held
+//!   windows take every snapshot into account, of whichever tree, which may hold a block
+//!   longer than needed, never too short.
+//!
+//! Three things keep the line between the two kinds where the generations draw it:
+//! - an extent never merges across it (`insert_extent`): the older generation would make
+//!   the clone's own blocks look like its origin's, and they would never be freed;
+//! - a preallocated block as old as any clone's origin is not filled in place by any tree
+//!   (`in_place::pieces`): two writable trees may name it preallocated, and each would take
+//!   the other's bytes for its own. Such a write goes copy-on-write, so `fallocate`'s
+//!   promise of space does not hold there (as on btrfs over a shared extent);
+//! - nothing moves blocks into a tree from outside its lineage: restores from snapshots
+//!   (`restore`, `copy_tree_from`) and rollbacks are refused while any clone exists, since a
+//!   snapshot's block may be another tree's own.
+//!
+//! **fsync in a clone commits** instead of logging: a log replay lets go of blocks without
+//! their extents' generations (`log`), so it could not tell the origin's from the clone's.
+//!
+//! **Deleting a clone** (parked, on an open file system) makes it a deleted snapshot, whose
+//! tree is dropped in the background (node counts only), and lets go of its own blocks in
+//! the leaves it does not share with its origin (`Tree::own_leaves`, as a rollback walks two
+//! trees): held for it, as for any snapshot whose window holds them, and freed with the
+//! runs no other snapshot holds when its drop ends. One commit makes it all durable. Its
+//! origin may be deleted once the drop ends. The file system's own tree is never deleted.
+//!
+//! **A snapshot of a clone** names its origin's blocks too, held for the origin's window
+//! once the tree the origin was taken of lets go of them: it keeps the origin (its own
+//! `SubvolumeOrigin` item, the clone's origin) until its drop ends, as the clone does.
+//!
+//! Not built yet (`docs/snapshots.md`): several writable trees through one open file system
+//! (subvolumes as directories of one mount), fsync logging in a clone, rollbacks and
+//! restores beside clones, and `fsck --repair` of an image with clones (refused).
+use super::snapshot::{root_ptr, tree_at, Snap};
+use super::{Fs, Inner, Reserve};
+use crate::error::{Error, Result};
+use crate::inode_cache::InodeCache;
+use idxfs_format::items::{decode_extent, EXTENT_INLINE};
+use idxfs_format::roots::{SubvolumeItem, SUBVOL_DROPPING, SUBVOL_READ_ONLY, SUBVOL_WRITABLE};
+use idxfs_format::superblock::RootPtr;
+use idxfs_format::versions::{INCOMPAT_CLONES, INCOMPAT_SUBVOLUMES};
+use idxfs_format::{ItemType, Key, FS_SUBVOL_ID, TREE_FS};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The snapshot a clone was made from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Origin {
+    pub id: u64,
+    pub generation: u64,
+}
+
+/// The writable trees besides the active one, and every clone's origin (roots-tree state,
+/// written by each commit with the rest of it: `persist_roots`).
+#[derive(Default)]
+pub(crate) struct Clones {
+    /// Every writable tree's item but the file system's own while it is active: a parked
+    /// one's with its root, the active clone's with root block 0 (the superblock has it).
+    pub items: BTreeMap<u64, Snap>,
+    /// Each clone's origin, parked or active; and each snapshot's that names a clone's
+    /// origin's blocks (a snapshot of a clone, or a deleted clone until its drop ends), so
+    /// that origin stays while anything names its blocks through it.
+    pub origins: BTreeMap<u64, Origin>,
+    /// The superblock's `subvolume`: 0 while the file system's own tree is active.
+    pub active: u64,
+    pub(super) changed_items: BTreeSet<u64>,
+    pub(crate) changed_origins: BTreeSet<u64>,
+}
+
+impl Clones {
+    /// The active tree's origin; None for the file system's own tree.
+    pub fn active_origin(&self) -> Option<Origin> {
+        self.origins.get(&self.active).copied()
+    }
+
+    /// Extents of this generation or older may name blocks another writable tree names
+    /// too: the newest origin of any clone (0 while there is none).
+    pub fn shared_floor(&self) -> u64 {
+        self.origins
+            .values()
+            .map(|o| o.generation)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Whether any clone exists.
+    pub fn any(&self) -> bool {
+        !self.origins.is_empty()
+    }
+
+    /// Whether a clone was made from snapshot `id`.
+    pub fn is_origin(&self, id: u64) -> bool {
+        self.origins.values().any(|o| o.id == id)
+    }
+
+    /// Whether two extent generations lie on the same side of the active clone's origin
+    /// (always, in the file system's own tree): only such extents may merge.
+    pub fn same_side(&self, a: u64, b: u64) -> bool {
+        self.active_origin()
+            .is_none_or(|o| (a <= o.generation) == (b <= o.generation))
+    }
+
+    /// The state `load_roots` read, checked: `items` the writable trees' items (not
+    /// dropping), `origins` their origins, `active` the superblock's `subvolume`, `list` the
+    /// snapshots.
+    pub(super) fn loaded(
+        items: BTreeMap<u64, Snap>,
+        origins: BTreeMap<u64, Origin>,
+        active: u64,
+        list: &BTreeMap<u64, Snap>,
+    ) -> Result<Clones> {
+        let bad = |what: String, have: String, expect: &str| -> Error {
+            idxfs_format::Corrupt::new(what, have, expect).into()
+        };
+        for (&id, s) in &items {
+            let is_active = id == active || (id == FS_SUBVOL_ID && active == 0);
+            if is_active != (s.item.root.block.get() == 0) || (id == FS_SUBVOL_ID && active == 0) {
+                return Err(bad(
+                    format!("subvolume {id} root"),
+                    s.item.root.block.get().to_string(),
+                    "0 for the active clone, a root for a parked tree (the file system's own \
+                     only while a clone is active)",
+                ));
+            }
+            if id != FS_SUBVOL_ID && !origins.contains_key(&id) {
+                return Err(bad(
+                    format!("subvolume {id}"),
+                    "no origin".into(),
+                    "an origin",
+                ));
+            }
+        }
+        if active != 0 && !(items.contains_key(&active) && items.contains_key(&FS_SUBVOL_ID)) {
+            return Err(bad(
+                "superblock subvolume".into(),
+                active.to_string(),
+                "a clone with an item, the file system's own tree parked",
+            ));
+        }
+        for (&id, o) in &origins {
+            let snap = list.get(&o.id).filter(|s| !s.dropping());
+            let named = items.contains_key(&id) || list.contains_key(&id);
+            if !named || snap.is_none_or(|s| s.generation() != o.generation) {
+                return Err(bad(
+                    format!("origin of subvolume {id}"),
+                    format!("snapshot {} of generation {}", o.id, o.generation),
+                    "a subvolume or snapshot made from a snapshot that exists, of that generation",
+                ));
+            }
+        }
+        Ok(Clones {
+            items,
+            origins,
+            active,
+            ..Default::default()
+        })
+    }
+
+    pub(super) fn pending(&self) -> usize {
+        self.changed_items.len() + self.changed_origins.len()
+    }
+}
+
+/// A writable subvolume, as `Fs::subvolumes` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubvolumeInfo {
+    /// `FS_SUBVOL_ID` for the file system's own tree.
+    pub id: u64,
+    /// Empty for the file system's own tree.
+    pub name: Vec<u8>,
+    /// The snapshot it was made from; None for the file system's own tree.
+    pub origin: Option<u64>,
+    /// Whether this open file system has it active.
+    pub active: bool,
+}
+
+fn writable_item(
+    root: RootPtr,
+    generation: u64,
+    next_ino: u64,
+    inode_count: u64,
+    name: &[u8],
+) -> SubvolumeItem {
+    SubvolumeItem {
+        root,
+        flags: SUBVOL_WRITABLE.into(),
+        generation: generation.into(),
+        next_ino: next_ino.into(),
+        inode_count: inode_count.into(),
+        drop_from: Key::MIN.encode(),
+        name_len: name.len() as u8,
+        reserved: [0; 6],
+    }
+}
+
+impl Inner {
+    /// Makes writable tree `id` (`FS_SUBVOL_ID` or a clone's) the active one: the active
+    /// one is parked with its root and counters, `id`'s become the file system's, and one
+    /// commit makes the change durable. Called at open, before anything is cached or
+    /// published (`Fs::open`); the fsync log was replayed into the tree it belongs to and
+    /// committed first.
+    pub(crate) fn switch_to(&mut self, id: u64, cache_entries: usize) -> Result<()> {
+        let target = if id == FS_SUBVOL_ID { 0 } else { id };
+        if target == self.snapshots.clones.active {
+            return Ok(());
+        }
+        self.writable()?;
+        let parked = (self.snapshots.clones.items.get(&id))
+            .filter(|s| s.item.root.block.get() != 0 && s.item.flags.get() & SUBVOL_DROPPING == 0)
+            .cloned()
+            .ok_or(Error::NotFound)?;
+        self.commit()?;
+        let generation = self.store.generation - 1;
+        let root = root_ptr(&self.fs_tree);
+        let (next_ino, inode_count) = (self.txn.next_ino, self.txn.inode_count);
+        let clones = &mut self.snapshots.clones;
+        let current = match clones.active {
+            0 => FS_SUBVOL_ID,
+            c => c,
+        };
+        let name = clones
+            .items
+            .get(&current)
+            .map(|s| s.name.clone())
+            .unwrap_or_default();
+        clones.items.insert(
+            current,
+            Snap {
+                item: writable_item(root, generation, next_ino, inode_count, &name),
+                name,
+            },
+        );
+        clones.changed_items.insert(current);
+        if target == 0 {
+            clones.items.remove(&FS_SUBVOL_ID);
+        } else if let Some(s) = clones.items.get_mut(&target) {
+            s.item = writable_item(RootPtr::default(), generation, 0, 0, &parked.name);
+        }
+        clones.changed_items.insert(id);
+        clones.active = target;
+        self.fs_tree = tree_at(&parked.item.root, TREE_FS);
+        self.txn.next_ino = parked.item.next_ino.get();
+        self.txn.inode_count = parked.item.inode_count.get();
+        // Everything cached was the other tree's (and clean: committed above), its orphans
+        // too: their items are in its tree, for when it is active again.
+        self.inodes = InodeCache::new(cache_entries);
+        self.lives.orphans = Default::default();
+        self.lives.release.clear();
+        self.txn.ino_runs = Default::default();
+        self.dir_ino_hint = Default::default();
+        self.store.changes.shape_seq += 1;
+        self.require_incompat(INCOMPAT_CLONES);
+        self.require_incompat(INCOMPAT_SUBVOLUMES);
+        self.txn.changed = true;
+        self.commit()
+    }
+
+    /// Opens parked writable tree `id` in place of the fs tree, read-only (as
+    /// `enter_snapshot` opens a snapshot).
+    pub(crate) fn enter_parked(&mut self, id: u64) -> Result<()> {
+        let target = if id == FS_SUBVOL_ID { 0 } else { id };
+        if target == self.snapshots.clones.active {
+            return Ok(());
+        }
+        let s = (self.snapshots.clones.items.get(&id))
+            .filter(|s| s.item.root.block.get() != 0 && s.item.flags.get() & SUBVOL_DROPPING == 0)
+            .ok_or(Error::NotFound)?;
+        self.fs_tree = s.tree();
+        self.txn.next_ino = s.item.next_ino.get();
+        self.txn.inode_count = s.item.inode_count.get();
+        self.snapshots.opened = Some(id);
+        Ok(())
+    }
+
+    /// Deletes parked clone `id` (module docs): its own blocks let go of, its tree dropped
+    /// in the background from the next commit on, its origin free to be deleted.
+    pub(crate) fn delete_clone(&mut self, id: u64) -> Result<()> {
+        let clones = &self.snapshots.clones;
+        if id == FS_SUBVOL_ID {
+            return Err(Error::Invalid("the file system's own tree is not deleted"));
+        }
+        if id == clones.active {
+            return Err(Error::Busy("the subvolume is the one open"));
+        }
+        let (Some(s), Some(o)) = (
+            clones.items.get(&id).cloned(),
+            clones.origins.get(&id).copied(),
+        ) else {
+            return Err(Error::NotFound);
+        };
+        let origin = (self.snapshots.list.get(&o.id)).ok_or_else(|| {
+            idxfs_format::Corrupt::new(format!("origin of subvolume {id}"), o.id, "a snapshot")
+        })?;
+        let (mine, theirs) = (s.tree(), origin.tree());
+        let total = self.store.total_blocks;
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        mine.own_leaves(&theirs, &mut self.store, |in_mine, leaf| {
+            if !in_mine {
+                return Ok(());
+            }
+            let vals = leaf.leaf_vals();
+            for (i, k) in leaf.keys.iter().enumerate() {
+                if k.item_type() != Some(ItemType::Extent) {
+                    continue;
+                }
+                let (e, _) = decode_extent(vals.get(i), k, total)?;
+                if e.kind != EXTENT_INLINE && e.generation.get() > o.generation {
+                    runs.push((e.disk_block.get(), e.blocks.get()));
+                }
+            }
+            Ok(())
+        })?;
+        // Extents sharing blocks (`SharedBlocks`) name them more than once: each is let go
+        // of once.
+        runs.sort_unstable();
+        let mut union: Vec<(u64, u64)> = Vec::new();
+        for (s, n) in runs {
+            match union.last_mut() {
+                Some((ls, ln)) if s <= *ls + *ln => *ln = (*ln).max(s + n - *ls),
+                _ => union.push((s, n)),
+            }
+        }
+        let held_items = 2 * union.len() as u64;
+        self.reserve_nodes(self.roots_growth(held_items), 0, Reserve::Grow)?;
+        // From here on every change is the delete's; an error stops the file system.
+        let r = (|| {
+            // A deleted snapshot from now on, whose drop lets go of its nodes. Its leaves
+            // name its own blocks until the drop passes them, so they are held for it (its
+            // generation, when it was parked, is in their window) and freed when the drop
+            // ends, with every run no other snapshot holds.
+            // Its origin stays until the drop ends: its leaves name the origin's blocks.
+            let clones = &mut self.snapshots.clones;
+            clones.items.remove(&id);
+            clones.changed_items.insert(id);
+            let mut item = s.item;
+            item.flags = (SUBVOL_READ_ONLY | SUBVOL_DROPPING).into();
+            item.drop_from = Key::MIN.encode();
+            self.snapshots.list.insert(
+                id,
+                Snap {
+                    item,
+                    name: s.name.clone(),
+                },
+            );
+            self.snapshots.mark_changed(id);
+            for &(start, n) in &union {
+                self.let_go(start, n, false, o.generation + 1)?;
+            }
+            self.txn.changed = true;
+            self.commit()
+        })();
+        if let Err(e) = &r {
+            self.fail(format!("deleting subvolume {id}: {e}"));
+        }
+        r
+    }
+}
+
+impl Fs {
+    /// Makes a writable subvolume named `name` from read-only snapshot `origin` and returns
+    /// its id (module docs). Constant time: one count, two items and a commit. It is used by
+    /// opening the image with `OpenOptions::subvolume`.
+    pub fn make_clone(&self, origin: u64, name: &[u8]) -> Result<u64> {
+        super::snapshot::check_name(name)?;
+        let mut g = self.lock();
+        g.writable()?;
+        if g.snapshots.name_taken(name) {
+            return Err(Error::Exists);
+        }
+        let snap = (g.snapshots.list.get(&origin))
+            .filter(|s| !s.dropping())
+            .cloned()
+            .ok_or(Error::NotFound)?;
+        let id = g.snapshots.next_id()?;
+        let tree = snap.tree().share(&mut g.store);
+        let generation = g.store.generation - 1;
+        let item = writable_item(
+            root_ptr(&tree),
+            generation,
+            snap.item.next_ino.get(),
+            snap.item.inode_count.get(),
+            name,
+        );
+        let clones = &mut g.snapshots.clones;
+        clones.items.insert(
+            id,
+            Snap {
+                item,
+                name: name.to_vec(),
+            },
+        );
+        clones.origins.insert(
+            id,
+            Origin {
+                id: origin,
+                generation: snap.generation(),
+            },
+        );
+        clones.changed_items.insert(id);
+        clones.changed_origins.insert(id);
+        g.require_incompat(INCOMPAT_CLONES);
+        g.require_incompat(INCOMPAT_SUBVOLUMES);
+        g.txn.changed = true;
+        g.commit()?;
+        Ok(id)
+    }
+
+    /// Every writable subvolume: the file system's own tree first, then the clones by id.
+    pub fn subvolumes(&self) -> Vec<SubvolumeInfo> {
+        let g = self.lock();
+        let c = &g.snapshots.clones;
+        let mut out = vec![SubvolumeInfo {
+            id: FS_SUBVOL_ID,
+            name: Vec::new(),
+            origin: None,
+            active: c.active == 0,
+        }];
+        for (&id, s) in c.items.iter().filter(|(&id, _)| id != FS_SUBVOL_ID) {
+            out.push(SubvolumeInfo {
+                id,
+                name: s.name.clone(),
+                origin: c.origins.get(&id).map(|o| o.id),
+                active: c.active == id,
+            });
+        }
+        out
+    }
+
+    /// The id of the writable tree this file system has active (`FS_SUBVOL_ID` for its own).
+    pub fn active_subvolume(&self) -> u64 {
+        match self.lock().snapshots.clones.active {
+            0 => FS_SUBVOL_ID,
+            c => c,
+        }
+    }
+}

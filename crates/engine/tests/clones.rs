@@ -1,0 +1,469 @@
+//! Writable subvolumes made from snapshots (`fs::clones`) against a model: the file system's
+//! own tree and its clones (and clones of clones' snapshots) each opened in turn and changed
+//! by the random workload of the snapshot tests, snapshots made of whichever is open, clones
+//! and snapshots deleted among them. After every round every tree, parked or not, and every
+//! snapshot shows exactly what it showed when it was last changed or made (`digest`), and
+//! fsck passes (each block owned once, node counts, held runs, every tree a file system). At
+//! the end every clone and snapshot is deleted: fsck then finds no block held or leaked.
+//!
+//! And the rules that keep the trees apart: a snapshot a clone was made from is not
+//! deleted, a preallocated block two trees name is not filled in place, rollbacks and
+//! restores beside clones are refused, an fsync in a clone survives a crash, and every
+//! prefix of a workload that makes, switches to, writes and deletes clones opens to a
+//! committed state with fsck clean.
+mod common;
+use common::digest::{digest, digest_crash_stable};
+use common::workload::{check, every_crash_image, step, World};
+use common::*;
+use idxfs_blockdev::MemDevice;
+use idxfs_engine::fs::Fs;
+use idxfs_engine::testutil::Rng;
+use idxfs_engine::{Error, OpenOptions};
+use idxfs_format::FS_SUBVOL_ID;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+fn open_as(dev: &Arc<MemDevice>, id: u64) -> Fs {
+    Fs::open(
+        dev.clone(),
+        OpenOptions {
+            subvolume: Some(id),
+            ..opts()
+        },
+    )
+    .unwrap_or_else(|e| panic!("open subvolume {id}: {e}"))
+}
+
+fn peek(dev: &Arc<MemDevice>, id: u64) -> String {
+    let fs = Fs::open(
+        dev.clone(),
+        OpenOptions {
+            subvolume: Some(id),
+            read_only: true,
+            ..opts()
+        },
+    )
+    .unwrap_or_else(|e| panic!("open subvolume {id} read-only: {e}"));
+    let d = digest(&fs);
+    fs.close().expect("close");
+    d
+}
+
+#[test]
+fn clones_keep_their_own_state_and_give_every_block_back() {
+    let (mut rng, seed) = Rng::from_env("clones model");
+    let (dev, fs) = mem_fs_with(160 << 20, 4096);
+    let mut w = World {
+        fsync: true,
+        ..Default::default()
+    };
+    for _ in 0..40 {
+        step(&fs, &mut rng, &mut w);
+    }
+    // Writable trees: id -> (what it shows, the workload's files in it).
+    let mut trees: BTreeMap<u64, (String, World)> = BTreeMap::new();
+    trees.insert(FS_SUBVOL_ID, (digest(&fs), w));
+    // Snapshots: id -> (what it shows, the files then).
+    let mut snaps: BTreeMap<u64, (String, World)> = BTreeMap::new();
+    // What keeps a snapshot from its delete (`clones`): clone or snapshot of a clone ->
+    // the clone's origin; and the same for deleted ones whose drop may not have ended.
+    let mut origins: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut dropping: BTreeMap<u64, u64> = BTreeMap::new();
+    fs.close().expect("close");
+    let (mut made, mut clones_made, mut clones_deleted, mut switches) = (0, 0, 0, 0);
+    let mut active = FS_SUBVOL_ID;
+    for round in 0..24 {
+        let at = format!("seed {seed} round {round}");
+        let ids: Vec<u64> = trees.keys().copied().collect();
+        let id = ids[rng.below(ids.len() as u64) as usize];
+        switches += u64::from(id != active);
+        active = id;
+        let fs = open_as(&dev, id);
+        if std::env::var("CLONES_TRACE").is_ok() {
+            eprintln!("{at}: open {id}");
+        }
+        assert_eq!(fs.active_subvolume(), id, "{at}");
+        let (want, mut w) = trees.remove(&id).expect("tree");
+        assert_eq!(
+            digest(&fs),
+            want,
+            "{at}: subvolume {id} changed while parked"
+        );
+        for _ in 0..rng.below(50) + 10 {
+            step(&fs, &mut rng, &mut w);
+            if rng.chance(4) && snaps.len() < 6 {
+                let s = fs
+                    .snapshot(format!("s{made}").as_bytes())
+                    .expect("snapshot");
+                made += 1;
+                if let Some(&o) = origins.get(&id) {
+                    origins.insert(s, o);
+                }
+                if std::env::var("CLONES_TRACE").is_ok() {
+                    eprintln!("{at}: snapshot {s} of {id}");
+                }
+                snaps.insert(s, (digest(&fs), w.clone()));
+            }
+            if rng.chance(3) && !snaps.is_empty() && trees.len() < 5 {
+                let s = *snaps
+                    .keys()
+                    .nth(rng.below(snaps.len() as u64) as usize)
+                    .expect("id");
+                let c = fs
+                    .make_clone(s, format!("c{clones_made}").as_bytes())
+                    .expect("clone");
+                clones_made += 1;
+                if std::env::var("CLONES_TRACE").is_ok() {
+                    eprintln!("{at}: clone {c} of {s}");
+                }
+                trees.insert(c, snaps[&s].clone());
+                origins.insert(c, s);
+            }
+            if rng.chance(2) && !snaps.is_empty() {
+                let s = *snaps
+                    .keys()
+                    .nth(rng.below(snaps.len() as u64) as usize)
+                    .expect("id");
+                match fs.delete_snapshot(s) {
+                    Ok(()) => {
+                        if std::env::var("CLONES_TRACE").is_ok() {
+                            eprintln!("{at}: deleted snapshot {s}");
+                        }
+                        assert!(
+                            !origins.values().any(|&o| o == s),
+                            "{at}: origin {s} deleted"
+                        );
+                        snaps.remove(&s);
+                        if let Some(o) = origins.remove(&s) {
+                            dropping.insert(s, o);
+                        }
+                    }
+                    Err(Error::Busy(_)) => assert!(
+                        origins.values().chain(dropping.values()).any(|&o| o == s),
+                        "{at}: {s} refused"
+                    ),
+                    Err(e) => panic!("{at}: delete snapshot {s}: {e}"),
+                }
+            }
+            if rng.chance(2) {
+                let parked: Vec<u64> = (trees.keys().copied())
+                    .filter(|&t| t != FS_SUBVOL_ID)
+                    .collect();
+                if let Some(&c) = parked.get(rng.below(parked.len().max(1) as u64) as usize) {
+                    fs.delete_snapshot(c).expect("delete a clone");
+                    if std::env::var("CLONES_TRACE").is_ok() {
+                        eprintln!("{at}: deleted clone {c}");
+                    }
+                    trees.remove(&c);
+                    if let Some(o) = origins.remove(&c) {
+                        dropping.insert(c, o);
+                    }
+                    clones_deleted += 1;
+                }
+            }
+        }
+        assert!(matches!(
+            fs.delete_snapshot(id),
+            Err(Error::Busy(_)) | Err(Error::Invalid(_))
+        ));
+        if rng.chance(50) {
+            fs.finish_drops().expect("drops");
+            dropping.clear();
+        }
+        trees.insert(id, (digest(&fs), w));
+        let listed: Vec<u64> = fs.subvolumes().iter().map(|s| s.id).collect();
+        assert_eq!(
+            listed,
+            trees.keys().copied().collect::<Vec<_>>(),
+            "{at}: listed"
+        );
+        fs.close().expect("close");
+        check(&dev, &at);
+        for (t, (want, _)) in &trees {
+            assert_eq!(&peek(&dev, *t), want, "{at}: subvolume {t}");
+        }
+        for (s, (want, _)) in &snaps {
+            let v = Fs::open(
+                dev.clone(),
+                OpenOptions {
+                    snapshot: Some(*s),
+                    ..opts()
+                },
+            )
+            .expect("open a snapshot");
+            assert_eq!(&digest(&v), want, "{at}: snapshot {s} changed");
+            v.close().expect("close");
+        }
+    }
+    eprintln!(
+        "seed {seed}: {made} snapshots, {clones_made} clones made, {clones_deleted} deleted, \
+         {switches} switches"
+    );
+    assert!(
+        clones_made > 0 && switches > 0,
+        "seed {seed}: no clone was used"
+    );
+    // Everything deleted from the file system's own tree: no block held or leaked.
+    let fs = open_as(&dev, FS_SUBVOL_ID);
+    for c in trees.keys().filter(|&&t| t != FS_SUBVOL_ID) {
+        fs.delete_snapshot(*c).expect("delete a clone");
+    }
+    // Those a clone was made from go once what names their blocks through it is gone.
+    let mut left: Vec<u64> = snaps.keys().copied().collect();
+    for _ in 0..=snaps.len() {
+        left.retain(|s| match fs.delete_snapshot(*s) {
+            Ok(()) => false,
+            Err(Error::Busy(_)) => true,
+            Err(e) => panic!("seed {seed}: delete snapshot {s}: {e}"),
+        });
+        fs.finish_drops().expect("drops");
+    }
+    assert!(
+        left.is_empty(),
+        "seed {seed}: snapshots {left:?} could not be deleted"
+    );
+    assert!(fs.snapshots().expect("list").is_empty());
+    assert_eq!(fs.subvolumes().len(), 1);
+    let live = digest(&fs);
+    fs.close().expect("close");
+    check(&dev, &format!("seed {seed} end"));
+    let fs = Fs::open(dev.clone(), opts()).expect("reopen");
+    assert_eq!(digest(&fs), live);
+    fs.close().expect("close");
+}
+
+/// A file system with a file of `len` preallocated bytes, a snapshot of it and a clone of
+/// that: (device, clone id, file ino).
+fn preallocated_clone(len: u64) -> (Arc<MemDevice>, u64, u64) {
+    let (dev, fs) = mem_fs_with(64 << 20, 4096);
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
+    fs.fallocate(f, 0, len, 0).expect("preallocate");
+    let s = fs.snapshot(b"s").expect("snapshot");
+    let c = fs.make_clone(s, b"c").expect("clone");
+    fs.close().expect("close");
+    (dev, c, f)
+}
+
+#[test]
+fn a_preallocated_block_two_trees_name_is_not_filled_in_place() {
+    let (dev, c, f) = preallocated_clone(64 << 10);
+    // Written in the clone, then in the file system's own tree: each keeps its bytes.
+    let fs = open_as(&dev, c);
+    let before = extent_blocks(&fs, f);
+    fs.write(f, 0, &[7u8; 8192]).expect("write in the clone");
+    assert_ne!(extent_blocks(&fs, f), before, "the clone wrote in place");
+    fs.close().expect("close");
+    let fs = open_as(&dev, FS_SUBVOL_ID);
+    assert_eq!(fs.read(f, 0, 8192).expect("read"), vec![0u8; 8192]);
+    fs.write(f, 0, &[9u8; 4096])
+        .expect("write in the file system");
+    fs.close().expect("close");
+    let fs = open_as(&dev, c);
+    assert_eq!(fs.read(f, 0, 8192).expect("read"), vec![7u8; 8192]);
+    fs.close().expect("close");
+    check(&dev, "after writes on both sides");
+}
+
+#[test]
+fn an_origin_stays_while_its_clone_does_and_restores_wait_for_clones() {
+    let (dev, fs) = mem_fs_with(64 << 20, 4096);
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
+    fs.write(f, 0, &[1u8; 20_000]).expect("write");
+    let s = fs.snapshot(b"s").expect("snapshot");
+    let c = fs.make_clone(s, b"c").expect("clone");
+    assert!(matches!(fs.make_clone(s, b"c"), Err(Error::Exists)));
+    assert!(matches!(fs.snapshot(b"c"), Err(Error::Exists)));
+    assert!(matches!(fs.make_clone(c, b"d"), Err(Error::NotFound)));
+    assert!(matches!(fs.delete_snapshot(s), Err(Error::Busy(_))));
+    assert!(matches!(
+        fs.delete_snapshot(FS_SUBVOL_ID),
+        Err(Error::Invalid(_))
+    ));
+    let view = fs.open_snapshot(s, 1 << 20).expect("view");
+    let g = fs.create(ROOT, b"g", 0o644, ME).expect("create").ino;
+    assert!(matches!(
+        fs.copy_from_snapshot(&view, f, 0, g, 0, 20_000, Default::default()),
+        Err(Error::NotSupported(_))
+    ));
+    view.close().expect("close view");
+    assert!(matches!(fs.rollback(s), Err(Error::NotSupported(_))));
+    // A repair would not know which tree's blocks are which: refused, the image unchanged.
+    let before = dev.snapshot();
+    let r = idxfs_engine::repair::repair(
+        &(dev.clone() as Arc<dyn idxfs_blockdev::BlockDevice>),
+        idxfs_format::hash::name_hash,
+    );
+    assert!(
+        matches!(r, Err(Error::NotSupported(_))),
+        "{:?}",
+        r.map(|_| ())
+    );
+    assert!(
+        dev.snapshot() == before,
+        "the refused repair changed the image"
+    );
+    // Once the clone is gone, the origin goes too, and every block comes back.
+    let fs = Fs::open(dev.clone(), opts()).expect("reopen");
+    fs.delete_snapshot(c).expect("delete the clone");
+    // Until the clone's drop ends its leaves name the origin's blocks.
+    assert!(matches!(fs.delete_snapshot(s), Err(Error::Busy(_))));
+    fs.finish_drops().expect("drops");
+    fs.delete_snapshot(s).expect("delete the origin");
+    fs.finish_drops().expect("drops");
+    fs.close().expect("close");
+    check(&dev, "after deleting both");
+}
+
+#[test]
+fn an_fsync_in_a_clone_survives_a_crash() {
+    let (dev, fs) = mem_fs_with(64 << 20, 4096);
+    let s = fs.snapshot(b"s").expect("snapshot");
+    let c = fs.make_clone(s, b"c").expect("clone");
+    fs.close().expect("close");
+    let fs = Fs::open(
+        dev.clone(),
+        OpenOptions {
+            subvolume: Some(c),
+            commit_interval: None,
+            ..opts()
+        },
+    )
+    .expect("open the clone");
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
+    fs.write(f, 0, b"kept").expect("write");
+    fs.fsync(f).expect("fsync");
+    // The crash: the image as the fsync left it.
+    let crashed = Arc::new(MemDevice::from_bytes(dev.snapshot()));
+    drop(fs);
+    let fs = Fs::open(crashed.clone(), opts()).expect("open after the crash");
+    assert_eq!(fs.active_subvolume(), c);
+    let a = fs.lookup(ROOT, b"f").expect("the fsynced file");
+    assert_eq!(fs.read(a.ino, 0, 10).expect("read"), b"kept");
+    fs.close().expect("close");
+    check(&crashed, "after the crash");
+}
+
+/// Every prefix of the writes of making a clone, switching to it, writing, snapshotting,
+/// switching back and deleting it, the last writes torn or dropped, opens to a committed
+/// state with fsck clean: the tree active at that commit, showing what it showed.
+#[test]
+fn every_prefix_with_clones_opens_to_a_committed_state() {
+    let (mut rng, seed) = Rng::from_env("clones crash");
+    let rec = recorded_with(32 << 20, Some([6; 16]));
+    let open = |id: Option<u64>| {
+        Fs::open(
+            rec.clone(),
+            OpenOptions {
+                subvolume: id,
+                commit_interval: None,
+                ..opts()
+            },
+        )
+        .expect("open")
+    };
+    let gen = |fs: &Fs| fs.with_store(|s, _, _| s.generation - 1);
+    // generation -> (the active tree, what it showed).
+    let mut states: BTreeMap<u64, (u64, String)> = BTreeMap::new();
+    let mut seen = |fs: &Fs, first: u64| {
+        let now = (fs.active_subvolume(), digest_crash_stable(fs));
+        for g in first..=gen(fs) {
+            states.insert(g, now.clone());
+        }
+    };
+    let mut w = World::default();
+    let fs = open(None);
+    seen(&fs, 0);
+    for _ in 0..20 {
+        step(&fs, &mut rng, &mut w);
+    }
+    let first = gen(&fs) + 1;
+    fs.sync().expect("sync");
+    let s = fs.snapshot(b"s").expect("snapshot");
+    let c = fs.make_clone(s, b"c").expect("clone");
+    seen(&fs, first);
+    fs.close().expect("close");
+    // Each open of the other tree switches with one commit.
+    let mut worlds = [w.clone(), w];
+    for (id, which) in [(c, 0), (FS_SUBVOL_ID, 1), (c, 0)] {
+        let w = &mut worlds[which];
+        let fs = open(Some(id));
+        let first = gen(&fs);
+        seen(&fs, first);
+        for _ in 0..15 {
+            step(&fs, &mut rng, w);
+        }
+        let first = gen(&fs) + 1;
+        fs.sync().expect("sync");
+        fs.snapshot(format!("of {id} at {first}").as_bytes())
+            .expect("snapshot");
+        seen(&fs, first);
+        fs.close().expect("close");
+    }
+    let fs = open(Some(FS_SUBVOL_ID));
+    seen(&fs, gen(&fs));
+    let first = gen(&fs) + 1;
+    fs.delete_snapshot(c).expect("delete the clone");
+    for _ in 0..3 {
+        fs.drop_step().expect("drop step");
+        fs.sync().expect("sync");
+    }
+    seen(&fs, first);
+    fs.close().expect("close");
+    every_crash_image(&rec, &mut rng, seed, |dev, at| {
+        let fs = Fs::open(dev.clone(), opts()).unwrap_or_else(|e| panic!("{at}: open: {e}"));
+        let g = gen(&fs);
+        let want = states
+            .get(&g)
+            .unwrap_or_else(|| panic!("{at}: generation {g} never committed"));
+        let have = (fs.active_subvolume(), digest_crash_stable(&fs));
+        assert_eq!(&have, want, "{at}: state of generation {g}");
+        fs.finish_drops().expect("drops after a crash");
+        fs.close().expect("close");
+        check(&dev, &format!("{at}, drops finished"));
+    });
+}
+
+/// A block a clone appends right after one of its origin's on the device stays in an
+/// extent of its own (a merged one would take the origin's generation, and the clone's
+/// block would never be freed): once everything is deleted, no block is leaked.
+#[test]
+fn a_clone_s_block_next_to_its_origin_s_is_freed_with_the_clone() {
+    let (dev, fs) = mem_fs_with(64 << 20, 4096);
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
+    fs.write(f, 0, &[1u8; 4096]).expect("write");
+    let g = fs.create(ROOT, b"g", 0o644, ME).expect("create").ino;
+    fs.write(g, 0, &[2u8; 4096]).expect("write");
+    let (fx, gx) = (extent_blocks(&fs, f), extent_blocks(&fs, g));
+    assert_eq!(
+        gx[0].1,
+        fx[0].1 + 1,
+        "the test needs g's block right after f's"
+    );
+    fs.unlink(ROOT, b"g").expect("unlink");
+    fs.sync().expect("sync");
+    let s = fs.snapshot(b"s").expect("snapshot");
+    let c = fs.make_clone(s, b"c").expect("clone");
+    fs.close().expect("close");
+    let fs = open_as(&dev, c);
+    let merges = fs.counters().extent_merges.get();
+    fs.write(f, 4096, &[3u8; 4096])
+        .expect("append in the clone");
+    let ext = extent_blocks(&fs, f);
+    assert!(
+        ext.iter().any(|e| e.1 == gx[0].1),
+        "the test needs the clone's new block where g's was: {ext:?}"
+    );
+    assert_eq!(
+        fs.counters().extent_merges.get(),
+        merges,
+        "the clone's block merged into its origin's extent"
+    );
+    fs.close().expect("close");
+    let fs = open_as(&dev, FS_SUBVOL_ID);
+    fs.delete_snapshot(c).expect("delete the clone");
+    fs.finish_drops().expect("drops");
+    fs.delete_snapshot(s).expect("delete the origin");
+    fs.finish_drops().expect("drops");
+    fs.close().expect("close");
+    check(&dev, "everything deleted");
+}
