@@ -24,8 +24,10 @@ const BLOCK: usize = 4096;
 /// directory, long symlinks, a deep path, POSIX ACLs (a default ACL and what inherited it), an
 /// orphan, a snapshot with blocks held for it and shared nodes, a deleted snapshot partly
 /// dropped, and an fsync log of a few batches
-/// (taken as a crash image after the last fsync, so the log replays at open).
-fn base_image() -> Vec<u8> {
+/// (taken as a crash image after the last fsync, so the log replays at open). `clone`: also
+/// a writable subvolume made from the snapshot, changed and snapshotted while it was active,
+/// then parked (the orphan is freed by the closes that takes).
+fn base_image(clone: bool) -> Vec<u8> {
     let mem = Arc::new(MemDevice::new(8 << 20));
     Fs::mkfs(
         mem.clone(),
@@ -96,6 +98,38 @@ fn base_image() -> Vec<u8> {
     fs.delete_snapshot(gone).expect("delete");
     fs.drop_step().expect("drop step");
     fs.sync().expect("sync");
+    let fs = match clone {
+        false => fs,
+        true => {
+            let kept = (fs.snapshots().expect("list").iter())
+                .find(|s| s.name == b"kept")
+                .expect("kept")
+                .id;
+            let c = fs.make_clone(kept, b"clone").expect("clone");
+            fs.close().expect("close");
+            let open_as = |id| {
+                let o = idxfs_engine::OpenOptions {
+                    subvolume: Some(id),
+                    ..opts()
+                };
+                Fs::open(rec.clone(), o).expect("open a subvolume")
+            };
+            let fs = open_as(c);
+            for i in 0..6u64 {
+                if let Ok(a) = fs.lookup(d, format!("file{}", i + 20).as_bytes()) {
+                    fs.write(a.ino, 100, &vec![8u8; 9000])
+                        .expect("overwrite in the clone");
+                }
+            }
+            fs.unlink(d, b"file30").expect("unlink in the clone");
+            let f = fs.create(ROOT, b"cloned", 0o644, ME).expect("create").ino;
+            fs.write(f, 0, &vec![6u8; 30_000]).expect("write");
+            fs.snapshot(b"of the clone").expect("snapshot of the clone");
+            fs.write(f, 0, &vec![4u8; 8192]).expect("write");
+            fs.close().expect("close");
+            open_as(idxfs_format::FS_SUBVOL_ID)
+        }
+    };
     // After the commit: changes that reach the image only through the log.
     for i in 0..3 {
         let f = fs
@@ -261,6 +295,44 @@ fn exercise(img: Vec<u8>) -> Reach {
     ) {
         let _ = fs.rollback(s.id);
     }
+    // Writable subvolumes: each peeked at read-only, then made active, changed and deleted.
+    let subs = Fs::open(dev.clone(), opts()).map(|fs| {
+        let subs = fs.subvolumes();
+        let _ = fs.close();
+        subs
+    });
+    for sub in subs.unwrap_or_default() {
+        let o = |read_only| idxfs_engine::OpenOptions {
+            subvolume: Some(sub.id),
+            read_only,
+            ..opts()
+        };
+        if let Ok(s) = Fs::open(dev.clone(), o(true)) {
+            let _ = s.list(ROOT).map(|es| {
+                es.iter().take(50).for_each(|e| {
+                    let _ = s.getattr(e.ino).map(|_| s.read(e.ino, 0, 1 << 20));
+                })
+            });
+            let _ = s.close();
+        }
+        if let Ok(s) = Fs::open(dev.clone(), o(false)) {
+            let _ = s
+                .create(ROOT, b"in a subvolume", 0o644, ME)
+                .and_then(|a| s.write(a.ino, 0, &[3u8; 10_000]));
+            let _ = s.close();
+        }
+    }
+    if let Ok(fs) = Fs::open(dev.clone(), opts()) {
+        for sub in fs
+            .subvolumes()
+            .iter()
+            .filter(|s| s.origin.is_some() && !s.active)
+        {
+            let _ = fs.delete_snapshot(sub.id);
+        }
+        let _ = fs.finish_drops();
+        let _ = fs.close();
+    }
     let _ = fsck::check(&as_dyn, idxfs_format::hash::name_hash, &mut |_| {});
     reach
 }
@@ -291,11 +363,22 @@ fn damaged_images_give_errors_not_panics() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(40);
     let (mut rng, seed) = Rng::from_env("image fuzz");
-    let base = base_image();
-    // The undamaged image is consistent, log included.
-    assert_clean(&Arc::new(MemDevice::from_bytes(base.clone())));
-    let meta = metadata_blocks(&base);
-    assert!(meta.len() > 20, "{} metadata blocks", meta.len());
+    // A third of the cases damage the image with a writable subvolume (`base_image`); the
+    // cases `FOUND` lists fall on the first.
+    let bases = [base_image(false), base_image(true)];
+    let metas = bases.each_ref().map(|b| metadata_blocks(b));
+    for (base, meta) in bases.iter().zip(&metas) {
+        // The undamaged image is consistent, log included.
+        assert_clean(&Arc::new(MemDevice::from_bytes(base.clone())));
+        assert!(meta.len() > 20, "{} metadata blocks", meta.len());
+    }
+    let read_only = idxfs_engine::OpenOptions {
+        read_only: true,
+        ..opts()
+    };
+    let fs = Fs::open(Arc::new(MemDevice::from_bytes(bases[1].clone())), read_only).expect("open");
+    assert_eq!(fs.subvolumes().len(), 2, "the second image has a clone");
+    fs.close().expect("close");
     let start = Instant::now();
     let mut cases = 0u64;
     let (mut damaged, mut opened, mut failed) = (0u64, 0u64, 0u64);
@@ -308,7 +391,8 @@ fn damaged_images_give_errors_not_panics() {
         let case_seed = one_case
             .or_else(|| found.next())
             .unwrap_or_else(|| rng.next_u64());
-        let img = damage(&base, &meta, &mut Rng::new(case_seed));
+        let which = usize::from(case_seed % 3 == 2);
+        let img = damage(&bases[which], &metas[which], &mut Rng::new(case_seed));
         // Each case in its own thread, so a hang is caught (and reported) too.
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
