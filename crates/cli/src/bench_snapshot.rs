@@ -7,6 +7,10 @@
 //!   a mount (`idxfs import`; the command's syncfs and ioctl, the server's two commits);
 //!   `btrfs subvolume snapshot` of a subvolume holding the tree; `cp -a` of the tree on ext4,
 //!   until synced (what a file system without snapshots has).
+//! - **writable snapshot**: idxfs's `Fs::make_clone` of the first snapshot (a commit on the
+//!   unmounted image), and the open that makes the clone the active tree and closes it
+//!   (`OpenOptions::subvolume`: the open's own work, the switch's commits, the close), each
+//!   the fastest of `ROUNDS`; btrfs's snapshot row is writable already.
 //! - **rollback** after the same changes at both counts (`mistake`: a directory of 1,000
 //!   files removed, 100 files of 4 KiB made): idxfs's `Fs::rollback` on the unmounted image
 //!   (its commits included); btrfs's way, `btrfs subvolume delete` of the subvolume and
@@ -45,6 +49,9 @@ struct Times {
     cli: f64,
     /// `idxfs snapshot MOUNT NAME`.
     mount: f64,
+    /// idxfs only: `Fs::make_clone`, and an open that makes the clone active, then closes.
+    clone: Option<f64>,
+    clone_open: Option<f64>,
     /// Back to the snapshot after `mistake`; None where the file system has no way.
     rollback: Option<f64>,
     /// idxfs only: the tree removed from a mount by `idxfs rm` and by `rm -rf`, until synced.
@@ -128,6 +135,48 @@ fn idxfs(src: &Path, base: &Path, bytes: u64) -> Result<Times, String> {
         })?;
         t.snap = t.snap.min(s);
     }
+    let first = (fs.snapshots().map_err(|e| e.to_string())?)
+        .first()
+        .map(|s| s.id)
+        .ok_or("no snapshot")?;
+    let (mut clone, mut clone_open) = (f64::INFINITY, f64::INFINITY);
+    let mut clones = Vec::new();
+    for i in 0..ROUNDS {
+        let name = format!("clone{i}");
+        let s = secs(|| {
+            let id = fs
+                .make_clone(first, name.as_bytes())
+                .map_err(|e| e.to_string())?;
+            clones.push(id);
+            Ok(())
+        })?;
+        clone = clone.min(s);
+    }
+    fs.close().map_err(|e| e.to_string())?;
+    // Each open makes another tree active: a clone, the file system's own, in turn.
+    let order = clones
+        .iter()
+        .copied()
+        .flat_map(|c| [c, idxfs_format::FS_SUBVOL_ID]);
+    for id in order {
+        clone_open = clone_open.min(secs(|| {
+            let dev = FileDevice::open(&img, true).map_err(|e| e.to_string())?;
+            let o = OpenOptions {
+                subvolume: Some(id),
+                commit_interval: None,
+                ..OpenOptions::default()
+            };
+            let fs = Fs::open(Arc::new(dev), o).map_err(|e| e.to_string())?;
+            fs.close().map_err(|e| e.to_string())
+        })?);
+    }
+    (t.clone, t.clone_open) = (Some(clone), Some(clone_open));
+    // Untimed: the clones go before the rollback (refused beside clones).
+    let fs = open(&img)?;
+    for id in clones {
+        fs.delete_snapshot(id).map_err(|e| e.to_string())?;
+    }
+    fs.finish_drops().map_err(|e| e.to_string())?;
     fs.close().map_err(|e| e.to_string())?;
     for i in 0..ROUNDS {
         let mut cmd = Command::new(bench_env::self_exe());
@@ -414,8 +463,21 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
                 ms(t[0].mount),
                 ms(t[1].mount)
             ));
+            for (what, v) in [
+                ("idxfs writable snapshot", [t[0].clone, t[1].clone]),
+                ("  opened (open+switch)", [t[0].clone_open, t[1].clone_open]),
+            ] {
+                if let [Some(a), Some(b)] = v {
+                    text.push_str(&format!(
+                        "{what:<24} {:>12} {:>12} {:>7.2}x\n",
+                        ms(a),
+                        ms(b),
+                        b / a
+                    ));
+                }
+            }
         }
-        let one = |t: &Times| json!({"snapshot_s": t.snap, "command_s": t.cli, "mount_command_s": t.mount, "rollback_s": t.rollback, "idxfs_rm_s": t.rm, "rm_rf_mount_s": t.rm_rf, "idxfs_cp_s": t.cp, "cp_a_mount_s": t.cp_a, "delete_returns_s": t.returns, "space_back_s": t.back});
+        let one = |t: &Times| json!({"snapshot_s": t.snap, "command_s": t.cli, "mount_command_s": t.mount, "clone_s": t.clone, "clone_open_s": t.clone_open, "rollback_s": t.rollback, "idxfs_rm_s": t.rm, "rm_rf_mount_s": t.rm_rf, "idxfs_cp_s": t.cp, "cp_a_mount_s": t.cp_a, "delete_returns_s": t.returns, "space_back_s": t.back});
         raw.insert(
             label.clone(),
             json!({"small": one(&t[0]), "large": one(&t[1])}),
@@ -425,7 +487,10 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
         "(ratio: snapshot of the larger count against the smaller; idxfs's library call is two \
          commits on the unmounted image, its command adds the open and close, and MOUNT is \
          the command against a mount holding the tree (syncfs, an ioctl, the server's two \
-         commits), each the fastest of 3; rollback: back to the snapshot after the same \
+         commits), each the fastest of 3; writable snapshot: Fs::make_clone of the snapshot \
+         (a commit), and an open of the image that makes the clone the active tree and \
+         closes (the open, the switch's two commits, the close), each the fastest of 3 \
+         (btrfs's snapshot is writable already); rollback: back to the snapshot after the same \
          changes at both counts (a directory of 1,000 files removed, 100 files made), idxfs's \
          library call and btrfs's subvolume delete and snapshot of the snapshot in its place; \
          idxfs rm and rm -rf: the tree removed from a mount it was imported into, until synced; \

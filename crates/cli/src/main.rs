@@ -103,11 +103,17 @@ enum Cmd {
     /// every later change gone, every snapshot kept (an unmounted image only). TARGET: an
     /// unmounted image, or a directory on an idxfs mount (root or the mount's owner only). A
     /// mount shows its snapshots at MOUNT/.snapshots/NAME; `-o snapshot=ID` mounts one alone.
+    /// --clone ID|NAME NAME makes a writable subvolume from a snapshot (an unmounted image
+    /// only), mounted with `-o subvol=ID` (5: the file system's own tree again); --delete
+    /// deletes one.
     Snapshot {
         target: PathBuf,
         /// The new snapshot's name (1 to 255 bytes, no '/').
         #[arg(required_unless_present_any = ["list", "delete", "rollback"])]
         name: Option<String>,
+        /// Make a writable subvolume named NAME from this snapshot (id or name).
+        #[arg(long, value_name = "ID|NAME", requires = "name", conflicts_with_all = ["list", "delete", "rollback"])]
+        clone: Option<String>,
         #[arg(long, conflicts_with_all = ["name", "delete", "rollback"])]
         list: bool,
         /// The snapshot to delete, by id or name.
@@ -153,8 +159,10 @@ enum Cmd {
         /// every read; default on),
         /// readdirplus=always|auto (auto: names-only listings skip attributes, but tar, cp and
         /// rm then look up every entry; default always), snapshot=ID (serve that read-only
-        /// snapshot, `idxfs snapshot --list`), snapdir=NAME (the root's hidden directory
-        /// showing the snapshots, default .snapshots), nosnapdir (none).
+        /// snapshot, `idxfs snapshot --list`), subvol=ID (make that writable subvolume the
+        /// image's active one and serve it; 5: the file system's own tree), snapdir=NAME (the
+        /// root's hidden directory showing the snapshots, default .snapshots), nosnapdir
+        /// (none).
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
         /// Create and format the image first if it does not exist.
@@ -654,11 +662,15 @@ fn main() -> ExitCode {
         Cmd::Snapshot {
             target,
             name,
+            clone,
             list,
             delete,
             rollback,
         } => {
             let ask = match (&name, list, &delete, &rollback) {
+                (Some(n), _, _, _) if clone.is_some() => {
+                    snapshot::Ask::Clone(clone.as_deref().unwrap_or_default(), n)
+                }
                 (_, true, _, _) => snapshot::Ask::List,
                 (_, _, Some(which), _) => snapshot::Ask::Delete(which),
                 (_, _, _, Some(which)) => snapshot::Ask::Rollback(which),

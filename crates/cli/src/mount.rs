@@ -134,6 +134,7 @@ fn serve_image(
         OpenOptions {
             read_only,
             snapshot: cfg.snapshot,
+            subvolume: cfg.subvolume,
             atime: cfg.atime,
             sync: cfg.sync,
             on_damage: cfg.on_damage,
@@ -143,14 +144,20 @@ fn serve_image(
             ..OpenOptions::default()
         },
     )
-    .map_err(|e| match (e, cfg.snapshot) {
-        (idxfs_engine::Error::NotFound, Some(id)) => {
+    .map_err(|e| match (e, cfg.snapshot, cfg.subvolume) {
+        (idxfs_engine::Error::NotFound, Some(id), _) => {
             format!(
                 "{}: no snapshot {id} (`idxfs snapshot --list`)",
                 a.image.display()
             )
         }
-        (e, _) => format!("{}: {e}", a.image.display()),
+        (idxfs_engine::Error::NotFound, None, Some(id)) => {
+            format!(
+                "{}: no subvolume {id} (`idxfs snapshot --list`)",
+                a.image.display()
+            )
+        }
+        (e, _, _) => format!("{}: {e}", a.image.display()),
     })?;
     let source = std::fs::canonicalize(a.image)
         .unwrap_or_else(|_| a.image.to_path_buf())

@@ -2,7 +2,9 @@
 //! deleted, of an unmounted image here, or of a mounted file system by its server
 //! (`idxfs_fuse::snapshot`); `idxfs mount -o snapshot=ID` mounts one. A rollback to one
 //! (`Fs::rollback`) is for an unmounted image only: the kernel of a mount would go on
-//! serving what it cached of the files the rollback takes away.
+//! serving what it cached of the files the rollback takes away. Writable subvolumes made
+//! from snapshots (`Fs::make_clone`, `--clone`) are made, listed and deleted on an unmounted
+//! image; `idxfs mount -o subvol=ID` mounts one.
 use idxfs_engine::{Error, Fs, OpenOptions};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -11,9 +13,11 @@ use std::path::Path;
 pub(crate) enum Ask<'a> {
     Make(&'a str),
     List,
-    /// A snapshot's id or name.
+    /// A snapshot's or a clone's id or name.
     Delete(&'a str),
     Rollback(&'a str),
+    /// A writable subvolume made from snapshot (id or name) .0, named .1.
+    Clone(&'a str, &'a str),
 }
 
 /// The snapshot `which` names among `listed` (id, name, deleted): an id first (a number that
@@ -46,6 +50,13 @@ pub(crate) fn run(image: &Path, ask: Ask) -> Result<(), String> {
         let listed = list.iter().map(|s| (s.id, &s.name[..], s.dropping));
         resolve(which, listed).ok_or_else(|| format!("{p}: no snapshot {which}"))
     };
+    // A snapshot or a clone (not the file system's own tree, which has no name).
+    let any_of = |which: &str| -> Result<u64, String> {
+        let subs = fs.subvolumes();
+        let clones = subs.iter().filter(|s| s.origin.is_some());
+        let listed = clones.map(|s| (s.id, &s.name[..], false));
+        resolve(which, listed).map_or_else(|| id_of(which), Ok)
+    };
     let r = match &ask {
         Ask::Make(name) => fs
             .snapshot(name.as_bytes())
@@ -57,13 +68,36 @@ pub(crate) fn run(image: &Path, ask: Ask) -> Result<(), String> {
             for s in list {
                 print_listed(s.id, &s.name, s.generation, s.dropping);
             }
+            let subs = fs.subvolumes();
+            if subs.len() > 1 {
+                println!("writable subvolumes (mount one with -o subvol=ID):");
+                for s in subs {
+                    let name = match s.origin {
+                        None => "(the file system's own tree)".to_string(),
+                        Some(o) => {
+                            format!("{}\tfrom snapshot {o}", String::from_utf8_lossy(&s.name))
+                        }
+                    };
+                    let active = if s.active { " (active)" } else { "" };
+                    println!("{}\t{name}{active}", s.id);
+                }
+            }
         }),
+        Ask::Clone(from, name) => {
+            let origin = id_of(from)?;
+            fs.make_clone(origin, name.as_bytes()).map(|id| {
+                println!(
+                    "{p}: subvolume {id} ({name}), writable, from snapshot {origin}; mount it \
+                     with -o subvol={id}"
+                )
+            })
+        }
         // No mount to give the blocks back in the background: done before returning.
         Ask::Delete(which) => {
-            let id = id_of(which)?;
+            let id = any_of(which)?;
             fs.delete_snapshot(id)
                 .and_then(|()| fs.finish_drops())
-                .map(|()| println!("{p}: snapshot {id} deleted, its blocks free"))
+                .map(|()| println!("{p}: {id} deleted, its blocks free"))
         }
         Ask::Rollback(which) => {
             let id = id_of(which)?;
@@ -84,7 +118,9 @@ pub(crate) fn run(image: &Path, ask: Ask) -> Result<(), String> {
     let closed = fs.close();
     r.map_err(|e| match (e, &ask) {
         (Error::NotFound, Ask::Delete(which)) => format!("{p}: no snapshot {which}"),
-        (Error::Exists, Ask::Make(name)) => format!("{p}: a snapshot named {name:?} exists"),
+        (Error::Exists, Ask::Make(name) | Ask::Clone(_, name)) => {
+            format!("{p}: a snapshot or subvolume named {name:?} exists")
+        }
         (e, _) => format!("{p}: {e}"),
     })?;
     closed.map_err(|e| format!("{p}: {e}"))
@@ -120,6 +156,12 @@ pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
             return Err(format!(
                 "{m}: a rollback takes away files the kernel may have cached or open: \
                  unmount it and roll back the image"
+            ))
+        }
+        Ask::Clone(..) => {
+            return Err(format!(
+                "{m}: writable subvolumes are made on an unmounted image (for now): unmount \
+                 it first"
             ))
         }
     };

@@ -70,6 +70,9 @@ pub struct MountConfig {
     /// `-o snapshot=ID`: serve this read-only snapshot of the image instead of its file
     /// system (read-only whatever else is asked).
     pub snapshot: Option<u64>,
+    /// `-o subvol=ID`: make this writable subvolume (a clone, or 5 for the file system's
+    /// own tree) the image's active one and serve it (`idxfs_engine::fs::clones`).
+    pub subvolume: Option<u64>,
     /// `-o snapdir=NAME`: the root's name for the snapshots directory (`snapdir.rs`),
     /// `.snapshots` unless asked; None with `-o nosnapdir`.
     pub snapdir: Option<String>,
@@ -110,6 +113,7 @@ impl Default for MountConfig {
             acl: None,
             flags: Vec::new(),
             snapshot: None,
+            subvolume: None,
             snapdir: Some(DEFAULT_SNAPDIR.to_string()),
         }
     }
@@ -165,6 +169,15 @@ impl MountConfig {
                         ))
                     })?;
                     self.snapshot = Some(id);
+                }
+                "subvol" => {
+                    let v = need(value)?;
+                    let id = v.parse().map_err(|_| {
+                        OptionError(format!(
+                            "bad subvol {v:?}: an id from `idxfs snapshot --list`"
+                        ))
+                    })?;
+                    self.subvolume = Some(id);
                 }
                 "snapdir" => {
                     let v = need(value)?;

@@ -1,0 +1,88 @@
+//! Writable subvolumes made from snapshots (issue 25's clones) through the CLI and the
+//! mount: `idxfs snapshot IMAGE --clone SNAP NAME`, `-o subvol=ID` serving it writable while
+//! the file system's own tree keeps its state, `--list` naming both and which is active,
+//! `-o subvol=5` back to the file system's own tree, the origin refused a delete while the
+//! clone lives, `--delete` of the clone and then of the origin, fsck clean after each step.
+mod common;
+use common::*;
+
+#[test]
+fn a_clone_mounts_writable_beside_the_file_system_and_goes_with_its_origin() {
+    let mut m = Mounted::root_only("256M", "");
+    std::fs::create_dir(m.path("d")).expect("mkdir");
+    std::fs::write(m.path("d/f"), b"v1").expect("write");
+    std::fs::write(m.path("big"), vec![5u8; 8 << 20]).expect("write");
+    m.unmount();
+    let img = m.image.to_str().expect("utf8").to_string();
+    let ok = |args: &[&str]| {
+        let (code, out, err) = idxfs(args);
+        assert_eq!(code, 0, "idxfs {args:?}: {out}{err}");
+        out
+    };
+    ok(&["snapshot", &img, "base"]);
+    let out = ok(&["snapshot", &img, "--clone", "base", "work"]);
+    assert!(out.contains("subvolume 257 (work)"), "{out}");
+    let (code, _, err) = idxfs(&["snapshot", &img, "--clone", "base", "work"]);
+    assert!(code != 0 && err.contains("exists"), "{err}");
+    let (code, _, err) = idxfs(&["snapshot", &img, "--clone", "nosuch", "other"]);
+    assert!(code != 0 && err.contains("no snapshot nosuch"), "{err}");
+    m.assert_fsck_clean();
+
+    // The clone, changed.
+    m.mount("subvol=257");
+    assert_eq!(std::fs::read(m.path("d/f")).expect("read"), b"v1");
+    std::fs::write(m.path("d/f"), b"clone").expect("write");
+    std::fs::remove_file(m.path("big")).expect("rm");
+    std::fs::write(m.path("new"), b"only in the clone").expect("write");
+    m.unmount();
+    m.assert_fsck_clean();
+    let out = ok(&["snapshot", &img, "--list"]);
+    assert!(
+        out.contains("257\twork\tfrom snapshot 256 (active)"),
+        "{out}"
+    );
+
+    // A plain mount keeps the active one; subvol=5 is the file system's own tree again.
+    m.mount("");
+    assert_eq!(std::fs::read(m.path("d/f")).expect("read"), b"clone");
+    m.unmount();
+    m.mount("subvol=5");
+    assert_eq!(std::fs::read(m.path("d/f")).expect("read"), b"v1");
+    assert_eq!(
+        std::fs::read(m.path("big")).expect("read"),
+        vec![5u8; 8 << 20]
+    );
+    assert!(!m.path("new").exists());
+    std::fs::write(m.path("d/f"), b"own").expect("write");
+    m.unmount();
+    m.mount("subvol=257");
+    assert_eq!(std::fs::read(m.path("d/f")).expect("read"), b"clone");
+    m.unmount();
+    let (code, _, err) = idxfs(&[
+        "mount",
+        &img,
+        m.mp.to_str().expect("utf8"),
+        "-o",
+        "subvol=999",
+    ]);
+    assert!(code != 0 && err.contains("no subvolume 999"), "{err}");
+    m.assert_fsck_clean();
+
+    // The origin stays while the clone does; then both go.
+    let (code, _, err) = idxfs(&["snapshot", &img, "--delete", "base"]);
+    assert!(code != 0 && err.contains("made from the snapshot"), "{err}");
+    let (code, _, err) = idxfs(&["snapshot", &img, "--delete", "work"]);
+    assert!(code != 0 && err.contains("open"), "the active one: {err}");
+    m.mount("subvol=5");
+    m.unmount();
+    ok(&["snapshot", &img, "--delete", "work"]);
+    ok(&["snapshot", &img, "--delete", "base"]);
+    let out = ok(&["snapshot", &img, "--list"]);
+    assert!(
+        out.contains("no snapshots") && !out.contains("writable"),
+        "{out}"
+    );
+    m.assert_fsck_clean();
+    m.mount("");
+    assert_eq!(std::fs::read(m.path("d/f")).expect("read"), b"own");
+}
