@@ -77,7 +77,7 @@ fn a_snapshot_mounts_read_only_with_the_old_state_and_its_delete_gives_the_space
         (vec!["snapshot", &img, "a/b"], "no NUL or '/'"),
         (
             vec!["snapshot", &img, "before"],
-            "a snapshot named \"before\" exists",
+            "a snapshot or subvolume named \"before\" exists",
         ),
         (vec!["snapshot", &img, "--delete", "999"], "no snapshot 999"),
     ] {
