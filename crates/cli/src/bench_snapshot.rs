@@ -9,8 +9,9 @@
 //!   until synced (what a file system without snapshots has).
 //! - **writable snapshot**: idxfs's `Fs::make_clone` of the first snapshot (a commit on the
 //!   unmounted image), and the open that makes the clone the active tree and closes it
-//!   (`OpenOptions::subvolume`: the open's own work, the switch's commits, the close), each
-//!   the fastest of `ROUNDS`; btrfs's snapshot row is writable already.
+//!   (`OpenOptions::subvolume`: the open's own work, the switch's commits, the close), and
+//!   the same open and close without a switch, each the fastest of `ROUNDS`; btrfs's
+//!   snapshot row is writable already.
 //! - **rollback** after the same changes at both counts (`mistake`: a directory of 1,000
 //!   files removed, 100 files of 4 KiB made): idxfs's `Fs::rollback` on the unmounted image
 //!   (its commits included); btrfs's way, `btrfs subvolume delete` of the subvolume and
@@ -49,9 +50,11 @@ struct Times {
     cli: f64,
     /// `idxfs snapshot MOUNT NAME`.
     mount: f64,
-    /// idxfs only: `Fs::make_clone`, and an open that makes the clone active, then closes.
+    /// idxfs only: `Fs::make_clone`, an open that makes the clone active, then closes, and
+    /// the same open and close of the active tree (no switch).
     clone: Option<f64>,
     clone_open: Option<f64>,
+    plain_open: Option<f64>,
     /// Back to the snapshot after `mistake`; None where the file system has no way.
     rollback: Option<f64>,
     /// idxfs only: the tree removed from a mount by `idxfs rm` and by `rm -rf`, until synced.
@@ -153,24 +156,28 @@ fn idxfs(src: &Path, base: &Path, bytes: u64) -> Result<Times, String> {
         clone = clone.min(s);
     }
     fs.close().map_err(|e| e.to_string())?;
-    // Each open makes another tree active: a clone, the file system's own, in turn.
-    let order = clones
-        .iter()
-        .copied()
-        .flat_map(|c| [c, idxfs_format::FS_SUBVOL_ID]);
-    for id in order {
-        clone_open = clone_open.min(secs(|| {
+    let open_close = |id: Option<u64>| {
+        secs(|| {
             let dev = FileDevice::open(&img, true).map_err(|e| e.to_string())?;
             let o = OpenOptions {
-                subvolume: Some(id),
+                subvolume: id,
                 commit_interval: None,
                 ..OpenOptions::default()
             };
             let fs = Fs::open(Arc::new(dev), o).map_err(|e| e.to_string())?;
             fs.close().map_err(|e| e.to_string())
-        })?);
+        })
+    };
+    // Each open makes another tree active: a clone, the file system's own, in turn; and
+    // between them one that keeps the active tree (the open's own cost).
+    let mut plain_open = f64::INFINITY;
+    for c in clones.iter().copied() {
+        clone_open = clone_open.min(open_close(Some(c))?);
+        clone_open = clone_open.min(open_close(Some(idxfs_format::FS_SUBVOL_ID))?);
+        plain_open = plain_open.min(open_close(None)?);
     }
     (t.clone, t.clone_open) = (Some(clone), Some(clone_open));
+    t.plain_open = Some(plain_open);
     // Untimed: the clones go before the rollback (refused beside clones).
     let fs = open(&img)?;
     for id in clones {
@@ -466,6 +473,7 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
             for (what, v) in [
                 ("idxfs writable snapshot", [t[0].clone, t[1].clone]),
                 ("  opened (open+switch)", [t[0].clone_open, t[1].clone_open]),
+                ("  open, no switch", [t[0].plain_open, t[1].plain_open]),
             ] {
                 if let [Some(a), Some(b)] = v {
                     text.push_str(&format!(
@@ -477,7 +485,7 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
                 }
             }
         }
-        let one = |t: &Times| json!({"snapshot_s": t.snap, "command_s": t.cli, "mount_command_s": t.mount, "clone_s": t.clone, "clone_open_s": t.clone_open, "rollback_s": t.rollback, "idxfs_rm_s": t.rm, "rm_rf_mount_s": t.rm_rf, "idxfs_cp_s": t.cp, "cp_a_mount_s": t.cp_a, "delete_returns_s": t.returns, "space_back_s": t.back});
+        let one = |t: &Times| json!({"snapshot_s": t.snap, "command_s": t.cli, "mount_command_s": t.mount, "clone_s": t.clone, "clone_open_s": t.clone_open, "open_close_s": t.plain_open, "rollback_s": t.rollback, "idxfs_rm_s": t.rm, "rm_rf_mount_s": t.rm_rf, "idxfs_cp_s": t.cp, "cp_a_mount_s": t.cp_a, "delete_returns_s": t.returns, "space_back_s": t.back});
         raw.insert(
             label.clone(),
             json!({"small": one(&t[0]), "large": one(&t[1])}),
@@ -489,8 +497,9 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
          the command against a mount holding the tree (syncfs, an ioctl, the server's two \
          commits), each the fastest of 3; writable snapshot: Fs::make_clone of the snapshot \
          (a commit), and an open of the image that makes the clone the active tree and \
-         closes (the open, the switch's two commits, the close), each the fastest of 3 \
-         (btrfs's snapshot is writable already); rollback: back to the snapshot after the same \
+         closes (the open, the switch's two commits, the close), beside the same open and \
+         close without a switch, each the fastest of 3 (btrfs's snapshot is writable \
+         already); rollback: back to the snapshot after the same \
          changes at both counts (a directory of 1,000 files removed, 100 files made), idxfs's \
          library call and btrfs's subvolume delete and snapshot of the snapshot in its place; \
          idxfs rm and rm -rf: the tree removed from a mount it was imported into, until synced; \

@@ -96,7 +96,8 @@ enum Cmd {
         /// A new directory on an idxfs mount.
         path: PathBuf,
     },
-    /// Read-only snapshots: `idxfs snapshot TARGET NAME` makes one (in constant time,
+    /// Read-only snapshots and writable clones of them: `idxfs snapshot TARGET NAME` makes a
+    /// snapshot (in constant time,
     /// whatever the file system holds) and prints its id; --list lists them; --delete ID|NAME
     /// deletes one (its blocks come back before this returns on an unmounted image, in the
     /// background on a mount); --rollback ID|NAME makes the file system what it holds,
@@ -116,7 +117,7 @@ enum Cmd {
         clone: Option<String>,
         #[arg(long, conflicts_with_all = ["name", "delete", "rollback"])]
         list: bool,
-        /// The snapshot to delete, by id or name.
+        /// The snapshot or clone to delete, by id or name.
         #[arg(long, value_name = "ID|NAME", conflicts_with_all = ["name", "rollback"])]
         delete: Option<String>,
         /// The snapshot to roll back to, by id or name.
