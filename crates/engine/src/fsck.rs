@@ -367,9 +367,8 @@ impl<'a> Checker<'a> {
     /// not owned, and found owned or held at the end (`roots`).
     fn claim_data(&mut self, start: u64, n: u64, gen: u64) {
         if gen <= self.roots.floor {
-            self.roots
-                .borrowed
-                .push((start, n, "fs tree (a clone)".into()));
+            let whose = self.roots.active_name.clone();
+            self.roots.borrowed.push((start, n, whose));
             for b in start..start + n {
                 let named = self.roots.borrowed_named.entry(b).or_insert(0);
                 *named += 1;

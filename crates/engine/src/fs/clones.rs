@@ -287,8 +287,9 @@ impl Inner {
         Ok(())
     }
 
-    /// Deletes parked clone `id` (module docs): its own blocks let go of, its tree dropped
-    /// in the background from the next commit on, its origin free to be deleted.
+    /// Deletes parked clone `id` (module docs): its own blocks let go of (held for it until
+    /// its drop ends), its tree dropped in the background from the next commit on, its
+    /// origin free to be deleted once that drop ends.
     pub(crate) fn delete_clone(&mut self, id: u64) -> Result<()> {
         let clones = &self.snapshots.clones;
         if id == FS_SUBVOL_ID {

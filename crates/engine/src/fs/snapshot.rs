@@ -716,7 +716,8 @@ impl Fs {
     /// Deletes snapshot `id`: it is gone once this returns (durably), and its blocks come
     /// back in the background (the commit thread's drop steps, or `finish_drops`), resumed
     /// at the next open after a crash. `Error::Busy` while it is open beside the file system
-    /// (`open_snapshot`).
+    /// (`open_snapshot`), or while anything names its blocks as its origin's (`clones`).
+    /// A parked clone's id deletes the clone (`Inner::delete_clone`).
     pub fn delete_snapshot(&self, id: u64) -> Result<()> {
         let mut g = self.lock();
         g.writable()?;

@@ -26,6 +26,7 @@ use idxfs_format::roots::{
 };
 use idxfs_format::{ItemType, Key, FS_SUBVOL_ID, HELD_OBJECTID, NODE_REFS_OBJECTID, TREE_FS};
 use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
 
 fn writable(it: &SubvolumeItem) -> bool {
     it.flags.get() & SUBVOL_WRITABLE != 0 && it.flags.get() & SUBVOL_DROPPING == 0
@@ -44,10 +45,13 @@ pub(super) struct RootsCheck {
     /// The active tree's origin's generation (0: the file system's own tree is active):
     /// extents this old are not its own (`Checker::claim_data`).
     pub floor: u64,
-    /// Blocks writable trees name that are their origins' (start, blocks, whose).
-    pub borrowed: Vec<(u64, u64, String)>,
+    /// Blocks writable trees name that are their origins' (start, blocks, whose: shared by
+    /// every extent of one tree, which may be millions).
+    pub borrowed: Vec<(u64, u64, Rc<str>)>,
     /// How many of the active tree's extents name each block it does not own.
     pub borrowed_named: HashMap<u64, u64>,
+    /// The active tree's name in messages.
+    pub active_name: Rc<str>,
 }
 
 impl RootsCheck {
@@ -100,6 +104,7 @@ impl Checker<'_> {
         if active == 0 {
             return;
         }
+        self.roots.active_name = format!("fs tree (subvolume {active})").into();
         match self.roots.origins.get(&active) {
             Some(&(_, g)) => self.roots.floor = g,
             None => self
@@ -306,9 +311,9 @@ impl Checker<'_> {
             root.level.get() as u8,
             KeyRange::ANY,
         )];
-        let name = match own {
-            Some(_) => format!("subvolume {id}"),
-            None => format!("snapshot {id}"),
+        let name: Rc<str> = match own {
+            Some(_) => format!("subvolume {id}").into(),
+            None => format!("snapshot {id}").into(),
         };
         while let Some((block, g, level, range)) = stack.pop() {
             self.claim(block, bpn, "snapshot tree");
@@ -352,7 +357,7 @@ impl Checker<'_> {
     /// claimed once however many of its extents name them; older ones its origin's.
     fn writable_extent(
         &mut self,
-        name: &str,
+        name: &Rc<str>,
         floor: u64,
         k: &Key,
         v: &[u8],
@@ -374,7 +379,7 @@ impl Checker<'_> {
         }
         let (s, n) = (e.disk_block.get(), e.blocks.get());
         if e.generation.get() <= floor {
-            self.roots.borrowed.push((s, n, name.to_string()));
+            self.roots.borrowed.push((s, n, name.clone()));
             return;
         }
         for b in s..s + n {
