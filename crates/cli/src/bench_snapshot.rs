@@ -442,21 +442,28 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
                 b / a
             ));
         }
-        for (what, v) in [
-            ("idxfs rm MOUNT/tree", [t[0].rm, t[1].rm]),
-            ("rm -rf MOUNT/tree", [t[0].rm_rf, t[1].rm_rf]),
-            ("idxfs cp MOUNT/tree", [t[0].cp, t[1].cp]),
-            ("cp -a MOUNT/tree", [t[0].cp_a, t[1].cp_a]),
-        ] {
-            if let [Some(a), Some(b)] = v {
-                text.push_str(&format!(
-                    "{what:<24} {:>12} {:>12} {:>7.2}x\n",
-                    ms(a),
-                    ms(b),
-                    b / a
-                ));
+        // Rows measured at both counts, with their ratio; the others are left out.
+        let ratio_rows = |text: &mut String, rows: &[(&str, [Option<f64>; 2])]| {
+            for (what, v) in rows {
+                if let [Some(a), Some(b)] = *v {
+                    text.push_str(&format!(
+                        "{what:<24} {:>12} {:>12} {:>7.2}x\n",
+                        ms(a),
+                        ms(b),
+                        b / a
+                    ));
+                }
             }
-        }
+        };
+        ratio_rows(
+            &mut text,
+            &[
+                ("idxfs rm MOUNT/tree", [t[0].rm, t[1].rm]),
+                ("rm -rf MOUNT/tree", [t[0].rm_rf, t[1].rm_rf]),
+                ("idxfs cp MOUNT/tree", [t[0].cp, t[1].cp]),
+                ("cp -a MOUNT/tree", [t[0].cp_a, t[1].cp_a]),
+            ],
+        );
         if label == "idxfs" {
             text.push_str(&format!(
                 "{:<24} {:>12} {:>12}\n",
@@ -470,20 +477,14 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
                 ms(t[0].mount),
                 ms(t[1].mount)
             ));
-            for (what, v) in [
-                ("idxfs writable snapshot", [t[0].clone, t[1].clone]),
-                ("  opened (open+switch)", [t[0].clone_open, t[1].clone_open]),
-                ("  open, no switch", [t[0].plain_open, t[1].plain_open]),
-            ] {
-                if let [Some(a), Some(b)] = v {
-                    text.push_str(&format!(
-                        "{what:<24} {:>12} {:>12} {:>7.2}x\n",
-                        ms(a),
-                        ms(b),
-                        b / a
-                    ));
-                }
-            }
+            ratio_rows(
+                &mut text,
+                &[
+                    ("idxfs writable snapshot", [t[0].clone, t[1].clone]),
+                    ("  opened (open+switch)", [t[0].clone_open, t[1].clone_open]),
+                    ("  open, no switch", [t[0].plain_open, t[1].plain_open]),
+                ],
+            );
         }
         let one = |t: &Times| json!({"snapshot_s": t.snap, "command_s": t.cli, "mount_command_s": t.mount, "clone_s": t.clone, "clone_open_s": t.clone_open, "open_close_s": t.plain_open, "rollback_s": t.rollback, "idxfs_rm_s": t.rm, "rm_rf_mount_s": t.rm_rf, "idxfs_cp_s": t.cp, "cp_a_mount_s": t.cp_a, "delete_returns_s": t.returns, "space_back_s": t.back});
         raw.insert(

@@ -360,7 +360,8 @@ impl Inner {
             );
             self.snapshots.mark_changed(id);
             for &(start, n) in &union {
-                self.let_go(start, n, false, o.generation + 1)?;
+                // The origin's generation is the image's: saturated, never overflowed.
+                self.let_go(start, n, false, o.generation.saturating_add(1))?;
             }
             self.txn.changed = true;
             self.commit()
