@@ -24,7 +24,8 @@
 //! Replay at open ([`replay`]): follow the chain, keep whole batches, and apply each item's
 //! last state over the committed trees. Space follows from the items: blocks the logged
 //! extents name and the committed ones did not are marked used; blocks only the committed
-//! extents named are freed. Then a commit (on a read-write open) makes the result the new
+//! extents named are let go of by those extents' generation, as the operation did (freed,
+//! held for a snapshot, or left to a clone's origin: `fs::clones`). Then a commit (on a read-write open) makes the result the new
 //! committed state. The replay's tree changes allocate nodes before the freed extents come
 //! back, so on a device too full for them the open fails with NoSpace, having written
 //! nothing: the image keeps its committed state and its log.
@@ -145,10 +146,6 @@ impl Inner {
     }
 
     fn log_batch(&mut self, first: u64) -> Result<LogSync> {
-        // A replay in a clone could not tell its origin's blocks from its own (`clones`).
-        if self.snapshots.clones.active != 0 {
-            return Ok(LogSync::Commit);
-        }
         if self.txn.incompat_wanted != 0 || self.txn.compat_ro_wanted != 0 {
             // An item needs a feature bit the committed superblock lacks: only a commit may
             // make it durable (`Inner::require_incompat`).
@@ -388,6 +385,7 @@ pub(crate) fn replay(inner: &mut Inner) -> Result<u64> {
     // exactly those (`check_counts`): a log that names a block already in use without
     // saying it is shared is damaged.
     let tree = inner.fs_tree;
+    // `old`: the committed extents' blocks, with each extent's generation (`born`).
     let (mut old, mut new) = (Vec::new(), Vec::new());
     for (k, v) in items
         .iter()
@@ -397,10 +395,11 @@ pub(crate) fn replay(inner: &mut Inner) -> Result<u64> {
             old.extend(extent_blocks(&o, k, total)?);
         }
         if let Some(v) = v {
-            new.extend(extent_blocks(v, k, total)?);
+            new.extend(extent_blocks(v, k, total)?.map(|(s, n, _)| (s, n)));
         }
     }
-    let counts = counts_before(inner, &deltas(&new, &old))?;
+    let old_runs: Vec<(u64, u64)> = old.iter().map(|&(s, n, _)| (s, n)).collect();
+    let counts = counts_before(inner, &deltas(&new, &old_runs))?;
     let taken: Vec<(u64, u64)> = counts
         .iter()
         .filter(|c| c.before == 0)
@@ -419,10 +418,15 @@ pub(crate) fn replay(inner: &mut Inner) -> Result<u64> {
     }
     inner.fs_tree = fs_tree;
     check_counts(inner, &counts)?;
-    for c in counts.iter().filter(|c| c.after == 0) {
-        // Beside snapshots (a log fsync never writes then, `snapshot`), held as if as old as
-        // the oldest: the log does not say which extent named them.
-        inner.free_or_hold(c.start, c.blocks, false, 0)?;
+    // Blocks no extent names any more are let go of as the operation that let go of them
+    // did: by the generation of the committed extents that named them, which says whether
+    // a snapshot may name them (held) and, in a clone, whether they are its origin's (kept).
+    let freed: Vec<(u64, u64)> = (counts.iter())
+        .filter(|c| c.after == 0)
+        .map(|c| (c.start, c.blocks))
+        .collect();
+    for (start, n, born) in born_pieces(&old, &freed) {
+        inner.free_or_hold(start, n, false, born)?;
     }
     if let Some((next_ino, inode_count)) = counters {
         ensure!(
@@ -488,10 +492,58 @@ fn check_key(k: &Key) -> Result<()> {
     Ok(())
 }
 
-/// The blocks an extent item owns (none for inline data).
-fn extent_blocks(v: &[u8], k: &Key, total: u64) -> Result<Option<(u64, u64)>> {
+/// The blocks an extent item owns (none for inline data), and its generation.
+fn extent_blocks(v: &[u8], k: &Key, total: u64) -> Result<Option<(u64, u64, u64)>> {
     let (e, _) = decode_extent(v, k, total)?;
-    Ok((e.kind != EXTENT_INLINE).then(|| (e.disk_block.get(), e.blocks.get())))
+    Ok((e.kind != EXTENT_INLINE).then(|| (e.disk_block.get(), e.blocks.get(), e.generation.get())))
+}
+
+/// Splits each of `runs` (sorted, apart) where the generation of the extents in `olds`
+/// (start, blocks, generation; overlapping where extents share blocks) that cover it
+/// changes: (start, blocks, the oldest covering generation). A block no extent covers gets
+/// 0, as old as any snapshot, which holds rather than frees. Copies keep their source's
+/// generation (`clone`), so extents sharing a block agree on it.
+fn born_pieces(olds: &[(u64, u64, u64)], runs: &[(u64, u64)]) -> Vec<(u64, u64, u64)> {
+    // Where a covering extent starts (+1) or ends (-1), by position.
+    let mut edges: Vec<(u64, i32, u64)> = olds
+        .iter()
+        .flat_map(|&(s, n, g)| [(s, 1, g), (s + n, -1, g)])
+        .collect();
+    edges.sort_unstable();
+    let mut covering: BTreeMap<u64, u32> = BTreeMap::new();
+    let mut next = 0;
+    let mut pass = |upto: u64, covering: &mut BTreeMap<u64, u32>| {
+        while let Some(&(at, step, g)) = edges.get(next).filter(|e| e.0 <= upto) {
+            debug_assert!(at <= upto);
+            if step > 0 {
+                *covering.entry(g).or_default() += 1;
+            } else if let Some(c) = covering.get_mut(&g) {
+                *c -= 1;
+                if *c == 0 {
+                    covering.remove(&g);
+                }
+            }
+            next += 1;
+        }
+        edges.get(next).map(|e| e.0)
+    };
+    let mut out: Vec<(u64, u64, u64)> = Vec::new();
+    for &(start, n) in runs {
+        let end = start + n;
+        let mut at = start;
+        let mut upcoming = pass(at, &mut covering);
+        while at < end {
+            let to = upcoming.filter(|&u| u < end).unwrap_or(end);
+            let born = covering.keys().next().copied().unwrap_or(0);
+            match out.last_mut() {
+                Some((s, k, b)) if *s + *k == at && *b == born => *k += to - at,
+                _ => out.push((at, to - at, born)),
+            }
+            at = to;
+            upcoming = pass(at, &mut covering);
+        }
+    }
+    out
 }
 
 /// Blocks whose count of naming extents a replay changes: before and after it.
@@ -583,7 +635,33 @@ fn check_counts(inner: &mut Inner, counts: &[Count]) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::deltas;
+    use super::{born_pieces, deltas};
+
+    #[test]
+    fn born_pieces_take_the_oldest_covering_generation() {
+        assert_eq!(born_pieces(&[(10, 10, 7)], &[(10, 10)]), vec![(10, 10, 7)]);
+        // Two extents one after the other, a run across both.
+        assert_eq!(
+            born_pieces(&[(10, 4, 7), (14, 4, 9)], &[(12, 4)]),
+            vec![(12, 2, 7), (14, 2, 9)]
+        );
+        // Overlapping (shared) extents: the oldest wins where both cover.
+        assert_eq!(
+            born_pieces(&[(10, 10, 9), (12, 4, 7)], &[(10, 10)]),
+            vec![(10, 2, 9), (12, 4, 7), (16, 4, 9)]
+        );
+        // Runs apart, one nothing covers.
+        assert_eq!(
+            born_pieces(&[(10, 2, 5), (30, 5, 6)], &[(10, 2), (20, 3), (31, 2)]),
+            vec![(10, 2, 5), (20, 3, 0), (31, 2, 6)]
+        );
+        // Neighbouring pieces of one generation are one.
+        assert_eq!(
+            born_pieces(&[(10, 2, 5), (12, 2, 5)], &[(10, 4)]),
+            vec![(10, 4, 5)]
+        );
+        assert_eq!(born_pieces(&[], &[]), vec![]);
+    }
 
     #[test]
     fn deltas_of_ranges() {

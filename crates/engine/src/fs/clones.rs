@@ -30,8 +30,10 @@
 //!   (`restore`, `copy_tree_from`) and rollbacks are refused while any clone exists, since a
 //!   snapshot's block may be another tree's own.
 //!
-//! **fsync in a clone commits** instead of logging: a log replay lets go of blocks without
-//! their extents' generations (`log`), so it could not tell the origin's from the clone's.
+//! **fsync in a clone logs** as in the file system's own tree: a log replay lets go of the
+//! blocks the logged changes leave unnamed by the generations of the committed extents that
+//! named them (`log::born_pieces`), so `free_or_hold` keeps the origin's as it did before
+//! the crash.
 //!
 //! **Deleting a clone** (parked, on an open file system) makes it a deleted snapshot, whose
 //! tree is dropped in the background (node counts only), and lets go of its own blocks in
@@ -45,8 +47,8 @@
 //! `SubvolumeOrigin` item, the clone's origin) until its drop ends, as the clone does.
 //!
 //! Not built yet (`docs/snapshots.md`): several writable trees through one open file system
-//! (subvolumes as directories of one mount), fsync logging in a clone, rollbacks and
-//! restores beside clones, and `fsck --repair` of an image with clones (refused).
+//! (subvolumes as directories of one mount), rollbacks and restores beside clones, and
+//! `fsck --repair` of an image with clones (refused).
 use super::snapshot::{root_ptr, tree_at, Snap};
 use super::{Fs, Inner, Reserve};
 use crate::error::{Error, Result};
