@@ -137,7 +137,7 @@ fn library_creates(files: u64, hash_index_only: bool) -> Result<(f64, f64), Stri
     Ok((files as f64 / secs, cpu * 1e6 / files as f64))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }

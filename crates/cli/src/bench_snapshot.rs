@@ -11,7 +11,9 @@
 //!   unmounted image), and the open that makes the clone the active tree and closes it
 //!   (`OpenOptions::subvolume`: the open's own work, the switch's commits, the close), and
 //!   the same open and close without a switch, each the fastest of `ROUNDS`; btrfs's
-//!   snapshot row is writable already.
+//!   snapshot row is writable already. And in a clone and in the file system's own tree, a
+//!   file made, written (4 KiB) and fsynced in a directory of the tree, beside the same
+//!   ended by a commit instead (`fsyncs`): the fsync log at work in a clone.
 //! - **rollback** after the same changes at both counts (`mistake`: a directory of 1,000
 //!   files removed, 100 files of 4 KiB made): idxfs's `Fs::rollback` on the unmounted image
 //!   (its commits included); btrfs's way, `btrfs subvolume delete` of the subvolume and
@@ -55,6 +57,11 @@ struct Times {
     clone: Option<f64>,
     clone_open: Option<f64>,
     plain_open: Option<f64>,
+    /// idxfs only, medians (`fsyncs`): create, write and fsync in a clone and in the file
+    /// system's own tree, and the same ended by a commit in the clone.
+    fsync_clone: Option<f64>,
+    fsync_own: Option<f64>,
+    commit_clone: Option<f64>,
     /// Back to the snapshot after `mistake`; None where the file system has no way.
     rollback: Option<f64>,
     /// idxfs only: the tree removed from a mount by `idxfs rm` and by `rm -rf`, until synced.
@@ -84,6 +91,54 @@ fn open(img: &Path) -> Result<Fs, String> {
         ..OpenOptions::default()
     };
     Fs::open(Arc::new(dev), opts).map_err(|e| format!("{}: {e}", img.display()))
+}
+
+/// Each side of `fsyncs` is timed this many times, the median kept.
+const FSYNCS: usize = 100;
+
+/// In writable tree `id`, a file made in directory `d00000`, 4 KiB written to it and the
+/// file fsynced (the log: its cost follows the change), and the same ended by a commit
+/// instead (what an fsync in a clone cost before it logged), alternately; the medians.
+fn fsyncs(img: &Path, id: u64) -> Result<(f64, f64), String> {
+    let e = |e: idxfs_engine::Error| e.to_string();
+    let dev = FileDevice::open(img, true).map_err(|e| format!("{}: {e}", img.display()))?;
+    let o = OpenOptions {
+        subvolume: Some(id),
+        commit_interval: None,
+        ..OpenOptions::default()
+    };
+    let fs = Fs::open(Arc::new(dev), o).map_err(e)?;
+    let owner = idxfs_engine::fs::Owner::default();
+    let d = fs.lookup(1, b"d00000").map_err(e)?.ino;
+    // A mount appends to the log once a commit of its own names a chain.
+    fs.create(d, b"fsync-start", 0o644, owner).map_err(e)?;
+    fs.sync().map_err(e)?;
+    let (mut logged, mut committed) = (Vec::new(), Vec::new());
+    for i in 0..2 * FSYNCS {
+        let commit = i % 2 == 1;
+        let s = secs(|| {
+            let a = (fs.create(d, format!("fsync{i}").as_bytes(), 0o644, owner)).map_err(e)?;
+            fs.write(a.ino, 0, &[7u8; 4096]).map_err(e)?;
+            match commit {
+                true => fs.sync().map_err(e),
+                false => fs.fsync(a.ino).map_err(e),
+            }
+        })?;
+        match commit {
+            true => committed.push(s),
+            false => logged.push(s),
+        }
+    }
+    if fs.counters().log_batches.get() < FSYNCS as u64 {
+        return Err(format!(
+            "tree {id}: its fsyncs committed instead of logging"
+        ));
+    }
+    fs.close().map_err(e)?;
+    Ok((
+        crate::bench::median(logged),
+        crate::bench::median(committed),
+    ))
 }
 
 /// Removes every file and directory under the root (the file system's own copy of the tree,
@@ -178,6 +233,9 @@ fn idxfs(src: &Path, base: &Path, bytes: u64) -> Result<Times, String> {
     }
     (t.clone, t.clone_open) = (Some(clone), Some(clone_open));
     t.plain_open = Some(plain_open);
+    let (logged, committed) = fsyncs(&img, clones[0])?;
+    (t.fsync_clone, t.commit_clone) = (Some(logged), Some(committed));
+    t.fsync_own = Some(fsyncs(&img, idxfs_format::FS_SUBVOL_ID)?.0);
     // Untimed: the clones go before the rollback (refused beside clones).
     let fs = open(&img)?;
     for id in clones {
@@ -483,10 +541,13 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
                     ("idxfs writable snapshot", [t[0].clone, t[1].clone]),
                     ("  opened (open+switch)", [t[0].clone_open, t[1].clone_open]),
                     ("  open, no switch", [t[0].plain_open, t[1].plain_open]),
+                    ("fsync in a clone", [t[0].fsync_clone, t[1].fsync_clone]),
+                    ("  in the fs's own tree", [t[0].fsync_own, t[1].fsync_own]),
+                    ("  a commit instead", [t[0].commit_clone, t[1].commit_clone]),
                 ],
             );
         }
-        let one = |t: &Times| json!({"snapshot_s": t.snap, "command_s": t.cli, "mount_command_s": t.mount, "clone_s": t.clone, "clone_open_s": t.clone_open, "open_close_s": t.plain_open, "rollback_s": t.rollback, "idxfs_rm_s": t.rm, "rm_rf_mount_s": t.rm_rf, "idxfs_cp_s": t.cp, "cp_a_mount_s": t.cp_a, "delete_returns_s": t.returns, "space_back_s": t.back});
+        let one = |t: &Times| json!({"snapshot_s": t.snap, "command_s": t.cli, "mount_command_s": t.mount, "clone_s": t.clone, "clone_open_s": t.clone_open, "open_close_s": t.plain_open, "fsync_clone_s": t.fsync_clone, "fsync_own_s": t.fsync_own, "commit_clone_s": t.commit_clone, "rollback_s": t.rollback, "idxfs_rm_s": t.rm, "rm_rf_mount_s": t.rm_rf, "idxfs_cp_s": t.cp, "cp_a_mount_s": t.cp_a, "delete_returns_s": t.returns, "space_back_s": t.back});
         raw.insert(
             label.clone(),
             json!({"small": one(&t[0]), "large": one(&t[1])}),
@@ -500,7 +561,9 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
          (a commit), and an open of the image that makes the clone the active tree and \
          closes (the open, the switch's two commits, the close), beside the same open and \
          close without a switch, each the fastest of 3 (btrfs's snapshot is writable \
-         already); rollback: back to the snapshot after the same \
+         already); fsync: a file made in a directory of 1,000, 4 KiB written and fsynced, in \
+         a clone and in the file system's own tree, and in the clone ended by a commit \
+         instead, each the median of 100; rollback: back to the snapshot after the same \
          changes at both counts (a directory of 1,000 files removed, 100 files made), idxfs's \
          library call and btrfs's subvolume delete and snapshot of the snapshot in its place; \
          idxfs rm and rm -rf: the tree removed from a mount it was imported into, until synced; \
