@@ -502,8 +502,23 @@ impl Inner {
         self.let_go(start, n, now, born)
     }
 
-    /// `free_or_hold` for blocks the caller knows to be the letting tree's own.
+    /// `free_or_hold` for blocks the caller knows to be the letting tree's own. A run may
+    /// span block groups where extents lie end to end across a boundary and are let go of
+    /// together (a deleted clone's, a log replay's): it is held or freed a group at a time,
+    /// as space is allocated and freed.
     pub(crate) fn let_go(&mut self, start: u64, n: u64, now: bool, born: u64) -> Result<()> {
+        let group = self.store.alloc.group_blocks.max(1);
+        let end = start.saturating_add(n);
+        let mut at = start;
+        while at < end {
+            let to = (at / group + 1).saturating_mul(group).min(end);
+            self.let_go_in_group(at, to - at, now, born)?;
+            at = to;
+        }
+        Ok(())
+    }
+
+    fn let_go_in_group(&mut self, start: u64, n: u64, now: bool, born: u64) -> Result<()> {
         if self.snapshots.may_name(born) {
             let released = self.store.generation;
             self.snapshots.hold(start, n, born, released)?;
