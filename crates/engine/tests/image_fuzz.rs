@@ -26,7 +26,8 @@ const BLOCK: usize = 4096;
 /// dropped, and an fsync log of a few batches
 /// (taken as a crash image after the last fsync, so the log replays at open). `clone`: also
 /// a writable subvolume made from the snapshot, changed and snapshotted while it was active,
-/// then parked (the orphan is freed by the closes that takes).
+/// then parked, and an empty one written to and parked (the orphan is freed by the closes
+/// that takes).
 fn base_image(clone: bool) -> Vec<u8> {
     let mem = Arc::new(MemDevice::new(8 << 20));
     Fs::mkfs(
@@ -126,6 +127,12 @@ fn base_image(clone: bool) -> Vec<u8> {
             fs.write(f, 0, &vec![6u8; 30_000]).expect("write");
             fs.snapshot(b"of the clone").expect("snapshot of the clone");
             fs.write(f, 0, &vec![4u8; 8192]).expect("write");
+            // And an empty subvolume (no origin), written to and parked.
+            let e = fs.make_subvolume(b"empty", ME).expect("empty subvolume");
+            fs.close().expect("close");
+            let fs = open_as(e);
+            let g = fs.create(ROOT, b"own", 0o644, ME).expect("create").ino;
+            fs.write(g, 0, &vec![5u8; 12_000]).expect("write");
             fs.close().expect("close");
             open_as(idxfs_format::FS_SUBVOL_ID)
         }
@@ -377,7 +384,11 @@ fn damaged_images_give_errors_not_panics() {
         ..opts()
     };
     let fs = Fs::open(Arc::new(MemDevice::from_bytes(bases[1].clone())), read_only).expect("open");
-    assert_eq!(fs.subvolumes().len(), 2, "the second image has a clone");
+    let origins: Vec<Option<u64>> = fs.subvolumes().iter().map(|s| s.origin).collect();
+    assert!(
+        origins.len() == 3 && origins[1].is_some() && origins[2].is_none(),
+        "the second image has a clone and an empty subvolume: {origins:?}"
+    );
     fs.close().expect("close");
     let start = Instant::now();
     let mut cases = 0u64;

@@ -1091,16 +1091,20 @@ impl Tree {
     /// under one they share, and leaves out those both have. Each list holds every node of
     /// its tree at that level that is under no shared node, so a node both trees have either
     /// lies under one they share (and is never listed) or is met in both lists at its level,
-    /// and left out there.
+    /// and left out there. A tree whose root is block 0 is empty (no node, no leaf).
     pub fn own_leaves(
         &self,
         other: &Tree,
         store: &mut Store,
         mut on_leaf: impl FnMut(bool, &Node) -> Result<()>,
     ) -> Result<u64> {
+        let top = |t: &Tree| match t.root.block {
+            0 => Vec::new(),
+            _ => vec![(t.root, KeyRange::ANY)],
+        };
         let mut sides = [
-            (*self, vec![(self.root, KeyRange::ANY)], self.level),
-            (*other, vec![(other.root, KeyRange::ANY)], other.level),
+            (*self, top(self), self.level),
+            (*other, top(other), other.level),
         ];
         let mut read = 0;
         loop {

@@ -5,7 +5,9 @@
 //! *parked* (`Subvolume` items flagged `SUBVOL_WRITABLE` with their roots), the file
 //! system's own tree among them (`FS_SUBVOL_ID`) while a clone is active.
 //! `OpenOptions::subvolume` picks which one an open makes active (`Inner::switch_to`, one
-//! commit).
+//! commit). `Fs::make_subvolume` makes an empty one (a root directory, no origin): every
+//! block it comes to name is its own, as in the file system's own tree, so the rules below
+//! about an origin's blocks never apply to it.
 //!
 //! **Whose data blocks.** Data is held, not counted (`snapshot`), so every release must know
 //! which other trees may name a block. A clone names two kinds of blocks:
@@ -53,12 +55,13 @@ use super::snapshot::{root_ptr, tree_at, Snap};
 use super::{Fs, Inner, Reserve};
 use crate::error::{Error, Result};
 use crate::inode_cache::InodeCache;
-use idxfs_format::items::{decode_extent, EXTENT_INLINE};
+use idxfs_format::items::{decode_extent, EXTENT_INLINE, S_IFDIR};
 use idxfs_format::roots::{SubvolumeItem, SUBVOL_DROPPING, SUBVOL_READ_ONLY, SUBVOL_WRITABLE};
 use idxfs_format::superblock::RootPtr;
 use idxfs_format::versions::{INCOMPAT_CLONES, INCOMPAT_SUBVOLUMES};
-use idxfs_format::{ItemType, Key, FS_SUBVOL_ID, TREE_FS};
+use idxfs_format::{ItemType, Key, FIRST_FREE_INO, FS_SUBVOL_ID, ROOT_INO, TREE_FS};
 use std::collections::{BTreeMap, BTreeSet};
+use zerocopy::IntoBytes;
 
 /// The snapshot a clone was made from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,13 +142,6 @@ impl Clones {
                      only while a clone is active)",
                 ));
             }
-            if id != FS_SUBVOL_ID && !origins.contains_key(&id) {
-                return Err(bad(
-                    format!("subvolume {id}"),
-                    "no origin".into(),
-                    "an origin",
-                ));
-            }
         }
         if active != 0 && !(items.contains_key(&active) && items.contains_key(&FS_SUBVOL_ID)) {
             return Err(bad(
@@ -185,7 +181,8 @@ pub struct SubvolumeInfo {
     pub id: u64,
     /// Empty for the file system's own tree.
     pub name: Vec<u8>,
-    /// The snapshot it was made from; None for the file system's own tree.
+    /// The snapshot it was made from; None for the file system's own tree and for one made
+    /// empty (`Fs::make_subvolume`).
     pub origin: Option<u64>,
     /// Whether this open file system has it active.
     pub active: bool,
@@ -300,16 +297,26 @@ impl Inner {
         if id == clones.active {
             return Err(Error::Busy("the subvolume is the one open"));
         }
-        let (Some(s), Some(o)) = (
-            clones.items.get(&id).cloned(),
-            clones.origins.get(&id).copied(),
-        ) else {
+        let Some(s) = clones.items.get(&id).cloned() else {
             return Err(Error::NotFound);
         };
-        let origin = (self.snapshots.list.get(&o.id)).ok_or_else(|| {
-            idxfs_format::Corrupt::new(format!("origin of subvolume {id}"), o.id, "a snapshot")
-        })?;
-        let (mine, theirs) = (s.tree(), origin.tree());
+        // One made empty has no origin: every block it names is its own (an empty tree
+        // shares no leaf).
+        let o = clones.origins.get(&id).copied();
+        let theirs = match o {
+            Some(o) => (self.snapshots.list.get(&o.id))
+                .ok_or_else(|| {
+                    idxfs_format::Corrupt::new(
+                        format!("origin of subvolume {id}"),
+                        o.id,
+                        "a snapshot",
+                    )
+                })?
+                .tree(),
+            None => tree_at(&RootPtr::default(), TREE_FS),
+        };
+        let floor = o.map_or(0, |o| o.generation);
+        let mine = s.tree();
         let total = self.store.total_blocks;
         let mut runs: Vec<(u64, u64)> = Vec::new();
         mine.own_leaves(&theirs, &mut self.store, |in_mine, leaf| {
@@ -322,7 +329,7 @@ impl Inner {
                     continue;
                 }
                 let (e, _) = decode_extent(vals.get(i), k, total)?;
-                if e.kind != EXTENT_INLINE && e.generation.get() > o.generation {
+                if e.kind != EXTENT_INLINE && e.generation.get() > floor {
                     runs.push((e.disk_block.get(), e.blocks.get()));
                 }
             }
@@ -363,7 +370,7 @@ impl Inner {
             self.snapshots.mark_changed(id);
             for &(start, n) in &union {
                 // The origin's generation is the image's: saturated, never overflowed.
-                self.let_go(start, n, false, o.generation.saturating_add(1))?;
+                self.let_go(start, n, false, floor.saturating_add(1))?;
             }
             self.txn.changed = true;
             self.commit()
@@ -422,6 +429,56 @@ impl Fs {
         g.txn.changed = true;
         g.commit()?;
         Ok(id)
+    }
+
+    /// Makes an empty writable subvolume named `name`, its root directory (mode 0755) owned
+    /// by `owner`, and returns its id: a tree of one leaf, parked, used by opening the image
+    /// with `OpenOptions::subvolume` (as btrfs's `subvolume create`). It has no origin: every
+    /// block it comes to name is its own, as in the file system's own tree. Constant time:
+    /// one node, one item and a commit.
+    pub fn make_subvolume(&self, name: &[u8], owner: super::Owner) -> Result<u64> {
+        super::snapshot::check_name(name)?;
+        let mut g = self.lock();
+        g.writable()?;
+        if g.snapshots.name_taken(name) {
+            return Err(Error::Exists);
+        }
+        let id = g.snapshots.next_id()?;
+        g.op.nodes = 0;
+        let need = 1 + g.roots_growth(1);
+        g.reserve_nodes(need, 0, Reserve::Grow)?;
+        // From here on every change is the subvolume's; an error stops the file system.
+        let r = (|| {
+            let mut root =
+                super::new_inode_item(S_IFDIR | 0o755, owner, 0, g.store.generation, g.now());
+            root.nlink = 2.into();
+            let mut tree = crate::btree::Tree::create(&mut g.store, TREE_FS)?;
+            tree.insert(
+                &mut g.store,
+                Key::new(ROOT_INO, ItemType::Inode, 0),
+                root.as_bytes().to_vec(),
+            )?;
+            // Parked by the commit below, which writes its root.
+            let generation = g.store.generation;
+            let item = writable_item(root_ptr(&tree), generation, FIRST_FREE_INO, 1, name);
+            let clones = &mut g.snapshots.clones;
+            clones.items.insert(
+                id,
+                Snap {
+                    item,
+                    name: name.to_vec(),
+                },
+            );
+            clones.changed_items.insert(id);
+            g.require_incompat(INCOMPAT_CLONES);
+            g.require_incompat(INCOMPAT_SUBVOLUMES);
+            g.txn.changed = true;
+            g.commit()
+        })();
+        if let Err(e) = &r {
+            g.fail(format!("making subvolume {id}: {e}"));
+        }
+        r.map(|()| id)
     }
 
     /// Every writable subvolume: the file system's own tree first, then the clones by id.

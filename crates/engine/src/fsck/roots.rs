@@ -9,8 +9,9 @@
 //!   (so one the fs tree still names is a block referenced twice), and a held run no
 //!   snapshot's window holds is a leak;
 //! - every snapshot's tree is a whole file system of its own (`check_snapshot_files`);
-//! - writable subvolumes (`fs::clones`): every clone has an origin, a snapshot that exists
-//!   with the generation the origin item records; the superblock's `subvolume` is a clone
+//! - writable subvolumes (`fs::clones`): every clone's origin (one made empty has none) is
+//!   a snapshot that exists with the generation the origin item records; the superblock's
+//!   `subvolume` is a writable subvolume
 //!   whose item has no root, with the file system's own tree parked; each parked tree is
 //!   walked before the snapshots and checked as a file system of its own. A writable tree
 //!   owns the blocks of its extents younger than its origin (one tree each, so two owners are
@@ -105,12 +106,8 @@ impl Checker<'_> {
             return;
         }
         self.roots.active_name = format!("fs tree (subvolume {active})").into();
-        match self.roots.origins.get(&active) {
-            Some(&(_, g)) => self.roots.floor = g,
-            None => self
-                .report
-                .problem(format!("superblock: subvolume {active} has no origin")),
-        }
+        // One made empty has no origin: every block it names is its own.
+        self.roots.floor = self.roots.origins.get(&active).map_or(0, |o| o.1);
     }
 
     /// Each clone's origin exists with its generation, and the writable trees' items agree
@@ -129,10 +126,6 @@ impl Checker<'_> {
                     "subvolume {id}: root {} while subvolume {active} is active",
                     it.root.block.get()
                 ));
-            }
-            if id != FS_SUBVOL_ID && !self.roots.origins.contains_key(&id) {
-                self.report
-                    .problem(format!("subvolume {id}: no origin item"));
             }
         }
         if active != 0 && !(items.contains_key(&active) && items.contains_key(&FS_SUBVOL_ID)) {
@@ -202,7 +195,9 @@ impl Checker<'_> {
             if it.root.block.get() == 0 {
                 continue; // the active one: the superblock's fs tree
             }
-            if it.generation.get() >= gen || it.root.generation.get() > it.generation.get() {
+            // Parked by a commit before this one, or made empty by this one (its root
+            // written with it: `Fs::make_subvolume`).
+            if it.generation.get() > gen || it.root.generation.get() > it.generation.get() {
                 self.report.problem(format!(
                     "subvolume {id}: parked at generation {} with root of generation {}, in an \
                      image of generation {gen}",
