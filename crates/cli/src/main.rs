@@ -48,6 +48,22 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+enum SubvolumeCmd {
+    /// Make an empty writable subvolume named NAME (1 to 255 bytes, no '/'); its root
+    /// directory is the caller's.
+    Create { target: PathBuf, name: String },
+    /// List the writable subvolumes: id, name, origin, and which one is active.
+    List { target: PathBuf },
+    /// Delete a writable subvolume (not the active one, nor the file system's own tree) or a
+    /// snapshot, by id or name.
+    Delete {
+        target: PathBuf,
+        #[arg(value_name = "ID|NAME")]
+        which: String,
+    },
+}
+
+#[derive(Subcommand)]
 enum Cmd {
     /// Format an image file (created if missing) or block device; with --from, fill it with
     /// a copy of a directory tree.
@@ -104,9 +120,9 @@ enum Cmd {
     /// every later change gone, every snapshot kept (an unmounted image only). TARGET: an
     /// unmounted image, or a directory on an idxfs mount (root or the mount's owner only). A
     /// mount shows its snapshots at MOUNT/.snapshots/NAME; `-o snapshot=ID` mounts one alone.
-    /// --clone ID|NAME NAME makes a writable subvolume from a snapshot (an unmounted image
-    /// only), mounted with `-o subvol=ID` (5: the file system's own tree again); --delete
-    /// deletes one.
+    /// --clone ID|NAME NAME makes a writable subvolume from a snapshot, served by a mount of
+    /// the image with `-o subvol=ID` (5: the file system's own tree again); --delete deletes
+    /// one (see `idxfs subvolume`).
     Snapshot {
         target: PathBuf,
         /// The new snapshot's name (1 to 255 bytes, no '/').
@@ -123,6 +139,18 @@ enum Cmd {
         /// The snapshot to roll back to, by id or name.
         #[arg(long, value_name = "ID|NAME", conflicts_with = "name")]
         rollback: Option<String>,
+    },
+    /// Writable subvolumes: independent file trees in one image, each with its own inode
+    /// numbers. `create TARGET NAME` makes an empty one, `list TARGET` lists them, `delete
+    /// TARGET ID|NAME` deletes one (or a snapshot: its blocks come back before this returns
+    /// on an unmounted image, in the background on a mount); `idxfs snapshot TARGET --clone
+    /// SNAP NAME` makes one from a snapshot, in constant time. A mount serves one writable
+    /// tree: `idxfs mount IMAGE DIR -o subvol=ID` (5: the file system's own); one made on a
+    /// mount is served by the image's next mount with `-o subvol=ID`. TARGET: an unmounted
+    /// image, or a directory on an idxfs mount (root or the mount's owner only).
+    Subvolume {
+        #[command(subcommand)]
+        what: SubvolumeCmd,
     },
     /// Make every change on the idxfs mount holding PATH durable (sync and sync -f cannot:
     /// FUSE does not pass them on; an fsync of any file on the mount does the same).
@@ -482,10 +510,12 @@ pub(crate) fn tempdir_in_shm() -> Result<PathBuf, String> {
     Ok(p)
 }
 
-const SUBCOMMANDS: [&str; 14] = [
-    "mkfs", "fsck", "mount", "sync", "trim", "snapshot", "cp", "rm", "import", "dump", "demo",
-    "bench", "help", "--help",
-];
+/// Whether `word` is one of the `idxfs` command's subcommands (or asks for help), as clap
+/// knows them: anything else first is the mount helper's form, `idxfs IMAGE MOUNTPOINT`.
+fn is_subcommand(word: &str) -> bool {
+    use clap::CommandFactory;
+    matches!(word, "help" | "--help") || Cli::command().find_subcommand(word).is_some()
+}
 
 /// The other names and forms this binary answers to; `None` when it is the `idxfs` command.
 fn other_forms(args: &[std::ffi::OsString]) -> Option<ExitCode> {
@@ -536,7 +566,7 @@ fn other_forms(args: &[std::ffi::OsString]) -> Option<ExitCode> {
         || (prog != "mkfs.idxfs"
             && rest.len() >= 2
             && !rest[0].starts_with('-')
-            && !SUBCOMMANDS.contains(&rest[0].as_str()));
+            && !is_subcommand(&rest[0]));
     if !helper_form {
         return None;
     }
@@ -683,6 +713,18 @@ fn main() -> ExitCode {
             match target.is_dir() {
                 true => snapshot::run_mounted(&target, ask),
                 false => snapshot::run(&target, ask),
+            }
+            .map(|()| ExitCode::SUCCESS)
+        }
+        Cmd::Subvolume { what } => {
+            let (target, ask) = match &what {
+                SubvolumeCmd::Create { target, name } => (target, snapshot::Ask::Create(name)),
+                SubvolumeCmd::List { target } => (target, snapshot::Ask::Subvolumes),
+                SubvolumeCmd::Delete { target, which } => (target, snapshot::Ask::Delete(which)),
+            };
+            match target.is_dir() {
+                true => snapshot::run_mounted(target, ask),
+                false => snapshot::run(target, ask),
             }
             .map(|()| ExitCode::SUCCESS)
         }

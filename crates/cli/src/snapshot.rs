@@ -2,9 +2,10 @@
 //! deleted, of an unmounted image here, or of a mounted file system by its server
 //! (`idxfs_fuse::snapshot`); `idxfs mount -o snapshot=ID` mounts one. A rollback to one
 //! (`Fs::rollback`) is for an unmounted image only: the kernel of a mount would go on
-//! serving what it cached of the files the rollback takes away. Writable subvolumes made
-//! from snapshots (`Fs::make_clone`, `--clone`) are made, listed and deleted on an unmounted
-//! image; `idxfs mount -o subvol=ID` mounts one.
+//! serving what it cached of the files the rollback takes away. Writable subvolumes, made
+//! from snapshots (`Fs::make_clone`, `--clone`) or empty (`Fs::make_subvolume`, `idxfs
+//! subvolume create`), are made, listed and deleted on an unmounted image or by a mount's
+//! server; `idxfs mount -o subvol=ID` serves one (one writable tree per mount).
 use idxfs_engine::{Error, Fs, OpenOptions};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -18,6 +19,35 @@ pub(crate) enum Ask<'a> {
     Rollback(&'a str),
     /// A writable subvolume made from snapshot (id or name) .0, named .1.
     Clone(&'a str, &'a str),
+    /// An empty writable subvolume.
+    Create(&'a str),
+    /// The writable subvolumes.
+    Subvolumes,
+}
+
+/// A subvolume name: checked here too, so that a mount's EINVAL does not read as "not an
+/// idxfs mount".
+fn check_name(at: &str, what: &str, name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 255 || name.contains('/') || name.contains('\0') {
+        return Err(format!(
+            "{at}: a {what} name is 1 to 255 bytes, no NUL or '/'"
+        ));
+    }
+    Ok(())
+}
+
+/// The writable subvolumes, as both `--list` and `idxfs subvolume list` print them:
+/// (id, name, origin, active).
+fn print_subvolumes<'n>(subs: impl Iterator<Item = (u64, &'n [u8], Option<u64>, bool)>) {
+    for (id, name, origin, active) in subs {
+        let name = match (id, origin) {
+            (idxfs_format::FS_SUBVOL_ID, _) => "(the file system's own tree)".to_string(),
+            (_, Some(o)) => format!("{}\tfrom snapshot {o}", String::from_utf8_lossy(name)),
+            (_, None) => format!("{}\tmade empty", String::from_utf8_lossy(name)),
+        };
+        let active = if active { " (active)" } else { "" };
+        println!("{id}\t{name}{active}");
+    }
 }
 
 /// The snapshot `which` names among `listed` (id, name, deleted): an id first (a number that
@@ -38,7 +68,7 @@ pub(crate) fn run(image: &Path, ask: Ask) -> Result<(), String> {
     let p = image.display();
     let _lock = crate::lock_image(image, true, std::time::Duration::ZERO)
         .map_err(|_| format!("{p}: in use by an idxfs server (mounted); unmount it first"))?;
-    let writable = !matches!(ask, Ask::List);
+    let writable = !matches!(ask, Ask::List | Ask::Subvolumes);
     let opts = OpenOptions {
         commit_interval: None,
         read_only: !writable,
@@ -50,12 +80,16 @@ pub(crate) fn run(image: &Path, ask: Ask) -> Result<(), String> {
         let listed = list.iter().map(|s| (s.id, &s.name[..], s.dropping));
         resolve(which, listed).ok_or_else(|| format!("{p}: no snapshot {which}"))
     };
-    // A snapshot or a clone (not the file system's own tree, which has no name).
+    // A snapshot or a writable subvolume (not the file system's own tree, which has no
+    // name and is never deleted).
     let any_of = |which: &str| -> Result<u64, String> {
         let subs = fs.subvolumes();
-        let clones = subs.iter().filter(|s| s.origin.is_some());
-        let listed = clones.map(|s| (s.id, &s.name[..], false));
-        resolve(which, listed).map_or_else(|| id_of(which), Ok)
+        let writable = subs.iter().filter(|s| s.id != idxfs_format::FS_SUBVOL_ID);
+        let listed = writable.map(|s| (s.id, &s.name[..], false));
+        match resolve(which, listed) {
+            Some(id) => Ok(id),
+            None => id_of(which).map_err(|_| format!("{p}: no snapshot or subvolume {which}")),
+        }
     };
     let r = match &ask {
         Ask::Make(name) => fs
@@ -71,18 +105,31 @@ pub(crate) fn run(image: &Path, ask: Ask) -> Result<(), String> {
             let subs = fs.subvolumes();
             if subs.len() > 1 {
                 println!("writable subvolumes (mount one with -o subvol=ID):");
-                for s in subs {
-                    let name = match s.origin {
-                        None => "(the file system's own tree)".to_string(),
-                        Some(o) => {
-                            format!("{}\tfrom snapshot {o}", String::from_utf8_lossy(&s.name))
-                        }
-                    };
-                    let active = if s.active { " (active)" } else { "" };
-                    println!("{}\t{name}{active}", s.id);
-                }
+                print_subvolumes(subs.iter().map(|s| (s.id, &s.name[..], s.origin, s.active)));
             }
         }),
+        Ask::Subvolumes => {
+            let subs = fs.subvolumes();
+            print_subvolumes(subs.iter().map(|s| (s.id, &s.name[..], s.origin, s.active)));
+            Ok(())
+        }
+        Ask::Create(name) => {
+            check_name(&p.to_string(), "subvolume", name)?;
+            // Its root directory is the caller's, as a directory it made would be.
+            // SAFETY: getuid(2) and getgid(2) cannot fail.
+            let owner = unsafe {
+                idxfs_engine::fs::Owner {
+                    uid: libc::getuid(),
+                    gid: libc::getgid(),
+                }
+            };
+            fs.make_subvolume(name.as_bytes(), owner).map(|id| {
+                println!(
+                    "{p}: subvolume {id} ({name}), writable, empty; mount it with \
+                         -o subvol={id}"
+                )
+            })
+        }
         Ask::Clone(from, name) => {
             let origin = id_of(from)?;
             fs.make_clone(origin, name.as_bytes()).map(|id| {
@@ -117,8 +164,10 @@ pub(crate) fn run(image: &Path, ask: Ask) -> Result<(), String> {
     };
     let closed = fs.close();
     r.map_err(|e| match (e, &ask) {
-        (Error::NotFound, Ask::Delete(which)) => format!("{p}: no snapshot {which}"),
-        (Error::Exists, Ask::Make(name) | Ask::Clone(_, name)) => {
+        (Error::NotFound, Ask::Delete(which)) => {
+            format!("{p}: no snapshot or subvolume {which}")
+        }
+        (Error::Exists, Ask::Make(name) | Ask::Clone(_, name) | Ask::Create(name)) => {
             format!("{p}: a snapshot or subvolume named {name:?} exists")
         }
         (e, _) => format!("{p}: {e}"),
@@ -131,26 +180,39 @@ pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
     use idxfs_fuse::snapshot::{self as wire, Answer};
     let (_, mp) = crate::sync::idxfs_mount(dir, "use its own snapshot command")?;
     let m = mp.display();
+    let at = m.to_string();
+    let ask_server = |req: &wire::Ask| wire::request(&mp, req).map_err(|e| format!("{m}: {e}"));
+    let snapshots = || match ask_server(&wire::Ask::List)? {
+        Answer::List(list, _) => Ok(list),
+        _ => Err(format!("{m}: the server's answer could not be read")),
+    };
+    let subvolumes = || match ask_server(&wire::Ask::Subvolumes)? {
+        Answer::Subvolumes(list, _) => Ok(list),
+        _ => Err(format!("{m}: the server's answer could not be read")),
+    };
+    let snapshot_id = |which: &str| -> Result<u64, String> {
+        let list = snapshots()?;
+        let listed = list.iter().map(|s| (s.id, &s.name[..], s.dropping));
+        resolve(which, listed).ok_or_else(|| format!("{m}: no snapshot {which}"))
+    };
     let req = match &ask {
         Ask::Make(name) => {
-            // Checked here too: the server's EINVAL would read as "not an idxfs mount".
-            if name.is_empty() || name.len() > 255 || name.contains('/') || name.contains('\0') {
-                return Err(format!(
-                    "{m}: a snapshot name is 1 to 255 bytes, no NUL or '/'"
-                ));
-            }
+            check_name(&at, "snapshot", name)?;
             wire::Ask::Make(name.as_bytes().to_vec())
         }
         Ask::List => wire::Ask::List,
+        Ask::Subvolumes => wire::Ask::Subvolumes,
         Ask::Delete(which) => {
-            let no = || format!("{m}: no snapshot {which}");
-            let list = match wire::request(&mp, &wire::Ask::List) {
-                Ok(Answer::List(list, _)) => list,
-                Ok(_) => return Err(no()),
-                Err(e) => return Err(format!("{m}: {e}")),
+            // A writable subvolume's name first, as on an image.
+            let subs = subvolumes()?;
+            let writable = subs.iter().filter(|s| s.id != idxfs_format::FS_SUBVOL_ID);
+            let listed = writable.map(|s| (s.id, &s.name[..], false));
+            let id = match resolve(which, listed) {
+                Some(id) => id,
+                None => snapshot_id(which)
+                    .map_err(|_| format!("{m}: no snapshot or subvolume {which}"))?,
             };
-            let listed = list.iter().map(|s| (s.id, &s.name[..], s.dropping));
-            wire::Ask::Delete(resolve(which, listed).ok_or_else(no)?)
+            wire::Ask::Delete(id)
         }
         Ask::Rollback(_) => {
             return Err(format!(
@@ -158,11 +220,13 @@ pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
                  unmount it and roll back the image"
             ))
         }
-        Ask::Clone(..) => {
-            return Err(format!(
-                "{m}: writable subvolumes are made on an unmounted image (for now): unmount \
-                 it first"
-            ))
+        Ask::Clone(from, name) => {
+            check_name(&at, "subvolume", name)?;
+            wire::Ask::Clone(snapshot_id(from)?, name.as_bytes().to_vec())
+        }
+        Ask::Create(name) => {
+            check_name(&at, "subvolume", name)?;
+            wire::Ask::Create(name.as_bytes().to_vec())
         }
     };
     if let Ask::Make(_) = ask {
@@ -179,12 +243,28 @@ pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
         }
     }
     let r = wire::request(&mp, &req).map_err(|e| match (e.raw_os_error(), &ask) {
-        (Some(libc::ENOENT), Ask::Delete(which)) => format!("{m}: no snapshot {which}"),
-        (Some(libc::EEXIST), Ask::Make(name)) => format!("{m}: a snapshot named {name:?} exists"),
+        (Some(libc::ENOENT), Ask::Delete(which)) => {
+            format!("{m}: no snapshot or subvolume {which}")
+        }
+        (Some(libc::ENOENT), Ask::Clone(which, _)) => format!("{m}: no snapshot {which}"),
+        (Some(libc::EEXIST), Ask::Make(name) | Ask::Clone(_, name) | Ask::Create(name)) => {
+            format!("{m}: a snapshot or subvolume named {name:?} exists")
+        }
+        (Some(libc::EBUSY), Ask::Delete(which)) => {
+            format!("{m}: {which} is in use (the tree this mount serves, or a snapshot a subvolume was made from)")
+        }
         _ => format!("{m}: {e}"),
     })?;
-    match r {
-        Answer::Made(id, Some(dir)) => println!(
+    match (r, &ask) {
+        (Answer::Made(id, _), Ask::Clone(from, name)) => println!(
+            "{m}: subvolume {id} ({name}), writable, from snapshot {from}; this mount goes on \
+             serving its own tree: unmount it and mount the image with -o subvol={id}"
+        ),
+        (Answer::Made(id, _), Ask::Create(name)) => println!(
+            "{m}: subvolume {id} ({name}), writable, empty; this mount goes on serving its own \
+             tree: unmount it and mount the image with -o subvol={id}"
+        ),
+        (Answer::Made(id, Some(dir)), _) => println!(
             "{m}: snapshot {id}, at {}",
             mp.join(std::ffi::OsStr::from_bytes(&dir))
                 .join(match &ask {
@@ -193,20 +273,31 @@ pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
                 })
                 .display()
         ),
-        Answer::Made(id, None) => println!(
+        (Answer::Made(id, None), _) => println!(
             "{m}: snapshot {id}; not shown in this mount (nosnapdir): mount it with \
              -o snapshot={id} (its image unmounted)"
         ),
-        Answer::Deleted => {
-            println!("{m}: snapshot deleted; its blocks come back in the background")
+        (Answer::Deleted, _) => {
+            println!("{m}: deleted; its blocks come back in the background")
         }
-        Answer::List(list, more) => {
+        (Answer::List(list, more), _) => {
             if list.is_empty() {
                 println!("{m}: no snapshots");
             }
             for s in &list {
                 print_listed(s.id, &s.name, s.generation, s.dropping);
             }
+            if more {
+                println!("(more, left out: the list outgrew one request)");
+            }
+            let subs = subvolumes()?;
+            if subs.len() > 1 {
+                println!("writable subvolumes (mount one with -o subvol=ID):");
+                print_subvolumes(subs.iter().map(|s| (s.id, &s.name[..], s.origin, s.active)));
+            }
+        }
+        (Answer::Subvolumes(subs, more), _) => {
+            print_subvolumes(subs.iter().map(|s| (s.id, &s.name[..], s.origin, s.active)));
             if more {
                 println!("(more, left out: the list outgrew one request)");
             }

@@ -79,7 +79,10 @@ fn a_snapshot_mounts_read_only_with_the_old_state_and_its_delete_gives_the_space
             vec!["snapshot", &img, "before"],
             "a snapshot or subvolume named \"before\" exists",
         ),
-        (vec!["snapshot", &img, "--delete", "999"], "no snapshot 999"),
+        (
+            vec!["snapshot", &img, "--delete", "999"],
+            "no snapshot or subvolume 999",
+        ),
     ] {
         let (code, out, err) = idxfs(&args);
         assert_ne!(code, 0, "{args:?}: {out}");

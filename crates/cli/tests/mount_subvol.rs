@@ -86,3 +86,96 @@ fn a_clone_mounts_writable_beside_the_file_system_and_goes_with_its_origin() {
     m.mount("");
     assert_eq!(std::fs::read(m.path("d/f")).expect("read"), b"own");
 }
+
+/// `idxfs subvolume create|list|delete` and `--clone` on a mount (its server makes them,
+/// parked: the mount goes on serving its own tree) and on an image; an empty subvolume
+/// mounts with an empty root, keeps what was written in it, and deletes like a clone.
+#[test]
+fn subvolumes_are_made_listed_and_deleted_on_a_mount_and_on_an_image() {
+    let mut m = Mounted::root_only("256M", "");
+    std::fs::write(m.path("f"), b"own").expect("write");
+    let mp = m.mp.to_str().expect("utf8").to_string();
+    let img = m.image.to_str().expect("utf8").to_string();
+    let ok = |args: &[&str]| {
+        let (code, out, err) = idxfs(args);
+        assert_eq!(code, 0, "idxfs {args:?}: {out}{err}");
+        out
+    };
+    let out = ok(&["subvolume", "create", &mp, "scratch"]);
+    assert!(
+        out.contains("subvolume 256 (scratch), writable, empty"),
+        "{out}"
+    );
+    ok(&["snapshot", &mp, "base"]);
+    let out = ok(&["snapshot", &mp, "--clone", "base", "work"]);
+    assert!(out.contains("subvolume 258 (work)"), "{out}");
+    // Bad input: one line each.
+    for (args, want) in [
+        (vec!["subvolume", "create", &mp, "a/b"], "no NUL or '/'"),
+        (
+            vec!["subvolume", "create", &mp, "work"],
+            "a snapshot or subvolume named \"work\" exists",
+        ),
+        (
+            vec!["snapshot", &mp, "--clone", "nosuch", "x"],
+            "no snapshot nosuch",
+        ),
+        (
+            vec!["subvolume", "delete", &mp, "nosuch"],
+            "no snapshot or subvolume nosuch",
+        ),
+        (vec!["subvolume", "delete", &mp, "base"], "in use"),
+    ] {
+        let (code, out, err) = idxfs(&args);
+        assert_ne!(code, 0, "{args:?}: {out}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    // The mount still serves its own tree.
+    assert_eq!(std::fs::read(m.path("f")).expect("read"), b"own");
+    let out = ok(&["subvolume", "list", &mp]);
+    for want in [
+        "5\t(the file system's own tree) (active)",
+        "256\tscratch\tmade empty",
+        "258\twork\tfrom snapshot 257",
+    ] {
+        assert!(out.contains(want), "{want:?} in {out}");
+    }
+    m.unmount();
+    m.assert_fsck_clean();
+
+    // The empty one: an empty root, written to, kept.
+    m.mount("subvol=256");
+    assert_eq!(
+        std::fs::read_dir(&m.mp).expect("list").count(),
+        0,
+        "an empty subvolume's root"
+    );
+    std::fs::write(m.path("g"), vec![9u8; 3 << 20]).expect("write");
+    m.unmount();
+    m.assert_fsck_clean();
+    m.mount("subvol=258");
+    assert_eq!(std::fs::read(m.path("f")).expect("read"), b"own");
+    assert!(!m.path("g").exists());
+    m.unmount();
+    m.mount("subvol=256");
+    assert_eq!(
+        std::fs::read(m.path("g")).expect("read"),
+        vec![9u8; 3 << 20]
+    );
+    m.unmount();
+
+    // Deleted: the clone on a mount of the file system's own tree, the empty one on the image.
+    m.mount("subvol=5");
+    let (code, _, err) = idxfs(&["subvolume", "delete", &mp, "5"]);
+    assert!(code != 0, "the file system's own tree: {err}");
+    ok(&["subvolume", "delete", &mp, "work"]);
+    m.unmount();
+    ok(&["subvolume", "delete", &img, "scratch"]);
+    ok(&["snapshot", &img, "--delete", "base"]);
+    let out = ok(&["subvolume", "list", &img]);
+    assert_eq!(out.lines().count(), 1, "{out}");
+    m.assert_fsck_clean();
+    m.mount("");
+    assert_eq!(std::fs::read(m.path("f")).expect("read"), b"own");
+}

@@ -2048,7 +2048,8 @@ impl IdxFuse {
         }
     }
 
-    /// `idxfs snapshot MOUNT` (`snapshot.rs`): on the root, from root or the mount's owner.
+    /// `idxfs snapshot MOUNT` and `idxfs subvolume MOUNT` (`snapshot.rs`): on the root, from
+    /// root or the mount's owner.
     fn snapshot_request(&self, req: &Request, ino: INodeNo, in_data: &[u8], reply: ReplyIoctl) {
         if ino != INodeNo::ROOT {
             return reply.error(Errno::ENOTTY);
@@ -2072,6 +2073,37 @@ impl IdxFuse {
                 log::info!("snapshot {id} deleted; its blocks come back in the background");
                 Vec::new()
             }),
+            snapshot::Ask::Clone(origin, name) => self.fs.make_clone(origin, &name).map(|id| {
+                log::info!(
+                    "subvolume {id} ({}) made from snapshot {origin}",
+                    String::from_utf8_lossy(&name)
+                );
+                snapshot::encode_made(id, None)
+            }),
+            snapshot::Ask::Create(name) => {
+                let owner = idxfs_engine::fs::Owner {
+                    uid: req.uid(),
+                    gid: req.gid(),
+                };
+                self.fs.make_subvolume(&name, owner).map(|id| {
+                    log::info!(
+                        "subvolume {id} ({}) made, empty",
+                        String::from_utf8_lossy(&name)
+                    );
+                    snapshot::encode_made(id, None)
+                })
+            }
+            snapshot::Ask::Subvolumes => {
+                let l: Vec<snapshot::Subvolume> = (self.fs.subvolumes().into_iter())
+                    .map(|s| snapshot::Subvolume {
+                        id: s.id,
+                        origin: s.origin,
+                        active: s.active,
+                        name: s.name,
+                    })
+                    .collect();
+                Ok(snapshot::encode_subvolumes(&l))
+            }
             snapshot::Ask::List => self.fs.snapshots().map(|l| {
                 let l: Vec<snapshot::Listed> = l
                     .into_iter()

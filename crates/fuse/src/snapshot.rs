@@ -1,15 +1,21 @@
-//! `idxfs snapshot MOUNT ...` on a mounted file system: the server makes, deletes or lists
-//! read-only snapshots (`idxfs_engine::Fs::snapshot`) when asked through an ioctl on the
-//! mount's root, as for a trim (`trim`): only root and the mount's owner may ask. A snapshot
-//! made so is one point in time beside the mount's other callers: the engine makes it under
-//! its lock after a commit, with no write in flight. A deleted one gives its blocks back in
-//! the background (the commit thread's drop steps).
+//! `idxfs snapshot MOUNT ...` and `idxfs subvolume MOUNT ...` on a mounted file system: the
+//! server makes, deletes or lists read-only snapshots (`idxfs_engine::Fs::snapshot`) and
+//! writable subvolumes (`Fs::make_clone` from a snapshot, `Fs::make_subvolume` empty) when
+//! asked through an ioctl on the mount's root, as for a trim (`trim`): only root and the
+//! mount's owner may ask. A snapshot made so is one point in time beside the mount's other
+//! callers: the engine makes it under its lock after a commit, with no write in flight. A
+//! deleted one gives its blocks back in the background (the commit thread's drop steps). A
+//! writable subvolume made so is parked: the mount goes on serving its own tree, and a later
+//! mount of the image with `-o subvol=ID` serves the new one.
 //!
-//! The argument, `ARG_SIZE` bytes each way: in, `op` u8 (`MAKE`, `DELETE`, `LIST`), the
-//! name's length u8, 6 zero bytes, an id u64 (little-endian), the name; out, for `MAKE` the
-//! new id u64, the length u8 and name of the mount's snapshots directory (`snapdir`; 0: not
-//! shown), for `LIST` a count u32 and a `more` u8 (entries left out for room), then each
-//! entry: id u64, generation u64, dropping u8, the name's length u8, the name.
+//! The argument, `ARG_SIZE` bytes each way: in, `op` u8 (`MAKE`, `DELETE`, `LIST`, `CLONE`,
+//! `CREATE`, `SUBVOLUMES`), the name's length u8, 6 zero bytes, an id u64 (little-endian:
+//! the snapshot to delete, or a clone's origin), the name; out, for `MAKE`, `CLONE` and
+//! `CREATE` the new id u64, the length u8 and name of the mount's snapshots directory
+//! (`snapdir`; 0: not shown, and always 0 for a subvolume), for `LIST` a count u32 and a
+//! `more` u8 (entries left out for room), then each entry: id u64, generation u64, dropping
+//! u8, the name's length u8, the name; for `SUBVOLUMES` the same count and `more`, then each
+//! entry: id u64, origin u64 (0: none), active u8, the name's length u8, the name.
 use std::io;
 use std::path::Path;
 
@@ -20,6 +26,9 @@ pub const IOC_SNAPSHOT: u32 = (3 << 30) | ((ARG_SIZE as u32) << 16) | (0xD7 << 8
 pub const MAKE: u8 = 1;
 pub const DELETE: u8 = 2;
 pub const LIST: u8 = 3;
+pub const CLONE: u8 = 4;
+pub const CREATE: u8 = 5;
+pub const SUBVOLUMES: u8 = 6;
 const HEADER: usize = 16;
 
 /// What a caller asks.
@@ -28,6 +37,22 @@ pub enum Ask {
     Make(Vec<u8>),
     Delete(u64),
     List,
+    /// A writable subvolume named .1 from snapshot .0.
+    Clone(u64, Vec<u8>),
+    /// An empty writable subvolume.
+    Create(Vec<u8>),
+    Subvolumes,
+}
+
+/// A writable subvolume as the server lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subvolume {
+    pub id: u64,
+    /// The snapshot it was made from (None: the file system's own tree, or made empty).
+    pub origin: Option<u64>,
+    /// The one this mount serves.
+    pub active: bool,
+    pub name: Vec<u8>,
 }
 
 /// A snapshot as the server lists it.
@@ -41,19 +66,19 @@ pub struct Listed {
 
 pub fn encode(ask: &Ask) -> Option<Vec<u8>> {
     let mut buf = vec![0u8; ARG_SIZE];
-    match ask {
-        Ask::Make(name) => {
-            buf[0] = MAKE;
-            buf[1] = u8::try_from(name.len()).ok()?;
-            buf.get_mut(HEADER..HEADER + name.len())?
-                .copy_from_slice(name);
-        }
-        Ask::Delete(id) => {
-            buf[0] = DELETE;
-            buf[8..16].copy_from_slice(&id.to_le_bytes());
-        }
-        Ask::List => buf[0] = LIST,
-    }
+    let (op, id, name): (u8, u64, &[u8]) = match ask {
+        Ask::Make(name) => (MAKE, 0, name),
+        Ask::Delete(id) => (DELETE, *id, &[]),
+        Ask::List => (LIST, 0, &[]),
+        Ask::Clone(origin, name) => (CLONE, *origin, name),
+        Ask::Create(name) => (CREATE, 0, name),
+        Ask::Subvolumes => (SUBVOLUMES, 0, &[]),
+    };
+    buf[0] = op;
+    buf[1] = u8::try_from(name.len()).ok()?;
+    buf[8..16].copy_from_slice(&id.to_le_bytes());
+    buf.get_mut(HEADER..HEADER + name.len())?
+        .copy_from_slice(name);
     Some(buf)
 }
 
@@ -62,54 +87,98 @@ pub fn decode(buf: &[u8]) -> Option<Ask> {
     let (&op, rest) = buf.split_first()?;
     let len = *rest.first()? as usize;
     let id = u64::from_le_bytes(buf.get(8..16)?.try_into().ok()?);
+    let name = || Some(buf.get(HEADER..HEADER + len)?.to_vec());
     match op {
-        MAKE => Some(Ask::Make(buf.get(HEADER..HEADER + len)?.to_vec())),
+        MAKE => Some(Ask::Make(name()?)),
         DELETE => Some(Ask::Delete(id)),
         LIST => Some(Ask::List),
+        CLONE => Some(Ask::Clone(id, name()?)),
+        CREATE => Some(Ask::Create(name()?)),
+        SUBVOLUMES => Some(Ask::Subvolumes),
         _ => None,
     }
 }
 
-/// The reply to a `LIST`: as many entries as fit, and whether some did not.
-pub fn encode_list(all: &[Listed]) -> Vec<u8> {
+/// Entries of a list reply: (two u64s, a u8, the name), as many as fit after the count
+/// and `more`.
+fn encode_entries<'a>(all: impl Iterator<Item = (u64, u64, u8, &'a [u8])>) -> Vec<u8> {
     let mut out = vec![0u8; 5];
     let mut n = 0u32;
-    for s in all {
-        if out.len() + 18 + s.name.len() > ARG_SIZE {
+    for (a, b, flag, name) in all {
+        let name = &name[..name.len().min(255)];
+        if out.len() + 18 + name.len() > ARG_SIZE {
             out[4] = 1;
             break;
         }
-        out.extend_from_slice(&s.id.to_le_bytes());
-        out.extend_from_slice(&s.generation.to_le_bytes());
-        out.push(u8::from(s.dropping));
-        out.push(s.name.len().min(255) as u8);
-        out.extend_from_slice(&s.name[..s.name.len().min(255)]);
+        out.extend_from_slice(&a.to_le_bytes());
+        out.extend_from_slice(&b.to_le_bytes());
+        out.push(flag);
+        out.push(name.len() as u8);
+        out.extend_from_slice(name);
         n += 1;
     }
     out[..4].copy_from_slice(&n.to_le_bytes());
     out
 }
 
-fn decode_list(buf: &[u8]) -> Option<(Vec<Listed>, bool)> {
+#[allow(clippy::type_complexity)]
+fn decode_entries(buf: &[u8]) -> Option<(Vec<(u64, u64, u8, Vec<u8>)>, bool)> {
     let n = u32::from_le_bytes(buf.get(..4)?.try_into().ok()?);
     let more = *buf.get(4)? != 0;
     let mut at = 5;
     let mut out = Vec::new();
     for _ in 0..n {
-        let id = u64::from_le_bytes(buf.get(at..at + 8)?.try_into().ok()?);
-        let generation = u64::from_le_bytes(buf.get(at + 8..at + 16)?.try_into().ok()?);
-        let dropping = *buf.get(at + 16)? != 0;
+        let a = u64::from_le_bytes(buf.get(at..at + 8)?.try_into().ok()?);
+        let b = u64::from_le_bytes(buf.get(at + 8..at + 16)?.try_into().ok()?);
+        let flag = *buf.get(at + 16)?;
         let len = *buf.get(at + 17)? as usize;
         let name = buf.get(at + 18..at + 18 + len)?.to_vec();
         at += 18 + len;
-        out.push(Listed {
-            id,
-            generation,
-            dropping,
-            name,
-        });
+        out.push((a, b, flag, name));
     }
     Some((out, more))
+}
+
+/// The reply to a `LIST`: as many entries as fit, and whether some did not.
+pub fn encode_list(all: &[Listed]) -> Vec<u8> {
+    encode_entries(
+        all.iter()
+            .map(|s| (s.id, s.generation, u8::from(s.dropping), &s.name[..])),
+    )
+}
+
+fn decode_list(buf: &[u8]) -> Option<(Vec<Listed>, bool)> {
+    let (entries, more) = decode_entries(buf)?;
+    let list = entries
+        .into_iter()
+        .map(|(id, generation, dropping, name)| Listed {
+            id,
+            generation,
+            dropping: dropping != 0,
+            name,
+        });
+    Some((list.collect(), more))
+}
+
+/// The reply to a `SUBVOLUMES`: as many entries as fit, and whether some did not.
+pub fn encode_subvolumes(all: &[Subvolume]) -> Vec<u8> {
+    encode_entries(all.iter().map(|s| {
+        let origin = s.origin.unwrap_or(0);
+        (s.id, origin, u8::from(s.active), &s.name[..])
+    }))
+}
+
+fn decode_subvolumes(buf: &[u8]) -> Option<(Vec<Subvolume>, bool)> {
+    let (entries, more) = decode_entries(buf)?;
+    let list = entries
+        .into_iter()
+        .map(|(id, origin, active, name)| Subvolume {
+            id,
+            origin: (origin != 0).then_some(origin),
+            active: active != 0,
+            name,
+        });
+    Some((list.collect(), more))
 }
 
 /// The reply to a `MAKE`: the new id, and the name of the directory of the mount's root
@@ -136,6 +205,7 @@ pub enum Answer {
     Made(u64, Option<Vec<u8>>),
     Deleted,
     List(Vec<Listed>, bool),
+    Subvolumes(Vec<Subvolume>, bool),
 }
 
 /// Asks the server of the idxfs mount at `mp`.
@@ -145,9 +215,13 @@ pub fn request(mp: &Path, ask: &Ask) -> io::Result<Answer> {
     crate::root_ioctl::send(mp, IOC_SNAPSHOT, &mut buf, "snapshot")?;
     let bad = || io::Error::other("the server's answer could not be read");
     Ok(match ask {
-        Ask::Make(_) => {
+        Ask::Make(_) | Ask::Clone(..) | Ask::Create(_) => {
             let (id, dir) = decode_made(&buf).ok_or_else(bad)?;
             Answer::Made(id, dir)
+        }
+        Ask::Subvolumes => {
+            let (l, more) = decode_subvolumes(&buf).ok_or_else(bad)?;
+            Answer::Subvolumes(l, more)
         }
         Ask::Delete(_) => Answer::Deleted,
         Ask::List => {
@@ -163,9 +237,28 @@ mod tests {
 
     #[test]
     fn requests_and_lists_round_trip() {
-        for ask in [Ask::Make(b"nightly".to_vec()), Ask::Delete(257), Ask::List] {
+        for ask in [
+            Ask::Make(b"nightly".to_vec()),
+            Ask::Delete(257),
+            Ask::List,
+            Ask::Clone(300, b"work".to_vec()),
+            Ask::Create(b"scratch".to_vec()),
+            Ask::Subvolumes,
+        ] {
             assert_eq!(decode(&encode(&ask).expect("encode")), Some(ask));
         }
+        assert_eq!(encode(&Ask::Create(vec![b'a'; 256])), None);
+        let subs: Vec<Subvolume> = (0..3)
+            .map(|i| Subvolume {
+                id: 5 + i,
+                origin: (i == 1).then_some(256),
+                active: i == 2,
+                name: if i == 0 { Vec::new() } else { vec![b's'; 3] },
+            })
+            .collect();
+        let mut buf = encode_subvolumes(&subs);
+        buf.resize(ARG_SIZE, 0);
+        assert_eq!(decode_subvolumes(&buf), Some((subs, false)));
         assert_eq!(encode(&Ask::Make(vec![b'a'; 256])), None);
         assert_eq!(decode(&[9; 16]), None);
         for dir in [None, Some(&b".snapshots"[..])] {
