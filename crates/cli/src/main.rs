@@ -145,8 +145,8 @@ enum Cmd {
     /// TARGET ID|NAME` deletes one (or a snapshot: its blocks come back before this returns
     /// on an unmounted image, in the background on a mount); `idxfs snapshot TARGET --clone
     /// SNAP NAME` makes one from a snapshot, in constant time. A mount serves one writable
-    /// tree: `idxfs mount IMAGE DIR -o subvol=ID` (5: the file system's own); one made on a
-    /// mount is served by the image's next mount with `-o subvol=ID`. TARGET: an unmounted
+    /// tree: `idxfs mount IMAGE DIR -o subvol=ID|NAME` (5: the file system's own); one made
+    /// on a mount is served by the image's next mount with `-o subvol=ID|NAME`. TARGET: an unmounted
     /// image, or a directory on an idxfs mount (root or the mount's owner only).
     Subvolume {
         #[command(subcommand)]
@@ -187,9 +187,10 @@ enum Cmd {
         /// datasum/nodatasum (a crc32c for every block written copy-on-write, checked on
         /// every read; default on),
         /// readdirplus=always|auto (auto: names-only listings skip attributes, but tar, cp and
-        /// rm then look up every entry; default always), snapshot=ID (serve that read-only
-        /// snapshot, `idxfs snapshot --list`), subvol=ID (make that writable subvolume the
-        /// image's active one and serve it; 5: the file system's own tree), snapdir=NAME (the
+        /// rm then look up every entry; default always), snapshot=ID|NAME (serve that
+        /// read-only snapshot, `idxfs snapshot --list`), subvol=ID|NAME (make that writable
+        /// subvolume the image's active one and serve it, `idxfs subvolume list`; 5: the
+        /// file system's own tree), snapdir=NAME (the
         /// root's hidden directory showing the snapshots, default .snapshots), nosnapdir
         /// (none).
         #[arg(short = 'o', value_name = "OPTIONS")]

@@ -3,7 +3,7 @@
 //! return once the mount is up (so that form serves from a background process).
 use idxfs_blockdev::{BlockDevice, FileDevice};
 use idxfs_engine::{Fs, OpenOptions};
-use idxfs_fuse::{block_shutdown_signals, serve_with, MountConfig};
+use idxfs_fuse::{block_shutdown_signals, serve_with, MountConfig, Named};
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
@@ -129,12 +129,16 @@ fn serve_image(
     let dev =
         FileDevice::open(a.image, !read_only).map_err(|e| format!("{}: {e}", a.image.display()))?;
     let dev: Arc<dyn BlockDevice> = Arc::new(dev);
+    let (snapshot, subvolume) = (
+        named_id(a.image, &dev, cfg.snapshot.as_ref(), true)?,
+        named_id(a.image, &dev, cfg.subvolume.as_ref(), false)?,
+    );
     let fs = Fs::open(
         dev,
         OpenOptions {
             read_only,
-            snapshot: cfg.snapshot,
-            subvolume: cfg.subvolume,
+            snapshot,
+            subvolume,
             atime: cfg.atime,
             sync: cfg.sync,
             on_damage: cfg.on_damage,
@@ -144,7 +148,7 @@ fn serve_image(
             ..OpenOptions::default()
         },
     )
-    .map_err(|e| match (e, cfg.snapshot, cfg.subvolume) {
+    .map_err(|e| match (e, snapshot, subvolume) {
         (idxfs_engine::Error::NotFound, Some(id), _) => {
             format!(
                 "{}: no snapshot {id} (`idxfs snapshot --list`)",
@@ -153,7 +157,7 @@ fn serve_image(
         }
         (idxfs_engine::Error::NotFound, None, Some(id)) => {
             format!(
-                "{}: no subvolume {id} (`idxfs snapshot --list`)",
+                "{}: no subvolume {id} (`idxfs subvolume list`)",
                 a.image.display()
             )
         }
@@ -257,4 +261,41 @@ fn no_huge_pages() {
     // SAFETY: PR_SET_THP_DISABLE takes plain integers and changes only this process's
     // memory policy.
     let _ = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+}
+
+/// The id of the snapshot (`snapshot`) or writable subvolume a mount option names: a name
+/// is looked up in a read-only open of the image (which writes nothing), an id is taken as
+/// it is (the open that uses it says whether it exists).
+fn named_id(
+    image: &Path,
+    dev: &Arc<dyn BlockDevice>,
+    named: Option<&Named>,
+    snapshot: bool,
+) -> Result<Option<u64>, String> {
+    let name = match named {
+        None => return Ok(None),
+        Some(Named::Id(id)) => return Ok(Some(*id)),
+        Some(Named::Name(n)) => n,
+    };
+    let p = image.display();
+    let o = OpenOptions {
+        read_only: true,
+        commit_interval: None,
+        ..OpenOptions::default()
+    };
+    let fs = Fs::open(dev.clone(), o).map_err(|e| format!("{p}: {e}"))?;
+    let id = match snapshot {
+        true => (fs.snapshots().map_err(|e| format!("{p}: {e}"))?)
+            .into_iter()
+            .find(|s| !s.dropping && s.name == name.as_bytes())
+            .map(|s| s.id),
+        false => (fs.subvolumes().into_iter())
+            .find(|s| s.id != idxfs_format::FS_SUBVOL_ID && s.name == name.as_bytes())
+            .map(|s| s.id),
+    };
+    fs.close().map_err(|e| format!("{p}: {e}"))?;
+    id.map(Some).ok_or_else(|| match snapshot {
+        true => format!("{p}: no snapshot {name} (`idxfs snapshot --list`)"),
+        false => format!("{p}: no subvolume {name} (`idxfs subvolume list`)"),
+    })
 }

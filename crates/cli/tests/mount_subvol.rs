@@ -89,7 +89,8 @@ fn a_clone_mounts_writable_beside_the_file_system_and_goes_with_its_origin() {
 
 /// `idxfs subvolume create|list|delete` and `--clone` on a mount (its server makes them,
 /// parked: the mount goes on serving its own tree) and on an image; an empty subvolume
-/// mounts with an empty root, keeps what was written in it, and deletes like a clone.
+/// mounts with an empty root, keeps what was written in it, and deletes like a clone;
+/// `-o subvol=NAME` and `-o snapshot=NAME` mount by name.
 #[test]
 fn subvolumes_are_made_listed_and_deleted_on_a_mount_and_on_an_image() {
     let mut m = Mounted::root_only("256M", "");
@@ -154,9 +155,15 @@ fn subvolumes_are_made_listed_and_deleted_on_a_mount_and_on_an_image() {
     std::fs::write(m.path("g"), vec![9u8; 3 << 20]).expect("write");
     m.unmount();
     m.assert_fsck_clean();
-    m.mount("subvol=258");
+    // By name too.
+    m.mount("subvol=work");
     assert_eq!(std::fs::read(m.path("f")).expect("read"), b"own");
     assert!(!m.path("g").exists());
+    m.unmount();
+    let (code, _, err) = idxfs(&["mount", &img, &mp, "-o", "subvol=nosuch"]);
+    assert!(code != 0 && err.contains("no subvolume nosuch"), "{err}");
+    m.mount("snapshot=base");
+    assert_eq!(std::fs::read(m.path("f")).expect("read"), b"own");
     m.unmount();
     m.mount("subvol=256");
     assert_eq!(

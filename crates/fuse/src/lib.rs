@@ -75,7 +75,7 @@ pub mod snapshot;
 pub mod trim;
 pub mod uring;
 
-pub use options::{MountConfig, OptionError};
+pub use options::{MountConfig, Named, OptionError};
 pub use serve::{block_shutdown_signals, serve, serve_with, unmount, ServeError};
 
 use fuser::{

@@ -5,6 +5,30 @@ use idxfs_engine::fs::{Atime, OnDamage, SyncMode};
 use std::fmt;
 use std::time::Duration;
 
+/// A snapshot or writable subvolume as a mount option names it: a number is an id (as
+/// `idxfs snapshot` reads one), anything else a name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Named {
+    Id(u64),
+    Name(String),
+}
+
+impl Named {
+    fn parse(v: &str) -> Named {
+        v.parse()
+            .map_or_else(|_| Named::Name(v.to_string()), Named::Id)
+    }
+}
+
+impl fmt::Display for Named {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Named::Id(id) => write!(f, "{id}"),
+            Named::Name(n) => write!(f, "{n}"),
+        }
+    }
+}
+
 /// Everything a mount needs beyond the image and the mount point.
 #[derive(Debug, Clone)]
 pub struct MountConfig {
@@ -67,12 +91,13 @@ pub struct MountConfig {
     pub acl: Option<bool>,
     /// Kernel mount flags passed through (nodev, nosuid, noexec, sync, dirsync, ...).
     pub flags: Vec<MountOption>,
-    /// `-o snapshot=ID`: serve this read-only snapshot of the image instead of its file
+    /// `-o snapshot=ID|NAME`: serve this read-only snapshot of the image instead of its file
     /// system (read-only whatever else is asked).
-    pub snapshot: Option<u64>,
-    /// `-o subvol=ID`: make this writable subvolume (a clone, or 5 for the file system's
-    /// own tree) the image's active one and serve it (`idxfs_engine::fs::clones`).
-    pub subvolume: Option<u64>,
+    pub snapshot: Option<Named>,
+    /// `-o subvol=ID|NAME`: make this writable subvolume (a clone, one made empty, or 5 for
+    /// the file system's own tree) the image's active one and serve it
+    /// (`idxfs_engine::fs::clones`).
+    pub subvolume: Option<Named>,
     /// `-o snapdir=NAME`: the root's name for the snapshots directory (`snapdir.rs`),
     /// `.snapshots` unless asked; None with `-o nosnapdir`.
     pub snapdir: Option<String>,
@@ -161,24 +186,8 @@ impl MountConfig {
                 "acl" => self.acl = Some(true),
                 "noacl" => self.acl = Some(false),
                 "fsname" => self.fsname = Some(need(value)?.to_string()),
-                "snapshot" => {
-                    let v = need(value)?;
-                    let id = v.parse().map_err(|_| {
-                        OptionError(format!(
-                            "bad snapshot {v:?}: an id from `idxfs snapshot --list`"
-                        ))
-                    })?;
-                    self.snapshot = Some(id);
-                }
-                "subvol" => {
-                    let v = need(value)?;
-                    let id = v.parse().map_err(|_| {
-                        OptionError(format!(
-                            "bad subvol {v:?}: an id from `idxfs snapshot --list`"
-                        ))
-                    })?;
-                    self.subvolume = Some(id);
-                }
+                "snapshot" => self.snapshot = Some(Named::parse(need(value)?)),
+                "subvol" => self.subvolume = Some(Named::parse(need(value)?)),
                 "snapdir" => {
                     let v = need(value)?;
                     if v.is_empty() || v.len() > 255 || v == "." || v == ".." {
