@@ -504,28 +504,16 @@ impl Inner {
 
     /// `free_or_hold` for blocks the caller knows to be the letting tree's own. A run may
     /// span block groups where extents lie end to end across a boundary and are let go of
-    /// together (a deleted clone's, a log replay's): it is held or freed a group at a time,
-    /// as space is allocated and freed.
+    /// together (a deleted clone's, a log replay's): freed a group at a time
+    /// (`Allocator::free_data_across`).
     pub(crate) fn let_go(&mut self, start: u64, n: u64, now: bool, born: u64) -> Result<()> {
-        let group = self.store.alloc.group_blocks.max(1);
-        let end = start.saturating_add(n);
-        let mut at = start;
-        while at < end {
-            let to = (at / group + 1).saturating_mul(group).min(end);
-            self.let_go_in_group(at, to - at, now, born)?;
-            at = to;
-        }
-        Ok(())
-    }
-
-    fn let_go_in_group(&mut self, start: u64, n: u64, now: bool, born: u64) -> Result<()> {
         if self.snapshots.may_name(born) {
             let released = self.store.generation;
             self.snapshots.hold(start, n, born, released)?;
             Counters::add(&self.store.counters.blocks_held, n);
             return Ok(());
         }
-        Ok(self.store.alloc.free_data(start, n, now)?)
+        Ok(self.store.alloc.free_data_across(start, n, now)?)
     }
 
     /// One step of dropping a deleted snapshot; false when none is left to drop. When a
@@ -560,7 +548,8 @@ impl Inner {
                 for (start, h) in gone {
                     self.snapshots.held.remove(&start);
                     self.snapshots.changed_held.insert(start);
-                    self.store.alloc.free_data(start, h.blocks, false)?;
+                    // A held run may span groups (`let_go`).
+                    self.store.alloc.free_data_across(start, h.blocks, false)?;
                 }
                 Counters::inc(&self.store.counters.snapshots_dropped);
             }

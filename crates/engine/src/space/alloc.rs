@@ -429,6 +429,27 @@ impl Allocator {
         self.free_range(start, n, now, true)
     }
 
+    /// `free_data` for a run that may span block groups: data let go of together (a deleted
+    /// clone's own blocks, a log replay's, a held run when no snapshot wants it) may join
+    /// extents lying end to end across a group boundary. Freed a group at a time, each
+    /// piece checked as any free is.
+    pub fn free_data_across(
+        &mut self,
+        start: u64,
+        n: u64,
+        now: bool,
+    ) -> Result<(), idxfs_format::Corrupt> {
+        let group = self.group_blocks.max(1);
+        let end = start.saturating_add(n);
+        let mut at = start;
+        while at < end {
+            let to = (at / group + 1).saturating_mul(group).min(end);
+            self.free_range(at, to - at, now, true)?;
+            at = to;
+        }
+        Ok(())
+    }
+
     fn free_range(
         &mut self,
         start: u64,
@@ -615,6 +636,24 @@ pub fn find_run(bm: &Bitmap, from: u64, min: u64, max: u64) -> Option<(u64, u64)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_data_run_across_groups_is_freed_a_group_at_a_time() {
+        let mut a = Allocator::new(256, 64, Arc::new(Counters::default()));
+        a.mark_used(60, 80);
+        let free = a.free_blocks();
+        assert!(
+            a.free_data(60, 80, true).is_err(),
+            "one free spans one group"
+        );
+        a.free_data_across(60, 80, true).expect("free across");
+        assert_eq!(a.free_blocks(), free + 80);
+        assert!((60..140).all(|b| !a.is_used(b)));
+        // Each piece is checked: a block already free fails the free.
+        a.mark_used(60, 10);
+        assert!(a.free_data_across(60, 80, true).is_err());
+    }
+
     #[test]
     fn pinned_blocks_wait_for_commit() {
         let mut a = Allocator::new(256, 64, Arc::new(Counters::default()));
