@@ -629,3 +629,43 @@ fn a_deleted_clone_s_blocks_across_a_group_boundary_come_back() {
     fs.close().expect("close");
     check(&dev, "after the drops");
 }
+
+/// Blocks never move into the active tree from a snapshot while another writable tree may
+/// own them: with only an empty subvolume (no origin) beside the file system, a snapshot
+/// taken in it names its blocks, so a restore or rollback from one is refused there too.
+/// Regression (found in review before landing): `Clones::any` counted clones' origins
+/// alone, and a restore from such a snapshot gave the file system a block the parked
+/// subvolume would free.
+#[test]
+fn restores_wait_for_empty_subvolumes_too() {
+    let (dev, fs) = mem_fs_with(64 << 20, 4096);
+    let e = fs.make_subvolume(b"e", ME).expect("empty subvolume");
+    fs.close().expect("close");
+    let fs = open_as(&dev, e);
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
+    fs.write(f, 0, &[1u8; 20_000]).expect("write");
+    let s = fs.snapshot(b"s").expect("snapshot of the empty subvolume");
+    fs.close().expect("close");
+    let fs = open_as(&dev, FS_SUBVOL_ID);
+    let view = fs.open_snapshot(s, 1 << 20).expect("view");
+    let g = fs.create(ROOT, b"g", 0o644, ME).expect("create").ino;
+    assert!(matches!(
+        fs.copy_from_snapshot(&view, f, 0, g, 0, 20_000, Default::default()),
+        Err(Error::NotSupported(_))
+    ));
+    view.close().expect("close view");
+    assert!(matches!(fs.rollback(s), Err(Error::NotSupported(_))));
+    // Once it is gone, a restore from its snapshot is the file system's to make.
+    let fs = open_as(&dev, FS_SUBVOL_ID);
+    fs.delete_snapshot(e).expect("delete the empty subvolume");
+    fs.finish_drops().expect("drops");
+    let view = fs.open_snapshot(s, 1 << 20).expect("view");
+    fs.copy_from_snapshot(&view, f, 0, g, 0, 20_000, Default::default())
+        .expect("restore");
+    view.close().expect("close view");
+    assert_eq!(fs.read(g, 0, 20_000).expect("read"), vec![1u8; 20_000]);
+    fs.delete_snapshot(s).expect("delete the snapshot");
+    fs.finish_drops().expect("drops");
+    fs.close().expect("close");
+    check(&dev, "after the restore and the deletes");
+}

@@ -29,8 +29,9 @@
 //!   the other's bytes for its own. Such a write goes copy-on-write, so `fallocate`'s
 //!   promise of space does not hold there (as on btrfs over a shared extent);
 //! - nothing moves blocks into a tree from outside its lineage: restores from snapshots
-//!   (`restore`, `copy_tree_from`) and rollbacks are refused while any clone exists, since a
-//!   snapshot's block may be another tree's own.
+//!   (`restore`, `copy_tree_from`) and rollbacks are refused while any other writable tree
+//!   exists (a clone or one made empty: `Clones::any`), since a snapshot's block may be
+//!   another tree's own (a snapshot of an empty subvolume names that subvolume's blocks).
 //!
 //! **fsync in a clone logs** as in the file system's own tree: a log replay lets go of the
 //! blocks the logged changes leave unnamed by the generations of the committed extents that
@@ -103,9 +104,12 @@ impl Clones {
             .unwrap_or(0)
     }
 
-    /// Whether any clone exists.
+    /// Whether a writable tree besides the active one exists (a clone, one made empty, or
+    /// the file system's own while another is active), or a clone's origin is still named:
+    /// then a snapshot's block may be another writable tree's own, so nothing may move
+    /// blocks into the active tree from a snapshot (module docs).
     pub fn any(&self) -> bool {
-        !self.origins.is_empty()
+        !self.origins.is_empty() || !self.items.is_empty() || self.active != 0
     }
 
     /// Whether a clone was made from snapshot `id`.
