@@ -90,7 +90,8 @@ fn a_clone_mounts_writable_beside_the_file_system_and_goes_with_its_origin() {
 /// `idxfs subvolume create|list|delete` and `--clone` on a mount (its server makes them,
 /// parked: the mount goes on serving its own tree) and on an image; an empty subvolume
 /// mounts with an empty root, keeps what was written in it, and deletes like a clone;
-/// `-o subvol=NAME` and `-o snapshot=NAME` mount by name.
+/// `-o subvol=NAME` and `-o snapshot=NAME` mount by name; a mount shows the parked ones
+/// read-only in its snapshots directory, and rmdir there takes an empty one only.
 #[test]
 fn subvolumes_are_made_listed_and_deleted_on_a_mount_and_on_an_image() {
     let mut m = Mounted::root_only("256M", "");
@@ -132,8 +133,29 @@ fn subvolumes_are_made_listed_and_deleted_on_a_mount_and_on_an_image() {
         assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
         assert!(err.contains(want), "{args:?}: {err}");
     }
-    // The mount still serves its own tree.
+    // The mount still serves its own tree, and shows the parked ones read-only beside
+    // the snapshots.
     assert_eq!(std::fs::read(m.path("f")).expect("read"), b"own");
+    let shown = |m: &Mounted| {
+        let mut names: Vec<String> = std::fs::read_dir(m.path(".snapshots"))
+            .expect("list .snapshots")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(shown(&m), ["base", "scratch", "work"]);
+    assert_eq!(
+        std::fs::read(m.path(".snapshots/work/f")).expect("read in the parked clone"),
+        b"own"
+    );
+    let e = std::fs::write(m.path(".snapshots/scratch/x"), b"x").expect_err("read-only");
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+    let e = std::fs::remove_dir(m.path(".snapshots/work")).expect_err("not empty");
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY), "{e}");
+    ok(&["subvolume", "create", &mp, "tmp"]);
+    std::fs::remove_dir(m.path(".snapshots/tmp")).expect("rmdir of an empty subvolume");
+    assert_eq!(shown(&m), ["base", "scratch", "work"]);
     let out = ok(&["subvolume", "list", &mp]);
     for want in [
         "5\t(the file system's own tree) (active)",

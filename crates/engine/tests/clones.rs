@@ -669,3 +669,42 @@ fn restores_wait_for_empty_subvolumes_too() {
     fs.close().expect("close");
     check(&dev, "after the restore and the deletes");
 }
+
+/// A parked writable subvolume opens read-only beside the file system (`Fs::open_snapshot`,
+/// as the mount's snapshots directory shows it), shows what it held when parked while the
+/// file system changes, refuses changes, and is not deleted while the view is open.
+#[test]
+fn a_parked_subvolume_is_shown_read_only_beside_the_file_system() {
+    let (dev, fs) = mem_fs_with(64 << 20, 4096);
+    let e = fs.make_subvolume(b"e", ME).expect("empty subvolume");
+    fs.close().expect("close");
+    let fs = open_as(&dev, e);
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
+    fs.write(f, 0, &[4u8; 9000]).expect("write");
+    let want = digest(&fs);
+    fs.close().expect("close");
+    let fs = open_as(&dev, FS_SUBVOL_ID);
+    let view = fs
+        .open_snapshot(e, 1 << 20)
+        .expect("a view of the parked subvolume");
+    for i in 0..50 {
+        let g = fs
+            .create(ROOT, format!("g{i}").as_bytes(), 0o644, ME)
+            .expect("create")
+            .ino;
+        fs.write(g, 0, &[5u8; 9000]).expect("write");
+    }
+    fs.sync().expect("sync");
+    assert_eq!(digest(&view), want);
+    assert!(
+        view.create(ROOT, b"x", 0o644, ME).is_err(),
+        "a view is read-only"
+    );
+    assert!(matches!(fs.delete_snapshot(e), Err(Error::Busy(_))));
+    view.close().expect("close view");
+    fs.delete_snapshot(e)
+        .expect("delete once the view is closed");
+    fs.finish_drops().expect("drops");
+    fs.close().expect("close");
+    check(&dev, "after the delete");
+}

@@ -542,7 +542,9 @@ impl IdxFuse {
 
     /// `rmdir MOUNT/.snapshots/NAME` deletes snapshot NAME (as ZFS's), from root or the
     /// mount's owner only, as `idxfs snapshot MOUNT --delete ID`; its blocks come back in
-    /// the background.
+    /// the background. A parked writable subvolume shown there goes only when its root is
+    /// empty (ENOTEMPTY otherwise, as rmdir of a btrfs subvolume): its files are nobody's
+    /// copy, and `rm -rf` of it must not end in a delete of everything.
     fn delete_by_rmdir(&self, req: &Request, name: &[u8], reply: ReplyEmpty) {
         if req.uid() != 0 && req.uid() != self.set.owner_uid {
             return reply.error(Errno::EPERM);
@@ -551,8 +553,14 @@ impl IdxFuse {
             return reply.error(Errno::ENOENT);
         };
         let r = snapdir::Snapdir::id_of(&self.fs, name).and_then(|id| {
+            if self.fs.subvolumes().iter().any(|s| s.id == id) {
+                let v = d.lookup(&self.fs, name)?;
+                if !v.fs.list(v.ino)?.is_empty() {
+                    return Err(Error::NotEmpty);
+                }
+            }
             d.delete(&self.fs, id)?;
-            log::info!("snapshot {id} deleted by rmdir; its blocks come back in the background");
+            log::info!("{id} deleted by rmdir; its blocks come back in the background");
             Ok(())
         });
         done(reply, r)

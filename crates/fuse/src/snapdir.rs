@@ -28,6 +28,11 @@
 //!   MOUNT/.snapshots/NAME` makes snapshot NAME and `rmdir` deletes it, from root or the
 //!   mount's owner only (what `idxfs snapshot MOUNT` allows); mkdir is refused on a
 //!   `-o writeback` mount, whose written pages the kernel may still hold.
+//! - **Parked writable subvolumes** (`idxfs subvolume`, `--clone`) are shown beside the
+//!   snapshots, by name, read-only as they were parked: a parked tree does not change until
+//!   an open makes it active, and its delete waits for its view as a snapshot's does. This
+//!   mount's own tree is not shown, nor the file system's own when a subvolume is active (it
+//!   has no name). A change in one is EROFS: one writable tree per mount, the one it serves.
 //! - **Deleting** through the mount (`idxfs snapshot MOUNT --delete ID`, or rmdir) retires the slot,
 //!   waits for requests inside the snapshot to end, closes it and then deletes it (the
 //!   engine refuses the delete of a snapshot it has open). A file of it still open answers
@@ -213,12 +218,25 @@ impl Snapdir {
         Some(slot)
     }
 
-    /// The id of the snapshot named `name` (one not being deleted).
+    /// What the directory shows, in id order: (id, name) of every snapshot not being
+    /// deleted and every parked writable subvolume with a name (module docs).
+    fn shown(live: &Fs) -> Result<Vec<(u64, Vec<u8>)>, Error> {
+        let snaps = (live.snapshots()?.into_iter())
+            .filter(|s| !s.dropping)
+            .map(|s| (s.id, s.name));
+        let parked = (live.subvolumes().into_iter())
+            .filter(|s| !s.active && !s.name.is_empty())
+            .map(|s| (s.id, s.name));
+        let mut all: Vec<(u64, Vec<u8>)> = snaps.chain(parked).collect();
+        all.sort_unstable_by_key(|s| s.0);
+        Ok(all)
+    }
+
+    /// The id of the snapshot or parked subvolume named `name`.
     pub fn id_of(live: &Fs, name: &[u8]) -> Result<u64, Error> {
-        live.snapshots()?
-            .into_iter()
-            .find(|s| !s.dropping && s.name == name)
-            .map(|s| s.id)
+        (Snapdir::shown(live)?.into_iter())
+            .find(|s| s.1 == name)
+            .map(|s| s.0)
             .ok_or(Error::NotFound)
     }
 
@@ -235,16 +253,14 @@ impl Snapdir {
         })
     }
 
-    /// The snapshots the directory lists after `cookie` (see `Entry::id`), in id order.
+    /// What the directory lists after `cookie` (see `Entry::id`), in id order.
     pub fn list(&self, live: &Fs, cookie: u64) -> Result<Vec<Entry>, Error> {
-        Ok(live
-            .snapshots()?
-            .into_iter()
-            .filter(|s| !s.dropping && s.id > cookie)
-            .map(|s| Entry {
-                ino: self.slot_of(s.id).map(|slot| slot << SHIFT | ROOT),
-                id: s.id,
-                name: s.name,
+        Ok((Snapdir::shown(live)?.into_iter())
+            .filter(|s| s.0 > cookie)
+            .map(|(id, name)| Entry {
+                ino: self.slot_of(id).map(|slot| slot << SHIFT | ROOT),
+                id,
+                name,
             })
             .collect())
     }
@@ -253,7 +269,7 @@ impl Snapdir {
     /// owner, for a mkdir or rmdir of a snapshot (`IdxFuse::snapshot_by_mkdir`).
     pub fn attr(&self, live: &Fs) -> Result<Attr, Error> {
         let mut a = live.getattr(ROOT)?;
-        let shown = live.snapshots()?.iter().filter(|s| !s.dropping).count() as u32;
+        let shown = Snapdir::shown(live)?.len() as u32;
         a.ino = DIR_INO;
         a.mode = libc::S_IFDIR | 0o755;
         a.nlink = 2 + shown;

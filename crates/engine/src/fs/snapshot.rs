@@ -731,6 +731,10 @@ impl Fs {
             ));
         }
         if g.snapshots.clones.items.contains_key(&id) || id == FS_SUBVOL_ID {
+            // Under the lock, as `open_snapshot`'s registration (`snapshot_view`).
+            if self.shared.views.open.is_open(id) {
+                return Err(Error::Busy("the subvolume is open beside the file system"));
+            }
             return g.delete_clone(id);
         }
         let Some(s) = g.snapshots.list.get_mut(&id).filter(|s| !s.dropping()) else {

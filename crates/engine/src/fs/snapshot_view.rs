@@ -84,11 +84,20 @@ impl Drop for ViewOf {
 impl Fs {
     /// Opens snapshot `id` read-only beside this file system, with a node cache of at most
     /// `cache_bytes`: reads answer as the snapshot was made while this file system goes on.
-    /// The snapshot cannot be deleted (EBUSY) until the returned `Fs` is dropped.
+    /// The snapshot cannot be deleted (EBUSY) until the returned `Fs` is dropped. `id` may
+    /// also be a parked writable subvolume (`clones`), shown read-only as it was parked.
     pub fn open_snapshot(&self, id: u64, cache_bytes: usize) -> Result<Fs> {
         let (mut inner, view_of, opts) = {
             let g = self.lock();
-            let Some(snap) = g.snapshots.list.get(&id).filter(|s| !s.dropping()) else {
+            // A snapshot, or a parked writable subvolume: neither changes while it is open
+            // (a parked tree changes only when an open makes it active, and its delete waits
+            // for its views as a snapshot's does).
+            let parked = (g.snapshots.clones.items.get(&id))
+                .filter(|s| s.item.root.block.get() != 0 && !s.dropping());
+            let Some(snap) = (g.snapshots.list.get(&id))
+                .filter(|s| !s.dropping())
+                .or(parked)
+            else {
                 return Err(Error::NotFound);
             };
             let snap = snap.clone();
