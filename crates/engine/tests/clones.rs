@@ -630,6 +630,18 @@ fn a_deleted_clone_s_blocks_across_a_group_boundary_come_back() {
     check(&dev, "after the drops");
 }
 
+/// An image with an empty subvolume made and opened, and a file of `len` bytes of `byte`
+/// written in it: (device, subvolume id, the open subvolume, file ino).
+fn subvolume_with_file(len: usize, byte: u8) -> (Arc<MemDevice>, u64, Fs, u64) {
+    let (dev, fs) = mem_fs_with(64 << 20, 4096);
+    let e = fs.make_subvolume(b"e", ME).expect("empty subvolume");
+    fs.close().expect("close");
+    let fs = open_as(&dev, e);
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
+    fs.write(f, 0, &vec![byte; len]).expect("write");
+    (dev, e, fs, f)
+}
+
 /// Blocks never move into the active tree from a snapshot while another writable tree may
 /// own them: with only an empty subvolume (no origin) beside the file system, a snapshot
 /// taken in it names its blocks, so a restore or rollback from one is refused there too.
@@ -638,12 +650,7 @@ fn a_deleted_clone_s_blocks_across_a_group_boundary_come_back() {
 /// subvolume would free.
 #[test]
 fn restores_wait_for_empty_subvolumes_too() {
-    let (dev, fs) = mem_fs_with(64 << 20, 4096);
-    let e = fs.make_subvolume(b"e", ME).expect("empty subvolume");
-    fs.close().expect("close");
-    let fs = open_as(&dev, e);
-    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
-    fs.write(f, 0, &[1u8; 20_000]).expect("write");
+    let (dev, e, fs, f) = subvolume_with_file(20_000, 1);
     let s = fs.snapshot(b"s").expect("snapshot of the empty subvolume");
     fs.close().expect("close");
     let fs = open_as(&dev, FS_SUBVOL_ID);
@@ -675,12 +682,7 @@ fn restores_wait_for_empty_subvolumes_too() {
 /// file system changes, refuses changes, and is not deleted while the view is open.
 #[test]
 fn a_parked_subvolume_is_shown_read_only_beside_the_file_system() {
-    let (dev, fs) = mem_fs_with(64 << 20, 4096);
-    let e = fs.make_subvolume(b"e", ME).expect("empty subvolume");
-    fs.close().expect("close");
-    let fs = open_as(&dev, e);
-    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
-    fs.write(f, 0, &[4u8; 9000]).expect("write");
+    let (dev, e, fs, _) = subvolume_with_file(9000, 4);
     let want = digest(&fs);
     fs.close().expect("close");
     let fs = open_as(&dev, FS_SUBVOL_ID);

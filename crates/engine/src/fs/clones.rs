@@ -290,6 +290,23 @@ impl Inner {
         Ok(())
     }
 
+    /// A new parked writable subvolume `id` (a clone or one made empty), written by the
+    /// next commit with the feature bits it needs.
+    fn add_parked(&mut self, id: u64, item: SubvolumeItem, name: &[u8]) {
+        let clones = &mut self.snapshots.clones;
+        clones.items.insert(
+            id,
+            Snap {
+                item,
+                name: name.to_vec(),
+            },
+        );
+        clones.changed_items.insert(id);
+        self.require_incompat(INCOMPAT_CLONES);
+        self.require_incompat(INCOMPAT_SUBVOLUMES);
+        self.txn.changed = true;
+    }
+
     /// Deletes parked clone `id` (module docs): its own blocks let go of (held for it until
     /// its drop ends), its tree dropped in the background from the next commit on, its
     /// origin free to be deleted once that drop ends.
@@ -411,14 +428,8 @@ impl Fs {
             snap.item.inode_count.get(),
             name,
         );
+        g.add_parked(id, item, name);
         let clones = &mut g.snapshots.clones;
-        clones.items.insert(
-            id,
-            Snap {
-                item,
-                name: name.to_vec(),
-            },
-        );
         clones.origins.insert(
             id,
             Origin {
@@ -426,11 +437,7 @@ impl Fs {
                 generation: snap.generation(),
             },
         );
-        clones.changed_items.insert(id);
         clones.changed_origins.insert(id);
-        g.require_incompat(INCOMPAT_CLONES);
-        g.require_incompat(INCOMPAT_SUBVOLUMES);
-        g.txn.changed = true;
         g.commit()?;
         Ok(id)
     }
@@ -465,18 +472,7 @@ impl Fs {
             // Parked by the commit below, which writes its root.
             let generation = g.store.generation;
             let item = writable_item(root_ptr(&tree), generation, FIRST_FREE_INO, 1, name);
-            let clones = &mut g.snapshots.clones;
-            clones.items.insert(
-                id,
-                Snap {
-                    item,
-                    name: name.to_vec(),
-                },
-            );
-            clones.changed_items.insert(id);
-            g.require_incompat(INCOMPAT_CLONES);
-            g.require_incompat(INCOMPAT_SUBVOLUMES);
-            g.txn.changed = true;
+            g.add_parked(id, item, name);
             g.commit()
         })();
         if let Err(e) = &r {
