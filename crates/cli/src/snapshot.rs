@@ -251,7 +251,10 @@ pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
             format!("{m}: a snapshot or subvolume named {name:?} exists")
         }
         (Some(libc::EBUSY), Ask::Delete(which)) => {
-            format!("{m}: {which} is in use (the tree this mount serves, or a snapshot a subvolume was made from)")
+            format!(
+                "{m}: {which} is in use (the tree this mount serves, one read in it, or a \
+                 snapshot a subvolume was made from)"
+            )
         }
         _ => format!("{m}: {e}"),
     })?;

@@ -25,10 +25,11 @@
 //! last state over the committed trees. Space follows from the items: blocks the logged
 //! extents name and the committed ones did not are marked used; blocks only the committed
 //! extents named are let go of by those extents' generation, as the operation did (freed,
-//! held for a snapshot, or left to a clone's origin: `fs::clones`). Then a commit (on a read-write open) makes the result the new
-//! committed state. The replay's tree changes allocate nodes before the freed extents come
-//! back, so on a device too full for them the open fails with NoSpace, having written
-//! nothing: the image keeps its committed state and its log.
+//! held for a snapshot, or left to a clone's origin: `fs::clones`). Then a commit (on a
+//! read-write open) makes the result the new committed state. The replay's tree changes
+//! allocate nodes before the freed extents come back, so on a device too full for them the
+//! open fails with NoSpace, having written nothing: the image keeps its committed state and
+//! its log.
 use crate::btree::Tree;
 use crate::counters::Counters;
 use crate::error::Result;
@@ -513,8 +514,7 @@ fn born_pieces(olds: &[(u64, u64, u64)], runs: &[(u64, u64)]) -> Vec<(u64, u64, 
     let mut covering: BTreeMap<u64, u32> = BTreeMap::new();
     let mut next = 0;
     let mut pass = |upto: u64, covering: &mut BTreeMap<u64, u32>| {
-        while let Some(&(at, step, g)) = edges.get(next).filter(|e| e.0 <= upto) {
-            debug_assert!(at <= upto);
+        while let Some(&(_, step, g)) = edges.get(next).filter(|e| e.0 <= upto) {
             if step > 0 {
                 *covering.entry(g).or_default() += 1;
             } else if let Some(c) = covering.get_mut(&g) {
