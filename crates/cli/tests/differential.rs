@@ -9,13 +9,16 @@
 //! tree of the moment it was made (at `.snapshots/NAME`) whenever the trees are, and the
 //! image rolled back to one of them now and then (the tmpfs tree then made a copy of its
 //! moment again), and whole trees copied and removed by `idxfs cp` and `idxfs rm` against
-//! `cp -a` and `rm -rf` of the same on tmpfs. On
+//! `cp -a` and `rm -rf` of the same on tmpfs, and writable subvolumes made through the mount
+//! (empty, or cloned from a snapshot), compared read-only at `.snapshots/NAME` with the tree
+//! they were parked with, deleted, and served in turn (`-o subvol=NAME`, the tmpfs tree
+//! swapped for that subvolume's), so every kind of step also runs in clones. On
 //! idxfs, what is made in `d1` is NOCOW (`chattr +C`), so its writes go in place. Every other
 //! seed mounts idxfs with the kernel's writeback cache (`-o writeback`); before its crashes
 //! and snapshots every file is fsynced, which sends the kernel's dirty pages to the daemon
 //! and waits for it to take them (`World::write_back`).
 //!
-//! Each run takes new seeds (3 by default, 3,000 steps each, about a minute and a half) and
+//! Each run takes new seeds (3 by default, 3,000 steps each, about three minutes) and
 //! prints them. Replay a failure with `IDXFS_SEED=n IDXFS_DIFF_SEEDS=1 IDXFS_DIFF_MOUNT=opts`
 //! (the options it printed; empty for none); run longer with `IDXFS_DIFF_OPS=n` and
 //! `IDXFS_DIFF_SEEDS=k`.
@@ -286,8 +289,18 @@ struct World {
     /// compared with `.snapshots/NAME` whenever the trees are.
     snaps: Vec<(u64, String, Observed)>,
     /// A copy of the tmpfs tree for each snapshot, at `NAME` here: what a rollback to it
-    /// makes the reference again.
+    /// makes the reference again. And the reference tree of each parked subvolume, at its
+    /// name, and of the file system's own tree while a subvolume is served, at `own`.
     kept: Tmpfs,
+    /// Writable subvolumes made through the mount and parked: (id, name).
+    subvols: Vec<(u64, String)>,
+    /// The subvolume the mount serves; None: the file system's own tree.
+    active: Option<(u64, String)>,
+    /// Empty subvolumes not yet served: given the test's directories when first served.
+    fresh: std::collections::BTreeSet<String>,
+    /// Snapshots a subvolume was made from: their delete is refused while anything names
+    /// their blocks through them (a clone, a snapshot of one, or one whose drop runs on).
+    origins: std::collections::BTreeSet<u64>,
 }
 
 const DIRS: [&str; 4] = ["", "d0", "d1", "d0/e"];
@@ -505,16 +518,21 @@ impl World {
         } else if self.rng.chance(25) {
             return self.rollback_step();
         } else {
-            let (id, name, _) = self
-                .snaps
-                .remove(self.rng.below(self.snaps.len() as u64) as usize);
-            let _ = fs::remove_dir_all(self.kept.root().join(&name));
+            let i = self.rng.below(self.snaps.len() as u64) as usize;
+            let (id, name, _) = self.snaps[i].clone();
             self.trail
                 .push(format!("{}: delete snapshot {id} ({name})", self.step));
             let (code, out, err) = idxfs(&["snapshot", &mp, "--delete", &id.to_string()]);
+            if code != 0 && self.origins.contains(&id) && err.contains("in use") {
+                // A subvolume's origin: kept while anything names its blocks through it.
+                *self.tally.entry(("snapshot".into(), false)).or_default() += 1;
+                return self.compare_snapshots("after a refused snapshot delete");
+            }
             if code != 0 {
                 self.fail(&format!("snapshot --delete: {out}{err}"));
             }
+            self.snaps.remove(i);
+            let _ = fs::remove_dir_all(self.kept.root().join(&name));
             if self.idx.mp.join(".snapshots").join(&name).exists() {
                 self.fail(&format!("deleted snapshot {name} still shows"));
             }
@@ -534,6 +552,13 @@ impl World {
         self.idx.unmount();
         let img = self.idx.image.to_str().expect("utf8").to_string();
         let (code, out, err) = idxfs(&["snapshot", &img, "--rollback", &id.to_string()]);
+        let beside = !self.origins.is_empty() || !self.subvols.is_empty() || self.active.is_some();
+        if code != 0 && beside && err.contains("beside other writable subvolumes") {
+            // Refused beside other writable trees (`fs::clones`): nothing changed.
+            self.idx.mount(&self.opts);
+            *self.tally.entry(("rollback".into(), false)).or_default() += 1;
+            return self.compare_trees("after a refused rollback");
+        }
         if code != 0 {
             self.fail(&format!("rollback: {out}{err}"));
         }
@@ -549,6 +574,158 @@ impl World {
         cp_a(&self.kept.root().join(&name), self.tmp.root());
         *self.tally.entry(("rollback".into(), true)).or_default() += 1;
         self.compare_trees("after a rollback");
+    }
+
+    /// Writable subvolumes through the mount: one made (empty, `idxfs subvolume create`, or
+    /// cloned from a snapshot, `idxfs snapshot MOUNT --clone`; parked either way, its
+    /// reference the snapshot's kept copy or an empty tree), one deleted (`idxfs subvolume
+    /// delete`), or the mount switched to another tree (`switch_step`); then every parked
+    /// one against its reference.
+    fn subvolume_step(&mut self) {
+        let mp = self.idx.mp.to_str().expect("utf8").to_string();
+        match self.rng.below(3) {
+            0 if self.subvols.len() < 3 => {
+                let name = format!("v{}", self.step);
+                let copy = self.kept.root().join(&name);
+                fs::create_dir(&copy).expect("mkdir");
+                let from = (!self.snaps.is_empty() && self.rng.chance(60))
+                    .then(|| self.snaps[self.rng.below(self.snaps.len() as u64) as usize].clone());
+                let (code, out, err) = match &from {
+                    Some((sid, sname, _)) => {
+                        self.trail.push(format!(
+                            "{}: subvolume {name} cloned from snapshot {sname}",
+                            self.step
+                        ));
+                        cp_a(&self.kept.root().join(sname), &copy);
+                        self.origins.insert(*sid);
+                        idxfs(&["snapshot", &mp, "--clone", sname, &name])
+                    }
+                    None => {
+                        self.trail
+                            .push(format!("{}: subvolume {name}, empty", self.step));
+                        self.fresh.insert(name.clone());
+                        idxfs(&["subvolume", "create", &mp, &name])
+                    }
+                };
+                if code != 0 {
+                    self.fail(&format!("subvolume {name}: {out}{err}"));
+                }
+                let id = out
+                    .split("subvolume ")
+                    .nth(1)
+                    .and_then(|r| r.split(' ').next())
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or_else(|| self.fail(&format!("subvolume said {out:?}")));
+                self.subvols.push((id, name));
+            }
+            1 if !self.subvols.is_empty() => {
+                let i = self.rng.below(self.subvols.len() as u64) as usize;
+                let (id, name) = self.subvols.remove(i);
+                self.trail
+                    .push(format!("{}: delete subvolume {id} ({name})", self.step));
+                let (code, out, err) = idxfs(&["subvolume", "delete", &mp, &name]);
+                if code != 0 {
+                    self.fail(&format!("subvolume delete: {out}{err}"));
+                }
+                let _ = fs::remove_dir_all(self.kept.root().join(&name));
+                self.fresh.remove(&name);
+                if self.idx.mp.join(".snapshots").join(&name).exists() {
+                    self.fail(&format!("deleted subvolume {name} still shows"));
+                }
+            }
+            _ if !self.subvols.is_empty() || self.active.is_some() => return self.switch_step(),
+            _ => return,
+        }
+        *self.tally.entry(("subvolume".into(), true)).or_default() += 1;
+        self.compare_subvolumes("after a subvolume step");
+    }
+
+    /// The mount switched to another writable tree: unmounted, the reference parked at
+    /// its tree's name, mounted with `-o subvol=` of a parked subvolume (or 5, the file
+    /// system's own), and the reference made that tree's; an empty one first served gets
+    /// the test's directories on both sides.
+    fn switch_step(&mut self) {
+        let back = self.active.is_some() && (self.subvols.is_empty() || self.rng.chance(40));
+        let target = match back {
+            true => None,
+            false => Some(
+                self.subvols
+                    .remove(self.rng.below(self.subvols.len() as u64) as usize),
+            ),
+        };
+        let to = target.as_ref().map_or("own".to_string(), |t| t.1.clone());
+        self.trail.push(format!("{}: serve {to}", self.step));
+        self.write_back();
+        self.held.clear();
+        self.idx.unmount();
+        let here = self
+            .active
+            .as_ref()
+            .map_or("own".to_string(), |t| t.1.clone());
+        let park = self.kept.root().join(&here);
+        fs::create_dir(&park).expect("mkdir");
+        cp_a(self.tmp.root(), &park);
+        for e in fs::read_dir(self.tmp.root()).expect("read_dir") {
+            let p = e.expect("entry").path();
+            match fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
+                true => fs::remove_dir_all(&p),
+                false => fs::remove_file(&p),
+            }
+            .expect("clear the reference");
+        }
+        let subvol = match &target {
+            None => "subvol=5".to_string(),
+            Some((_, name)) => format!("subvol={name}"),
+        };
+        let opts = match self.opts.is_empty() {
+            true => subvol,
+            false => format!("{},{subvol}", self.opts),
+        };
+        self.idx.mount(&opts);
+        let from = self.kept.root().join(&to);
+        cp_a(&from, self.tmp.root());
+        fs::remove_dir_all(&from).expect("rm the parked reference");
+        if let Some(was) = self.active.take() {
+            self.subvols.push(was);
+        }
+        self.active = target;
+        if self.fresh.remove(&to) {
+            for d in ["d0", "d1", "d0/e"] {
+                let (a, b) = self.both(Path::new(d));
+                fs::create_dir(a).expect("mkdir");
+                fs::create_dir(b).expect("mkdir");
+            }
+            chattr_nocow(&self.idx.mp.join("d1"));
+        }
+        *self.tally.entry(("subvolume".into(), true)).or_default() += 1;
+        self.compare_trees("after serving another tree");
+    }
+
+    /// Every parked subvolume, read-only at `.snapshots/NAME`, against its reference.
+    fn compare_subvolumes(&self, when: &str) {
+        self.compare_parked(when, self.subvols.iter());
+    }
+
+    /// `compare_subvolumes` for the parked subvolumes `which`.
+    fn compare_parked<'a>(&self, when: &str, which: impl Iterator<Item = &'a (u64, String)>) {
+        for (id, name) in which {
+            let got = tree(&self.idx.mp.join(".snapshots").join(name));
+            let want = tree(&self.kept.root().join(name));
+            if got != want {
+                let diff: Vec<String> = (got.iter().zip(want.iter()))
+                    .filter(|(x, y)| x != y)
+                    .take(5)
+                    .map(|(x, y)| format!(" shown {x:?}\n then  {y:?}"))
+                    .collect();
+                self.fail(&format!(
+                    "{when}: subvolume {id} ({name}) differs from the tree it was parked \
+                     with ({} and {} paths):\n{}",
+                    got.len(),
+                    want.len(),
+                    diff.join("\n")
+                ));
+            }
+        }
     }
 
     fn compare_snapshots(&self, when: &str) {
@@ -575,6 +752,12 @@ impl World {
 
     fn compare_trees(&self, when: &str) {
         self.compare_snapshots(when);
+        // One parked subvolume in turn (each is walked through the mount, its files read):
+        // nothing but a subvolume step changes them, and those compare them all.
+        if !self.subvols.is_empty() {
+            let i = self.step % self.subvols.len();
+            self.compare_parked(when, self.subvols[i..=i].iter());
+        }
         let (a, b) = (tree(&self.idx.mp), tree(self.tmp.root()));
         if a != b {
             let diff: Vec<String> = a
@@ -678,6 +861,8 @@ impl World {
         match self.rng.below(100) {
             0 => return self.snapshot_step(),
             1 => return self.tree_step(),
+            // Half as often as the others: a switch remounts and copies both trees.
+            2 if self.rng.chance(50) => return self.subvolume_step(),
             _ => {}
         }
         let p = self.path();
@@ -1109,10 +1294,27 @@ impl World {
                 self.held.clear();
                 self.idx.kill();
                 self.idx.mount(&self.opts);
+                if self.active.is_some() {
+                    // The fsync went through the log of a subvolume, replayed at the mount.
+                    *self
+                        .tally
+                        .entry(("crash in a subvolume".into(), true))
+                        .or_default() += 1;
+                }
                 self.compare_trees("after a crash right after an fsync");
             }
         }
     }
+}
+
+/// `chattr +C DIR`: what is made in it is NOCOW.
+fn chattr_nocow(dir: &Path) {
+    let st = std::process::Command::new("chattr")
+        .arg("+C")
+        .arg(dir)
+        .status()
+        .expect("run chattr");
+    assert!(st.success(), "chattr +C {}", dir.display());
 }
 
 /// `cp -a FROM/. TO`: the tree with its modes, hard links and xattrs.
@@ -1246,6 +1448,10 @@ fn random_operations_match_tmpfs_across_remounts_and_crashes() {
             opts: opts.clone(),
             snaps: Vec::new(),
             kept: Tmpfs::new(),
+            subvols: Vec::new(),
+            active: None,
+            fresh: Default::default(),
+            origins: Default::default(),
         };
         for d in ["d0", "d1", "d0/e"] {
             let (a, b) = w.both(Path::new(d));
@@ -1254,12 +1460,7 @@ fn random_operations_match_tmpfs_across_remounts_and_crashes() {
         }
         // What is made in d1 on idxfs is NOCOW (overwritten in place): the bytes must not
         // differ for it. tmpfs has no such flag.
-        let st = std::process::Command::new("chattr")
-            .arg("+C")
-            .arg(w.idx.mp.join("d1"))
-            .status()
-            .expect("run chattr");
-        assert!(st.success(), "chattr +C d1");
+        chattr_nocow(&w.idx.mp.join("d1"));
         for i in 0..steps {
             w.step = i;
             w.step();
@@ -1269,6 +1470,7 @@ fn random_operations_match_tmpfs_across_remounts_and_crashes() {
         }
         w.held.clear();
         w.compare_trees("at the end");
+        w.compare_subvolumes("at the end");
         let ok: u64 = w.tally.iter().filter(|(k, _)| k.1).map(|(_, n)| n).sum();
         let all: u64 = w.tally.values().sum();
         eprintln!(
@@ -1305,6 +1507,7 @@ fn random_operations_match_tmpfs_across_remounts_and_crashes() {
         "snapshot",
         "treecp",
         "treerm",
+        "subvolume",
     ] {
         let n = done.get(kind).copied().unwrap_or(0);
         assert!(

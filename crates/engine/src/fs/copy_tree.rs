@@ -284,7 +284,7 @@ impl Fs {
         }
         if !same && self.lock().snapshots.clones.any() {
             return Err(Error::NotSupported(
-                "restoring from a snapshot beside writable subvolumes (clones)",
+                "restoring from a snapshot beside other writable subvolumes",
             ));
         }
         let top = from.getattr(src)?;

@@ -59,7 +59,7 @@ impl Fs {
         // A snapshot's block may be another writable tree's own (`clones`).
         if self.lock().snapshots.clones.any() {
             return Err(Error::NotSupported(
-                "sharing a snapshot's blocks beside writable subvolumes (clones)",
+                "sharing a snapshot's blocks beside other writable subvolumes",
             ));
         }
         if src_off.checked_add(len).is_none() {

@@ -117,7 +117,7 @@ impl Fs {
         // A snapshot's blocks may be another writable tree's own (`clones`).
         if g.snapshots.clones.any() {
             return Err(Error::NotSupported(
-                "a rollback beside writable subvolumes (clones)",
+                "a rollback beside other writable subvolumes",
             ));
         }
         // Everything before is committed: the caches hold nothing the trees lack.
