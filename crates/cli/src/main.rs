@@ -319,15 +319,23 @@ pub(crate) fn lock_image(
     }
 }
 
+/// `lock_image` of an image a command works on unmounted: held by a server, it says so
+/// with `then` (what to do instead); any other failure (no such file) as it is.
+pub(crate) fn lock_unmounted(image: &Path, then: &str) -> Result<std::fs::File, String> {
+    lock_image(image, true, std::time::Duration::ZERO).map_err(|e| match e.contains("in use") {
+        true => format!(
+            "{}: in use by an idxfs server (mounted); {then}",
+            image.display()
+        ),
+        false => e,
+    })
+}
+
 /// `idxfs trim IMAGE`: every free block discarded, the image not mounted meanwhile.
 fn run_trim(image: &Path) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
     let p = image.display();
-    let _lock = lock_image(image, true, std::time::Duration::ZERO).map_err(|_| {
-        format!(
-            "{p}: in use by an idxfs server (mounted); trim the mount point, or unmount it first"
-        )
-    })?;
+    let _lock = lock_unmounted(image, "trim the mount point, or unmount it first")?;
     let held = || {
         std::fs::metadata(image)
             .map(|m| m.blocks() * 512)
@@ -393,11 +401,7 @@ fn run_repair(image: &Path) -> Result<Option<bool>, String> {
         println!("{p}: nothing to repair");
         return Ok(None);
     }
-    let _lock = lock_image(image, true, std::time::Duration::ZERO).map_err(|_| {
-        format!(
-            "{p}: in use by an idxfs server (mounted); trim the mount point, or unmount it first"
-        )
-    })?;
+    let _lock = lock_unmounted(image, "unmount it first")?;
     let dev = open_dev(image, true)?;
     println!("{p}: repairing");
     let r = idxfs_engine::repair::repair(&dev, idxfs_format::hash::name_hash)

@@ -66,8 +66,10 @@ fn resolve<'n>(
 
 pub(crate) fn run(image: &Path, ask: Ask) -> Result<(), String> {
     let p = image.display();
-    let _lock = crate::lock_image(image, true, std::time::Duration::ZERO)
-        .map_err(|_| format!("{p}: in use by an idxfs server (mounted); unmount it first"))?;
+    let _lock = crate::lock_unmounted(image, "unmount it first")?;
+    if let Ask::Create(name) = &ask {
+        check_name(&p.to_string(), "subvolume", name)?;
+    }
     let writable = !matches!(ask, Ask::List | Ask::Subvolumes);
     let opts = OpenOptions {
         commit_interval: None,
@@ -114,7 +116,6 @@ pub(crate) fn run(image: &Path, ask: Ask) -> Result<(), String> {
             Ok(())
         }
         Ask::Create(name) => {
-            check_name(&p.to_string(), "subvolume", name)?;
             // Its root directory is the caller's, as a directory it made would be.
             // SAFETY: getuid(2) and getgid(2) cannot fail.
             let owner = unsafe {

@@ -127,6 +127,14 @@ fn subvolumes_are_made_listed_and_deleted_on_a_mount_and_on_an_image() {
             "no snapshot or subvolume nosuch",
         ),
         (vec!["subvolume", "delete", &mp, "base"], "in use"),
+        (
+            vec!["subvolume", "create", &img, "x"],
+            "in use by an idxfs server (mounted); unmount it first",
+        ),
+        (
+            vec!["subvolume", "list", "/nonexistent/x.img"],
+            "No such file or directory",
+        ),
     ] {
         let (code, out, err) = idxfs(&args);
         assert_ne!(code, 0, "{args:?}: {out}");
