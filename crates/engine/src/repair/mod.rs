@@ -62,11 +62,12 @@ pub struct Repaired {
 /// superblock, a device opened read-only) or cannot write; the image is then as it was, or
 /// as a crash would leave it: its old state.
 /// The rebuild keeps snapshots but does not know which writable tree's own data blocks are
-/// which (`fs::clones`): an image with clones is not repaired.
+/// which (`fs::clones`): an image with writable subvolumes besides its own tree (clones
+/// or empty ones: `INCOMPAT_CLONES`) is not repaired.
 fn refuse_clones(sb: &idxfs_format::superblock::Superblock) -> Result<()> {
     if sb.incompat.get() & idxfs_format::versions::INCOMPAT_CLONES != 0 {
         return Err(Error::NotSupported(
-            "repairing an image with writable subvolumes (clones); delete them first",
+            "repairing an image with writable subvolumes; delete them first",
         ));
     }
     Ok(())
