@@ -41,7 +41,8 @@
 //! **Deleting a clone** (parked, on an open file system) makes it a deleted snapshot, whose
 //! tree is dropped in the background (node counts only), and lets go of its own blocks in
 //! the leaves it does not share with its origin (`Tree::own_leaves`, as a rollback walks two
-//! trees): held for it, as for any snapshot whose window holds them, and freed with the
+//! trees): held for it by the generation that wrote each, as for any snapshot whose window
+//! holds them, and freed with the
 //! runs no other snapshot holds when its drop ends. One commit makes it all durable. Its
 //! origin may be deleted once the drop ends. The file system's own tree is never deleted.
 //!
@@ -50,8 +51,8 @@
 //! `SubvolumeOrigin` item, the clone's origin) until its drop ends, as the clone does.
 //!
 //! Not built yet (`docs/snapshots.md`): several writable trees through one open file system
-//! (subvolumes as directories of one mount), rollbacks and restores beside clones, and
-//! `fsck --repair` of an image with clones (refused).
+//! (subvolumes as directories of one mount; the parked ones are shown read-only), and
+//! rollbacks, restores and `fsck --repair` beside other writable subvolumes (refused).
 use super::snapshot::{root_ptr, tree_at, Snap};
 use super::{Fs, Inner, Reserve};
 use crate::error::{Error, Result};
@@ -339,7 +340,8 @@ impl Inner {
         let floor = o.map_or(0, |o| o.generation);
         let mine = s.tree();
         let total = self.store.total_blocks;
-        let mut runs: Vec<(u64, u64)> = Vec::new();
+        // (start, blocks, the extent's generation).
+        let mut runs: Vec<(u64, u64, u64)> = Vec::new();
         mine.own_leaves(&theirs, &mut self.store, |in_mine, leaf| {
             if !in_mine {
                 return Ok(());
@@ -350,20 +352,25 @@ impl Inner {
                     continue;
                 }
                 let (e, _) = decode_extent(vals.get(i), k, total)?;
-                if e.kind != EXTENT_INLINE && e.generation.get() > floor {
-                    runs.push((e.disk_block.get(), e.blocks.get()));
+                let born = e.generation.get();
+                if e.kind != EXTENT_INLINE && born > floor {
+                    runs.push((e.disk_block.get(), e.blocks.get(), born));
                 }
             }
             Ok(())
         })?;
         // Extents sharing blocks (`SharedBlocks`) name them more than once: each is let go
-        // of once.
+        // of once, by the oldest generation that names it (copies keep their source's, so
+        // they agree); neighbours join when of one generation.
         runs.sort_unstable();
-        let mut union: Vec<(u64, u64)> = Vec::new();
-        for (s, n) in runs {
+        let mut union: Vec<(u64, u64, u64)> = Vec::new();
+        for (s, n, g) in runs {
             match union.last_mut() {
-                Some((ls, ln)) if s <= *ls + *ln => *ln = (*ln).max(s + n - *ls),
-                _ => union.push((s, n)),
+                Some((ls, ln, lg)) if s < *ls + *ln || (s == *ls + *ln && g == *lg) => {
+                    *ln = (*ln).max(s + n - *ls);
+                    *lg = (*lg).min(g);
+                }
+                _ => union.push((s, n, g)),
             }
         }
         let held_items = 2 * union.len() as u64;
@@ -389,9 +396,11 @@ impl Inner {
                 },
             );
             self.snapshots.mark_changed(id);
-            for &(start, n) in &union {
-                // The origin's generation is the image's: saturated, never overflowed.
-                self.let_go(start, n, false, floor.saturating_add(1))?;
+            // Held by the window of the generation that wrote them: the snapshots that may
+            // name them were taken since (this one among them), not every snapshot there is
+            // (a snapshot of another tree taken before they were written cannot).
+            for &(start, n, born) in &union {
+                self.let_go(start, n, false, born)?;
             }
             self.txn.changed = true;
             self.commit()
