@@ -42,9 +42,9 @@
 //! tree is dropped in the background (node counts only), and lets go of its own blocks in
 //! the leaves it does not share with its origin (`Tree::own_leaves`, as a rollback walks two
 //! trees): held for it by the generation that wrote each, as for any snapshot whose window
-//! holds them, and freed with the
-//! runs no other snapshot holds when its drop ends. One commit makes it all durable. Its
-//! origin may be deleted once the drop ends. The file system's own tree is never deleted.
+//! holds them, and freed with the runs no other snapshot holds when its drop ends. One
+//! commit makes it all durable. Its origin may be deleted once the drop ends. The file
+//! system's own tree is never deleted.
 //!
 //! **A snapshot of a clone** names its origin's blocks too, held for the origin's window
 //! once the tree the origin was taken of lets go of them: it keeps the origin (its own
