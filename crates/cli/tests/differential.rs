@@ -505,12 +505,7 @@ impl World {
             if code != 0 {
                 self.fail(&format!("snapshot: {out}{err}"));
             }
-            let id = out
-                .split("snapshot ")
-                .nth(1)
-                .and_then(|r| r.split(',').next())
-                .and_then(|n| n.parse().ok())
-                .unwrap_or_else(|| self.fail(&format!("snapshot said {out:?}")));
+            let id = self.said_id(&out, "snapshot ", ',');
             let copy = self.kept.root().join(&name);
             fs::create_dir(&copy).expect("mkdir");
             cp_a(self.tmp.root(), &copy);
@@ -563,14 +558,7 @@ impl World {
             self.fail(&format!("rollback: {out}{err}"));
         }
         self.idx.mount(&self.opts);
-        for e in fs::read_dir(self.tmp.root()).expect("read_dir") {
-            let p = e.expect("entry").path();
-            match fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
-                true => fs::remove_dir_all(&p),
-                false => fs::remove_file(&p),
-            }
-            .expect("clear the reference");
-        }
+        self.clear_reference();
         cp_a(&self.kept.root().join(&name), self.tmp.root());
         *self.tally.entry(("rollback".into(), true)).or_default() += 1;
         self.compare_trees("after a rollback");
@@ -610,12 +598,7 @@ impl World {
                 if code != 0 {
                     self.fail(&format!("subvolume {name}: {out}{err}"));
                 }
-                let id = out
-                    .split("subvolume ")
-                    .nth(1)
-                    .and_then(|r| r.split(' ').next())
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or_else(|| self.fail(&format!("subvolume said {out:?}")));
+                let id = self.said_id(&out, "subvolume ", ' ');
                 self.subvols.push((id, name));
             }
             1 if !self.subvols.is_empty() => {
@@ -665,14 +648,7 @@ impl World {
         let park = self.kept.root().join(&here);
         fs::create_dir(&park).expect("mkdir");
         cp_a(self.tmp.root(), &park);
-        for e in fs::read_dir(self.tmp.root()).expect("read_dir") {
-            let p = e.expect("entry").path();
-            match fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
-                true => fs::remove_dir_all(&p),
-                false => fs::remove_file(&p),
-            }
-            .expect("clear the reference");
-        }
+        self.clear_reference();
         let subvol = match &target {
             None => "subvol=5".to_string(),
             Some((_, name)) => format!("subvol={name}"),
@@ -725,6 +701,27 @@ impl World {
                     diff.join("\n")
                 ));
             }
+        }
+    }
+
+    /// The id a command printed in `out`, right after `after` and up to `until`.
+    fn said_id(&self, out: &str, after: &str, until: char) -> u64 {
+        out.split(after)
+            .nth(1)
+            .and_then(|r| r.split(until).next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| self.fail(&format!("{}said {out:?}", after)))
+    }
+
+    /// Empties the reference tree (tmpfs), for the tree of another moment or subvolume.
+    fn clear_reference(&self) {
+        for e in fs::read_dir(self.tmp.root()).expect("read_dir") {
+            let p = e.expect("entry").path();
+            match fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
+                true => fs::remove_dir_all(&p),
+                false => fs::remove_file(&p),
+            }
+            .expect("clear the reference");
         }
     }
 

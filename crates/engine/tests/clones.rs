@@ -484,10 +484,7 @@ fn a_clone_s_block_next_to_its_origin_s_is_freed_with_the_clone() {
     );
     fs.close().expect("close");
     let fs = open_as(&dev, FS_SUBVOL_ID);
-    fs.delete_snapshot(c).expect("delete the clone");
-    fs.finish_drops().expect("drops");
-    fs.delete_snapshot(s).expect("delete the origin");
-    fs.finish_drops().expect("drops");
+    delete_in_turn(&fs, &[c, s]);
     fs.close().expect("close");
     check(&dev, "everything deleted");
 }
@@ -576,10 +573,7 @@ fn every_crash_of_fsyncs_in_a_clone_opens_to_an_fsynced_state() {
                     },
                 )
                 .unwrap_or_else(|e| panic!("{at}: open the file system's own tree: {e}"));
-                fs.delete_snapshot(c).expect("delete the clone");
-                fs.finish_drops().expect("drops");
-                fs.delete_snapshot(s).expect("delete the origin");
-                fs.finish_drops().expect("drops");
+                delete_in_turn(&fs, &[c, s]);
                 fs.close().expect("close");
                 check(&dev, &format!("{at}, everything deleted"));
                 emptied += 1;
@@ -616,10 +610,7 @@ fn a_deleted_clone_s_blocks_across_a_group_boundary_come_back() {
     fs.close().expect("close");
     let fs = open_as(&dev, FS_SUBVOL_ID);
     let free = fs.statfs().expect("statfs").blocks_free;
-    fs.delete_snapshot(c).expect("delete the clone");
-    fs.finish_drops().expect("drops");
-    fs.delete_snapshot(s).expect("delete the origin");
-    fs.finish_drops().expect("drops");
+    delete_in_turn(&fs, &[c, s]);
     fs.sync().expect("sync");
     let back = fs.statfs().expect("statfs").blocks_free;
     assert!(
@@ -628,6 +619,16 @@ fn a_deleted_clone_s_blocks_across_a_group_boundary_come_back() {
     );
     fs.close().expect("close");
     check(&dev, "after the drops");
+}
+
+/// Deletes each of `ids` (snapshots or parked subvolumes) in order, each drop run to its
+/// end before the next delete (an origin goes only once its clone's drop has ended).
+fn delete_in_turn(fs: &Fs, ids: &[u64]) {
+    for &id in ids {
+        fs.delete_snapshot(id)
+            .unwrap_or_else(|e| panic!("delete {id}: {e}"));
+        fs.finish_drops().expect("drops");
+    }
 }
 
 /// An image with an empty subvolume made and opened, and a file of `len` bytes of `byte`
@@ -664,15 +665,13 @@ fn restores_wait_for_empty_subvolumes_too() {
     assert!(matches!(fs.rollback(s), Err(Error::NotSupported(_))));
     // Once it is gone, a restore from its snapshot is the file system's to make.
     let fs = open_as(&dev, FS_SUBVOL_ID);
-    fs.delete_snapshot(e).expect("delete the empty subvolume");
-    fs.finish_drops().expect("drops");
+    delete_in_turn(&fs, &[e]);
     let view = fs.open_snapshot(s, 1 << 20).expect("view");
     fs.copy_from_snapshot(&view, f, 0, g, 0, 20_000, Default::default())
         .expect("restore");
     view.close().expect("close view");
     assert_eq!(fs.read(g, 0, 20_000).expect("read"), vec![1u8; 20_000]);
-    fs.delete_snapshot(s).expect("delete the snapshot");
-    fs.finish_drops().expect("drops");
+    delete_in_turn(&fs, &[s]);
     fs.close().expect("close");
     check(&dev, "after the restore and the deletes");
 }
