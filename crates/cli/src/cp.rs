@@ -65,6 +65,11 @@ pub(crate) fn run(src: &Path, dst: &Path) -> Result<(), String> {
         Some(libc::EEXIST) => format!("{}: exists (idxfs cp makes a new name)", shown.display()),
         Some(libc::EINVAL) => format!("{s}: cannot copy a directory into itself"),
         Some(libc::EXDEV) => format!("{s}: the snapshots directory; copy one snapshot out of it"),
+        // The one refusal of a copy's start (`Clones::may_take_from`).
+        Some(libc::EOPNOTSUPP) => format!(
+            "{s}: not shared beside other writable subvolumes: restores go only from a \
+             snapshot of the tree being served, and not into a clone (cp -a copies the bytes)"
+        ),
         Some(libc::EACCES) => format!("{s} -> {}: permission denied", shown.display()),
         Some(libc::EPERM) => format!("{s} -> {}: operation not permitted", shown.display()),
         Some(libc::EAGAIN) => format!(

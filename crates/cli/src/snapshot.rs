@@ -102,7 +102,13 @@ pub(crate) fn run(image: &Path, ask: Ask) -> Result<(), String> {
                 println!("{p}: no snapshots");
             }
             for s in list {
-                print_listed(s.id, &s.name, s.generation, s.dropping);
+                print_listed(
+                    s.id,
+                    &s.name,
+                    s.generation,
+                    s.dropping,
+                    s.source.unwrap_or(0),
+                );
             }
             let subs = fs.subvolumes();
             if subs.len() > 1 {
@@ -289,7 +295,7 @@ pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
                 println!("{m}: no snapshots");
             }
             for s in &list {
-                print_listed(s.id, &s.name, s.generation, s.dropping);
+                print_listed(s.id, &s.name, s.generation, s.dropping, s.source);
             }
             if more {
                 println!("(more, left out: the list outgrew one request)");
@@ -310,14 +316,22 @@ pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
     Ok(())
 }
 
-fn print_listed(id: u64, name: &[u8], generation: u64, dropping: bool) {
+/// One snapshot's line: id, name, generation, the tree it was taken of when recorded
+/// (restores beside other writable subvolumes go only into that tree), and whether it is
+/// being deleted.
+fn print_listed(id: u64, name: &[u8], generation: u64, dropping: bool, source: u64) {
     let state = if dropping {
         " (deleted, blocks coming back)"
     } else {
         ""
     };
+    let of = match source {
+        0 => String::new(),
+        idxfs_format::FS_SUBVOL_ID => "\tof the file system's own tree".to_string(),
+        t => format!("\tof subvolume {t}"),
+    };
     println!(
-        "{id}\t{}\tgeneration {generation}{state}",
+        "{id}\t{}\tgeneration {generation}{of}{state}",
         String::from_utf8_lossy(name)
     );
 }

@@ -298,6 +298,11 @@ struct World {
     active: Option<(u64, String)>,
     /// Empty subvolumes not yet served: given the test's directories when first served.
     fresh: std::collections::BTreeSet<String>,
+    /// Each snapshot's tree (5: the file system's own), and the subvolumes that are clones:
+    /// what decides whether a rollback beside other writable trees is made
+    /// (`Clones::may_take_from`).
+    snap_tree: std::collections::BTreeMap<u64, u64>,
+    clones: std::collections::BTreeSet<u64>,
     /// Snapshots a subvolume was made from: their delete is refused while anything names
     /// their blocks through them (a clone, a snapshot of one, or one whose drop runs on).
     origins: std::collections::BTreeSet<u64>,
@@ -506,6 +511,7 @@ impl World {
                 self.fail(&format!("snapshot: {out}{err}"));
             }
             let id = self.said_id(&out, "snapshot ", ',');
+            self.snap_tree.insert(id, self.active_id());
             let copy = self.kept.root().join(&name);
             fs::create_dir(&copy).expect("mkdir");
             cp_a(self.tmp.root(), &copy);
@@ -548,7 +554,11 @@ impl World {
         let img = self.idx.image.to_str().expect("utf8").to_string();
         let (code, out, err) = idxfs(&["snapshot", &img, "--rollback", &id.to_string()]);
         let beside = !self.origins.is_empty() || !self.subvols.is_empty() || self.active.is_some();
-        if code != 0 && beside && err.contains("beside other writable subvolumes") {
+        // Beside other writable trees, only a tree that is no clone rolls back, and only to
+        // a snapshot of itself.
+        let active = self.active_id();
+        let own = self.snap_tree.get(&id) == Some(&active) && !self.clones.contains(&active);
+        if code != 0 && beside && !own && err.contains("beside other writable subvolumes") {
             // Refused beside other writable trees (`fs::clones`): nothing changed.
             self.idx.mount(&self.opts);
             *self.tally.entry(("rollback".into(), false)).or_default() += 1;
@@ -599,6 +609,9 @@ impl World {
                     self.fail(&format!("subvolume {name}: {out}{err}"));
                 }
                 let id = self.said_id(&out, "subvolume ", ' ');
+                if from.is_some() {
+                    self.clones.insert(id);
+                }
                 self.subvols.push((id, name));
             }
             1 if !self.subvols.is_empty() => {
@@ -675,6 +688,13 @@ impl World {
         }
         *self.tally.entry(("subvolume".into(), true)).or_default() += 1;
         self.compare_trees("after serving another tree");
+    }
+
+    /// The served tree's id (`FS_SUBVOL_ID` for the file system's own).
+    fn active_id(&self) -> u64 {
+        self.active
+            .as_ref()
+            .map_or(idxfs_format::FS_SUBVOL_ID, |t| t.0)
     }
 
     /// Every parked subvolume, read-only at `.snapshots/NAME`, against its reference.
@@ -1449,6 +1469,8 @@ fn random_operations_match_tmpfs_across_remounts_and_crashes() {
             active: None,
             fresh: Default::default(),
             origins: Default::default(),
+            snap_tree: Default::default(),
+            clones: Default::default(),
         };
         for d in ["d0", "d1", "d0/e"] {
             let (a, b) = w.both(Path::new(d));

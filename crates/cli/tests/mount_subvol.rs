@@ -216,3 +216,87 @@ fn subvolumes_are_made_listed_and_deleted_on_a_mount_and_on_an_image() {
     m.mount("");
     assert_eq!(std::fs::read(m.path("f")).expect("read"), b"own");
 }
+
+/// Beside another writable subvolume, the file system's own tree restores from its own
+/// snapshots (`cp` out of `.snapshots`, `idxfs cp` of a whole snapshot) and rolls back to
+/// them; a parked subvolume's tree shown at `.snapshots/NAME` is not restored by sharing
+/// (`idxfs cp` says why; plain `cp` copies the bytes). `--list` says which tree each
+/// snapshot was taken of.
+#[test]
+fn restores_and_rollbacks_beside_a_subvolume_follow_lineage() {
+    let mut m = Mounted::root_only("256M", "");
+    std::fs::write(m.path("f"), vec![1u8; 300_000]).expect("write");
+    m.unmount();
+    let img = m.image.to_str().expect("utf8").to_string();
+    let mp = m.mp.to_str().expect("utf8").to_string();
+    let ok = |args: &[&str]| {
+        let (code, out, err) = idxfs(args);
+        assert_eq!(code, 0, "idxfs {args:?}: {out}{err}");
+        out
+    };
+    ok(&["snapshot", &img, "s1"]);
+    ok(&["subvolume", "create", &img, "scratch"]);
+    let out = ok(&["snapshot", &img, "--list"]);
+    assert!(out.contains("\ts1\tgeneration "), "{out}");
+    assert!(out.contains("\tof the file system's own tree"), "{out}");
+
+    m.mount("");
+    std::fs::write(m.path("f"), vec![2u8; 300_000]).expect("overwrite");
+    let st = std::process::Command::new("cp")
+        .arg(m.path(".snapshots/s1/f"))
+        .arg(m.path("back"))
+        .status()
+        .expect("cp");
+    assert!(st.success());
+    assert_eq!(
+        std::fs::read(m.path("back")).expect("read"),
+        vec![1u8; 300_000]
+    );
+    ok(&["cp", &format!("{mp}/.snapshots/s1"), &format!("{mp}/whole")]);
+    assert_eq!(
+        std::fs::read(m.path("whole/f")).expect("read"),
+        vec![1u8; 300_000]
+    );
+    let (code, _, err) = idxfs(&[
+        "cp",
+        &format!("{mp}/.snapshots/scratch"),
+        &format!("{mp}/x"),
+    ]);
+    assert!(
+        code != 0 && err.contains("not shared beside other writable subvolumes"),
+        "{err}"
+    );
+    m.unmount();
+    m.assert_fsck_clean();
+
+    ok(&["snapshot", &img, "--rollback", "s1"]);
+    m.assert_fsck_clean();
+    m.mount("");
+    assert_eq!(
+        std::fs::read(m.path("f")).expect("read"),
+        vec![1u8; 300_000]
+    );
+    assert!(!m.path("back").exists() && !m.path("whole").exists());
+    m.unmount();
+    // In the subvolume: its own snapshot rolls back; the file system's does not.
+    m.mount("subvol=scratch");
+    std::fs::write(m.path("g"), b"in scratch").expect("write");
+    m.unmount();
+    ok(&["snapshot", &img, "s2"]);
+    let out = ok(&["snapshot", &img, "--list"]);
+    assert!(out.contains("\ts2\tgeneration "), "{out}");
+    assert!(out.contains("\tof subvolume 257"), "{out}");
+    let (code, _, err) = idxfs(&["snapshot", &img, "--rollback", "s1"]);
+    assert!(
+        code != 0 && err.contains("snapshot of another subvolume"),
+        "{err}"
+    );
+    m.mount("subvol=scratch");
+    std::fs::remove_file(m.path("g")).expect("rm");
+    m.unmount();
+    ok(&["snapshot", &img, "--rollback", "s2"]);
+    m.mount("");
+    assert_eq!(std::fs::read(m.path("g")).expect("read"), b"in scratch");
+    m.unmount();
+    m.assert_fsck_clean();
+}

@@ -16,7 +16,7 @@ use common::digest::{digest, digest_crash_stable};
 use common::workload::{check, every_crash_image, step, World};
 use common::*;
 use idxfs_blockdev::MemDevice;
-use idxfs_engine::fs::Fs;
+use idxfs_engine::fs::{Fs, Unchecked};
 use idxfs_engine::testutil::Rng;
 use idxfs_engine::{Error, OpenOptions};
 use idxfs_format::FS_SUBVOL_ID;
@@ -69,6 +69,9 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
     // the clone's origin; and the same for deleted ones whose drop may not have ended.
     let mut origins: BTreeMap<u64, u64> = BTreeMap::new();
     let mut dropping: BTreeMap<u64, u64> = BTreeMap::new();
+    // Each snapshot's tree (its lineage: `Clones::may_take_from`).
+    let mut snap_of: BTreeMap<u64, u64> = BTreeMap::new();
+    let (mut restores, mut refused, mut rollbacks) = (0, 0, 0);
     fs.close().expect("close");
     let (mut made, mut clones_made, mut clones_deleted, mut switches) = (0, 0, 0, 0);
     // What an empty subvolume (`Fs::make_subvolume`) shows: a fresh file system's root.
@@ -111,6 +114,28 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
                     eprintln!("{at}: snapshot {s} of {id}");
                 }
                 snaps.insert(s, (digest(&fs), w.clone()));
+                snap_of.insert(s, id);
+            }
+            if rng.chance(4) && !snaps.is_empty() {
+                // A file restored out of a snapshot, as `cp` out of `.snapshots` does.
+                let s = pick_snapshot(&mut rng, &snap_of, id);
+                let lineage = Lineage::of(id, snap_of[&s], &trees, &origins, &dropping);
+                let name = format!("x{}", w.n);
+                match (restore_one(&fs, s, &snaps[&s].1, &mut rng, &name), lineage) {
+                    (Ok(Some(x)), Lineage::Allowed | Lineage::Either) => {
+                        w.files.push((ROOT, x, name.into_bytes()));
+                        restores += 1;
+                    }
+                    (Ok(None), _) => {}
+                    (Err(Error::NotSupported(_)), Lineage::Refused | Lineage::Either) => {
+                        refused += 1
+                    }
+                    (r, l) => panic!(
+                        "{at}: restore from snapshot {s} of {} into {id}: {:?}, expected {l:?}",
+                        snap_of[&s],
+                        r.map_err(|e| e.to_string())
+                    ),
+                }
             }
             if rng.chance(3) && !snaps.is_empty() && trees.len() < 5 {
                 let s = *snaps
@@ -152,6 +177,7 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
                             "{at}: origin {s} deleted"
                         );
                         snaps.remove(&s);
+                        snap_of.remove(&s);
                         if let Some(o) = origins.remove(&s) {
                             dropping.insert(s, o);
                         }
@@ -188,6 +214,10 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
             fs.finish_drops().expect("drops");
             dropping.clear();
         }
+        let rollback_to =
+            (rng.chance(30) && !snaps.is_empty()).then(|| pick_snapshot(&mut rng, &snap_of, id));
+        let lineage =
+            rollback_to.map(|s| Lineage::of(id, snap_of[&s], &trees, &origins, &dropping));
         trees.insert(id, (digest(&fs), w));
         let listed: Vec<u64> = fs.subvolumes().iter().map(|s| s.id).collect();
         assert_eq!(
@@ -195,7 +225,22 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
             trees.keys().copied().collect::<Vec<_>>(),
             "{at}: listed"
         );
-        fs.close().expect("close");
+        match (rollback_to, lineage) {
+            (Some(s), Some(l)) => match (fs.rollback(s), l) {
+                (Ok(_), Lineage::Allowed | Lineage::Either) => {
+                    // The tree is what the snapshot holds, the workload's files its files.
+                    trees.insert(id, snaps[&s].clone());
+                    rollbacks += 1;
+                }
+                (Err(Error::NotSupported(_)), Lineage::Refused | Lineage::Either) => refused += 1,
+                (r, l) => panic!(
+                    "{at}: rollback of {id} to snapshot {s} of {}: {:?}, expected {l:?}",
+                    snap_of[&s],
+                    r.map(|_| ()).map_err(|e| e.to_string())
+                ),
+            },
+            _ => fs.close().expect("close"),
+        }
         check(&dev, &at);
         for (t, (want, _)) in &trees {
             assert_eq!(&peek(&dev, *t), want, "{at}: subvolume {t}");
@@ -215,7 +260,8 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
     }
     eprintln!(
         "seed {seed}: {made} snapshots, {clones_made} clones and {empties} empty subvolumes \
-         made, {clones_deleted} deleted, {switches} switches"
+         made, {clones_deleted} deleted, {switches} switches; {restores} restores and \
+         {rollbacks} rollbacks made, {refused} refused"
     );
     assert!(
         clones_made > 0 && switches > 0,
@@ -250,6 +296,93 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
     fs.close().expect("close");
 }
 
+/// Any snapshot of `snap_of` (snapshot -> the tree it was taken of, not empty), but half
+/// the time one taken of tree `active` when there is one.
+fn pick_snapshot(rng: &mut Rng, snap_of: &BTreeMap<u64, u64>, active: u64) -> u64 {
+    let own: Vec<u64> = (snap_of.iter())
+        .filter(|(_, &t)| t == active)
+        .map(|(&s, _)| s)
+        .collect();
+    let all: Vec<u64> = snap_of.keys().copied().collect();
+    let from = match rng.chance(50) && !own.is_empty() {
+        true => own,
+        false => all,
+    };
+    from[rng.below(from.len() as u64) as usize]
+}
+
+/// Whether a restore or rollback from a snapshot into the open tree is made
+/// (`Clones::may_take_from`).
+#[derive(Debug, Clone, Copy)]
+enum Lineage {
+    Allowed,
+    Refused,
+    /// Only deleted clones whose drop may have ended in the background keep it from being
+    /// the only writable tree.
+    Either,
+}
+
+impl Lineage {
+    /// Into tree `active` from a snapshot of tree `of`, beside the `others` (parked).
+    fn of(
+        active: u64,
+        of: u64,
+        others: &BTreeMap<u64, (String, World)>,
+        origins: &BTreeMap<u64, u64>,
+        dropping: &BTreeMap<u64, u64>,
+    ) -> Lineage {
+        let alone = others.is_empty() && active == FS_SUBVOL_ID && origins.is_empty();
+        // Taken of the open tree, which has no origin (not a clone).
+        if of == active && !origins.contains_key(&active) || alone && dropping.is_empty() {
+            Lineage::Allowed
+        } else if alone {
+            Lineage::Either
+        } else {
+            Lineage::Refused
+        }
+    }
+}
+
+/// Restores a file of snapshot `s` (whose files were `files`) into a new file `name` of the
+/// root, sharing its blocks: Some(its ino) with the source's bytes, None when the snapshot
+/// held no file, or the refusal (the new file removed again).
+fn restore_one(
+    fs: &Fs,
+    s: u64,
+    files: &World,
+    rng: &mut Rng,
+    name: &str,
+) -> Result<Option<u64>, Error> {
+    if files.files.is_empty() {
+        return Ok(None);
+    }
+    let (_, src, _) = files.files[rng.below(files.files.len() as u64) as usize].clone();
+    let view = fs.open_snapshot(s, 1 << 20).expect("view");
+    let size = view.getattr(src).expect("getattr in the snapshot").size;
+    let x = fs
+        .create(ROOT, name.as_bytes(), 0o644, ME)
+        .expect("create")
+        .ino;
+    let r = fs.copy_from_snapshot(&view, src, 0, x, 0, size, Default::default());
+    let r = match r {
+        Ok(n) => {
+            assert_eq!(n, size, "restored bytes");
+            assert_eq!(
+                fs.read(x, 0, size as usize).expect("read the copy"),
+                view.read(src, 0, size as usize).expect("read the source"),
+                "restored {src} of snapshot {s}"
+            );
+            Ok(Some(x))
+        }
+        Err(e) => {
+            fs.unlink(ROOT, name.as_bytes()).expect("unlink");
+            Err(e)
+        }
+    };
+    view.close().expect("close view");
+    r
+}
+
 /// A file system with a file of `len` preallocated bytes, a snapshot of it and a clone of
 /// that: (device, clone id, file ino).
 fn preallocated_clone(len: u64) -> (Arc<MemDevice>, u64, u64) {
@@ -282,8 +415,12 @@ fn a_preallocated_block_two_trees_name_is_not_filled_in_place() {
     check(&dev, "after writes on both sides");
 }
 
+/// And restores follow lineage (`Clones::may_take_from`): beside a clone, the file system
+/// restores from and rolls back to its own snapshots; the clone does neither, from its
+/// origin or from its own snapshots (its snapshots name its origin's blocks, which it
+/// neither names nor holds once it let go of them).
 #[test]
-fn an_origin_stays_while_its_clone_does_and_restores_wait_for_clones() {
+fn an_origin_stays_while_its_clone_does_and_restores_follow_lineage() {
     let (dev, fs) = mem_fs_with(64 << 20, 4096);
     let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
     fs.write(f, 0, &[1u8; 20_000]).expect("write");
@@ -299,12 +436,45 @@ fn an_origin_stays_while_its_clone_does_and_restores_wait_for_clones() {
     ));
     let view = fs.open_snapshot(s, 1 << 20).expect("view");
     let g = fs.create(ROOT, b"g", 0o644, ME).expect("create").ino;
-    assert!(matches!(
-        fs.copy_from_snapshot(&view, f, 0, g, 0, 20_000, Default::default()),
-        Err(Error::NotSupported(_))
-    ));
+    fs.write(f, 0, &[2u8; 20_000]).expect("overwrite");
+    fs.copy_from_snapshot(&view, f, 0, g, 0, 20_000, Default::default())
+        .expect("restore from the file system's own snapshot beside its clone");
     view.close().expect("close view");
+    assert_eq!(fs.read(g, 0, 20_000).expect("read"), vec![1u8; 20_000]);
+    fs.close().expect("close");
+    check(&dev, "after the restore");
+    // In the clone: neither from its origin nor from its own snapshot.
+    let fs = open_as(&dev, c);
+    fs.write(f, 0, &[3u8; 20_000]).expect("write in the clone");
+    let own = fs.snapshot(b"of c").expect("snapshot of the clone");
+    for from in [s, own] {
+        let view = fs.open_snapshot(from, 1 << 20).expect("view");
+        let h = fs.create(ROOT, b"h", 0o644, ME).expect("create").ino;
+        assert!(matches!(
+            fs.copy_from_snapshot(&view, f, 0, h, 0, 20_000, Default::default()),
+            Err(Error::NotSupported(_))
+        ));
+        view.close().expect("close view");
+        fs.unlink(ROOT, b"h").expect("unlink");
+    }
+    assert!(matches!(fs.rollback(own), Err(Error::NotSupported(_))));
+    let fs = open_as(&dev, c);
     assert!(matches!(fs.rollback(s), Err(Error::NotSupported(_))));
+    // The file system rolls back to its own snapshot, the clone untouched.
+    let fs = open_as(&dev, FS_SUBVOL_ID);
+    assert!(matches!(fs.rollback(own), Err(Error::NotSupported(_))));
+    let fs = open_as(&dev, FS_SUBVOL_ID);
+    let in_clone = peek(&dev, c);
+    fs.rollback(s).expect("rollback beside the clone");
+    check(&dev, "after the rollback");
+    assert_eq!(peek(&dev, c), in_clone);
+    let fs = open_as(&dev, FS_SUBVOL_ID);
+    assert!(
+        fs.lookup(ROOT, b"g").is_err(),
+        "rolled back past the restore"
+    );
+    assert_eq!(fs.read(f, 0, 20_000).expect("read"), vec![1u8; 20_000]);
+    fs.close().expect("close");
     // A repair would not know which tree's blocks are which: refused, the image unchanged.
     let before = dev.snapshot();
     let r = idxfs_engine::repair::repair(
@@ -322,6 +492,7 @@ fn an_origin_stays_while_its_clone_does_and_restores_wait_for_clones() {
     );
     // Once the clone is gone, the origin goes too, and every block comes back.
     let fs = Fs::open(dev.clone(), opts()).expect("reopen");
+    delete_in_turn(&fs, &[own]);
     fs.delete_snapshot(c).expect("delete the clone");
     // Until the clone's drop ends its leaves name the origin's blocks.
     assert!(matches!(fs.delete_snapshot(s), Err(Error::Busy(_))));
@@ -405,6 +576,10 @@ fn every_prefix_with_clones_opens_to_a_committed_state() {
     let e = fs.make_subvolume(b"e", ME).expect("empty subvolume");
     seen(&fs, first);
     fs.close().expect("close");
+    // The last snapshot of each tree and its files: the file system's own tree and the
+    // empty subvolume restore from theirs beside the others (`Clones::may_take_from`).
+    let mut taken: BTreeMap<u64, (u64, World)> = BTreeMap::new();
+    taken.insert(FS_SUBVOL_ID, (s, w.clone()));
     // Each open of another tree switches with one commit.
     let mut worlds = [w.clone(), w, World::default()];
     for (id, which) in [(c, 0), (FS_SUBVOL_ID, 1), (e, 2), (c, 0), (e, 2)] {
@@ -415,10 +590,20 @@ fn every_prefix_with_clones_opens_to_a_committed_state() {
         for _ in 0..15 {
             step(&fs, &mut rng, w);
         }
+        if let Some((snap, files)) = taken.get(&id).filter(|_| id != c) {
+            let name = format!("x{}", w.n);
+            if let Some(x) = restore_one(&fs, *snap, files, &mut rng, &name)
+                .unwrap_or_else(|e| panic!("restore into {id} from its snapshot {snap}: {e}"))
+            {
+                w.files.push((ROOT, x, name.into_bytes()));
+            }
+        }
         let first = gen(&fs) + 1;
         fs.sync().expect("sync");
-        fs.snapshot(format!("of {id} at {first}").as_bytes())
+        let snap = fs
+            .snapshot(format!("of {id} at {first}").as_bytes())
             .expect("snapshot");
+        taken.insert(id, (snap, w.clone()));
         seen(&fs, first);
         fs.close().expect("close");
     }
@@ -648,11 +833,36 @@ fn subvolume_with_file(len: usize, byte: u8) -> (Arc<MemDevice>, u64, Fs, u64) {
 /// taken in it names its blocks, so a restore or rollback from one is refused there too.
 /// Regression (found in review before landing): `Clones::any` counted clones' origins
 /// alone, and a restore from such a snapshot gave the file system a block the parked
-/// subvolume would free.
+/// subvolume would free. The subvolume itself restores from and rolls back to its own
+/// snapshot beside the file system's tree.
 #[test]
 fn restores_wait_for_empty_subvolumes_too() {
     let (dev, e, fs, f) = subvolume_with_file(20_000, 1);
     let s = fs.snapshot(b"s").expect("snapshot of the empty subvolume");
+    fs.write(f, 0, &[2u8; 20_000]).expect("overwrite");
+    let view = fs.open_snapshot(s, 1 << 20).expect("view");
+    let x = fs.create(ROOT, b"x", 0o644, ME).expect("create").ino;
+    fs.copy_from_snapshot(&view, f, 0, x, 0, 20_000, Default::default())
+        .expect("restore in the subvolume from its own snapshot");
+    // And a whole tree, as `idxfs cp MOUNT/.snapshots/NAME MOUNT/PATH` restores one.
+    let c = fs
+        .copy_tree_from(&view, ROOT, ROOT, b"whole", &Unchecked, |_| {})
+        .expect("restore the whole snapshot in the subvolume");
+    assert_eq!((c.files, c.dirs), (1, 1));
+    view.close().expect("close view");
+    let whole = fs.lookup(ROOT, b"whole").expect("restored tree").ino;
+    let copy = fs.lookup(whole, b"f").expect("restored file").ino;
+    assert_eq!(fs.read(copy, 0, 20_000).expect("read"), vec![1u8; 20_000]);
+    assert_eq!(fs.read(x, 0, 20_000).expect("read"), vec![1u8; 20_000]);
+    fs.rollback(s)
+        .expect("rollback of the subvolume to its own snapshot");
+    check(&dev, "after the subvolume's rollback");
+    let fs = open_as(&dev, e);
+    assert!(
+        fs.lookup(ROOT, b"x").is_err(),
+        "rolled back past the restore"
+    );
+    assert_eq!(fs.read(f, 0, 20_000).expect("read"), vec![1u8; 20_000]);
     fs.close().expect("close");
     let fs = open_as(&dev, FS_SUBVOL_ID);
     let view = fs.open_snapshot(s, 1 << 20).expect("view");
@@ -661,6 +871,9 @@ fn restores_wait_for_empty_subvolumes_too() {
         fs.copy_from_snapshot(&view, f, 0, g, 0, 20_000, Default::default()),
         Err(Error::NotSupported(_))
     ));
+    let r = fs.copy_tree_from(&view, ROOT, ROOT, b"whole", &Unchecked, |_| {});
+    assert!(matches!(r, Err(Error::NotSupported(_))), "{r:?}");
+    assert!(matches!(fs.lookup(ROOT, b"whole"), Err(Error::NotFound)));
     view.close().expect("close view");
     assert!(matches!(fs.rollback(s), Err(Error::NotSupported(_))));
     // Once it is gone, a restore from its snapshot is the file system's to make.

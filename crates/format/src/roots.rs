@@ -36,7 +36,11 @@ pub struct SubvolumeItem {
     /// subtree whose keys sort below it is gone).
     pub drop_from: [u8; KEY_SIZE],
     pub name_len: u8,
-    pub reserved: [u8; 6],
+    /// A snapshot's: the writable tree it was taken of, a 48-bit id (`FS_SUBVOL_ID`, or a
+    /// writable subvolume's id, which is never reused while this item exists: ids grow and
+    /// this one is larger); 0 when not recorded (snapshots made before it was, and every
+    /// writable tree's). Only restores and rollbacks beside other writable trees read it.
+    pub source: [u8; 6],
 }
 pub const SUBVOLUME_ITEM_SIZE: usize = 80;
 const _: () = assert!(size_of::<SubvolumeItem>() == SUBVOLUME_ITEM_SIZE);
@@ -44,6 +48,20 @@ const _: () = assert!(size_of::<SubvolumeItem>() == SUBVOLUME_ITEM_SIZE);
 impl SubvolumeItem {
     pub fn drop_key(&self) -> Key {
         Key::decode(&self.drop_from)
+    }
+
+    /// `source` as a number (0: not recorded).
+    pub fn source(&self) -> u64 {
+        let mut b = [0u8; 8];
+        b[..6].copy_from_slice(&self.source);
+        u64::from_le_bytes(b)
+    }
+
+    /// `source` for tree `id` (at most `MAX_INO`, which is 48 bits).
+    pub fn source_of(id: u64) -> [u8; 6] {
+        debug_assert!(id <= crate::MAX_INO, "subvolume id {id} past 48 bits");
+        let b = id.to_le_bytes();
+        [b[0], b[1], b[2], b[3], b[4], b[5]]
     }
 }
 
@@ -81,6 +99,27 @@ pub fn decode_subvolume(v: &[u8], id: u64) -> Result<(SubvolumeItem, &[u8]), Cor
         format!("{what} flags"),
         format!("{f:#x}"),
         "read-only or writable (not both), maybe dropping"
+    );
+    // Taken of the file system's own tree or of a writable tree made before it.
+    let src = it.source();
+    let source_ok = match f & SUBVOL_WRITABLE != 0 {
+        true => src == 0,
+        false => {
+            src == 0 || src == crate::FS_SUBVOL_ID || (crate::FIRST_SNAPSHOT_ID..id).contains(&src)
+        }
+    };
+    ensure!(
+        source_ok,
+        format!("{what} source"),
+        src,
+        match f & SUBVOL_WRITABLE != 0 {
+            true => "0 (a writable tree)".to_string(),
+            false => format!(
+                "0, {} or in {}..{id}",
+                crate::FS_SUBVOL_ID,
+                crate::FIRST_SNAPSHOT_ID
+            ),
+        }
     );
     let n = it.name_len as usize;
     let name_ok = match own {
@@ -188,4 +227,39 @@ pub fn decode_held(v: &[u8], start: u64, total_blocks: u64) -> Result<HeldItem, 
         "born <= released"
     );
     Ok(it)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{FIRST_SNAPSHOT_ID, FS_SUBVOL_ID, MAX_INO};
+    use zerocopy::FromZeros;
+
+    fn item(flags: u64, source: u64) -> Vec<u8> {
+        let mut it = SubvolumeItem::new_zeroed();
+        it.flags = flags.into();
+        it.name_len = 1;
+        it.source = SubvolumeItem::source_of(source);
+        let mut v = it.as_bytes().to_vec();
+        v.push(b's');
+        v
+    }
+
+    #[test]
+    fn a_snapshot_s_source_round_trips_and_is_checked() {
+        let id = FIRST_SNAPSHOT_ID + 10;
+        for ok in [0, FS_SUBVOL_ID, FIRST_SNAPSHOT_ID, id - 1] {
+            let (it, _) = decode_subvolume(&item(SUBVOL_READ_ONLY, ok), id).expect("valid");
+            assert_eq!(it.source(), ok);
+        }
+        // Not a tree that can exist, or one made after the snapshot (ids only grow).
+        for bad in [1, FS_SUBVOL_ID + 1, id, id + 1, MAX_INO] {
+            let e = decode_subvolume(&item(SUBVOL_READ_ONLY, bad), id).expect_err("source");
+            assert!(e.to_string().contains("source"), "{e}");
+        }
+        // A writable tree records none.
+        assert!(decode_subvolume(&item(SUBVOL_WRITABLE, 0), id).is_ok());
+        assert!(decode_subvolume(&item(SUBVOL_WRITABLE, FS_SUBVOL_ID), id).is_err());
+        assert_eq!(SubvolumeItem::source_of(MAX_INO), [0xff; 6]);
+    }
 }

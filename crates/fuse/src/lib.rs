@@ -2119,6 +2119,7 @@ impl IdxFuse {
                         id: s.id,
                         generation: s.generation,
                         dropping: s.dropping,
+                        source: s.source.unwrap_or(0),
                         name: s.name,
                     })
                     .collect();

@@ -61,6 +61,8 @@ pub struct Listed {
     pub id: u64,
     pub generation: u64,
     pub dropping: bool,
+    /// The writable tree it was taken of; 0: not recorded.
+    pub source: u64,
     pub name: Vec<u8>,
 }
 
@@ -99,19 +101,24 @@ pub fn decode(buf: &[u8]) -> Option<Ask> {
     }
 }
 
-/// Entries of a list reply: (two u64s, a u8, the name), as many as fit after the count
-/// and `more`.
-fn encode_entries<'a>(all: impl Iterator<Item = (u64, u64, u8, &'a [u8])>) -> Vec<u8> {
+/// One entry of a list reply: three numbers, a flag and a name.
+type Entry<'a> = ([u64; 3], u8, &'a [u8]);
+/// An entry's bytes before its name: three u64s, the flag, the name's length.
+const ENTRY_HEAD: usize = 26;
+
+/// Entries of a list reply, as many as fit after the count and `more`.
+fn encode_entries<'a>(all: impl Iterator<Item = Entry<'a>>) -> Vec<u8> {
     let mut out = vec![0u8; 5];
     let mut n = 0u32;
-    for (a, b, flag, name) in all {
+    for (nums, flag, name) in all {
         let name = &name[..name.len().min(255)];
-        if out.len() + 18 + name.len() > ARG_SIZE {
+        if out.len() + ENTRY_HEAD + name.len() > ARG_SIZE {
             out[4] = 1;
             break;
         }
-        out.extend_from_slice(&a.to_le_bytes());
-        out.extend_from_slice(&b.to_le_bytes());
+        for x in nums {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
         out.push(flag);
         out.push(name.len() as u8);
         out.extend_from_slice(name);
@@ -122,39 +129,45 @@ fn encode_entries<'a>(all: impl Iterator<Item = (u64, u64, u8, &'a [u8])>) -> Ve
 }
 
 #[allow(clippy::type_complexity)]
-fn decode_entries(buf: &[u8]) -> Option<(Vec<(u64, u64, u8, Vec<u8>)>, bool)> {
+fn decode_entries(buf: &[u8]) -> Option<(Vec<([u64; 3], u8, Vec<u8>)>, bool)> {
     let n = u32::from_le_bytes(buf.get(..4)?.try_into().ok()?);
     let more = *buf.get(4)? != 0;
     let mut at = 5;
     let mut out = Vec::new();
     for _ in 0..n {
-        let a = u64::from_le_bytes(buf.get(at..at + 8)?.try_into().ok()?);
-        let b = u64::from_le_bytes(buf.get(at + 8..at + 16)?.try_into().ok()?);
-        let flag = *buf.get(at + 16)?;
-        let len = *buf.get(at + 17)? as usize;
-        let name = buf.get(at + 18..at + 18 + len)?.to_vec();
-        at += 18 + len;
-        out.push((a, b, flag, name));
+        let mut nums = [0u64; 3];
+        for (i, x) in nums.iter_mut().enumerate() {
+            *x = u64::from_le_bytes(buf.get(at + 8 * i..at + 8 * i + 8)?.try_into().ok()?);
+        }
+        let flag = *buf.get(at + 24)?;
+        let len = *buf.get(at + 25)? as usize;
+        let name = buf.get(at + ENTRY_HEAD..at + ENTRY_HEAD + len)?.to_vec();
+        at += ENTRY_HEAD + len;
+        out.push((nums, flag, name));
     }
     Some((out, more))
 }
 
 /// The reply to a `LIST`: as many entries as fit, and whether some did not.
 pub fn encode_list(all: &[Listed]) -> Vec<u8> {
-    encode_entries(
-        all.iter()
-            .map(|s| (s.id, s.generation, u8::from(s.dropping), &s.name[..])),
-    )
+    encode_entries(all.iter().map(|s| {
+        (
+            [s.id, s.generation, s.source],
+            u8::from(s.dropping),
+            &s.name[..],
+        )
+    }))
 }
 
 fn decode_list(buf: &[u8]) -> Option<(Vec<Listed>, bool)> {
     let (entries, more) = decode_entries(buf)?;
     let list = entries
         .into_iter()
-        .map(|(id, generation, dropping, name)| Listed {
+        .map(|([id, generation, source], dropping, name)| Listed {
             id,
             generation,
             dropping: dropping != 0,
+            source,
             name,
         });
     Some((list.collect(), more))
@@ -164,7 +177,7 @@ fn decode_list(buf: &[u8]) -> Option<(Vec<Listed>, bool)> {
 pub fn encode_subvolumes(all: &[Subvolume]) -> Vec<u8> {
     encode_entries(all.iter().map(|s| {
         let origin = s.origin.unwrap_or(0);
-        (s.id, origin, u8::from(s.active), &s.name[..])
+        ([s.id, origin, 0], u8::from(s.active), &s.name[..])
     }))
 }
 
@@ -172,7 +185,7 @@ fn decode_subvolumes(buf: &[u8]) -> Option<(Vec<Subvolume>, bool)> {
     let (entries, more) = decode_entries(buf)?;
     let list = entries
         .into_iter()
-        .map(|(id, origin, active, name)| Subvolume {
+        .map(|([id, origin, _], active, name)| Subvolume {
             id,
             origin: (origin != 0).then_some(origin),
             active: active != 0,
@@ -271,6 +284,7 @@ mod tests {
                 id: 256 + i,
                 generation: i,
                 dropping: i % 2 == 0,
+                source: [0, 5, 256 + i / 2][i as usize % 3],
                 name: vec![b'n'; 40],
             })
             .collect();

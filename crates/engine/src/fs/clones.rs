@@ -28,10 +28,13 @@
 //!   (`in_place::pieces`): two writable trees may name it preallocated, and each would take
 //!   the other's bytes for its own. Such a write goes copy-on-write, so `fallocate`'s
 //!   promise of space does not hold there (as on btrfs over a shared extent);
-//! - nothing moves blocks into a tree from outside its lineage: restores from snapshots
-//!   (`restore`, `copy_tree_from`) and rollbacks are refused while any other writable tree
-//!   exists (a clone or one made empty: `Clones::any`), since a snapshot's block may be
-//!   another tree's own (a snapshot of an empty subvolume names that subvolume's blocks).
+//! - nothing moves blocks into a tree from outside its lineage: while any other writable
+//!   tree exists (a clone or one made empty: `Clones::any`), restores from snapshots
+//!   (`restore`, `copy_tree_from`) and rollbacks are made only into a tree with no origin
+//!   and only from a snapshot taken of it (the item's `source`; `Clones::may_take_from`),
+//!   since another snapshot's block may be another tree's own (a snapshot of an empty
+//!   subvolume names that subvolume's blocks), and a clone's snapshots name its origin's
+//!   blocks, which it neither names nor holds.
 //!
 //! **fsync in a clone logs** as in the file system's own tree: a log replay lets go of the
 //! blocks the logged changes leave unnamed by the generations of the committed extents that
@@ -51,8 +54,9 @@
 //! `SubvolumeOrigin` item, the clone's origin) until its drop ends, as the clone does.
 //!
 //! Not built yet (`docs/snapshots.md`): several writable trees through one open file system
-//! (subvolumes as directories of one mount; the parked ones are shown read-only), and
-//! rollbacks, restores and `fsck --repair` beside other writable subvolumes (refused).
+//! (subvolumes as directories of one mount; the parked ones are shown read-only),
+//! rollbacks and restores into a clone, and `fsck --repair` beside other writable
+//! subvolumes (refused).
 use super::snapshot::{root_ptr, tree_at, Snap};
 use super::{Fs, Inner, Reserve};
 use crate::error::{Error, Result};
@@ -107,10 +111,34 @@ impl Clones {
 
     /// Whether a writable tree besides the active one exists (a clone, one made empty, or
     /// the file system's own while another is active), or a clone's origin is still named:
-    /// then a snapshot's block may be another writable tree's own, so nothing may move
-    /// blocks into the active tree from a snapshot (module docs).
+    /// then a snapshot's block may be another writable tree's own (module docs).
     pub fn any(&self) -> bool {
         !self.origins.is_empty() || !self.items.is_empty() || self.active != 0
+    }
+
+    /// The active tree's id: `FS_SUBVOL_ID` for the file system's own.
+    pub fn active_id(&self) -> u64 {
+        match self.active {
+            0 => FS_SUBVOL_ID,
+            a => a,
+        }
+    }
+
+    /// Whether blocks may move into the active tree from `snap` (a restore or a rollback;
+    /// None: a tree that is no snapshot, a parked writable one). Always while the active
+    /// tree is the only writable one. Beside others, only from a snapshot taken of the
+    /// active tree (its `source`), and only when that tree has no origin: every block such a
+    /// snapshot names was the active tree's own, so no other writable tree frees it (a clone
+    /// of the snapshot never frees its origin's blocks) and the restore's count or unhold
+    /// gives it back to its one owner. A clone's snapshot also names its origin's blocks,
+    /// which the clone neither names nor holds once it let go of them: a count or an unhold
+    /// would misaccount them, so restores into a clone stay refused (module docs).
+    pub fn may_take_from(&self, snap: Option<&Snap>) -> bool {
+        if !self.any() {
+            return true;
+        }
+        let of_active = snap.is_some_and(|s| s.item.source() == self.active_id());
+        of_active && self.active_origin().is_none()
     }
 
     /// Whether a clone was made from snapshot `id`.
@@ -208,7 +236,7 @@ fn writable_item(
         inode_count: inode_count.into(),
         drop_from: Key::MIN.encode(),
         name_len: name.len() as u8,
-        reserved: [0; 6],
+        source: [0; 6],
     }
 }
 

@@ -282,10 +282,8 @@ impl Fs {
                 "a copy from neither this file system nor a snapshot opened beside it",
             ));
         }
-        if !same && self.lock().snapshots.clones.any() {
-            return Err(Error::NotSupported(
-                "restoring from a snapshot beside other writable subvolumes",
-            ));
+        if !same {
+            self.check_lineage(from)?;
         }
         let top = from.getattr(src)?;
         if same && top.mode & S_IFMT == S_IFDIR && self.lock().is_within(dst_parent, top.ino)? {

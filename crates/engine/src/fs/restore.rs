@@ -56,12 +56,7 @@ impl Fs {
                 "not a snapshot opened beside this file system",
             ));
         }
-        // A snapshot's block may be another writable tree's own (`clones`).
-        if self.lock().snapshots.clones.any() {
-            return Err(Error::NotSupported(
-                "sharing a snapshot's blocks beside other writable subvolumes",
-            ));
-        }
+        self.check_lineage(view)?;
         if src_off.checked_add(len).is_none() {
             return Err(Error::Invalid("copy range past the largest offset"));
         }
@@ -95,6 +90,24 @@ impl Fs {
         self.run_plan(plan, Some(view), (src, src_off), (dst, dst_off), kill)
     }
 }
+
+impl Fs {
+    /// Refuses to move blocks from `view` into the active tree when another writable tree
+    /// may own some of them (`Clones::may_take_from`).
+    pub(super) fn check_lineage(&self, view: &Fs) -> Result<()> {
+        let id = view.shared.views.of.as_ref().map(|v| v.id());
+        let g = self.lock();
+        let snap = id.and_then(|id| g.snapshots.list.get(&id));
+        match g.snapshots.clones.may_take_from(snap) {
+            true => Ok(()),
+            false => Err(Error::NotSupported(LINEAGE)),
+        }
+    }
+}
+
+/// Why a restore beside other writable trees is refused.
+const LINEAGE: &str = "restoring from a snapshot of another subvolume, or into a \
+     clone, beside other writable subvolumes";
 
 impl Inner {
     /// Blocks [start, start + n), which a snapshot names, become named by one more extent of

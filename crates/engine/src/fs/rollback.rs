@@ -114,18 +114,19 @@ impl Fs {
         if !g.in_place.is_empty() {
             return Err(Error::Busy("writes are in flight"));
         }
-        // A snapshot's blocks may be another writable tree's own (`clones`).
-        if g.snapshots.clones.any() {
-            return Err(Error::NotSupported(
-                "a rollback beside other writable subvolumes",
-            ));
-        }
         // Everything before is committed: the caches hold nothing the trees lack.
         g.commit()?;
         let snap = (g.snapshots.list.get(&id))
             .filter(|s| !s.dropping())
             .cloned()
             .ok_or(Error::NotFound)?;
+        // A snapshot's blocks may be another writable tree's own (`clones`).
+        if !g.snapshots.clones.may_take_from(Some(&snap)) {
+            return Err(Error::NotSupported(
+                "a rollback to a snapshot of another subvolume, or of a clone, beside other \
+                 writable subvolumes",
+            ));
+        }
         let (report, settle) = g.rollback_plan(id, &snap)?;
         let places = g.take_places(&settle.moves, snap.tree().level)?;
         match g.roll_back(&snap, &settle, &places) {

@@ -128,6 +128,9 @@ pub struct SnapshotInfo {
     pub generation: u64,
     /// Deleted; its blocks are being given back.
     pub dropping: bool,
+    /// The writable tree it was taken of (`FS_SUBVOL_ID`: the file system's own); None when
+    /// not recorded (made before snapshots recorded it).
+    pub source: Option<u64>,
 }
 
 /// Data blocks held for snapshots (module docs), by first block.
@@ -680,7 +683,7 @@ impl Fs {
             inode_count: g.txn.inode_count.into(),
             drop_from: Key::MIN.encode(),
             name_len: name.len() as u8,
-            reserved: [0; 6],
+            source: SubvolumeItem::source_of(g.snapshots.clones.active_id()),
         };
         g.snapshots.list.insert(
             id,
@@ -713,6 +716,7 @@ impl Fs {
                 name: s.name.clone(),
                 generation: s.generation(),
                 dropping: s.dropping(),
+                source: Some(s.item.source()).filter(|&t| t != 0),
             })
             .collect())
     }

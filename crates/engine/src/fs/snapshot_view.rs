@@ -75,6 +75,13 @@ pub(crate) struct ViewOf {
     id: u64,
 }
 
+impl ViewOf {
+    /// The snapshot (or parked writable tree) this view shows.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
 impl Drop for ViewOf {
     fn drop(&mut self) {
         self.parent.views.open.remove(self.id);
