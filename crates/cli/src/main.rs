@@ -52,6 +52,17 @@ enum SubvolumeCmd {
     /// Make an empty writable subvolume named NAME (1 to 255 bytes, no '/'); its root
     /// directory is the caller's.
     Create { target: PathBuf, name: String },
+    /// Make a writable snapshot named NAME of the tree TARGET serves (an image's active
+    /// tree), in constant time, as `btrfs subvolume snapshot`: a writable subvolume that
+    /// starts as that tree is now and changes alone; with -r, a read-only snapshot (as
+    /// `idxfs snapshot TARGET NAME`).
+    Snapshot {
+        target: PathBuf,
+        name: String,
+        /// A read-only snapshot instead.
+        #[arg(short = 'r', long = "read-only")]
+        read_only: bool,
+    },
     /// List the writable subvolumes: id, name, origin, and which one is active.
     List { target: PathBuf },
     /// Delete a writable subvolume (not the active one, nor the file system's own tree) or a
@@ -141,7 +152,8 @@ enum Cmd {
         rollback: Option<String>,
     },
     /// Writable subvolumes: independent file trees in one image, each with its own inode
-    /// numbers. `create TARGET NAME` makes an empty one, `list TARGET` lists them, `delete
+    /// numbers. `create TARGET NAME` makes an empty one, `snapshot [-r] TARGET NAME` a
+    /// writable (or read-only) snapshot of the tree TARGET serves, `list TARGET` lists them, `delete
     /// TARGET ID|NAME` deletes one (or a snapshot: its blocks come back before this returns
     /// on an unmounted image, in the background on a mount); `idxfs snapshot TARGET --clone
     /// SNAP NAME` makes one from a snapshot, in constant time. A mount serves one writable
@@ -724,6 +736,14 @@ fn main() -> ExitCode {
         Cmd::Subvolume { what } => {
             let (target, ask) = match &what {
                 SubvolumeCmd::Create { target, name } => (target, snapshot::Ask::Create(name)),
+                SubvolumeCmd::Snapshot {
+                    target,
+                    name,
+                    read_only,
+                } => match read_only {
+                    true => (target, snapshot::Ask::Make(name)),
+                    false => (target, snapshot::Ask::Writable(name)),
+                },
                 SubvolumeCmd::List { target } => (target, snapshot::Ask::Subvolumes),
                 SubvolumeCmd::Delete { target, which } => (target, snapshot::Ask::Delete(which)),
             };

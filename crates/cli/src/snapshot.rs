@@ -21,6 +21,8 @@ pub(crate) enum Ask<'a> {
     Clone(&'a str, &'a str),
     /// An empty writable subvolume.
     Create(&'a str),
+    /// A writable snapshot of the active tree.
+    Writable(&'a str),
     /// The writable subvolumes.
     Subvolumes,
 }
@@ -36,14 +38,63 @@ fn check_name(at: &str, what: &str, name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The writable subvolumes, as both `--list` and `idxfs subvolume list` print them:
-/// (id, name, origin, active).
-fn print_subvolumes<'n>(subs: impl Iterator<Item = (u64, &'n [u8], Option<u64>, bool)>) {
-    for (id, name, origin, active) in subs {
-        let name = match (id, origin) {
-            (idxfs_format::FS_SUBVOL_ID, _) => "(the file system's own tree)".to_string(),
-            (_, Some(o)) => format!("{}\tfrom snapshot {o}", String::from_utf8_lossy(name)),
-            (_, None) => format!("{}\tmade empty", String::from_utf8_lossy(name)),
+/// A writable subvolume as `print_subvolumes` prints it.
+struct Sub<'n> {
+    id: u64,
+    name: &'n [u8],
+    origin: Option<u64>,
+    snapshot_of: Option<u64>,
+    active: bool,
+}
+
+impl<'n> From<&'n idxfs_engine::fs::SubvolumeInfo> for Sub<'n> {
+    fn from(s: &'n idxfs_engine::fs::SubvolumeInfo) -> Sub<'n> {
+        Sub {
+            id: s.id,
+            name: &s.name,
+            origin: s.origin,
+            snapshot_of: s.snapshot_of,
+            active: s.active,
+        }
+    }
+}
+
+impl<'n> From<&'n idxfs_fuse::snapshot::Subvolume> for Sub<'n> {
+    fn from(s: &'n idxfs_fuse::snapshot::Subvolume) -> Sub<'n> {
+        Sub {
+            id: s.id,
+            name: &s.name,
+            origin: s.origin,
+            snapshot_of: s.snapshot_of,
+            active: s.active,
+        }
+    }
+}
+
+/// "the file system's own tree" or "subvolume ID".
+fn tree_name(id: u64) -> String {
+    match id {
+        idxfs_format::FS_SUBVOL_ID => "the file system's own tree".to_string(),
+        t => format!("subvolume {t}"),
+    }
+}
+
+/// The writable subvolumes, as both `--list` and `idxfs subvolume list` print them.
+fn print_subvolumes<'n>(subs: impl Iterator<Item = Sub<'n>>) {
+    for Sub {
+        id,
+        name,
+        origin,
+        snapshot_of,
+        active,
+    } in subs
+    {
+        let n = String::from_utf8_lossy(name);
+        let name = match (id, snapshot_of, origin) {
+            (idxfs_format::FS_SUBVOL_ID, _, _) => "(the file system's own tree)".to_string(),
+            (_, Some(t), _) => format!("{n}\twritable snapshot of {}", tree_name(t)),
+            (_, None, Some(o)) => format!("{n}\tfrom snapshot {o}"),
+            (_, None, None) => format!("{n}\tmade empty"),
         };
         let active = if active { " (active)" } else { "" };
         println!("{id}\t{name}{active}");
@@ -67,7 +118,7 @@ fn resolve<'n>(
 pub(crate) fn run(image: &Path, ask: Ask) -> Result<(), String> {
     let p = image.display();
     let _lock = crate::lock_unmounted(image, "unmount it first")?;
-    if let Ask::Create(name) = &ask {
+    if let Ask::Create(name) | Ask::Writable(name) = &ask {
         check_name(&p.to_string(), "subvolume", name)?;
     }
     let writable = !matches!(ask, Ask::List | Ask::Subvolumes);
@@ -113,12 +164,12 @@ pub(crate) fn run(image: &Path, ask: Ask) -> Result<(), String> {
             let subs = fs.subvolumes();
             if subs.len() > 1 {
                 println!("writable subvolumes (mount one with -o subvol=ID):");
-                print_subvolumes(subs.iter().map(|s| (s.id, &s.name[..], s.origin, s.active)));
+                print_subvolumes(subs.iter().map(Sub::from));
             }
         }),
         Ask::Subvolumes => {
             let subs = fs.subvolumes();
-            print_subvolumes(subs.iter().map(|s| (s.id, &s.name[..], s.origin, s.active)));
+            print_subvolumes(subs.iter().map(Sub::from));
             Ok(())
         }
         Ask::Create(name) => {
@@ -137,6 +188,13 @@ pub(crate) fn run(image: &Path, ask: Ask) -> Result<(), String> {
                 )
             })
         }
+        Ask::Writable(name) => fs.writable_snapshot(name.as_bytes()).map(|id| {
+            println!(
+                "{p}: subvolume {id} ({name}), a writable snapshot of {}; mount it with -o \
+                 subvol={id}",
+                tree_name(fs.active_subvolume())
+            )
+        }),
         Ask::Clone(from, name) => {
             let origin = id_of(from)?;
             fs.make_clone(origin, name.as_bytes()).map(|id| {
@@ -174,7 +232,10 @@ pub(crate) fn run(image: &Path, ask: Ask) -> Result<(), String> {
         (Error::NotFound, Ask::Delete(which)) => {
             format!("{p}: no snapshot or subvolume {which}")
         }
-        (Error::Exists, Ask::Make(name) | Ask::Clone(_, name) | Ask::Create(name)) => {
+        (
+            Error::Exists,
+            Ask::Make(name) | Ask::Clone(_, name) | Ask::Create(name) | Ask::Writable(name),
+        ) => {
             format!("{p}: a snapshot or subvolume named {name:?} exists")
         }
         (e, _) => format!("{p}: {e}"),
@@ -235,8 +296,12 @@ pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
             check_name(&at, "subvolume", name)?;
             wire::Ask::Create(name.as_bytes().to_vec())
         }
+        Ask::Writable(name) => {
+            check_name(&at, "subvolume", name)?;
+            wire::Ask::Writable(name.as_bytes().to_vec())
+        }
     };
-    if let Ask::Make(_) = ask {
+    if let Ask::Make(_) | Ask::Writable(_) = ask {
         // With the writeback cache, written pages wait in the kernel: sent to the server
         // first, as btrfs writes delalloc before a snapshot. Linux no longer waits for a FUSE
         // server to take them ("fs/writeback: skip AS_NO_DATA_INTEGRITY mappings in
@@ -254,7 +319,10 @@ pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
             format!("{m}: no snapshot or subvolume {which}")
         }
         (Some(libc::ENOENT), Ask::Clone(which, _)) => format!("{m}: no snapshot {which}"),
-        (Some(libc::EEXIST), Ask::Make(name) | Ask::Clone(_, name) | Ask::Create(name)) => {
+        (
+            Some(libc::EEXIST),
+            Ask::Make(name) | Ask::Clone(_, name) | Ask::Create(name) | Ask::Writable(name),
+        ) => {
             format!("{m}: a snapshot or subvolume named {name:?} exists")
         }
         (Some(libc::EBUSY), Ask::Delete(which)) => {
@@ -269,6 +337,11 @@ pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
         (Answer::Made(id, _), Ask::Clone(from, name)) => println!(
             "{m}: subvolume {id} ({name}), writable, from snapshot {from}; this mount goes on \
              serving its own tree: unmount it and mount the image with -o subvol={id}"
+        ),
+        (Answer::Made(id, _), Ask::Writable(name)) => println!(
+            "{m}: subvolume {id} ({name}), a writable snapshot of the tree this mount serves; \
+             this mount goes on serving that tree: unmount it and mount the image with -o \
+             subvol={id}"
         ),
         (Answer::Made(id, _), Ask::Create(name)) => println!(
             "{m}: subvolume {id} ({name}), writable, empty; this mount goes on serving its own \
@@ -303,11 +376,11 @@ pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
             let subs = subvolumes()?;
             if subs.len() > 1 {
                 println!("writable subvolumes (mount one with -o subvol=ID):");
-                print_subvolumes(subs.iter().map(|s| (s.id, &s.name[..], s.origin, s.active)));
+                print_subvolumes(subs.iter().map(Sub::from));
             }
         }
         (Answer::Subvolumes(subs, more), _) => {
-            print_subvolumes(subs.iter().map(|s| (s.id, &s.name[..], s.origin, s.active)));
+            print_subvolumes(subs.iter().map(Sub::from));
             if more {
                 println!("(more, left out: the list outgrew one request)");
             }
@@ -327,8 +400,7 @@ fn print_listed(id: u64, name: &[u8], generation: u64, dropping: bool, source: u
     };
     let of = match source {
         0 => String::new(),
-        idxfs_format::FS_SUBVOL_ID => "\tof the file system's own tree".to_string(),
-        t => format!("\tof subvolume {t}"),
+        t => format!("\tof {}", tree_name(t)),
     };
     println!(
         "{id}\t{}\tgeneration {generation}{of}{state}",

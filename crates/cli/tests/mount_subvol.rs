@@ -300,3 +300,81 @@ fn restores_and_rollbacks_beside_a_subvolume_follow_lineage() {
     m.unmount();
     m.assert_fsck_clean();
 }
+
+/// `idxfs subvolume snapshot [-r] TARGET NAME`, as btrfs's: a writable snapshot of the tree
+/// served, on an image and on a mount, listed as a subvolume (its origin by no one), served
+/// with `-o subvol=NAME` and changed alone, shown read-only in a mount's snapshots
+/// directory; with -r a read-only snapshot; deleted, nothing is left and fsck is clean.
+#[test]
+fn writable_snapshots_on_an_image_and_a_mount() {
+    let mut m = Mounted::root_only("256M", "");
+    std::fs::write(m.path("f"), b"one").expect("write");
+    m.unmount();
+    let img = m.image.to_str().expect("utf8").to_string();
+    let mp = m.mp.to_str().expect("utf8").to_string();
+    let ok = |args: &[&str]| {
+        let (code, out, err) = idxfs(args);
+        assert_eq!(code, 0, "idxfs {args:?}: {out}{err}");
+        out
+    };
+    let out = ok(&["subvolume", "snapshot", &img, "ws"]);
+    assert!(
+        out.contains("(ws), a writable snapshot of the file system's own tree"),
+        "{out}"
+    );
+    let out = ok(&["subvolume", "snapshot", "-r", &img, "ro"]);
+    assert!(out.contains("snapshot 258 (ro)"), "{out}");
+    let out = ok(&["subvolume", "list", &img]);
+    assert!(
+        out.contains("257\tws\twritable snapshot of the file system's own tree"),
+        "{out}"
+    );
+    // Its origin (256) is listed by no one, nor deleted by name or id.
+    let out = ok(&["snapshot", &img, "--list"]);
+    assert!(out.contains("258\tro\t") && !out.contains("256\t"), "{out}");
+    let (code, _, err) = idxfs(&["snapshot", &img, "--delete", "256"]);
+    assert!(
+        code != 0 && err.contains("no snapshot or subvolume 256"),
+        "{err}"
+    );
+    let (code, _, err) = idxfs(&["subvolume", "snapshot", &img, "ro"]);
+    assert!(code != 0 && err.contains("exists"), "{err}");
+    m.assert_fsck_clean();
+
+    m.mount("subvol=ws");
+    assert_eq!(std::fs::read(m.path("f")).expect("read"), b"one");
+    std::fs::write(m.path("f"), b"two").expect("write");
+    // On a mount: of the tree it serves, shown read-only beside it.
+    ok(&["subvolume", "snapshot", &mp, "ws2"]);
+    std::fs::write(m.path("f"), b"three").expect("write");
+    assert_eq!(
+        std::fs::read(m.path(".snapshots/ws2/f")).expect("read"),
+        b"two"
+    );
+    let out = ok(&["subvolume", "list", &mp]);
+    assert!(
+        out.contains("\tws2\twritable snapshot of subvolume 257"),
+        "{out}"
+    );
+    m.unmount();
+    m.assert_fsck_clean();
+    m.mount("subvol=5");
+    assert_eq!(std::fs::read(m.path("f")).expect("read"), b"one");
+    m.unmount();
+    m.mount("subvol=ws2");
+    assert_eq!(std::fs::read(m.path("f")).expect("read"), b"two");
+    m.unmount();
+
+    m.mount("subvol=5");
+    for which in ["ws", "ws2", "ro"] {
+        ok(&["subvolume", "delete", &mp, which]);
+    }
+    m.unmount();
+    // The hidden origins went with their last uses; an unmounted delete finishes the drops.
+    m.mount("");
+    ok(&["snapshot", &mp, "--list"]);
+    m.unmount();
+    let out = ok(&["subvolume", "list", &img]);
+    assert!(!out.contains("ws"), "{out}");
+    m.assert_fsck_clean();
+}

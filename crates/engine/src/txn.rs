@@ -527,6 +527,9 @@ impl Inner {
         if !clones.any() && clones.items.is_empty() && clones.active == 0 {
             incompat &= !idxfs_format::versions::INCOMPAT_CLONES;
         }
+        if !self.snapshots.list.values().any(|s| s.hidden()) {
+            incompat &= !idxfs_format::versions::INCOMPAT_HIDDEN_ORIGINS;
+        }
         sb.incompat = incompat.into();
         sb.compat_ro = (sb.compat_ro.get() | self.txn.compat_ro_wanted).into();
         // The frozen superblock is the one every later step builds on; nothing durable

@@ -81,7 +81,9 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
         fresh.close().expect("close");
         d
     };
-    let mut empties = 0;
+    let (mut empties, mut writable_snapshots) = (0, 0);
+    // Writable snapshots' origins (`Fs::writable_snapshot`), which no one lists.
+    let mut hidden = std::collections::BTreeSet::new();
     let mut active = FS_SUBVOL_ID;
     for round in 0..24 {
         let at = format!("seed {seed} round {round}");
@@ -152,6 +154,29 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
                 trees.insert(c, snaps[&s].clone());
                 origins.insert(c, s);
             }
+            if rng.chance(2) && trees.len() < 5 {
+                // A writable snapshot of the open tree: a clone of a hidden origin.
+                let c = fs
+                    .writable_snapshot(format!("w{clones_made}").as_bytes())
+                    .expect("writable snapshot");
+                clones_made += 1;
+                let h = (fs.subvolumes().into_iter())
+                    .find(|s| s.id == c)
+                    .and_then(|s| s.origin)
+                    .expect("its origin");
+                if std::env::var("CLONES_TRACE").is_ok() {
+                    eprintln!("{at}: writable snapshot {c} of {id} (origin {h})");
+                }
+                trees.insert(c, (digest(&fs), w.clone()));
+                // Its hidden origin is a snapshot of the open tree: of a clone, it names
+                // the clone's origin's blocks too.
+                if let Some(&o) = origins.get(&id) {
+                    origins.insert(h, o);
+                }
+                origins.insert(c, h);
+                hidden.insert(h);
+                writable_snapshots += 1;
+            }
             if rng.chance(1) && trees.len() < 5 {
                 let e = fs
                     .make_subvolume(format!("e{empties}").as_bytes(), ME)
@@ -180,6 +205,7 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
                         snap_of.remove(&s);
                         if let Some(o) = origins.remove(&s) {
                             dropping.insert(s, o);
+                            retire_hidden(o, &hidden, &mut origins, &mut dropping);
                         }
                     }
                     Err(Error::Busy(_)) => assert!(
@@ -201,6 +227,7 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
                     trees.remove(&c);
                     if let Some(o) = origins.remove(&c) {
                         dropping.insert(c, o);
+                        retire_hidden(o, &hidden, &mut origins, &mut dropping);
                     }
                     clones_deleted += 1;
                 }
@@ -259,8 +286,8 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
         }
     }
     eprintln!(
-        "seed {seed}: {made} snapshots, {clones_made} clones and {empties} empty subvolumes \
-         made, {clones_deleted} deleted, {switches} switches; {restores} restores and \
+        "seed {seed}: {made} snapshots, {clones_made} clones ({writable_snapshots} writable \
+         snapshots) and {empties} empty subvolumes made, {clones_deleted} deleted, {switches} switches; {restores} restores and \
          {rollbacks} rollbacks made, {refused} refused"
     );
     assert!(
@@ -294,6 +321,23 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
     let fs = Fs::open(dev.clone(), opts()).expect("reopen");
     assert_eq!(digest(&fs), live);
     fs.close().expect("close");
+}
+
+/// A hidden origin `o` goes with its last use (`Inner::retire_hidden`), at the end of a drop
+/// the model does not see: once no live tree or snapshot names it as origin, it counts as
+/// dropping, and what it names as its own origin with it.
+fn retire_hidden(
+    o: u64,
+    hidden: &std::collections::BTreeSet<u64>,
+    origins: &mut BTreeMap<u64, u64>,
+    dropping: &mut BTreeMap<u64, u64>,
+) {
+    if hidden.contains(&o) && !origins.values().any(|&v| v == o) {
+        if let Some(oo) = origins.remove(&o) {
+            dropping.insert(o, oo);
+            retire_hidden(oo, hidden, origins, dropping);
+        }
+    }
 }
 
 /// Any snapshot of `snap_of` (snapshot -> the tree it was taken of, not empty), but half
@@ -575,14 +619,23 @@ fn every_prefix_with_clones_opens_to_a_committed_state() {
     let c = fs.make_clone(s, b"c").expect("clone");
     let e = fs.make_subvolume(b"e", ME).expect("empty subvolume");
     seen(&fs, first);
+    let c_world = w.clone();
+    for _ in 0..5 {
+        step(&fs, &mut rng, &mut w);
+    }
+    // A writable snapshot: its hidden origin and it in one commit.
+    let first = gen(&fs) + 1;
+    let ws = fs.writable_snapshot(b"ws").expect("writable snapshot");
+    let ws_world = w.clone();
+    seen(&fs, first);
     fs.close().expect("close");
     // The last snapshot of each tree and its files: the file system's own tree and the
     // empty subvolume restore from theirs beside the others (`Clones::may_take_from`).
     let mut taken: BTreeMap<u64, (u64, World)> = BTreeMap::new();
-    taken.insert(FS_SUBVOL_ID, (s, w.clone()));
+    taken.insert(FS_SUBVOL_ID, (s, c_world.clone()));
     // Each open of another tree switches with one commit.
-    let mut worlds = [w.clone(), w, World::default()];
-    for (id, which) in [(c, 0), (FS_SUBVOL_ID, 1), (e, 2), (c, 0), (e, 2)] {
+    let mut worlds = [c_world, w, World::default(), ws_world];
+    for (id, which) in [(c, 0), (FS_SUBVOL_ID, 1), (e, 2), (ws, 3), (c, 0), (e, 2)] {
         let w = &mut worlds[which];
         let fs = open(Some(id));
         let first = gen(&fs);
@@ -612,6 +665,8 @@ fn every_prefix_with_clones_opens_to_a_committed_state() {
     let first = gen(&fs) + 1;
     fs.delete_snapshot(c).expect("delete the clone");
     fs.delete_snapshot(e).expect("delete the empty subvolume");
+    fs.delete_snapshot(ws)
+        .expect("delete the writable snapshot");
     for _ in 0..3 {
         fs.drop_step().expect("drop step");
         fs.sync().expect("sync");
@@ -965,4 +1020,76 @@ fn a_deleted_subvolume_s_space_comes_back_beside_an_older_snapshot() {
     );
     fs.close().expect("close");
     check(&dev, "after the deletes");
+}
+
+/// The superblock's incompat bits (closed image).
+fn incompat(dev: &Arc<MemDevice>) -> u64 {
+    idxfs_engine::fs::read_superblock(&**dev)
+        .expect("superblock")
+        .incompat
+        .get()
+}
+
+/// A writable snapshot (`Fs::writable_snapshot`, as `btrfs subvolume snapshot`) is a clone
+/// of the tree as it is now whose origin is hidden: listed by no one, not deleted, cloned
+/// or rolled back to by id, and deleted by the drop that ends its last use. Either side
+/// changes alone; a writable snapshot of a writable snapshot keeps the first origin until
+/// both are gone; then every block is back, fsck clean, and the feature bits cleared.
+#[test]
+fn a_writable_snapshot_s_hidden_origin_goes_with_its_last_use() {
+    use idxfs_format::versions::{INCOMPAT_CLONES, INCOMPAT_HIDDEN_ORIGINS};
+    let (dev, fs) = mem_fs_with(64 << 20, 4096);
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
+    fs.write(f, 0, &[1u8; 50_000]).expect("write");
+    let w = fs.writable_snapshot(b"w").expect("writable snapshot");
+    assert!(
+        fs.snapshots().expect("list").is_empty(),
+        "its origin is hidden"
+    );
+    let sub = (fs.subvolumes().into_iter())
+        .find(|s| s.id == w)
+        .expect("listed as a subvolume");
+    assert_eq!(sub.snapshot_of, Some(FS_SUBVOL_ID));
+    let h = sub.origin.expect("an origin");
+    assert!(matches!(fs.snapshot(b"w"), Err(Error::Exists)));
+    assert!(matches!(fs.make_clone(h, b"x"), Err(Error::NotFound)));
+    assert!(matches!(fs.delete_snapshot(h), Err(Error::NotFound)));
+    fs.write(f, 0, &[2u8; 50_000])
+        .expect("overwrite in the file system");
+    fs.close().expect("close");
+    assert_ne!(incompat(&dev) & INCOMPAT_HIDDEN_ORIGINS, 0);
+    check(&dev, "after the writable snapshot");
+    let fs = open_as(&dev, w);
+    assert_eq!(fs.read(f, 0, 50_000).expect("read"), vec![1u8; 50_000]);
+    fs.write(f, 0, &[3u8; 20_000])
+        .expect("write in the writable snapshot");
+    let w2 = fs
+        .writable_snapshot(b"w2")
+        .expect("writable snapshot of it");
+    assert!(matches!(fs.rollback(h), Err(Error::NotFound)));
+    let fs = open_as(&dev, FS_SUBVOL_ID);
+    assert_eq!(fs.read(f, 0, 50_000).expect("read"), vec![2u8; 50_000]);
+    // The first writable snapshot goes; its origin stays for the second, whose hidden
+    // origin (taken of the first) names the first origin's blocks.
+    delete_in_turn(&fs, &[w]);
+    fs.close().expect("close");
+    check(&dev, "after deleting the first");
+    let fs = open_as(&dev, w2);
+    let mut want = vec![3u8; 20_000];
+    want.extend_from_slice(&[1u8; 30_000]);
+    assert_eq!(fs.read(f, 0, 50_000).expect("read"), want);
+    let fs = open_as(&dev, FS_SUBVOL_ID);
+    fs.close().expect("close");
+    assert_ne!(incompat(&dev) & INCOMPAT_HIDDEN_ORIGINS, 0);
+    let fs = open_as(&dev, FS_SUBVOL_ID);
+    delete_in_turn(&fs, &[w2]);
+    assert!(fs.snapshots().expect("list").is_empty());
+    assert_eq!(fs.subvolumes().len(), 1);
+    fs.close().expect("close");
+    check(&dev, "after deleting both");
+    assert_eq!(
+        incompat(&dev) & (INCOMPAT_HIDDEN_ORIGINS | INCOMPAT_CLONES),
+        0,
+        "no hidden origin or clone left"
+    );
 }

@@ -133,6 +133,13 @@ fn base_image(clone: bool) -> Vec<u8> {
             let fs = open_as(e);
             let g = fs.create(ROOT, b"own", 0o644, ME).expect("create").ino;
             fs.write(g, 0, &vec![5u8; 12_000]).expect("write");
+            // And a writable snapshot of it (a hidden origin), written to.
+            let w = fs
+                .writable_snapshot(b"writable")
+                .expect("writable snapshot");
+            fs.close().expect("close");
+            let fs = open_as(w);
+            fs.write(g, 4096, &vec![3u8; 4096]).expect("write");
             fs.close().expect("close");
             open_as(idxfs_format::FS_SUBVOL_ID)
         }
@@ -384,10 +391,17 @@ fn damaged_images_give_errors_not_panics() {
         ..opts()
     };
     let fs = Fs::open(Arc::new(MemDevice::from_bytes(bases[1].clone())), read_only).expect("open");
-    let origins: Vec<Option<u64>> = fs.subvolumes().iter().map(|s| s.origin).collect();
+    let subs: Vec<(u64, Option<u64>, Option<u64>)> = (fs.subvolumes().iter())
+        .map(|s| (s.id, s.origin, s.snapshot_of))
+        .collect();
     assert!(
-        origins.len() == 3 && origins[1].is_some() && origins[2].is_none(),
-        "the second image has a clone and an empty subvolume: {origins:?}"
+        subs.len() == 4
+            && subs[1].1.is_some()
+            && subs[1].2.is_none()
+            && (subs[2].1, subs[2].2) == (None, None)
+            && subs[3].2 == Some(subs[2].0),
+        "the second image has a clone, an empty subvolume and a writable snapshot of it: \
+         {subs:?}"
     );
     fs.close().expect("close");
     let start = Instant::now();

@@ -15,7 +15,12 @@ pub const SUBVOL_DROPPING: u64 = 2;
 /// or the file system's own tree (id `FS_SUBVOL_ID`, no name) while a clone is the active
 /// one. Its `generation` is the commit that parked it. Incompat bit `INCOMPAT_CLONES`.
 pub const SUBVOL_WRITABLE: u64 = 4;
-const SUBVOL_FLAGS: u64 = SUBVOL_READ_ONLY | SUBVOL_DROPPING | SUBVOL_WRITABLE;
+/// A read-only snapshot made only as the origin of a writable snapshot (a clone made of the
+/// active tree in one step): listed and shown by no one, deleted by the drop that ends its
+/// last use (the last tree naming its blocks through it). Incompat bit
+/// `INCOMPAT_HIDDEN_ORIGINS`.
+pub const SUBVOL_HIDDEN: u64 = 8;
+const SUBVOL_FLAGS: u64 = SUBVOL_READ_ONLY | SUBVOL_DROPPING | SUBVOL_WRITABLE | SUBVOL_HIDDEN;
 
 /// A snapshot or a parked writable tree: (id, Subvolume, 0) -> this, then `name_len` bytes
 /// of name. The active writable tree has no such item while it is active: the superblock
@@ -90,15 +95,15 @@ pub fn decode_subvolume(v: &[u8], id: u64) -> Result<(SubvolumeItem, &[u8]), Cor
     let f = it.flags.get();
     let kind_ok = match (f & SUBVOL_READ_ONLY != 0, f & SUBVOL_WRITABLE != 0) {
         (true, false) => !own,
-        // The file system's own tree is never deleted.
-        (false, true) => !own || f & SUBVOL_DROPPING == 0,
+        // The file system's own tree is never deleted; only snapshots are hidden.
+        (false, true) => (!own || f & SUBVOL_DROPPING == 0) && f & SUBVOL_HIDDEN == 0,
         _ => false,
     };
     ensure!(
         f & !SUBVOL_FLAGS == 0 && kind_ok,
         format!("{what} flags"),
         format!("{f:#x}"),
-        "read-only or writable (not both), maybe dropping"
+        "read-only (maybe hidden) or writable, maybe dropping"
     );
     // Taken of the file system's own tree or of a writable tree made before it.
     let src = it.source();
@@ -257,8 +262,11 @@ mod tests {
             let e = decode_subvolume(&item(SUBVOL_READ_ONLY, bad), id).expect_err("source");
             assert!(e.to_string().contains("source"), "{e}");
         }
-        // A writable tree records none.
+        // A writable tree records none, and is never hidden.
         assert!(decode_subvolume(&item(SUBVOL_WRITABLE, 0), id).is_ok());
+        assert!(decode_subvolume(&item(SUBVOL_WRITABLE | SUBVOL_HIDDEN, 0), id).is_err());
+        assert!(decode_subvolume(&item(SUBVOL_READ_ONLY | SUBVOL_HIDDEN, 5), id).is_ok());
+        assert!(decode_subvolume(&item(SUBVOL_READ_ONLY | 16, 5), id).is_err());
         assert!(decode_subvolume(&item(SUBVOL_WRITABLE, FS_SUBVOL_ID), id).is_err());
         assert_eq!(SubvolumeItem::source_of(MAX_INO), [0xff; 6]);
     }

@@ -26,7 +26,8 @@ pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_LOG
     | INCOMPAT_ORPHAN_TRIM
     | INCOMPAT_SHARED_BLOCKS
     | INCOMPAT_SUBVOLUMES
-    | INCOMPAT_CLONES;
+    | INCOMPAT_CLONES
+    | INCOMPAT_HIDDEN_ORIGINS;
 /// (2026-11-21) The superblock's `log_root` names an fsync log chain (seed 003, `log.rs`): a
 /// reader that does not replay it would miss what was fsynced after the commit. Set by every
 /// commit that names a log.
@@ -62,6 +63,12 @@ pub const INCOMPAT_SUBVOLUMES: u64 = 32;
 /// not know this would free blocks another tree still names. Set by the commit that makes
 /// the first clone.
 pub const INCOMPAT_CLONES: u64 = 64;
+/// (2026-11-27) Snapshots flagged `SUBVOL_HIDDEN`: made only as a writable snapshot's
+/// origin, and deleted by the drop that ends their last use. A reader that does not know
+/// them would list them, and nothing would delete them once their clone is gone, so their
+/// blocks would never come back. Set by the commit that makes the first one, cleared by the
+/// commit after the last is gone.
+pub const INCOMPAT_HIDDEN_ORIGINS: u64 = 128;
 /// Read-only-compatible features: unknown bits allow a read-only open.
 pub const COMPAT_RO_SUPPORTED: u64 = COMPAT_RO_DATA_SUMS;
 /// (2026-11-24) `DataSum` items: crc32c of file blocks written copy-on-write. A reader that

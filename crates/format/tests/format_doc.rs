@@ -37,6 +37,7 @@ fn constants_sizes_and_item_types_match() {
         ("SUBVOL_READ_ONLY", roots::SUBVOL_READ_ONLY.to_string()),
         ("SUBVOL_DROPPING", roots::SUBVOL_DROPPING.to_string()),
         ("SUBVOL_WRITABLE", roots::SUBVOL_WRITABLE.to_string()),
+        ("SUBVOL_HIDDEN", roots::SUBVOL_HIDDEN.to_string()),
         ("ORIGIN_ITEM_SIZE", roots::ORIGIN_ITEM_SIZE.to_string()),
         (
             "SUBVOLUME_ITEM_SIZE",
@@ -52,6 +53,10 @@ fn constants_sizes_and_item_types_match() {
             versions::INCOMPAT_SUBVOLUMES.to_string(),
         ),
         ("INCOMPAT_CLONES", versions::INCOMPAT_CLONES.to_string()),
+        (
+            "INCOMPAT_HIDDEN_ORIGINS",
+            versions::INCOMPAT_HIDDEN_ORIGINS.to_string(),
+        ),
         ("ROOT_INO", ROOT_INO.to_string()),
         ("FIRST_FREE_INO", FIRST_FREE_INO.to_string()),
         ("MAX_INO", MAX_INO.to_string()),

@@ -2088,6 +2088,13 @@ impl IdxFuse {
                 );
                 snapshot::encode_made(id, None)
             }),
+            snapshot::Ask::Writable(name) => self.fs.writable_snapshot(&name).map(|id| {
+                log::info!(
+                    "subvolume {id} ({}) made, a writable snapshot",
+                    String::from_utf8_lossy(&name)
+                );
+                snapshot::encode_made(id, None)
+            }),
             snapshot::Ask::Create(name) => {
                 let owner = idxfs_engine::fs::Owner {
                     uid: req.uid(),
@@ -2106,6 +2113,7 @@ impl IdxFuse {
                     .map(|s| snapshot::Subvolume {
                         id: s.id,
                         origin: s.origin,
+                        snapshot_of: s.snapshot_of,
                         active: s.active,
                         name: s.name,
                     })

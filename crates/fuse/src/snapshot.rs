@@ -29,6 +29,7 @@ pub const LIST: u8 = 3;
 pub const CLONE: u8 = 4;
 pub const CREATE: u8 = 5;
 pub const SUBVOLUMES: u8 = 6;
+pub const WRITABLE: u8 = 7;
 const HEADER: usize = 16;
 
 /// What a caller asks.
@@ -42,6 +43,8 @@ pub enum Ask {
     /// An empty writable subvolume.
     Create(Vec<u8>),
     Subvolumes,
+    /// A writable snapshot of the tree the mount serves (`Fs::writable_snapshot`).
+    Writable(Vec<u8>),
 }
 
 /// A writable subvolume as the server lists it.
@@ -50,6 +53,8 @@ pub struct Subvolume {
     pub id: u64,
     /// The snapshot it was made from (None: the file system's own tree, or made empty).
     pub origin: Option<u64>,
+    /// A writable snapshot: the tree it was taken of (its origin is hidden).
+    pub snapshot_of: Option<u64>,
     /// The one this mount serves.
     pub active: bool,
     pub name: Vec<u8>,
@@ -75,6 +80,7 @@ pub fn encode(ask: &Ask) -> Option<Vec<u8>> {
         Ask::Clone(origin, name) => (CLONE, *origin, name),
         Ask::Create(name) => (CREATE, 0, name),
         Ask::Subvolumes => (SUBVOLUMES, 0, &[]),
+        Ask::Writable(name) => (WRITABLE, 0, name),
     };
     buf[0] = op;
     buf[1] = u8::try_from(name.len()).ok()?;
@@ -97,6 +103,7 @@ pub fn decode(buf: &[u8]) -> Option<Ask> {
         CLONE => Some(Ask::Clone(id, name()?)),
         CREATE => Some(Ask::Create(name()?)),
         SUBVOLUMES => Some(Ask::Subvolumes),
+        WRITABLE => Some(Ask::Writable(name()?)),
         _ => None,
     }
 }
@@ -177,7 +184,8 @@ fn decode_list(buf: &[u8]) -> Option<(Vec<Listed>, bool)> {
 pub fn encode_subvolumes(all: &[Subvolume]) -> Vec<u8> {
     encode_entries(all.iter().map(|s| {
         let origin = s.origin.unwrap_or(0);
-        ([s.id, origin, 0], u8::from(s.active), &s.name[..])
+        let of = s.snapshot_of.unwrap_or(0);
+        ([s.id, origin, of], u8::from(s.active), &s.name[..])
     }))
 }
 
@@ -185,9 +193,10 @@ fn decode_subvolumes(buf: &[u8]) -> Option<(Vec<Subvolume>, bool)> {
     let (entries, more) = decode_entries(buf)?;
     let list = entries
         .into_iter()
-        .map(|([id, origin, _], active, name)| Subvolume {
+        .map(|([id, origin, of], active, name)| Subvolume {
             id,
             origin: (origin != 0).then_some(origin),
+            snapshot_of: (of != 0).then_some(of),
             active: active != 0,
             name,
         });
@@ -228,7 +237,7 @@ pub fn request(mp: &Path, ask: &Ask) -> io::Result<Answer> {
     crate::root_ioctl::send(mp, IOC_SNAPSHOT, &mut buf, "snapshot")?;
     let bad = || io::Error::other("the server's answer could not be read");
     Ok(match ask {
-        Ask::Make(_) | Ask::Clone(..) | Ask::Create(_) => {
+        Ask::Make(_) | Ask::Clone(..) | Ask::Create(_) | Ask::Writable(_) => {
             let (id, dir) = decode_made(&buf).ok_or_else(bad)?;
             Answer::Made(id, dir)
         }
@@ -256,6 +265,7 @@ mod tests {
             Ask::List,
             Ask::Clone(300, b"work".to_vec()),
             Ask::Create(b"scratch".to_vec()),
+            Ask::Writable(b"work".to_vec()),
             Ask::Subvolumes,
         ] {
             assert_eq!(decode(&encode(&ask).expect("encode")), Some(ask));
@@ -264,7 +274,8 @@ mod tests {
         let subs: Vec<Subvolume> = (0..3)
             .map(|i| Subvolume {
                 id: 5 + i,
-                origin: (i == 1).then_some(256),
+                origin: (i >= 1).then_some(256 + i),
+                snapshot_of: (i == 2).then_some(5),
                 active: i == 2,
                 name: if i == 0 { Vec::new() } else { vec![b's'; 3] },
             })

@@ -9,6 +9,12 @@
 //! block it comes to name is its own, as in the file system's own tree, so the rules below
 //! about an origin's blocks never apply to it.
 //!
+//! `Fs::writable_snapshot` makes a clone of the active tree as it is now in one commit, as
+//! `btrfs subvolume snapshot` does: its origin is a snapshot made for it alone, flagged
+//! `SUBVOL_HIDDEN` (listed, cloned, rolled back to and deleted by no one), which the drop
+//! that ends its last use deletes in the same transaction (`Inner::retire_hidden`): so no
+//! commit leaves a hidden snapshot that no tree names blocks through (fsck checks it).
+//!
 //! **Whose data blocks.** Data is held, not counted (`snapshot`), so every release must know
 //! which other trees may name a block. A clone names two kinds of blocks:
 //! - blocks of extents as old as its origin (generation <= the origin's): the origin's. The
@@ -62,9 +68,11 @@ use super::{Fs, Inner, Reserve};
 use crate::error::{Error, Result};
 use crate::inode_cache::InodeCache;
 use idxfs_format::items::{decode_extent, EXTENT_INLINE, S_IFDIR};
-use idxfs_format::roots::{SubvolumeItem, SUBVOL_DROPPING, SUBVOL_READ_ONLY, SUBVOL_WRITABLE};
+use idxfs_format::roots::{
+    SubvolumeItem, SUBVOL_DROPPING, SUBVOL_HIDDEN, SUBVOL_READ_ONLY, SUBVOL_WRITABLE,
+};
 use idxfs_format::superblock::RootPtr;
-use idxfs_format::versions::{INCOMPAT_CLONES, INCOMPAT_SUBVOLUMES};
+use idxfs_format::versions::{INCOMPAT_CLONES, INCOMPAT_HIDDEN_ORIGINS, INCOMPAT_SUBVOLUMES};
 use idxfs_format::{ItemType, Key, FIRST_FREE_INO, FS_SUBVOL_ID, ROOT_INO, TREE_FS};
 use std::collections::{BTreeMap, BTreeSet};
 use zerocopy::IntoBytes;
@@ -217,6 +225,10 @@ pub struct SubvolumeInfo {
     /// The snapshot it was made from; None for the file system's own tree and for one made
     /// empty (`Fs::make_subvolume`).
     pub origin: Option<u64>,
+    /// A writable snapshot (`Fs::writable_snapshot`): the tree it was taken of, whose
+    /// snapshot (`origin`) is hidden; None for a clone of a listed snapshot, or when the
+    /// tree was not recorded.
+    pub snapshot_of: Option<u64>,
     /// Whether this open file system has it active.
     pub active: bool,
 }
@@ -317,6 +329,48 @@ impl Inner {
         self.txn.inode_count = s.item.inode_count.get();
         self.snapshots.opened = Some(id);
         Ok(())
+    }
+
+    /// A new parked clone named `name` of snapshot `origin` (`snap`), written by the next
+    /// commit: one count on the snapshot's root, its item and its origin's.
+    fn add_clone(&mut self, origin: u64, snap: &Snap, name: &[u8]) -> Result<u64> {
+        let id = self.snapshots.next_id()?;
+        let tree = snap.tree().share(&mut self.store);
+        let generation = self.store.generation - 1;
+        let item = writable_item(
+            root_ptr(&tree),
+            generation,
+            snap.item.next_ino.get(),
+            snap.item.inode_count.get(),
+            name,
+        );
+        self.add_parked(id, item, name);
+        let clones = &mut self.snapshots.clones;
+        clones.origins.insert(
+            id,
+            Origin {
+                id: origin,
+                generation: snap.generation(),
+            },
+        );
+        clones.changed_origins.insert(id);
+        Ok(id)
+    }
+
+    /// Deletes hidden snapshot `id` (a writable snapshot's origin) once nothing names its
+    /// blocks through it any more: called where an origin item goes (the end of a drop),
+    /// in the same transaction, so no commit leaves a hidden snapshot no tree uses.
+    pub(crate) fn retire_hidden(&mut self, id: u64) {
+        if self.snapshots.clones.is_origin(id) {
+            return;
+        }
+        if let Some(s) = (self.snapshots.list.get_mut(&id)).filter(|s| s.hidden() && !s.dropping())
+        {
+            s.item.flags = (s.item.flags.get() | SUBVOL_DROPPING).into();
+            s.item.drop_from = Key::MIN.encode();
+            self.snapshots.mark_changed(id);
+            self.txn.changed = true;
+        }
     }
 
     /// A new parked writable subvolume `id` (a clone or one made empty), written by the
@@ -451,30 +505,33 @@ impl Fs {
         if g.snapshots.name_taken(name) {
             return Err(Error::Exists);
         }
+        // A hidden one is a writable snapshot's alone (`writable_snapshot`).
         let snap = (g.snapshots.list.get(&origin))
-            .filter(|s| !s.dropping())
+            .filter(|s| !s.dropping() && !s.hidden())
             .cloned()
             .ok_or(Error::NotFound)?;
-        let id = g.snapshots.next_id()?;
-        let tree = snap.tree().share(&mut g.store);
-        let generation = g.store.generation - 1;
-        let item = writable_item(
-            root_ptr(&tree),
-            generation,
-            snap.item.next_ino.get(),
-            snap.item.inode_count.get(),
-            name,
-        );
-        g.add_parked(id, item, name);
-        let clones = &mut g.snapshots.clones;
-        clones.origins.insert(
-            id,
-            Origin {
-                id: origin,
-                generation: snap.generation(),
-            },
-        );
-        clones.changed_origins.insert(id);
+        let id = g.add_clone(origin, &snap, name)?;
+        g.commit()?;
+        Ok(id)
+    }
+
+    /// Makes a writable snapshot of the active tree as it is now, named `name`, and returns
+    /// its id: a clone (parked, as `make_clone`'s) whose origin is a snapshot made for it
+    /// alone, hidden (`SUBVOL_HIDDEN`: listed by no one, and deleted by the drop that ends
+    /// its last use, `Inner::retire_hidden`), as `btrfs subvolume snapshot` makes one.
+    /// Constant time: a commit, two counts, three items and a commit that makes them
+    /// durable together.
+    pub fn writable_snapshot(&self, name: &[u8]) -> Result<u64> {
+        super::snapshot::check_name(name)?;
+        let mut g = self.quiet()?;
+        if g.snapshots.name_taken(name) {
+            return Err(Error::Exists);
+        }
+        g.commit()?;
+        let origin = g.add_snapshot(name, SUBVOL_READ_ONLY | SUBVOL_HIDDEN)?;
+        g.require_incompat(INCOMPAT_HIDDEN_ORIGINS);
+        let snap = (g.snapshots.list.get(&origin).cloned()).ok_or(Error::NotFound)?;
+        let id = g.add_clone(origin, &snap, name)?;
         g.commit()?;
         Ok(id)
     }
@@ -526,13 +583,19 @@ impl Fs {
             id: FS_SUBVOL_ID,
             name: Vec::new(),
             origin: None,
+            snapshot_of: None,
             active: c.active == 0,
         }];
         for (&id, s) in c.items.iter().filter(|(&id, _)| id != FS_SUBVOL_ID) {
+            let origin = c.origins.get(&id).map(|o| o.id);
+            let hidden = origin
+                .and_then(|o| g.snapshots.list.get(&o))
+                .filter(|s| s.hidden());
             out.push(SubvolumeInfo {
                 id,
                 name: s.name.clone(),
-                origin: c.origins.get(&id).map(|o| o.id),
+                origin,
+                snapshot_of: hidden.map(|o| o.item.source()).filter(|&t| t != 0),
                 active: c.active == id,
             });
         }

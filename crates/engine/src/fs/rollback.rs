@@ -117,7 +117,7 @@ impl Fs {
         // Everything before is committed: the caches hold nothing the trees lack.
         g.commit()?;
         let snap = (g.snapshots.list.get(&id))
-            .filter(|s| !s.dropping())
+            .filter(|s| !s.dropping() && !s.hidden())
             .cloned()
             .ok_or(Error::NotFound)?;
         // A snapshot's blocks may be another writable tree's own (`clones`).

@@ -57,7 +57,7 @@ use crate::error::{Error, Result};
 use idxfs_format::node::{internal_capacity, leaf_capacity, ITEM_HEADER_SIZE};
 use idxfs_format::roots::{
     decode_held, decode_node_refs, decode_origin, decode_subvolume, HeldItem, NodeRefsItem,
-    OriginItem, SubvolumeItem, SUBVOL_DROPPING, SUBVOL_READ_ONLY, SUBVOL_WRITABLE,
+    OriginItem, SubvolumeItem, SUBVOL_DROPPING, SUBVOL_HIDDEN, SUBVOL_READ_ONLY, SUBVOL_WRITABLE,
 };
 use idxfs_format::superblock::RootPtr;
 use idxfs_format::versions::INCOMPAT_SUBVOLUMES;
@@ -92,6 +92,11 @@ impl Snap {
 
     pub fn dropping(&self) -> bool {
         self.item.flags.get() & SUBVOL_DROPPING != 0
+    }
+
+    /// A writable snapshot's origin, listed by no one (`Fs::writable_snapshot`).
+    pub fn hidden(&self) -> bool {
+        self.item.flags.get() & SUBVOL_HIDDEN != 0
     }
 
     pub fn tree(&self) -> Tree {
@@ -163,7 +168,7 @@ pub(crate) struct Snapshots {
 impl Snapshots {
     /// Whether a snapshot or a writable subvolume has this name.
     pub fn name_taken(&self, name: &[u8]) -> bool {
-        let live = |s: &&Snap| !s.dropping() && s.name == name;
+        let live = |s: &&Snap| !s.dropping() && !s.hidden() && s.name == name;
         self.list.values().any(|s| live(&s)) || self.clones.items.values().any(|s| live(&s))
     }
 
@@ -540,9 +545,11 @@ impl Inner {
             }
             None => {
                 self.snapshots.list.remove(&id);
-                // Its leaves named its origin's blocks until now (`clones`).
-                if self.snapshots.clones.origins.remove(&id).is_some() {
+                // Its leaves named its origin's blocks until now (`clones`); a hidden
+                // origin goes with its last use, its drop a step of this loop later.
+                if let Some(o) = self.snapshots.clones.origins.remove(&id) {
                     self.snapshots.clones.changed_origins.insert(id);
+                    self.retire_hidden(o.id);
                 }
                 let gone: Vec<(u64, Held)> = (self.snapshots.held.iter())
                     .filter(|(_, h)| !self.snapshots.holds(h))
@@ -647,16 +654,69 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// A snapshot of the active tree as the last commit left it (the caller committed with
+    /// nothing changed since), named `name`, flagged `flags` (`SUBVOL_READ_ONLY`, maybe
+    /// `SUBVOL_HIDDEN`): one count and one item, written by the next commit.
+    pub(super) fn add_snapshot(&mut self, name: &[u8], flags: u64) -> Result<u64> {
+        let id = self.snapshots.next_id()?;
+        let generation = self.store.generation - 1;
+        let fs_tree = self.fs_tree;
+        let tree = fs_tree.share(&mut self.store);
+        let item = SubvolumeItem {
+            root: root_ptr(&tree),
+            flags: flags.into(),
+            generation: generation.into(),
+            next_ino: self.txn.next_ino.into(),
+            inode_count: self.txn.inode_count.into(),
+            drop_from: Key::MIN.encode(),
+            name_len: name.len() as u8,
+            source: SubvolumeItem::source_of(self.snapshots.clones.active_id()),
+        };
+        self.snapshots.list.insert(
+            id,
+            Snap {
+                item,
+                name: name.to_vec(),
+            },
+        );
+        self.snapshots.changed_list.insert(id);
+        // A snapshot of a clone names the clone's origin's blocks too (`clones`).
+        if let Some(o) = self.snapshots.clones.active_origin() {
+            self.snapshots.clones.origins.insert(id, o);
+            self.snapshots.clones.changed_origins.insert(id);
+        }
+        self.txn.incompat_wanted |= INCOMPAT_SUBVOLUMES;
+        self.txn.changed = true;
+        Ok(id)
+    }
+}
+
 impl Fs {
     /// Makes a read-only snapshot of the file system as it is now, named `name`, and returns
     /// its id. Constant time: a commit, one count, one item and a second commit that makes
     /// it durable.
     pub fn snapshot(&self, name: &[u8]) -> Result<u64> {
         check_name(name)?;
-        // No write may be in flight outside the lock: it could change a block the snapshot
-        // names after the snapshot was made. None starts while this waits.
+        let mut g = self.quiet()?;
+        if g.snapshots.name_taken(name) {
+            return Err(Error::Exists);
+        }
+        // Everything before is committed: no node of the fs tree belongs to the running
+        // transaction, so the fs tree changes none of them in place from now on.
+        g.commit()?;
+        let id = g.add_snapshot(name, SUBVOL_READ_ONLY)?;
+        g.commit()?;
+        Counters::inc(&g.store.counters.snapshots_made);
+        Ok(id)
+    }
+
+    /// The operation lock with no write in flight outside it (and none starting): what a
+    /// snapshot needs to be one point in time, since such a write could change a block the
+    /// snapshot names after it was made.
+    pub(super) fn quiet(&self) -> Result<super::Locked<'_>> {
         let _waiting = self.lock().in_place.wait();
-        let mut g = loop {
+        let g = loop {
             let g = self.lock();
             if g.in_place.is_empty() {
                 break g;
@@ -665,52 +725,15 @@ impl Fs {
             std::thread::sleep(super::IN_FLIGHT_WAIT);
         };
         g.writable()?;
-        if g.snapshots.name_taken(name) {
-            return Err(Error::Exists);
-        }
-        let id = g.snapshots.next_id()?;
-        // Everything before is committed: no node of the fs tree belongs to the running
-        // transaction, so the fs tree changes none of them in place from now on.
-        g.commit()?;
-        let generation = g.store.generation - 1;
-        let fs_tree = g.fs_tree;
-        let tree = fs_tree.share(&mut g.store);
-        let item = SubvolumeItem {
-            root: root_ptr(&tree),
-            flags: SUBVOL_READ_ONLY.into(),
-            generation: generation.into(),
-            next_ino: g.txn.next_ino.into(),
-            inode_count: g.txn.inode_count.into(),
-            drop_from: Key::MIN.encode(),
-            name_len: name.len() as u8,
-            source: SubvolumeItem::source_of(g.snapshots.clones.active_id()),
-        };
-        g.snapshots.list.insert(
-            id,
-            Snap {
-                item,
-                name: name.to_vec(),
-            },
-        );
-        g.snapshots.changed_list.insert(id);
-        // A snapshot of a clone names the clone's origin's blocks too (`clones`).
-        if let Some(o) = g.snapshots.clones.active_origin() {
-            g.snapshots.clones.origins.insert(id, o);
-            g.snapshots.clones.changed_origins.insert(id);
-        }
-        g.txn.incompat_wanted |= INCOMPAT_SUBVOLUMES;
-        g.txn.changed = true;
-        g.commit()?;
-        Counters::inc(&g.store.counters.snapshots_made);
-        Ok(id)
+        Ok(g)
     }
-
-    /// Every snapshot, by id.
+    /// Every snapshot, by id, but writable snapshots' origins (`writable_snapshot`).
     pub fn snapshots(&self) -> Result<Vec<SnapshotInfo>> {
         let g = self.lock();
         Ok(g.snapshots
             .list
             .iter()
+            .filter(|(_, s)| !s.hidden())
             .map(|(&id, s)| SnapshotInfo {
                 id,
                 name: s.name.clone(),
@@ -729,6 +752,10 @@ impl Fs {
     pub fn delete_snapshot(&self, id: u64) -> Result<()> {
         let mut g = self.lock();
         g.writable()?;
+        // A writable snapshot's origin goes with it (`writable_snapshot`).
+        if g.snapshots.list.get(&id).is_some_and(Snap::hidden) {
+            return Err(Error::NotFound);
+        }
         if g.snapshots.clones.is_origin(id) {
             return Err(Error::Busy(
                 "a writable subvolume was made from the snapshot",

@@ -23,7 +23,7 @@ use idxfs_format::items::{decode_extent, EXTENT_REGULAR};
 use idxfs_format::node::KeyRange;
 use idxfs_format::roots::{
     decode_held, decode_node_refs, decode_origin, decode_subvolume, SubvolumeItem, SUBVOL_DROPPING,
-    SUBVOL_WRITABLE,
+    SUBVOL_HIDDEN, SUBVOL_WRITABLE,
 };
 use idxfs_format::{ItemType, Key, FS_SUBVOL_ID, HELD_OBJECTID, NODE_REFS_OBJECTID, TREE_FS};
 use std::collections::{HashMap, HashSet};
@@ -145,6 +145,18 @@ impl Checker<'_> {
                 self.report.problem(format!(
                     "subvolume {id}: origin snapshot {origin} of generation {g} does not exist \
                      as such, or the subvolume does not"
+                ));
+            }
+        }
+        // A writable snapshot's origin is deleted with its last use: one no tree names its
+        // blocks through would keep them for ever.
+        for (id, it) in snaps {
+            let f = it.flags.get();
+            let unused = !self.roots.origins.values().any(|o| o.0 == *id);
+            if f & SUBVOL_HIDDEN != 0 && f & SUBVOL_DROPPING == 0 && unused {
+                self.report.problem(format!(
+                    "snapshot {id}: hidden (a writable snapshot's origin), but no subvolume's \
+                     origin: its blocks would never come back"
                 ));
             }
         }
