@@ -153,13 +153,14 @@ enum Cmd {
     },
     /// Writable subvolumes: independent file trees in one image, each with its own inode
     /// numbers. `create TARGET NAME` makes an empty one, `snapshot [-r] TARGET NAME` a
-    /// writable (or read-only) snapshot of the tree TARGET serves, `list TARGET` lists them, `delete
-    /// TARGET ID|NAME` deletes one (or a snapshot: its blocks come back before this returns
-    /// on an unmounted image, in the background on a mount); `idxfs snapshot TARGET --clone
-    /// SNAP NAME` makes one from a snapshot, in constant time. A mount serves one writable
-    /// tree: `idxfs mount IMAGE DIR -o subvol=ID|NAME` (5: the file system's own); one made
-    /// on a mount is served by the image's next mount with `-o subvol=ID|NAME`. TARGET: an unmounted
-    /// image, or a directory on an idxfs mount (root or the mount's owner only).
+    /// writable (or read-only) snapshot of the tree TARGET serves, `list TARGET` lists them,
+    /// `delete TARGET ID|NAME` deletes one (or a snapshot: its blocks come back before this
+    /// returns on an unmounted image, in the background on a mount); `idxfs snapshot TARGET
+    /// --clone SNAP NAME` makes one from a snapshot, in constant time. A mount serves one
+    /// writable tree: `idxfs mount IMAGE DIR -o subvol=ID|NAME` (5: the file system's own);
+    /// one made on a mount is served by the image's next mount with `-o subvol=ID|NAME`.
+    /// TARGET: an unmounted image, or a directory on an idxfs mount (root or the mount's
+    /// owner only).
     Subvolume {
         #[command(subcommand)]
         what: SubvolumeCmd,

@@ -3,9 +3,10 @@
 //! (`idxfs_fuse::snapshot`); `idxfs mount -o snapshot=ID` mounts one. A rollback to one
 //! (`Fs::rollback`) is for an unmounted image only: the kernel of a mount would go on
 //! serving what it cached of the files the rollback takes away. Writable subvolumes, made
-//! from snapshots (`Fs::make_clone`, `--clone`) or empty (`Fs::make_subvolume`, `idxfs
-//! subvolume create`), are made, listed and deleted on an unmounted image or by a mount's
-//! server; `idxfs mount -o subvol=ID` serves one (one writable tree per mount).
+//! from snapshots (`Fs::make_clone`, `--clone`), as writable snapshots of the tree served
+//! (`Fs::writable_snapshot`, `idxfs subvolume snapshot`) or empty (`Fs::make_subvolume`,
+//! `idxfs subvolume create`), are made, listed and deleted on an unmounted image or by a
+//! mount's server; `idxfs mount -o subvol=ID` serves one (one writable tree per mount).
 use idxfs_engine::{Error, Fs, OpenOptions};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -249,7 +250,12 @@ pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
     let (_, mp) = crate::sync::idxfs_mount(dir, "use its own snapshot command")?;
     let m = mp.display();
     let at = m.to_string();
-    let ask_server = |req: &wire::Ask| wire::request(&mp, req).map_err(|e| format!("{m}: {e}"));
+    // An errno from the server, in words; any other error names the mount already.
+    let said = |e: std::io::Error| match e.raw_os_error() {
+        Some(_) => format!("{m}: {e}"),
+        None => e.to_string(),
+    };
+    let ask_server = |req: &wire::Ask| wire::request(&mp, req).map_err(said);
     let snapshots = || match ask_server(&wire::Ask::List)? {
         Answer::List(list, _) => Ok(list),
         _ => Err(format!("{m}: the server's answer could not be read")),
@@ -331,7 +337,7 @@ pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
                  snapshot a subvolume was made from)"
             )
         }
-        _ => format!("{m}: {e}"),
+        _ => said(e),
     })?;
     match (r, &ask) {
         (Answer::Made(id, _), Ask::Clone(from, name)) => println!(

@@ -378,3 +378,51 @@ fn writable_snapshots_on_an_image_and_a_mount() {
     assert!(!out.contains("ws"), "{out}");
     m.assert_fsck_clean();
 }
+
+/// Another user may read a shared mount (`allow_other`) but not make, clone or delete its
+/// snapshots and subvolumes: each request is refused (EPERM from the server: root and the
+/// mount's owner only) in one line naming the mount once, and nothing is made or deleted.
+#[test]
+fn another_user_cannot_make_or_delete_snapshots_or_subvolumes() {
+    let mut m = Mounted::new("256M", "");
+    std::fs::write(m.path("f"), b"own").expect("write");
+    let mp = m.mp.clone();
+    let (code, out, err) = idxfs(&["snapshot", mp.to_str().expect("utf8"), "base"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let path = |s: &str| std::path::PathBuf::from(s);
+    let asks: [&[&str]; 6] = [
+        &["snapshot", "MP", "mine"],
+        &["snapshot", "MP", "--clone", "base", "mine"],
+        &["snapshot", "MP", "--delete", "base"],
+        &["subvolume", "create", "MP", "mine"],
+        &["subvolume", "snapshot", "MP", "mine"],
+        &["subvolume", "snapshot", "-r", "MP", "mine"],
+    ];
+    for ask in asks {
+        let args: Vec<std::path::PathBuf> = ask
+            .iter()
+            .map(|a| match *a {
+                "MP" => mp.clone(),
+                a => path(a),
+            })
+            .collect();
+        let args: Vec<&std::path::Path> = args.iter().map(|p| p.as_path()).collect();
+        let (ok, err) = as_user(bin(), &args);
+        let once = format!(
+            "idxfs: {}: only root or the mount's owner may snapshot it",
+            mp.display()
+        );
+        assert!(
+            !ok && err.trim_end() == once,
+            "{ask:?} as another user: {err}"
+        );
+    }
+    let (code, out, err) = idxfs(&["snapshot", mp.to_str().expect("utf8"), "--list"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("\tbase\t") && !out.contains("mine") && !out.contains("writable"),
+        "{out}"
+    );
+    m.unmount();
+    m.assert_fsck_clean();
+}

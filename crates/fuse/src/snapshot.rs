@@ -1,7 +1,7 @@
 //! `idxfs snapshot MOUNT ...` and `idxfs subvolume MOUNT ...` on a mounted file system: the
 //! server makes, deletes or lists read-only snapshots (`idxfs_engine::Fs::snapshot`) and
-//! writable subvolumes (`Fs::make_clone` from a snapshot, `Fs::make_subvolume` empty) when
-//! asked through an ioctl on the mount's root, as for a trim (`trim`): only root and the
+//! writable subvolumes (`Fs::make_clone` from a snapshot, `Fs::writable_snapshot` of the tree
+//! it serves, `Fs::make_subvolume` empty) when asked through an ioctl on the mount's root, as for a trim (`trim`): only root and the
 //! mount's owner may ask. A snapshot made so is one point in time beside the mount's other
 //! callers: the engine makes it under its lock after a commit, with no write in flight. A
 //! deleted one gives its blocks back in the background (the commit thread's drop steps). A
@@ -9,13 +9,15 @@
 //! mount of the image with `-o subvol=ID` serves the new one.
 //!
 //! The argument, `ARG_SIZE` bytes each way: in, `op` u8 (`MAKE`, `DELETE`, `LIST`, `CLONE`,
-//! `CREATE`, `SUBVOLUMES`), the name's length u8, 6 zero bytes, an id u64 (little-endian:
-//! the snapshot to delete, or a clone's origin), the name; out, for `MAKE`, `CLONE` and
-//! `CREATE` the new id u64, the length u8 and name of the mount's snapshots directory
-//! (`snapdir`; 0: not shown, and always 0 for a subvolume), for `LIST` a count u32 and a
-//! `more` u8 (entries left out for room), then each entry: id u64, generation u64, dropping
-//! u8, the name's length u8, the name; for `SUBVOLUMES` the same count and `more`, then each
-//! entry: id u64, origin u64 (0: none), active u8, the name's length u8, the name.
+//! `CREATE`, `SUBVOLUMES`, `WRITABLE`), the name's length u8, 6 zero bytes, an id u64
+//! (little-endian: the snapshot to delete, or a clone's origin), the name; out, for `MAKE`,
+//! `CLONE`, `CREATE` and `WRITABLE` the new id u64, the length u8 and name of the mount's
+//! snapshots directory (`snapdir`; 0: not shown, and always 0 for a subvolume), for `LIST` a
+//! count u32 and a `more` u8 (entries left out for room), then each entry: id u64,
+//! generation u64, source u64 (the tree it was taken of; 0: not recorded), dropping u8, the
+//! name's length u8, the name; for `SUBVOLUMES` the same count and `more`, then each entry:
+//! id u64, origin u64 (0: none), snapshot_of u64 (a writable snapshot's tree; 0: none),
+//! active u8, the name's length u8, the name.
 use std::io;
 use std::path::Path;
 
@@ -230,12 +232,14 @@ pub enum Answer {
     Subvolumes(Vec<Subvolume>, bool),
 }
 
-/// Asks the server of the idxfs mount at `mp`.
+/// Asks the server of the idxfs mount at `mp`. An error with an errno is the server's (or
+/// the kernel's) answer; any other is worded already, `mp` named.
 pub fn request(mp: &Path, ask: &Ask) -> io::Result<Answer> {
-    let mut buf =
-        encode(ask).ok_or_else(|| io::Error::other("a snapshot name of 1 to 255 bytes"))?;
+    let m = mp.display();
+    let mut buf = encode(ask)
+        .ok_or_else(|| io::Error::other(format!("{m}: a snapshot name of 1 to 255 bytes")))?;
     crate::root_ioctl::send(mp, IOC_SNAPSHOT, &mut buf, "snapshot")?;
-    let bad = || io::Error::other("the server's answer could not be read");
+    let bad = || io::Error::other(format!("{m}: the server's answer could not be read"));
     Ok(match ask {
         Ask::Make(_) | Ask::Clone(..) | Ask::Create(_) | Ask::Writable(_) => {
             let (id, dir) = decode_made(&buf).ok_or_else(bad)?;
