@@ -519,13 +519,18 @@ impl Fs {
     /// its id: a clone (parked, as `make_clone`'s) whose origin is a snapshot made for it
     /// alone, hidden (`SUBVOL_HIDDEN`: listed by no one, and deleted by the drop that ends
     /// its last use, `Inner::retire_hidden`), as `btrfs subvolume snapshot` makes one.
-    /// Constant time: a commit, two counts, three items and a commit that makes them
-    /// durable together.
+    /// Constant time: a commit, two counts, three items (four of a clone: its origin's
+    /// snapshot names the clone's origin's blocks too) and a commit that makes them durable
+    /// together.
     pub fn writable_snapshot(&self, name: &[u8]) -> Result<u64> {
         super::snapshot::check_name(name)?;
         let mut g = self.quiet()?;
         if g.snapshots.name_taken(name) {
             return Err(Error::Exists);
+        }
+        // Two ids, the origin's and the clone's, both known free before the first change.
+        if g.snapshots.next_id()? >= idxfs_format::MAX_INO {
+            return Err(Error::NoSpace);
         }
         g.commit()?;
         let origin = g.add_snapshot(name, SUBVOL_READ_ONLY | SUBVOL_HIDDEN)?;
