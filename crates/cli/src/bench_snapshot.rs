@@ -267,8 +267,8 @@ fn idxfs(src: &Path, base: &Path, bytes: u64) -> Result<Times, String> {
         .iter()
         .map(|s| s.id)
         .collect();
-    // The same mistake made and rolled back `ROUNDS` times, the fastest kept (one sample
-    // of a few milliseconds moved 1-11 ms between runs).
+    // The same mistake made and rolled back `ROUNDS` times, the fastest kept: a rollback
+    // takes about a millisecond, where one sample is mostly the machine's noise.
     let mut rollback = f64::INFINITY;
     for _ in 0..ROUNDS {
         mistake(&fs)?;

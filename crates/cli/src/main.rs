@@ -305,6 +305,29 @@ pub(crate) fn lock_image(
     exclusive: bool,
     wait: std::time::Duration,
 ) -> Result<std::fs::File, String> {
+    lock_or(
+        image,
+        exclusive,
+        wait,
+        "in use (mounted by another idxfs process)",
+    )
+}
+
+/// `lock_image` of an image a command works on unmounted: held by a server, it says so
+/// with `then` (what to do instead); any other failure (no such file) as it is.
+pub(crate) fn lock_unmounted(image: &Path, then: &str) -> Result<std::fs::File, String> {
+    let busy = format!("in use by an idxfs server (mounted); {then}");
+    lock_or(image, true, std::time::Duration::ZERO, &busy)
+}
+
+/// `lock_image`, saying `busy` after the image's path when another process holds the lock
+/// past `wait`.
+fn lock_or(
+    image: &Path,
+    exclusive: bool,
+    wait: std::time::Duration,
+    busy: &str,
+) -> Result<std::fs::File, String> {
     use std::os::fd::AsRawFd;
     let f = std::fs::File::open(image).map_err(|e| format!("{}: {e}", image.display()))?;
     let op = if exclusive {
@@ -323,25 +346,10 @@ pub(crate) fn lock_image(
             return Err(format!("{}: lock: {e}", image.display()));
         }
         if t.elapsed() >= wait {
-            return Err(format!(
-                "{}: in use (mounted by another idxfs process)",
-                image.display()
-            ));
+            return Err(format!("{}: {busy}", image.display()));
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-}
-
-/// `lock_image` of an image a command works on unmounted: held by a server, it says so
-/// with `then` (what to do instead); any other failure (no such file) as it is.
-pub(crate) fn lock_unmounted(image: &Path, then: &str) -> Result<std::fs::File, String> {
-    lock_image(image, true, std::time::Duration::ZERO).map_err(|e| match e.contains("in use") {
-        true => format!(
-            "{}: in use by an idxfs server (mounted); {then}",
-            image.display()
-        ),
-        false => e,
-    })
 }
 
 /// `idxfs trim IMAGE`: every free block discarded, the image not mounted meanwhile.

@@ -7,6 +7,7 @@
 //! (`Fs::writable_snapshot`, `idxfs subvolume snapshot`) or empty (`Fs::make_subvolume`,
 //! `idxfs subvolume create`), are made, listed and deleted on an unmounted image or by a
 //! mount's server; `idxfs mount -o subvol=ID` serves one (one writable tree per mount).
+use idxfs_engine::fs::{SnapshotInfo, SubvolumeInfo};
 use idxfs_engine::{Error, Fs, OpenOptions};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -39,39 +40,6 @@ fn check_name(at: &str, what: &str, name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A writable subvolume as `print_subvolumes` prints it.
-struct Sub<'n> {
-    id: u64,
-    name: &'n [u8],
-    origin: Option<u64>,
-    snapshot_of: Option<u64>,
-    active: bool,
-}
-
-impl<'n> From<&'n idxfs_engine::fs::SubvolumeInfo> for Sub<'n> {
-    fn from(s: &'n idxfs_engine::fs::SubvolumeInfo) -> Sub<'n> {
-        Sub {
-            id: s.id,
-            name: &s.name,
-            origin: s.origin,
-            snapshot_of: s.snapshot_of,
-            active: s.active,
-        }
-    }
-}
-
-impl<'n> From<&'n idxfs_fuse::snapshot::Subvolume> for Sub<'n> {
-    fn from(s: &'n idxfs_fuse::snapshot::Subvolume) -> Sub<'n> {
-        Sub {
-            id: s.id,
-            name: &s.name,
-            origin: s.origin,
-            snapshot_of: s.snapshot_of,
-            active: s.active,
-        }
-    }
-}
-
 /// "the file system's own tree" or "subvolume ID".
 fn tree_name(id: u64) -> String {
     match id {
@@ -81,24 +49,17 @@ fn tree_name(id: u64) -> String {
 }
 
 /// The writable subvolumes, as both `--list` and `idxfs subvolume list` print them.
-fn print_subvolumes<'n>(subs: impl Iterator<Item = Sub<'n>>) {
-    for Sub {
-        id,
-        name,
-        origin,
-        snapshot_of,
-        active,
-    } in subs
-    {
-        let n = String::from_utf8_lossy(name);
-        let name = match (id, snapshot_of, origin) {
+fn print_subvolumes(subs: &[SubvolumeInfo]) {
+    for s in subs {
+        let n = String::from_utf8_lossy(&s.name);
+        let name = match (s.id, s.snapshot_of, s.origin) {
             (idxfs_format::FS_SUBVOL_ID, _, _) => "(the file system's own tree)".to_string(),
             (_, Some(t), _) => format!("{n}\twritable snapshot of {}", tree_name(t)),
             (_, None, Some(o)) => format!("{n}\tfrom snapshot {o}"),
             (_, None, None) => format!("{n}\tmade empty"),
         };
-        let active = if active { " (active)" } else { "" };
-        println!("{id}\t{name}{active}");
+        let active = if s.active { " (active)" } else { "" };
+        println!("{}\t{name}{active}", s.id);
     }
 }
 
@@ -154,23 +115,17 @@ pub(crate) fn run(image: &Path, ask: Ask) -> Result<(), String> {
                 println!("{p}: no snapshots");
             }
             for s in list {
-                print_listed(
-                    s.id,
-                    &s.name,
-                    s.generation,
-                    s.dropping,
-                    s.source.unwrap_or(0),
-                );
+                print_listed(&s);
             }
             let subs = fs.subvolumes();
             if subs.len() > 1 {
                 println!("writable subvolumes (mount one with -o subvol=ID):");
-                print_subvolumes(subs.iter().map(Sub::from));
+                print_subvolumes(&subs);
             }
         }),
         Ask::Subvolumes => {
             let subs = fs.subvolumes();
-            print_subvolumes(subs.iter().map(Sub::from));
+            print_subvolumes(&subs);
             Ok(())
         }
         Ask::Create(name) => {
@@ -374,7 +329,7 @@ pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
                 println!("{m}: no snapshots");
             }
             for s in &list {
-                print_listed(s.id, &s.name, s.generation, s.dropping, s.source);
+                print_listed(s);
             }
             if more {
                 println!("(more, left out: the list outgrew one request)");
@@ -382,11 +337,11 @@ pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
             let subs = subvolumes()?;
             if subs.len() > 1 {
                 println!("writable subvolumes (mount one with -o subvol=ID):");
-                print_subvolumes(subs.iter().map(Sub::from));
+                print_subvolumes(&subs);
             }
         }
         (Answer::Subvolumes(subs, more), _) => {
-            print_subvolumes(subs.iter().map(Sub::from));
+            print_subvolumes(&subs);
             if more {
                 println!("(more, left out: the list outgrew one request)");
             }
@@ -398,18 +353,20 @@ pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
 /// One snapshot's line: id, name, generation, the tree it was taken of when recorded
 /// (restores beside other writable subvolumes go only into that tree), and whether it is
 /// being deleted.
-fn print_listed(id: u64, name: &[u8], generation: u64, dropping: bool, source: u64) {
-    let state = if dropping {
+fn print_listed(s: &SnapshotInfo) {
+    let state = if s.dropping {
         " (deleted, blocks coming back)"
     } else {
         ""
     };
-    let of = match source {
-        0 => String::new(),
-        t => format!("\tof {}", tree_name(t)),
+    let of = match s.source {
+        None => String::new(),
+        Some(t) => format!("\tof {}", tree_name(t)),
     };
     println!(
-        "{id}\t{}\tgeneration {generation}{of}{state}",
-        String::from_utf8_lossy(name)
+        "{}\t{}\tgeneration {}{of}{state}",
+        s.id,
+        String::from_utf8_lossy(&s.name),
+        s.generation
     );
 }

@@ -6,6 +6,13 @@
 mod common;
 use common::*;
 
+/// `idxfs ARGS`, which must succeed: its standard output.
+fn ok(args: &[&str]) -> String {
+    let (code, out, err) = idxfs(args);
+    assert_eq!(code, 0, "idxfs {args:?}: {out}{err}");
+    out
+}
+
 #[test]
 fn a_clone_mounts_writable_beside_the_file_system_and_goes_with_its_origin() {
     let mut m = Mounted::root_only("256M", "");
@@ -14,11 +21,6 @@ fn a_clone_mounts_writable_beside_the_file_system_and_goes_with_its_origin() {
     std::fs::write(m.path("big"), vec![5u8; 8 << 20]).expect("write");
     m.unmount();
     let img = m.image.to_str().expect("utf8").to_string();
-    let ok = |args: &[&str]| {
-        let (code, out, err) = idxfs(args);
-        assert_eq!(code, 0, "idxfs {args:?}: {out}{err}");
-        out
-    };
     ok(&["snapshot", &img, "base"]);
     let out = ok(&["snapshot", &img, "--clone", "base", "work"]);
     assert!(out.contains("subvolume 257 (work)"), "{out}");
@@ -98,11 +100,6 @@ fn subvolumes_are_made_listed_and_deleted_on_a_mount_and_on_an_image() {
     std::fs::write(m.path("f"), b"own").expect("write");
     let mp = m.mp.to_str().expect("utf8").to_string();
     let img = m.image.to_str().expect("utf8").to_string();
-    let ok = |args: &[&str]| {
-        let (code, out, err) = idxfs(args);
-        assert_eq!(code, 0, "idxfs {args:?}: {out}{err}");
-        out
-    };
     let out = ok(&["subvolume", "create", &mp, "scratch"]);
     assert!(
         out.contains("subvolume 256 (scratch), writable, empty"),
@@ -229,11 +226,6 @@ fn restores_and_rollbacks_beside_a_subvolume_follow_lineage() {
     m.unmount();
     let img = m.image.to_str().expect("utf8").to_string();
     let mp = m.mp.to_str().expect("utf8").to_string();
-    let ok = |args: &[&str]| {
-        let (code, out, err) = idxfs(args);
-        assert_eq!(code, 0, "idxfs {args:?}: {out}{err}");
-        out
-    };
     ok(&["snapshot", &img, "s1"]);
     ok(&["subvolume", "create", &img, "scratch"]);
     let out = ok(&["snapshot", &img, "--list"]);
@@ -312,11 +304,6 @@ fn writable_snapshots_on_an_image_and_a_mount() {
     m.unmount();
     let img = m.image.to_str().expect("utf8").to_string();
     let mp = m.mp.to_str().expect("utf8").to_string();
-    let ok = |args: &[&str]| {
-        let (code, out, err) = idxfs(args);
-        assert_eq!(code, 0, "idxfs {args:?}: {out}{err}");
-        out
-    };
     let out = ok(&["subvolume", "snapshot", &img, "ws"]);
     assert!(
         out.contains("(ws), a writable snapshot of the file system's own tree"),

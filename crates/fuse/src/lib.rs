@@ -2108,31 +2108,8 @@ impl IdxFuse {
                     snapshot::encode_made(id, None)
                 })
             }
-            snapshot::Ask::Subvolumes => {
-                let l: Vec<snapshot::Subvolume> = (self.fs.subvolumes().into_iter())
-                    .map(|s| snapshot::Subvolume {
-                        id: s.id,
-                        origin: s.origin,
-                        snapshot_of: s.snapshot_of,
-                        active: s.active,
-                        name: s.name,
-                    })
-                    .collect();
-                Ok(snapshot::encode_subvolumes(&l))
-            }
-            snapshot::Ask::List => self.fs.snapshots().map(|l| {
-                let l: Vec<snapshot::Listed> = l
-                    .into_iter()
-                    .map(|s| snapshot::Listed {
-                        id: s.id,
-                        generation: s.generation,
-                        dropping: s.dropping,
-                        source: s.source.unwrap_or(0),
-                        name: s.name,
-                    })
-                    .collect();
-                snapshot::encode_list(&l)
-            }),
+            snapshot::Ask::Subvolumes => Ok(snapshot::encode_subvolumes(&self.fs.subvolumes())),
+            snapshot::Ask::List => self.fs.snapshots().map(|l| snapshot::encode_list(&l)),
         };
         match r {
             Ok(out) => reply.ioctl(0, &out),

@@ -49,29 +49,11 @@ pub enum Ask {
     Writable(Vec<u8>),
 }
 
-/// A writable subvolume as the server lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Subvolume {
-    pub id: u64,
-    /// The snapshot it was made from (None: the file system's own tree, or made empty).
-    pub origin: Option<u64>,
-    /// A writable snapshot: the tree it was taken of (its origin is hidden).
-    pub snapshot_of: Option<u64>,
-    /// The one this mount serves.
-    pub active: bool,
-    pub name: Vec<u8>,
-}
+/// A writable subvolume as the server lists it: the engine's own description.
+pub use idxfs_engine::fs::SubvolumeInfo as Subvolume;
 
-/// A snapshot as the server lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Listed {
-    pub id: u64,
-    pub generation: u64,
-    pub dropping: bool,
-    /// The writable tree it was taken of; 0: not recorded.
-    pub source: u64,
-    pub name: Vec<u8>,
-}
+/// A snapshot as the server lists it: the engine's own description.
+pub use idxfs_engine::fs::SnapshotInfo as Listed;
 
 pub fn encode(ask: &Ask) -> Option<Vec<u8>> {
     let mut buf = vec![0u8; ARG_SIZE];
@@ -161,7 +143,7 @@ fn decode_entries(buf: &[u8]) -> Option<(Vec<([u64; 3], u8, Vec<u8>)>, bool)> {
 pub fn encode_list(all: &[Listed]) -> Vec<u8> {
     encode_entries(all.iter().map(|s| {
         (
-            [s.id, s.generation, s.source],
+            [s.id, s.generation, s.source.unwrap_or(0)],
             u8::from(s.dropping),
             &s.name[..],
         )
@@ -176,7 +158,7 @@ fn decode_list(buf: &[u8]) -> Option<(Vec<Listed>, bool)> {
             id,
             generation,
             dropping: dropping != 0,
-            source,
+            source: (source != 0).then_some(source),
             name,
         });
     Some((list.collect(), more))
@@ -299,7 +281,7 @@ mod tests {
                 id: 256 + i,
                 generation: i,
                 dropping: i % 2 == 0,
-                source: [0, 5, 256 + i / 2][i as usize % 3],
+                source: [None, Some(5), Some(256 + i / 2)][i as usize % 3],
                 name: vec![b'n'; 40],
             })
             .collect();
