@@ -71,7 +71,7 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
     let mut dropping: BTreeMap<u64, u64> = BTreeMap::new();
     // Each snapshot's tree (its lineage: `Clones::may_take_from`).
     let mut snap_of: BTreeMap<u64, u64> = BTreeMap::new();
-    let (mut restores, mut refused, mut rollbacks) = (0, 0, 0);
+    let (mut restores, mut refused, mut rollbacks, mut repairs) = (0, 0, 0, 0);
     fs.close().expect("close");
     let (mut made, mut clones_made, mut clones_deleted, mut switches) = (0, 0, 0, 0);
     // What an empty subvolume (`Fs::make_subvolume`) shows: a fresh file system's root.
@@ -268,6 +268,27 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
             },
             _ => fs.close().expect("close"),
         }
+        if rng.chance(25) {
+            // A repair of the whole image (nothing damaged) rebuilds the active tree and
+            // keeps every other tree and snapshot as it was; drops in flight end first.
+            let r = idxfs_engine::repair::repair(
+                &(dev.clone() as Arc<dyn idxfs_blockdev::BlockDevice>),
+                idxfs_format::hash::name_hash,
+            )
+            .unwrap_or_else(|e| panic!("{at}: repair: {e}"));
+            assert!(r.check.is_clean(), "{at}: repair: {:?}", r.check.problems);
+            let wrong = |l: &&String| l.contains("deleted") || l.contains("subvolume's");
+            assert!(
+                !r.actions.iter().any(|l| wrong(&l)),
+                "{at}: {:?}",
+                r.actions
+            );
+            dropping.clear();
+            repairs += 1;
+            if std::env::var("CLONES_TRACE").is_ok() {
+                eprintln!("{at}: repaired");
+            }
+        }
         check(&dev, &at);
         for (t, (want, _)) in &trees {
             assert_eq!(&peek(&dev, *t), want, "{at}: subvolume {t}");
@@ -288,7 +309,7 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
     eprintln!(
         "seed {seed}: {made} snapshots, {clones_made} clones ({writable_snapshots} writable \
          snapshots) and {empties} empty subvolumes made, {clones_deleted} deleted, {switches} switches; {restores} restores and \
-         {rollbacks} rollbacks made, {refused} refused"
+         {rollbacks} rollbacks made, {refused} refused; {repairs} repairs"
     );
     assert!(
         clones_made > 0 && switches > 0,
@@ -519,21 +540,22 @@ fn an_origin_stays_while_its_clone_does_and_restores_follow_lineage() {
     );
     assert_eq!(fs.read(f, 0, 20_000).expect("read"), vec![1u8; 20_000]);
     fs.close().expect("close");
-    // A repair would not know which tree's blocks are which: refused, the image unchanged.
-    let before = dev.snapshot();
+    // A repair rebuilds the file system's tree beside them and keeps the clone, its
+    // origin and the clone's snapshot (with its origin item) as they were.
+    let in_clone = peek(&dev, c);
     let r = idxfs_engine::repair::repair(
         &(dev.clone() as Arc<dyn idxfs_blockdev::BlockDevice>),
         idxfs_format::hash::name_hash,
-    );
-    assert!(
-        matches!(r, Err(Error::NotSupported(_))),
-        "{:?}",
-        r.map(|_| ())
-    );
-    assert!(
-        dev.snapshot() == before,
-        "the refused repair changed the image"
-    );
+    )
+    .expect("repair beside the clone");
+    assert!(r.check.is_clean(), "{:?}", r.check.problems);
+    assert!(r.actions.is_empty(), "nothing was damaged: {:?}", r.actions);
+    assert_eq!(peek(&dev, c), in_clone);
+    let fs = open_as(&dev, FS_SUBVOL_ID);
+    assert_eq!(fs.read(f, 0, 20_000).expect("read"), vec![1u8; 20_000]);
+    let kept: Vec<u64> = fs.snapshots().expect("list").iter().map(|s| s.id).collect();
+    assert_eq!(kept, [s, own]);
+    fs.close().expect("close");
     // Once the clone is gone, the origin goes too, and every block comes back.
     let fs = Fs::open(dev.clone(), opts()).expect("reopen");
     delete_in_turn(&fs, &[own]);

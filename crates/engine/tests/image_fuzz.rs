@@ -2,8 +2,9 @@
 //! an fsync log with batches) is damaged at random, mostly in metadata blocks with their
 //! checksums sealed again (so the damage reaches the checks behind them), then fsck'd,
 //! opened, walked file by file (attributes, data, targets, xattrs), written to, closed,
-//! rolled back to a snapshot and fsck'd again. Every outcome is allowed but a panic, a hang or an abort: damage must come
-//! back as a clear error.
+//! rolled back to a snapshot and fsck'd again; a copy of it is repaired. Every outcome is
+//! allowed but a panic, a hang or an abort (damage must come back as a clear error), and a
+//! repair that finishes leaving an image fsck does not find clean.
 //!
 //! CI runs it for `IDXFS_FUZZ_SECS` seconds (default 40); each case prints nothing unless it
 //! fails, with its seed: `IDXFS_FUZZ_CASE=n` replays that one case. Cases that once found a
@@ -209,20 +210,59 @@ fn damage(base: &[u8], meta: &[usize], rng: &mut Rng) -> Vec<u8> {
 }
 
 /// How far a case got: fsck found damage, the image opened, a call on it failed.
-#[derive(Default, Clone, Copy)]
+#[derive(Clone)]
 struct Reach {
     fsck_problems: bool,
     opened: bool,
     call_failed: bool,
+    /// A repair of a copy of the damaged image: the problems its check of the result found,
+    /// or why it was refused or failed.
+    repaired: Result<Vec<String>, String>,
 }
 
 /// Everything a user could do with the damaged image; errors are fine.
 fn exercise(img: Vec<u8>) -> Reach {
-    let mut reach = Reach::default();
+    let mut reach = Reach {
+        fsck_problems: false,
+        opened: false,
+        call_failed: false,
+        repaired: Err(String::new()),
+    };
     let dev = Arc::new(MemDevice::from_bytes(img));
     let as_dyn: Arc<dyn BlockDevice> = dev.clone();
     reach.fsck_problems = fsck::check(&as_dyn, idxfs_format::hash::name_hash, &mut |_| {})
         .map_or(true, |r| !r.is_clean());
+    let copy: Arc<dyn BlockDevice> = Arc::new(MemDevice::from_bytes(dev.snapshot()));
+    reach.repaired = idxfs_engine::repair::repair(&copy, idxfs_format::hash::name_hash)
+        .map(|r| r.check.problems)
+        .map_err(|e| e.to_string());
+    // A refusal that names a tree to make active (`-o subvol=ID`) is followed, as a user
+    // would: that tree made active, then repaired again.
+    let advised = (reach.repaired.as_ref().err())
+        .and_then(|e| e.split("subvol=").nth(1))
+        .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|t| t.parse::<u64>().ok());
+    if let Some(id) = advised {
+        let o = idxfs_engine::OpenOptions {
+            subvolume: Some(id),
+            ..opts()
+        };
+        let switched = Fs::open(copy.clone(), o).and_then(|fs| fs.close());
+        let again = idxfs_engine::repair::repair(&copy, idxfs_format::hash::name_hash);
+        if std::env::var("IDXFS_FUZZ_TRACE").is_ok() {
+            eprintln!(
+                "made {id} active: {:?}; repaired again: {:?}",
+                switched.map_err(|e| e.to_string()),
+                again
+                    .as_ref()
+                    .map(|r| &r.check.problems)
+                    .map_err(|e| e.to_string())
+            );
+        }
+        if let Ok(r) = again {
+            reach.repaired = Ok(r.check.problems);
+        }
+    }
     let Ok(fs) = Fs::open(dev.clone(), opts()) else {
         return reach;
     };
@@ -407,6 +447,7 @@ fn damaged_images_give_errors_not_panics() {
     let start = Instant::now();
     let mut cases = 0u64;
     let (mut damaged, mut opened, mut failed) = (0u64, 0u64, 0u64);
+    let mut refused = 0u64;
     let one_case: Option<u64> = std::env::var("IDXFS_FUZZ_CASE")
         .ok()
         .and_then(|s| s.parse().ok());
@@ -426,6 +467,21 @@ fn damaged_images_give_errors_not_panics() {
         });
         match rx.recv_timeout(Duration::from_secs(20)) {
             Ok(Some(r)) => {
+                // A repair that finishes leaves an image fsck finds clean.
+                match &r.repaired {
+                    Ok(p) => assert!(
+                        p.is_empty(),
+                        "case {case_seed} (run seed {seed}): the repaired image is not clean: \
+                         {:?}; replay it with IDXFS_FUZZ_CASE={case_seed}",
+                        &p[..p.len().min(5)]
+                    ),
+                    Err(why) => {
+                        if std::env::var("IDXFS_FUZZ_TRACE").is_ok() {
+                            eprintln!("case {case_seed}: repair refused: {why}");
+                        }
+                        refused += 1;
+                    }
+                }
                 damaged += u64::from(r.fsck_problems);
                 opened += u64::from(r.opened);
                 failed += u64::from(r.call_failed);
@@ -443,7 +499,8 @@ fn damaged_images_give_errors_not_panics() {
     }
     eprintln!(
         "image fuzz: {cases} damaged images in {secs} s, no panic or hang; fsck saw damage in \
-         {damaged}, {opened} opened, {failed} of those stopped or refused an fsync"
+         {damaged}, {opened} opened, {failed} of those stopped or refused an fsync; every repair \
+         left it clean, {refused} refused"
     );
     // The damage must reach past the front door often, or this tests little.
     assert!(

@@ -416,3 +416,289 @@ fn repair_keeps_whole_snapshots_and_deletes_a_damaged_one() {
     fs.close().expect("close");
     assert_clean(&dev);
 }
+
+fn open_tree(dev: &Arc<MemDevice>, id: u64) -> Fs {
+    let o = idxfs_engine::fs::OpenOptions {
+        subvolume: Some(id),
+        ..opts()
+    };
+    Fs::open(dev.clone(), o).expect("open the subvolume")
+}
+
+/// Files only tree `fs` has: `n` files of 9,000 bytes of `byte`, and changes to files it
+/// shares (rewritten, removed), so its own leaves and blocks lie beside its origin's.
+fn own_files(fs: &Fs, tag: &str, byte: u8, rng: &mut Rng) {
+    for i in 0..20 {
+        let f = fs
+            .create(ROOT, format!("{tag}{i}").as_bytes(), 0o644, ME)
+            .expect("create");
+        fs.write(f.ino, 0, &vec![byte; 9000]).expect("write");
+    }
+    for e in fs.list(ROOT).expect("list") {
+        let a = fs.getattr(e.ino).expect("getattr");
+        if a.mode & 0o170000 != 0o100000 || e.name.starts_with(tag.as_bytes()) {
+            continue;
+        }
+        match rng.below(6) {
+            0 => fs.unlink(ROOT, &e.name).expect("unlink"),
+            1 => fs
+                .write(e.ino, 0, &[byte; 5000])
+                .map(|_| ())
+                .expect("write"),
+            _ => {}
+        }
+    }
+}
+
+/// The digest of writable tree or snapshot `id` seen read-only beside the file system.
+fn digest_of(dev: &Arc<MemDevice>, id: u64) -> String {
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let view = fs.open_snapshot(id, 1 << 20).expect("view");
+    let d = common::digest::digest(&view);
+    drop(view);
+    fs.close().expect("close");
+    d
+}
+
+/// Makes a victim of `mode` with a link count of 1 in the open tree: its item's leaf is the
+/// tree's alone once the mode is set after everything else.
+fn victim(fs: &Fs, name: &[u8], mode: u32) -> u64 {
+    let ino = fs.create(ROOT, name, 0o644, ME).expect("create").ino;
+    fs.write(ino, 0, &vec![7u8; 12_000]).expect("write");
+    fs.setattr(
+        ino,
+        &idxfs_engine::fs::SetAttr {
+            mode: Some(mode),
+            ..Default::default()
+        },
+    )
+    .expect("chmod");
+    ino
+}
+
+/// Beside writable subvolumes: an image whose file system has a snapshot, a writable
+/// snapshot (a clone of it through a hidden origin), an empty subvolume and a clone of the
+/// snapshot, each with files of its own, the file system's tree damaged (a wrong link count)
+/// and the clone's too. The repair rebuilds the file system's tree, keeps the snapshot, the
+/// writable snapshot and the empty subvolume as they were, deletes the damaged clone and
+/// says so; fsck clean. Each kept tree is then served in turn and changed, fsck clean; once
+/// everything is deleted every block is back.
+#[test]
+fn repair_keeps_whole_subvolumes_beside_the_tree_it_rebuilds() {
+    use common::digest::digest;
+    let (mut rng, seed) = Rng::from_env("repair beside subvolumes");
+    let dev = image(&mut rng);
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let s = fs.snapshot(b"s").expect("snapshot");
+    let w = fs.writable_snapshot(b"w").expect("writable snapshot");
+    let e = fs.make_subvolume(b"e", ME).expect("subvolume");
+    let c = fs.make_clone(s, b"c").expect("clone");
+    fs.close().expect("close");
+    for (id, tag, byte) in [(w, "w", 1u8), (e, "e", 2), (c, "c", 3)] {
+        let fs = open_tree(&dev, id);
+        own_files(&fs, tag, byte, &mut rng);
+        fs.close().expect("close");
+    }
+    let fs = open_tree(&dev, c);
+    let c_victim = victim(&fs, b"c-victim", 0o641);
+    fs.close().expect("close");
+    let fs = open_tree(&dev, idxfs_format::FS_SUBVOL_ID);
+    own_files(&fs, "fs", 4, &mut rng);
+    let fs_victim = victim(&fs, b"victim", 0o611);
+    let fs_state = digest(&fs);
+    fs.close().expect("close");
+    assert_clean(&dev);
+    let before: Vec<(u64, String)> = [s, w, e].iter().map(|&i| (i, digest_of(&dev, i))).collect();
+
+    let mut img = dev.snapshot();
+    assert!(
+        set_link_count(&mut img, NS, fs_victim, 0o611, 9) > 0,
+        "the file system's leaf"
+    );
+    assert!(
+        set_link_count(&mut img, NS, c_victim, 0o641, 5) > 0,
+        "the clone's leaf"
+    );
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let r = repair::repair(
+        &(dev.clone() as Arc<dyn BlockDevice>),
+        idxfs_format::hash::name_hash,
+    )
+    .expect("repair");
+    assert!(r.check.is_clean(), "seed {seed}: {:?}", r.check.problems);
+    assert!(
+        r.actions
+            .iter()
+            .any(|l| l.starts_with(&format!("subvolume {c} (c) is damaged"))),
+        "seed {seed}: {:?}",
+        r.actions
+    );
+    assert!(
+        !r.actions
+            .iter()
+            .any(|l| l.contains("snapshot's or subvolume's")),
+        "seed {seed}: {:?}",
+        r.actions
+    );
+    assert!(
+        r.notes
+            .iter()
+            .any(|n| n.ends_with(&format!("kept as they were: {w}, {e}"))),
+        "seed {seed}: {:?}",
+        r.notes
+    );
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    assert_eq!(
+        digest(&fs),
+        fs_state,
+        "seed {seed}: the file system, repaired"
+    );
+    let subvols: Vec<u64> = fs.subvolumes().iter().map(|v| v.id).collect();
+    assert_eq!(subvols, [idxfs_format::FS_SUBVOL_ID, w, e], "seed {seed}");
+    let listed: Vec<u64> = fs.snapshots().expect("list").iter().map(|s| s.id).collect();
+    assert_eq!(listed, [s], "seed {seed}");
+    fs.close().expect("close");
+    for (id, d) in &before {
+        assert_eq!(
+            &digest_of(&dev, *id),
+            d,
+            "seed {seed}: tree {id} after the repair"
+        );
+    }
+    // Every tree takes changes; the snapshot stays as it was.
+    for id in [w, e, idxfs_format::FS_SUBVOL_ID] {
+        let fs = open_tree(&dev, id);
+        own_files(&fs, "after", 5, &mut rng);
+        fs.close().expect("close");
+        assert_clean(&dev);
+    }
+    assert_eq!(
+        digest_of(&dev, s),
+        before[0].1,
+        "seed {seed}: the snapshot beside changes"
+    );
+    // Everything deleted: every block back (fsck finds none held or leaked), the writable
+    // snapshot's hidden origin gone with it.
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    for id in [w, e, s] {
+        fs.delete_snapshot(id).expect("delete");
+        fs.finish_drops().expect("drops");
+    }
+    assert!(fs.subvolumes().len() == 1 && fs.snapshots().expect("list").is_empty());
+    fs.close().expect("close");
+    assert_clean(&dev);
+}
+
+/// A clone active and damaged: the repair rebuilds it beside the file system's own tree
+/// (parked) and its origin, the blocks it shares with them still theirs; then both trees
+/// take changes in turn, and once the clone and its origin are deleted every block is back.
+/// With the file system's own tree damaged instead, parked, that is the tree rebuilt and
+/// made active, and the clone is parked as it was.
+#[test]
+fn repair_rebuilds_an_active_clone_or_the_parked_own_tree() {
+    use common::digest::digest;
+    let (mut rng, seed) = Rng::from_env("repair of an active clone");
+    let dev = image(&mut rng);
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let w = fs.writable_snapshot(b"w").expect("writable snapshot");
+    let fs_victim = victim(&fs, b"fs-victim", 0o612);
+    let fs_state = digest(&fs);
+    fs.close().expect("close");
+    let fs = open_tree(&dev, w);
+    own_files(&fs, "w", 1, &mut rng);
+    let w_victim = victim(&fs, b"w-victim", 0o613);
+    let w_state = digest(&fs);
+    fs.close().expect("close");
+    assert_clean(&dev);
+
+    // The parked own tree damaged: it is the one rebuilt, and active again; the clone,
+    // whole, is parked as it was.
+    let mut img = dev.snapshot();
+    assert!(
+        set_link_count(&mut img, NS, fs_victim, 0o612, 9) > 0,
+        "the own tree's leaf"
+    );
+    let broken = Arc::new(MemDevice::from_bytes(img));
+    let r = repair::repair(
+        &(broken.clone() as Arc<dyn BlockDevice>),
+        idxfs_format::hash::name_hash,
+    )
+    .expect("repair of the parked own tree");
+    assert!(r.check.is_clean(), "seed {seed}: {:?}", r.check.problems);
+    assert!(
+        r.notes
+            .iter()
+            .any(|n| n.contains(&format!("subvolume {w} is parked"))),
+        "seed {seed}: {:?}",
+        r.notes
+    );
+    let fs = Fs::open(broken.clone(), opts()).expect("open");
+    assert_eq!(fs.active_subvolume(), idxfs_format::FS_SUBVOL_ID);
+    assert_eq!(digest(&fs), fs_state, "seed {seed}: the own tree, repaired");
+    fs.close().expect("close");
+    assert_eq!(
+        seen_tree(&broken, w),
+        w_state,
+        "seed {seed}: the clone kept"
+    );
+    let fs = open_tree(&broken, w);
+    own_files(&fs, "after", 7, &mut rng);
+    fs.close().expect("close");
+    assert_clean(&broken);
+
+    // The active clone damaged: rebuilt.
+    let mut img = dev.snapshot();
+    assert!(
+        set_link_count(&mut img, NS, w_victim, 0o613, 7) > 0,
+        "the clone's leaf"
+    );
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let r = repair::repair(
+        &(dev.clone() as Arc<dyn BlockDevice>),
+        idxfs_format::hash::name_hash,
+    )
+    .expect("repair");
+    assert!(r.check.is_clean(), "seed {seed}: {:?}", r.check.problems);
+    // What the clone shares with its origin stays shared: nothing is copied.
+    assert!(
+        !r.actions
+            .iter()
+            .any(|l| l.contains("snapshot's or subvolume's")),
+        "seed {seed}: {:?}",
+        r.actions
+    );
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    assert_eq!(fs.active_subvolume(), w, "seed {seed}");
+    assert_eq!(digest(&fs), w_state, "seed {seed}: the clone, repaired");
+    own_files(&fs, "after", 5, &mut rng);
+    fs.close().expect("close");
+    assert_clean(&dev);
+    let fs = open_tree(&dev, idxfs_format::FS_SUBVOL_ID);
+    assert_eq!(
+        digest(&fs),
+        fs_state,
+        "seed {seed}: the file system's own tree"
+    );
+    own_files(&fs, "after", 6, &mut rng);
+    fs.delete_snapshot(w).expect("delete the clone");
+    fs.finish_drops().expect("drops");
+    assert!(
+        fs.snapshots().expect("list").is_empty(),
+        "the hidden origin goes with it"
+    );
+    fs.close().expect("close");
+    assert_clean(&dev);
+}
+
+/// What writable tree `id` holds, opened read-only.
+fn seen_tree(dev: &Arc<MemDevice>, id: u64) -> String {
+    let o = idxfs_engine::fs::OpenOptions {
+        subvolume: Some(id),
+        read_only: true,
+        ..opts()
+    };
+    let fs = Fs::open(dev.clone(), o).expect("open read-only");
+    let d = common::digest::digest(&fs);
+    fs.close().expect("close");
+    d
+}

@@ -357,6 +357,25 @@ impl Inner {
         Ok(id)
     }
 
+    /// Takes the writable trees and origins a repair found (`repair::roots`), with `active`
+    /// the superblock's `subvolume`: all written by the next commit.
+    pub(crate) fn adopt_clones(
+        &mut self,
+        items: BTreeMap<u64, Snap>,
+        origins: BTreeMap<u64, Origin>,
+        active: u64,
+    ) {
+        for s in items.values() {
+            self.store.refs.note_newest(s.generation());
+        }
+        let clones = &mut self.snapshots.clones;
+        clones.changed_items.extend(items.keys().copied());
+        clones.changed_origins.extend(origins.keys().copied());
+        clones.items = items;
+        clones.origins = origins;
+        clones.active = active;
+    }
+
     /// Deletes hidden snapshot `id` (a writable snapshot's origin) once nothing names its
     /// blocks through it any more: called where an origin item goes (the end of a drop),
     /// in the same transaction, so no commit leaves a hidden snapshot no tree uses.

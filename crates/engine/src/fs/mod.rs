@@ -92,6 +92,7 @@ pub mod types;
 mod xattr;
 
 pub use acl::{Acl, ACCESS as ACL_ACCESS, DEFAULT as ACL_DEFAULT};
+pub(crate) use clones::Origin;
 pub use clones::SubvolumeInfo;
 pub use copy_tree::{Copied, CopyAs, CopyJob};
 pub use create::LINK_MAX;

@@ -18,9 +18,15 @@
 //!    then frees those blocks.
 //! 5. fsck of the result.
 //!
-//! Snapshots (`snapshots`): each whose tree checks whole is kept as it is, with what it
+//! Snapshots and writable subvolumes (`roots`): one tree is rebuilt, the active one (or the
+//! file system's own, when it is parked and damaged: `roots::pick`). Each
+//! snapshot and parked subvolume whose tree checks whole is kept as it is, with what it
 //! holds found anew and written into a new roots tree by the rebuild's commit; a damaged
-//! one is deleted, and said so.
+//! one is deleted, and said so. Which tree owns which data block follows the clones' rule
+//! (`fs::clones`): an extent as old as its tree's origin names the origin's blocks, a
+//! younger one its tree's own; a rebuilt extent whose blocks a kept tree owns (or has a
+//! node in) gets a copy, and what the snapshots and the clones' origins name that no
+//! writable tree owns is held.
 //!
 //! Limits: the rebuilt tree is built in memory and written by one commit, so a repair needs
 //! memory in proportion to the metadata (about the node size per 100 files). A lost internal
@@ -33,14 +39,14 @@ use crate::fsck;
 use crate::space::bitmap::Bitmap;
 use crate::space::Allocator;
 use idxfs_blockdev::BlockDevice;
-use idxfs_format::items::{dtype_of_mode, ExtentItem, Timespec, S_IFDIR, S_IFMT};
+use idxfs_format::items::{dtype_of_mode, ExtentItem, Timespec, EXTENT_INLINE, S_IFDIR, S_IFMT};
 use idxfs_format::{ItemType, Key, BLOCK_SIZE, SUPER_COPIES};
 use std::sync::Arc;
 use zerocopy::{FromBytes, IntoBytes};
 
 mod plan;
+mod roots;
 mod salvage;
-mod snapshots;
 
 /// What a repair did.
 #[derive(Debug, Default)]
@@ -59,27 +65,12 @@ pub struct Repaired {
 }
 
 /// Repairs the image on `dev` (see the module notes). Err when it cannot start (no valid
-/// superblock, a device opened read-only) or cannot write; the image is then as it was, or
-/// as a crash would leave it: its old state.
-/// The rebuild keeps snapshots but does not know which writable tree's own data blocks are
-/// which (`fs::clones`): an image with writable subvolumes besides its own tree (clones
-/// or empty ones: `INCOMPAT_CLONES`) is not repaired.
-fn refuse_clones(sb: &idxfs_format::superblock::Superblock) -> Result<()> {
-    if sb.incompat.get() & idxfs_format::versions::INCOMPAT_CLONES != 0 {
-        return Err(Error::NotSupported(
-            "repairing an image with writable subvolumes; delete them first",
-        ));
-    }
-    Ok(())
-}
-
+/// superblock, a device opened read-only, trees that name each other's blocks:
+/// `roots::keep`) or cannot write; the image is then as it was (after the replay a mount
+/// makes), or as a crash would leave it: its old state.
 pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
     if !dev.writable() {
         return Err(Error::Invalid("the image was opened read-only"));
-    }
-    // Before anything is written; again below, on the superblock the repair goes by.
-    if let Ok(sb) = read_superblock(dev.as_ref()) {
-        refuse_clones(&sb)?;
     }
     let mut out = Repaired::default();
     let replay = Fs::open(
@@ -103,8 +94,21 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
              commit is lost"
         )),
     }
-    let sb = read_superblock(dev.as_ref())?;
-    refuse_clones(&sb)?;
+    let (sb, picked) = roots::pick(dev.as_ref(), &read_superblock(dev.as_ref())?, hash);
+    let mut roots_actions = Vec::new();
+    match &picked {
+        roots::Pick::Active => {}
+        roots::Pick::Own(p) => out.notes.push(format!(
+            "the file system's own tree, parked while subvolume {} was active, was damaged: \
+             it is the one rebuilt, and the active tree again; subvolume {} is parked",
+            p.id, p.id
+        )),
+        roots::Pick::OwnLost(a) => roots_actions.push(format!(
+            "the item of the file system's own tree, parked while subvolume {a} was active, \
+             cannot be read, nor can its tree: subvolume {a}'s tree is rebuilt as the file \
+             system's own"
+        )),
+    }
     let salvaged = salvage::salvage(dev.as_ref(), &sb);
     let (sec, nsec) = crate::clock::Clock::now(&crate::clock::SystemClock);
     let now = Timespec {
@@ -115,7 +119,7 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
         let mut buf = vec![0u8; BLOCK_SIZE as usize];
         dev.read_at(&mut buf, b * BLOCK_SIZE).ok().map(|()| buf)
     };
-    let plan = plan::plan(
+    let mut plan = plan::plan(
         salvaged.items,
         &sb,
         hash,
@@ -123,31 +127,41 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
         &salvaged.lost_ranges,
         &block,
     );
+    let kept = roots::keep(dev.as_ref(), &sb, hash, &picked, &mut roots_actions)?;
+    copy_what_kept_trees_own(&mut plan, &kept, &sb);
     out.lost = salvaged.lost;
     out.actions = plan.actions.clone();
     if plan.actions_left_out > 0 {
         out.actions
             .push(format!("... and {} more", plan.actions_left_out));
     }
+    out.actions.append(&mut roots_actions);
     out.inodes = plan.inodes.len() as u64;
     out.names = plan.entries.len() as u64;
-    let kept = snapshots::keep(dev.as_ref(), &sb, hash, &plan.data, &mut out.actions);
-    if !kept.list.is_empty() {
+    let listed: Vec<String> = (kept.list.iter())
+        .filter(|(_, s)| !s.hidden())
+        .map(|(id, _)| id.to_string())
+        .collect();
+    if !listed.is_empty() {
         out.notes.push(format!(
             "{} snapshot(s) kept as they were: {}",
-            kept.list.len(),
-            kept.list
-                .keys()
-                .map(u64::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
+            listed.len(),
+            listed.join(", ")
+        ));
+    }
+    let parked: Vec<String> = (kept.writable.iter())
+        .filter(|(_, s)| s.item.root.block.get() != 0)
+        .map(|(id, _)| id.to_string())
+        .collect();
+    if !parked.is_empty() {
+        out.notes.push(format!(
+            "{} writable subvolume(s) besides the active tree kept as they were: {}",
+            parked.len(),
+            parked.join(", ")
         ));
     }
     let bpn = sb.blocks_per_node();
-    let snapshot_runs: Vec<(u64, u64)> = kept
-        .node_runs(bpn)
-        .chain(kept.data.iter().copied())
-        .collect();
+    let snapshot_runs = kept.runs(bpn);
 
     // Blocks the rebuild must not write: the old state's, and the data it keeps.
     let total = sb.total_blocks.get();
@@ -187,14 +201,17 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
     }
     inner.txn.compat_ro_wanted |= plan.needs_ro & !base.compat_ro.get();
     build(&mut inner, &plan)?;
-    let held = held_runs(&mut inner, &kept.data, total)?;
+    let rebuilt = rebuilt_runs(&mut inner, kept.floor)?;
+    let held = held_runs(&kept, &rebuilt, total, sb.group_blocks.get());
     let released = inner.store.generation;
     inner.adopt_snapshots(kept.list, &kept.parents, &held, released);
+    inner.adopt_clones(kept.writable, kept.origins, sb.subvolume.get());
     inner.commit()?;
 
     // The old state is gone now: free what only it used.
     let mut keep = Bitmap::new(total);
-    for &(s, n) in plan.data.iter().chain(&snapshot_runs) {
+    let rebuilt_all = rebuilt.own.iter().chain(&rebuilt.borrowed);
+    for &(s, n) in rebuilt_all.chain(&snapshot_runs) {
         let end = (s + n).min(total);
         if s < end {
             keep.set_range(s, end - s, true);
@@ -223,43 +240,51 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
     Ok(out)
 }
 
-/// The runs of `snapshot_data` the rebuilt fs tree's extents do not name: what the kept
-/// snapshots alone name, held for them.
-fn held_runs(
-    inner: &mut Inner,
-    snapshot_data: &[(u64, u64)],
-    total: u64,
-) -> Result<Vec<(u64, u64)>> {
-    if snapshot_data.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut only = Bitmap::new(total);
-    for &(s, n) in snapshot_data {
-        let end = (s + n).min(total);
-        if s < end {
-            only.set_range(s, end - s, true);
-        }
-    }
+/// The runs the rebuilt tree's extents name (not inline ones): its own, younger than
+/// `floor` (its origin's generation, 0 when it has none), and its origin's.
+#[derive(Default)]
+struct Rebuilt {
+    own: Vec<(u64, u64)>,
+    borrowed: Vec<(u64, u64)>,
+}
+
+fn rebuilt_runs(inner: &mut Inner, floor: u64) -> Result<Rebuilt> {
     let tree = inner.fs_tree;
-    let mut named = Vec::new();
+    let mut out = Rebuilt::default();
     tree.scan(&mut inner.store, Key::MIN, Key::MAX, |k, v| {
         if k.item_type() == Some(ItemType::Extent) {
             if let Ok((e, _)) = ExtentItem::read_from_prefix(v) {
-                if e.kind == idxfs_format::items::EXTENT_REGULAR {
-                    named.push((e.disk_block.get(), e.blocks.get()));
+                let run = (e.disk_block.get(), e.blocks.get());
+                match e.kind {
+                    EXTENT_INLINE => {}
+                    _ if e.generation.get() <= floor => out.borrowed.push(run),
+                    _ => out.own.push(run),
                 }
             }
         }
         Ok(true)
     })?;
-    for (s, n) in named {
-        let end = (s + n).min(total);
-        if s < end {
-            only.set_range(s, end - s, false);
+    Ok(out)
+}
+
+/// What the kept snapshots name, and what writable trees name of their origins', that no
+/// writable tree owns: held for every kept snapshot, a run per block group (as
+/// `Allocator::free` frees them).
+fn held_runs(kept: &roots::Kept, rebuilt: &Rebuilt, total: u64, gb: u64) -> Vec<(u64, u64)> {
+    let mut only = Bitmap::new(total);
+    let mut set = |runs: &[(u64, u64)], on: bool| {
+        for &(s, n) in runs {
+            let end = (s + n).min(total);
+            if s < end {
+                only.set_range(s, end - s, on);
+            }
         }
-    }
-    // A run is freed by its group (`Allocator::free`): one per group it spans.
-    let gb = inner.store.alloc.group_blocks;
+    };
+    set(&kept.data, true);
+    set(&kept.borrowed, true);
+    set(&rebuilt.borrowed, true);
+    set(&kept.owned, false);
+    set(&rebuilt.own, false);
     let mut out = Vec::new();
     for (mut s, n) in runs(&only) {
         let end = s + n;
@@ -269,7 +294,60 @@ fn held_runs(
             s = e;
         }
     }
-    Ok(out)
+    out
+}
+
+/// Marks for a copy (`Plan::clones`) each planned extent whose blocks a kept tree has a
+/// node in, or a parked writable tree owns: those trees checked whole, so the damaged tree's
+/// extent is the one that is wrong, and the copy keeps its bytes for it. An extent as old as
+/// the active clone's kept origin may name blocks another tree owns (that is how clones
+/// share), but not a node.
+fn copy_what_kept_trees_own(
+    plan: &mut plan::Plan,
+    kept: &roots::Kept,
+    sb: &idxfs_format::superblock::Superblock,
+) {
+    let total = sb.total_blocks.get();
+    let mut nodes = Bitmap::new(total);
+    let mut owned = Bitmap::new(total);
+    for (s, n) in kept.node_runs(sb.blocks_per_node()) {
+        let end = (s + n).min(total);
+        if s < end {
+            nodes.set_range(s, end - s, true);
+        }
+    }
+    for &(s, n) in &kept.owned {
+        let end = (s + n).min(total);
+        if s < end {
+            owned.set_range(s, end - s, true);
+        }
+    }
+    let mut copies = Vec::new();
+    for (k, v) in &plan.items {
+        if k.item_type() != Some(ItemType::Extent) || plan.clones.contains(k) {
+            continue;
+        }
+        let Ok((e, _)) = ExtentItem::read_from_prefix(v) else {
+            continue;
+        };
+        if e.kind == EXTENT_INLINE {
+            continue;
+        }
+        let (s, n) = (e.disk_block.get(), e.blocks.get());
+        let own = e.generation.get() > kept.floor;
+        let hit = (s..(s + n).min(total)).find(|&b| nodes.get(b) || (own && owned.get(b)));
+        if let Some(b) = hit {
+            copies.push((*k, b));
+        }
+    }
+    for (k, b) in copies {
+        plan.act(format!(
+            "inode {}: extent at {}: block {b} is a snapshot's or subvolume's: given a copy \
+             of its own",
+            k.objectid, k.offset
+        ));
+        plan.clones.push(k);
+    }
 }
 
 /// Writes the plan into `inner`'s empty trees: items, then names, then the inode items with
@@ -327,6 +405,8 @@ fn clone_extent(inner: &mut Inner, v: &mut Vec<u8>) -> Result<()> {
         .read_at(&mut buf, e.disk_block.get() * BLOCK_SIZE)?;
     inner.store.dev.write_at(&buf, to * BLOCK_SIZE)?;
     e.disk_block = to.into();
+    // Written now: its blocks are its tree's own, whatever its origin (`fs::clones`).
+    e.generation = inner.store.generation.into();
     v.clear();
     v.extend_from_slice(e.as_bytes());
     Ok(())

@@ -24,14 +24,19 @@
 //!   with the rest.
 //! - **Counts** follow what is kept: link counts, directory sizes, allocated bytes.
 //! - **xattrs** whose record is filed under the wrong hash, or whose long value lacks a
-//!   piece, are dropped; pieces no value claims are dropped.
+//!   piece, are dropped; pieces no value claims are dropped. A POSIX ACL (`fs::acl`) that
+//!   does not decode, a default ACL of a non-directory, and an access ACL the mode says all
+//!   of are dropped; an access ACL whose permissions disagree with the mode takes the mode's,
+//!   as a chmod leaves it (the mode is in the inode item, checked whole; the ACL may be
+//!   what was damaged).
+use crate::fs::acl::{self, Acl};
 use crate::fs::NameHash;
 use crate::space::bitmap::Bitmap;
 use idxfs_format::items::{
     block_sum, decode_dir_entries, decode_ext_refs, decode_extent, decode_inode, decode_names,
     decode_orphan, decode_xattrs, encode_xattrs, BlockSums, ExtentItem, InodeItem, OrphanKind,
-    Timespec, XattrValue, EXTENT_INLINE, EXTENT_ITEM_SIZE, EXTENT_REGULAR, SUM_GROUP_BLOCKS,
-    S_IFDIR, S_IFLNK, S_IFMT, S_IFREG,
+    Timespec, XattrEntry, XattrValue, EXTENT_INLINE, EXTENT_ITEM_SIZE, EXTENT_REGULAR,
+    SUM_GROUP_BLOCKS, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG,
 };
 use idxfs_format::node::KeyRange;
 use idxfs_format::superblock::Superblock;
@@ -74,7 +79,7 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    fn act(&mut self, s: String) {
+    pub(super) fn act(&mut self, s: String) {
         if self.actions.len() < ACTIONS_MAX {
             self.actions.push(s);
         } else {
@@ -689,7 +694,10 @@ fn keep_xattrs(
                     pieces.extend(mine.into_iter().map(|a| (ino, a)));
                     p.needs |= INCOMPAT_XATTR_CHUNKS;
                 }
-                keep.push(x);
+                let mode = inodes.get(&ino).map_or(0, |it| it.mode.get());
+                if let Some(x) = checked_acl(p, ino, mode, x) {
+                    keep.push(x);
+                }
             }
             if keep.len() != n {
                 p.act(format!(
@@ -713,6 +721,50 @@ fn keep_xattrs(
             _ => drop("xattr value pieces no value claims"),
         }
     }
+}
+
+/// `x` as the rebuilt inode `ino` (of `mode`) keeps it: as it is unless it is an ACL fsck
+/// would refuse (module notes); None when it goes. A long ACL (in chunks) is kept as it is,
+/// as fsck does not read it.
+fn checked_acl(p: &mut Plan, ino: u64, mode: u32, x: XattrEntry) -> Option<XattrEntry> {
+    let XattrValue::Inline(v) = &x.value else {
+        return Some(x);
+    };
+    if !acl::is_acl(&x.name) {
+        return Some(x);
+    }
+    let what = format!("inode {ino}: {}", String::from_utf8_lossy(&x.name));
+    let mut a = match Acl::parse(v.as_slice()) {
+        Ok(a) => a,
+        Err(why) => {
+            p.act(format!("{what}: {why}: dropped"));
+            return None;
+        }
+    };
+    if x.name == acl::DEFAULT {
+        if mode & S_IFMT != S_IFDIR {
+            p.act(format!("{what}: a default ACL on a non-directory: dropped"));
+            return None;
+        }
+        return Some(x);
+    }
+    if a.is_mode() {
+        p.act(format!("{what}: says no more than the mode: dropped"));
+        return None;
+    }
+    if a.mode_bits() != mode & 0o777 {
+        p.act(format!(
+            "{what}: gave {:o} where the mode gives {:o}: set to the mode's",
+            a.mode_bits(),
+            mode & 0o777
+        ));
+        a.chmod(mode);
+        return Some(XattrEntry {
+            name: x.name,
+            value: XattrValue::Inline(a.encode()),
+        });
+    }
+    Some(x)
 }
 
 /// Puts every directory the root cannot reach, and every other inode left without a name,
