@@ -236,33 +236,6 @@ fn exercise(img: Vec<u8>) -> Reach {
     reach.repaired = idxfs_engine::repair::repair(&copy, idxfs_format::hash::name_hash)
         .map(|r| r.check.problems)
         .map_err(|e| e.to_string());
-    // A refusal that names a tree to make active (`-o subvol=ID`) is followed, as a user
-    // would: that tree made active, then repaired again.
-    let advised = (reach.repaired.as_ref().err())
-        .and_then(|e| e.split("subvol=").nth(1))
-        .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|t| t.parse::<u64>().ok());
-    if let Some(id) = advised {
-        let o = idxfs_engine::OpenOptions {
-            subvolume: Some(id),
-            ..opts()
-        };
-        let switched = Fs::open(copy.clone(), o).and_then(|fs| fs.close());
-        let again = idxfs_engine::repair::repair(&copy, idxfs_format::hash::name_hash);
-        if std::env::var("IDXFS_FUZZ_TRACE").is_ok() {
-            eprintln!(
-                "made {id} active: {:?}; repaired again: {:?}",
-                switched.map_err(|e| e.to_string()),
-                again
-                    .as_ref()
-                    .map(|r| &r.check.problems)
-                    .map_err(|e| e.to_string())
-            );
-        }
-        if let Ok(r) = again {
-            reach.repaired = Ok(r.check.problems);
-        }
-    }
     let Ok(fs) = Fs::open(dev.clone(), opts()) else {
         return reach;
     };
@@ -402,13 +375,25 @@ fn named_acl() -> Vec<u8> {
     ])
 }
 
-/// Cases that panicked before their fix:
+/// Cases that found a bug before its fix (a panic, or a repair that left problems):
 /// - a node copied (a shared one, in the log's replay) onto free space the damaged space
 ///   map said free while a cached node lay there: "slab key inserted twice" (now Corrupt,
 ///   as a new node's allocation already refused it).
 /// - a node pointer naming a block past any device, read by fsck at that block times the
 ///   block size: an overflow (now a problem reported).
-const FOUND: &[u64] = &[17261166886234172200, 7389634691200983009];
+/// - an access ACL with an unknown tag kept by the repair (now dropped).
+/// - a parked subvolume's item with a generation past the image's, kept as it was (now set
+///   to the image's).
+/// - two writable trees owning one block, and the file system's own tree damaged too: the
+///   repair refused, and its advice (make the tree active, repair again) met the same
+///   refusal (now both trees are rebuilt in one repair).
+const FOUND: &[u64] = &[
+    17261166886234172200,
+    7389634691200983009,
+    9853113876378406885,
+    390291961927101095,
+    2506998614501077973,
+];
 
 #[test]
 fn damaged_images_give_errors_not_panics() {
@@ -417,8 +402,8 @@ fn damaged_images_give_errors_not_panics() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(40);
     let (mut rng, seed) = Rng::from_env("image fuzz");
-    // A third of the cases damage the image with a writable subvolume (`base_image`); the
-    // cases `FOUND` lists fall on the first.
+    // A third of the cases damage the image with a writable subvolume (`base_image`): those
+    // whose seed is 2 modulo 3.
     let bases = [base_image(false), base_image(true)];
     let metas = bases.each_ref().map(|b| metadata_blocks(b));
     for (base, meta) in bases.iter().zip(&metas) {

@@ -356,13 +356,7 @@ fn repair_keeps_whole_snapshots_and_deletes_a_damaged_one() {
         set_link_count(&mut img, NS, live_victim, 0o600, 9) > 0,
         "the file system's leaf"
     );
-    let dev = Arc::new(MemDevice::from_bytes(img));
-    let r = repair::repair(
-        &(dev.clone() as Arc<dyn BlockDevice>),
-        idxfs_format::hash::name_hash,
-    )
-    .expect("repair");
-    assert!(r.check.is_clean(), "seed {seed}: {:?}", r.check.problems);
+    let (dev, r) = repaired(img, seed);
     assert!(
         r.actions
             .iter()
@@ -415,6 +409,18 @@ fn repair_keeps_whole_snapshots_and_deletes_a_damaged_one() {
     fs.finish_drops().expect("drops");
     fs.close().expect("close");
     assert_clean(&dev);
+}
+
+/// `img` repaired, on a device of its own; the repair's check of the result clean.
+fn repaired(img: Vec<u8>, seed: u64) -> (Arc<MemDevice>, repair::Repaired) {
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let r = repair::repair(
+        &(dev.clone() as Arc<dyn BlockDevice>),
+        idxfs_format::hash::name_hash,
+    )
+    .unwrap_or_else(|e| panic!("seed {seed}: repair: {e}"));
+    assert!(r.check.is_clean(), "seed {seed}: {:?}", r.check.problems);
+    (dev, r)
 }
 
 fn open_tree(dev: &Arc<MemDevice>, id: u64) -> Fs {
@@ -479,10 +485,10 @@ fn victim(fs: &Fs, name: &[u8], mode: u32) -> u64 {
 /// Beside writable subvolumes: an image whose file system has a snapshot, a writable
 /// snapshot (a clone of it through a hidden origin), an empty subvolume and a clone of the
 /// snapshot, each with files of its own, the file system's tree damaged (a wrong link count)
-/// and the clone's too. The repair rebuilds the file system's tree, keeps the snapshot, the
-/// writable snapshot and the empty subvolume as they were, deletes the damaged clone and
-/// says so; fsck clean. Each kept tree is then served in turn and changed, fsck clean; once
-/// everything is deleted every block is back.
+/// and the clone's too. The repair rebuilds the file system's tree and the clone's (parked),
+/// keeps the snapshot, the writable snapshot and the empty subvolume as they were, and says
+/// so; fsck clean, every tree showing what it showed. Each is then served in turn and
+/// changed, fsck clean; once everything is deleted every block is back.
 #[test]
 fn repair_keeps_whole_subvolumes_beside_the_tree_it_rebuilds() {
     use common::digest::digest;
@@ -508,7 +514,10 @@ fn repair_keeps_whole_subvolumes_beside_the_tree_it_rebuilds() {
     let fs_state = digest(&fs);
     fs.close().expect("close");
     assert_clean(&dev);
-    let before: Vec<(u64, String)> = [s, w, e].iter().map(|&i| (i, digest_of(&dev, i))).collect();
+    let before: Vec<(u64, String)> = [s, w, e, c]
+        .iter()
+        .map(|&i| (i, digest_of(&dev, i)))
+        .collect();
 
     let mut img = dev.snapshot();
     assert!(
@@ -519,24 +528,17 @@ fn repair_keeps_whole_subvolumes_beside_the_tree_it_rebuilds() {
         set_link_count(&mut img, NS, c_victim, 0o641, 5) > 0,
         "the clone's leaf"
     );
-    let dev = Arc::new(MemDevice::from_bytes(img));
-    let r = repair::repair(
-        &(dev.clone() as Arc<dyn BlockDevice>),
-        idxfs_format::hash::name_hash,
-    )
-    .expect("repair");
-    assert!(r.check.is_clean(), "seed {seed}: {:?}", r.check.problems);
+    let (dev, r) = repaired(img, seed);
     assert!(
         r.actions
             .iter()
-            .any(|l| l.starts_with(&format!("subvolume {c} (c) is damaged"))),
+            .any(|l| l.starts_with(&format!("subvolume {c} (c) is damaged"))
+                && l.ends_with("rebuilt")),
         "seed {seed}: {:?}",
         r.actions
     );
     assert!(
-        !r.actions
-            .iter()
-            .any(|l| l.contains("snapshot's or subvolume's")),
+        !r.actions.iter().any(|l| l.contains("another tree's")),
         "seed {seed}: {:?}",
         r.actions
     );
@@ -554,7 +556,11 @@ fn repair_keeps_whole_subvolumes_beside_the_tree_it_rebuilds() {
         "seed {seed}: the file system, repaired"
     );
     let subvols: Vec<u64> = fs.subvolumes().iter().map(|v| v.id).collect();
-    assert_eq!(subvols, [idxfs_format::FS_SUBVOL_ID, w, e], "seed {seed}");
+    assert_eq!(
+        subvols,
+        [idxfs_format::FS_SUBVOL_ID, w, e, c],
+        "seed {seed}"
+    );
     let listed: Vec<u64> = fs.snapshots().expect("list").iter().map(|s| s.id).collect();
     assert_eq!(listed, [s], "seed {seed}");
     fs.close().expect("close");
@@ -566,7 +572,7 @@ fn repair_keeps_whole_subvolumes_beside_the_tree_it_rebuilds() {
         );
     }
     // Every tree takes changes; the snapshot stays as it was.
-    for id in [w, e, idxfs_format::FS_SUBVOL_ID] {
+    for id in [w, e, c, idxfs_format::FS_SUBVOL_ID] {
         let fs = open_tree(&dev, id);
         own_files(&fs, "after", 5, &mut rng);
         fs.close().expect("close");
@@ -580,7 +586,7 @@ fn repair_keeps_whole_subvolumes_beside_the_tree_it_rebuilds() {
     // Everything deleted: every block back (fsck finds none held or leaked), the writable
     // snapshot's hidden origin gone with it.
     let fs = Fs::open(dev.clone(), opts()).expect("open");
-    for id in [w, e, s] {
+    for id in [w, e, c, s] {
         fs.delete_snapshot(id).expect("delete");
         fs.finish_drops().expect("drops");
     }
@@ -592,8 +598,8 @@ fn repair_keeps_whole_subvolumes_beside_the_tree_it_rebuilds() {
 /// A clone active and damaged: the repair rebuilds it beside the file system's own tree
 /// (parked) and its origin, the blocks it shares with them still theirs; then both trees
 /// take changes in turn, and once the clone and its origin are deleted every block is back.
-/// With the file system's own tree damaged instead, parked, that is the tree rebuilt and
-/// made active, and the clone is parked as it was.
+/// With the file system's own tree damaged instead, parked, that tree is rebuilt where it is
+/// (parked), the clone kept as it was and still active.
 #[test]
 fn repair_rebuilds_an_active_clone_or_the_parked_own_tree() {
     use common::digest::digest;
@@ -611,40 +617,41 @@ fn repair_rebuilds_an_active_clone_or_the_parked_own_tree() {
     fs.close().expect("close");
     assert_clean(&dev);
 
-    // The parked own tree damaged: it is the one rebuilt, and active again; the clone,
-    // whole, is parked as it was.
+    // The parked own tree damaged: rebuilt where it is, the clone still the active tree.
     let mut img = dev.snapshot();
     assert!(
         set_link_count(&mut img, NS, fs_victim, 0o612, 9) > 0,
         "the own tree's leaf"
     );
-    let broken = Arc::new(MemDevice::from_bytes(img));
-    let r = repair::repair(
-        &(broken.clone() as Arc<dyn BlockDevice>),
-        idxfs_format::hash::name_hash,
-    )
-    .expect("repair of the parked own tree");
-    assert!(r.check.is_clean(), "seed {seed}: {:?}", r.check.problems);
+    let (broken, r) = repaired(img, seed);
     assert!(
-        r.notes
+        r.actions
             .iter()
-            .any(|n| n.contains(&format!("subvolume {w} is parked"))),
+            .any(|l| l.starts_with("the file system's own tree is damaged")
+                && l.ends_with("rebuilt")),
         "seed {seed}: {:?}",
-        r.notes
+        r.actions
+    );
+    assert!(
+        !r.actions.iter().any(|l| l.contains("another tree's")),
+        "seed {seed}: {:?}",
+        r.actions
     );
     let fs = Fs::open(broken.clone(), opts()).expect("open");
-    assert_eq!(fs.active_subvolume(), idxfs_format::FS_SUBVOL_ID);
-    assert_eq!(digest(&fs), fs_state, "seed {seed}: the own tree, repaired");
+    assert_eq!(fs.active_subvolume(), w);
+    assert_eq!(digest(&fs), w_state, "seed {seed}: the clone kept");
     fs.close().expect("close");
     assert_eq!(
-        seen_tree(&broken, w),
-        w_state,
-        "seed {seed}: the clone kept"
+        seen_tree(&broken, idxfs_format::FS_SUBVOL_ID),
+        fs_state,
+        "seed {seed}: the own tree, repaired"
     );
-    let fs = open_tree(&broken, w);
-    own_files(&fs, "after", 7, &mut rng);
-    fs.close().expect("close");
-    assert_clean(&broken);
+    for id in [idxfs_format::FS_SUBVOL_ID, w] {
+        let fs = open_tree(&broken, id);
+        own_files(&fs, "after", 7, &mut rng);
+        fs.close().expect("close");
+        assert_clean(&broken);
+    }
 
     // The active clone damaged: rebuilt.
     let mut img = dev.snapshot();
@@ -652,18 +659,10 @@ fn repair_rebuilds_an_active_clone_or_the_parked_own_tree() {
         set_link_count(&mut img, NS, w_victim, 0o613, 7) > 0,
         "the clone's leaf"
     );
-    let dev = Arc::new(MemDevice::from_bytes(img));
-    let r = repair::repair(
-        &(dev.clone() as Arc<dyn BlockDevice>),
-        idxfs_format::hash::name_hash,
-    )
-    .expect("repair");
-    assert!(r.check.is_clean(), "seed {seed}: {:?}", r.check.problems);
+    let (dev, r) = repaired(img, seed);
     // What the clone shares with its origin stays shared: nothing is copied.
     assert!(
-        !r.actions
-            .iter()
-            .any(|l| l.contains("snapshot's or subvolume's")),
+        !r.actions.iter().any(|l| l.contains("another tree's")),
         "seed {seed}: {:?}",
         r.actions
     );

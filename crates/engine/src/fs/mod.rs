@@ -101,8 +101,8 @@ pub use inode_flags::NOCOW_FL;
 pub use readdir::PlusBatch;
 pub use remove_tree::{Permits, RemoveJob, Removed, Unchecked};
 pub use rollback::RolledBack;
-pub(crate) use snapshot::Snap;
 pub use snapshot::SnapshotInfo;
+pub(crate) use snapshot::{root_ptr, Snap};
 pub use types::*;
 
 use crate::btree::{Store, Tree};

@@ -115,7 +115,7 @@ pub(super) fn tree_at(r: &RootPtr, owner: u64) -> Tree {
     }
 }
 
-pub(super) fn root_ptr(t: &Tree) -> RootPtr {
+pub(crate) fn root_ptr(t: &Tree) -> RootPtr {
     RootPtr {
         block: t.root.block.into(),
         generation: t.root.generation.into(),

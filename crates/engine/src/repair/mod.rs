@@ -40,7 +40,7 @@ use crate::space::bitmap::Bitmap;
 use crate::space::Allocator;
 use idxfs_blockdev::BlockDevice;
 use idxfs_format::items::{dtype_of_mode, ExtentItem, Timespec, EXTENT_INLINE, S_IFDIR, S_IFMT};
-use idxfs_format::{ItemType, Key, BLOCK_SIZE, SUPER_COPIES};
+use idxfs_format::{ItemType, Key, BLOCK_SIZE, SUPER_COPIES, TREE_FS};
 use std::sync::Arc;
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -94,20 +94,14 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
              commit is lost"
         )),
     }
-    let (sb, picked) = roots::pick(dev.as_ref(), &read_superblock(dev.as_ref())?, hash);
+    let (sb, picked) = roots::pick(dev.as_ref(), &read_superblock(dev.as_ref())?);
     let mut roots_actions = Vec::new();
-    match &picked {
-        roots::Pick::Active => {}
-        roots::Pick::Own(p) => out.notes.push(format!(
-            "the file system's own tree, parked while subvolume {} was active, was damaged: \
-             it is the one rebuilt, and the active tree again; subvolume {} is parked",
-            p.id, p.id
-        )),
-        roots::Pick::OwnLost(a) => roots_actions.push(format!(
+    if let roots::Pick::OwnLost(a) = picked {
+        roots_actions.push(format!(
             "the item of the file system's own tree, parked while subvolume {a} was active, \
              cannot be read, nor can its tree: subvolume {a}'s tree is rebuilt as the file \
              system's own"
-        )),
+        ));
     }
     let salvaged = salvage::salvage(dev.as_ref(), &sb);
     let (sec, nsec) = crate::clock::Clock::now(&crate::clock::SystemClock);
@@ -119,7 +113,7 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
         let mut buf = vec![0u8; BLOCK_SIZE as usize];
         dev.read_at(&mut buf, b * BLOCK_SIZE).ok().map(|()| buf)
     };
-    let mut plan = plan::plan(
+    let active_plan = plan::plan(
         salvaged.items,
         &sb,
         hash,
@@ -127,17 +121,63 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
         &salvaged.lost_ranges,
         &block,
     );
-    let kept = roots::keep(dev.as_ref(), &sb, hash, &picked, &mut roots_actions)?;
-    copy_what_kept_trees_own(&mut plan, &kept, &sb);
+    let mut kept = roots::keep(dev.as_ref(), &sb, hash, &picked, &mut roots_actions)?;
     out.lost = salvaged.lost;
-    out.actions = plan.actions.clone();
-    if plan.actions_left_out > 0 {
+    let mut old_blocks = salvaged.busy;
+    let mut trees = vec![Rebuild {
+        parked: None,
+        floor: kept.floor,
+        plan: active_plan,
+    }];
+    // The parked writable trees rebuilt too, each from what can be read of it.
+    for (id, snap, floor) in std::mem::take(&mut kept.rebuild) {
+        let mut read = salvage::Salvaged::default();
+        let mut items = std::collections::BTreeMap::new();
+        salvage::walk(
+            dev.as_ref(),
+            &sb,
+            &snap.item.root,
+            TREE_FS,
+            &mut read,
+            &mut |k, v| {
+                items.insert(k, v.to_vec());
+            },
+        );
+        let mut view = sb;
+        view.fs_root = snap.item.root;
+        view.next_ino = snap.item.next_ino;
+        view.inode_count = snap.item.inode_count;
+        let plan = plan::plan(items, &view, hash, now, &read.lost_ranges, &block);
+        out.lost
+            .extend(read.lost.iter().map(|l| format!("subvolume {id}: {l}")));
+        old_blocks.extend(read.busy);
+        trees.push(Rebuild {
+            parked: Some((id, snap)),
+            floor,
+            plan,
+        });
+    }
+    // No two writable trees own a block, and no extent names a node.
+    let mut claims = Claims::new(&kept, &sb);
+    for t in &mut trees {
+        copy_what_others_own(&mut t.plan, t.floor, &mut claims);
+    }
+    for t in &trees {
+        let p = &t.plan;
+        let prefix = t
+            .parked
+            .as_ref()
+            .map_or(String::new(), |(id, _)| format!("subvolume {id}: "));
         out.actions
-            .push(format!("... and {} more", plan.actions_left_out));
+            .extend(p.actions.iter().map(|a| format!("{prefix}{a}")));
+        if p.actions_left_out > 0 {
+            out.actions
+                .push(format!("{prefix}... and {} more", p.actions_left_out));
+        }
+        out.inodes += p.inodes.len() as u64;
+        out.names += p.entries.len() as u64;
     }
     out.actions.append(&mut roots_actions);
-    out.inodes = plan.inodes.len() as u64;
-    out.names = plan.entries.len() as u64;
     let listed: Vec<String> = (kept.list.iter())
         .filter(|(_, s)| !s.hidden())
         .map(|(id, _)| id.to_string())
@@ -166,7 +206,8 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
     // Blocks the rebuild must not write: the old state's, and the data it keeps.
     let total = sb.total_blocks.get();
     let mut busy = Bitmap::new(total);
-    for &(s, n) in salvaged.busy.iter().chain(&plan.data).chain(&snapshot_runs) {
+    let planned = trees.iter().flat_map(|t| t.plan.data.iter());
+    for &(s, n) in old_blocks.iter().chain(planned).chain(&snapshot_runs) {
         let end = (s + n).min(total);
         if s < end {
             busy.set_range(s, end - s, true);
@@ -194,18 +235,30 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
     // The kept snapshots go into a new roots tree (`adopt_snapshots`); none when none is.
     base.roots_root = Default::default();
     let mut inner = Inner::empty(store, base, hash)?;
-    inner.txn.next_ino = plan.next_ino;
-    inner.txn.inode_count = plan.inodes.len() as u64;
-    for bit in (0..64).map(|i| 1u64 << i).filter(|b| plan.needs & b != 0) {
-        inner.require_incompat(bit);
+    for t in &trees {
+        for bit in (0..64).map(|i| 1u64 << i).filter(|b| t.plan.needs & b != 0) {
+            inner.require_incompat(bit);
+        }
+        inner.txn.compat_ro_wanted |= t.plan.needs_ro & !base.compat_ro.get();
     }
-    inner.txn.compat_ro_wanted |= plan.needs_ro & !base.compat_ro.get();
-    build(&mut inner, &plan)?;
-    let rebuilt = rebuilt_runs(&mut inner, kept.floor)?;
+    let mut rebuilt = Rebuilt::default();
+    let mut writable = std::mem::take(&mut kept.writable);
+    let mut trees = trees.into_iter();
+    let active = trees.next().ok_or(Error::Invalid("no tree to rebuild"))?;
+    for t in trees {
+        let Some((id, snap)) = t.parked else { continue };
+        let item = build_parked(&mut inner, &t.plan, t.floor, &snap, &mut rebuilt)?;
+        writable.insert(id, item);
+    }
+    inner.txn.next_ino = active.plan.next_ino;
+    inner.txn.inode_count = active.plan.inodes.len() as u64;
+    build(&mut inner, &active.plan)?;
+    let tree = inner.fs_tree;
+    rebuilt_runs(&mut inner, tree, active.floor, &mut rebuilt)?;
     let held = held_runs(&kept, &rebuilt, total, sb.group_blocks.get());
     let released = inner.store.generation;
     inner.adopt_snapshots(kept.list, &kept.parents, &held, released);
-    inner.adopt_clones(kept.writable, kept.origins, sb.subvolume.get());
+    inner.adopt_clones(writable, kept.origins, sb.subvolume.get());
     inner.commit()?;
 
     // The old state is gone now: free what only it used.
@@ -240,17 +293,70 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
     Ok(out)
 }
 
-/// The runs the rebuilt tree's extents name (not inline ones): its own, younger than
-/// `floor` (its origin's generation, 0 when it has none), and its origin's.
+/// One tree a repair rebuilds from its items: the active one, or a parked writable one
+/// (`roots`) with its id and item.
+struct Rebuild {
+    parked: Option<(u64, crate::fs::Snap)>,
+    /// Its origin's generation (0: none kept): its extents this old are the origin's.
+    floor: u64,
+    plan: plan::Plan,
+}
+
+/// Builds the plan of parked writable tree `snap` in a tree of its own beside the active
+/// one (which `inner` then has again), adds the runs its extents name to `rebuilt`, and
+/// returns its item: the new root, the plan's inode counters, parked at the rebuild's
+/// generation (which wrote its root).
+fn build_parked(
+    inner: &mut Inner,
+    plan: &plan::Plan,
+    floor: u64,
+    snap: &crate::fs::Snap,
+    rebuilt: &mut Rebuilt,
+) -> Result<crate::fs::Snap> {
+    let active = inner.fs_tree;
+    let counters = (inner.txn.next_ino, inner.txn.inode_count);
+    inner.fs_tree = crate::btree::Tree::create(&mut inner.store, TREE_FS)?;
+    // Nothing cached may point into the other tree (as a switch between trees clears it).
+    inner.dir_ino_hint = Default::default();
+    inner.txn.ino_runs = Default::default();
+    inner.store.changes.shape_seq += 1;
+    inner.txn.next_ino = plan.next_ino;
+    inner.txn.inode_count = plan.inodes.len() as u64;
+    build(inner, plan)?;
+    let tree = inner.fs_tree;
+    rebuilt_runs(inner, tree, floor, rebuilt)?;
+    let item = idxfs_format::roots::SubvolumeItem {
+        root: crate::fs::root_ptr(&tree),
+        generation: inner.store.generation.into(),
+        next_ino: inner.txn.next_ino.into(),
+        inode_count: inner.txn.inode_count.into(),
+        ..snap.item
+    };
+    inner.fs_tree = active;
+    (inner.txn.next_ino, inner.txn.inode_count) = counters;
+    inner.dir_ino_hint = Default::default();
+    inner.txn.ino_runs = Default::default();
+    inner.store.changes.shape_seq += 1;
+    Ok(crate::fs::Snap {
+        item,
+        name: snap.name.clone(),
+    })
+}
+
+/// The runs the rebuilt trees' extents name (not inline ones): their own, younger than their
+/// origin's generation (all, for a tree with none), and their origins'.
 #[derive(Default)]
 struct Rebuilt {
     own: Vec<(u64, u64)>,
     borrowed: Vec<(u64, u64)>,
 }
 
-fn rebuilt_runs(inner: &mut Inner, floor: u64) -> Result<Rebuilt> {
-    let tree = inner.fs_tree;
-    let mut out = Rebuilt::default();
+fn rebuilt_runs(
+    inner: &mut Inner,
+    tree: crate::btree::Tree,
+    floor: u64,
+    out: &mut Rebuilt,
+) -> Result<()> {
     tree.scan(&mut inner.store, Key::MIN, Key::MAX, |k, v| {
         if k.item_type() == Some(ItemType::Extent) {
             if let Ok((e, _)) = ExtentItem::read_from_prefix(v) {
@@ -263,8 +369,7 @@ fn rebuilt_runs(inner: &mut Inner, floor: u64) -> Result<Rebuilt> {
             }
         }
         Ok(true)
-    })?;
-    Ok(out)
+    })
 }
 
 /// What the kept snapshots name, and what writable trees name of their origins', that no
@@ -297,32 +402,47 @@ fn held_runs(kept: &roots::Kept, rebuilt: &Rebuilt, total: u64, gb: u64) -> Vec<
     out
 }
 
-/// Marks for a copy (`Plan::clones`) each planned extent whose blocks a kept tree has a
-/// node in, or a parked writable tree owns: those trees checked whole, so the damaged tree's
-/// extent is the one that is wrong, and the copy keeps its bytes for it. An extent as old as
-/// the active clone's kept origin may name blocks another tree owns (that is how clones
-/// share), but not a node.
-fn copy_what_kept_trees_own(
-    plan: &mut plan::Plan,
-    kept: &roots::Kept,
-    sb: &idxfs_format::superblock::Superblock,
-) {
-    let total = sb.total_blocks.get();
-    let mut nodes = Bitmap::new(total);
-    let mut owned = Bitmap::new(total);
-    for (s, n) in kept.node_runs(sb.blocks_per_node()) {
-        let end = (s + n).min(total);
-        if s < end {
-            nodes.set_range(s, end - s, true);
+/// The blocks a rebuilt tree's extents may not name as their own: the kept trees' nodes, and
+/// the blocks a writable tree owns, kept or rebuilt before (`copy_what_others_own`).
+struct Claims {
+    nodes: Bitmap,
+    owned: Bitmap,
+}
+
+impl Claims {
+    fn new(kept: &roots::Kept, sb: &idxfs_format::superblock::Superblock) -> Claims {
+        let total = sb.total_blocks.get();
+        let mut c = Claims {
+            nodes: Bitmap::new(total),
+            owned: Bitmap::new(total),
+        };
+        for (s, n) in kept.node_runs(sb.blocks_per_node()) {
+            set(&mut c.nodes, s, n);
         }
-    }
-    for &(s, n) in &kept.owned {
-        let end = (s + n).min(total);
-        if s < end {
-            owned.set_range(s, end - s, true);
+        for &(s, n) in &kept.owned {
+            set(&mut c.owned, s, n);
         }
+        c
     }
+}
+
+fn set(b: &mut Bitmap, s: u64, n: u64) {
+    let end = (s + n).min(b.len());
+    if s < end {
+        b.set_range(s, end - s, true);
+    }
+}
+
+/// Marks for a copy (`Plan::clones`) each planned extent whose blocks are a kept tree's node
+/// or another writable tree's own (`claims`), then claims what the plan's own extents name
+/// (younger than `floor`, its tree's origin's generation). The kept trees checked whole and
+/// the trees rebuilt before came first, so this tree's extent is the one that gives way; the
+/// copy keeps its bytes for it. An extent as old as the tree's kept origin may name blocks
+/// another tree owns (that is how clones share), but not a node.
+fn copy_what_others_own(plan: &mut plan::Plan, floor: u64, claims: &mut Claims) {
+    let total = claims.nodes.len();
     let mut copies = Vec::new();
+    let mut mine = Vec::new();
     for (k, v) in &plan.items {
         if k.item_type() != Some(ItemType::Extent) || plan.clones.contains(k) {
             continue;
@@ -334,16 +454,21 @@ fn copy_what_kept_trees_own(
             continue;
         }
         let (s, n) = (e.disk_block.get(), e.blocks.get());
-        let own = e.generation.get() > kept.floor;
-        let hit = (s..(s + n).min(total)).find(|&b| nodes.get(b) || (own && owned.get(b)));
-        if let Some(b) = hit {
-            copies.push((*k, b));
+        let own = e.generation.get() > floor;
+        let hit =
+            (s..(s + n).min(total)).find(|&b| claims.nodes.get(b) || (own && claims.owned.get(b)));
+        match hit {
+            Some(b) => copies.push((*k, b)),
+            None if own => mine.push((s, n)),
+            None => {}
         }
+    }
+    for (s, n) in mine {
+        set(&mut claims.owned, s, n);
     }
     for (k, b) in copies {
         plan.act(format!(
-            "inode {}: extent at {}: block {b} is a snapshot's or subvolume's: given a copy \
-             of its own",
+            "inode {}: extent at {}: block {b} is another tree's: given a copy of its own",
             k.objectid, k.offset
         ));
         plan.clones.push(k);

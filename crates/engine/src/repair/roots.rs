@@ -1,33 +1,33 @@
 //! The roots tree through a repair: which snapshots and writable subvolumes the rebuilt file
-//! system keeps, and what they hold of the device.
+//! system keeps as they are, which it rebuilds, and what the kept ones hold of the device.
 //!
-//! One tree is rebuilt from its items: the active one (the superblock's `fs_root`), or the
-//! file system's own (below). A snapshot's
-//! tree is never written after it is made, and a parked writable tree (`fs::clones`) is not
-//! written while it is parked, so the repair keeps each as it is when its tree checks whole
-//! as a file system of its own (every node and item, as fsck checks a snapshot), and deletes
-//! it otherwise, saying so (its files are not salvaged: a tree is rebuilt only while it is
-//! the active one). Besides those:
+//! The active tree (the superblock's `fs_root`) is always rebuilt from its items. A
+//! snapshot's tree is never written after it is made, and a parked writable tree
+//! (`fs::clones`) is not written while it is parked, so each is kept as it is when its tree
+//! checks whole as a file system of its own (every node and item, as fsck checks a
+//! snapshot). Otherwise:
+//! - a damaged parked writable tree is rebuilt from its items as the active one is, and so
+//!   is one whose extents name another tree's own blocks or nodes, or whose origin snapshot
+//!   goes (its blocks then all its own); the file system's own tree among them;
+//! - a damaged snapshot is deleted, and so is one whose extents name a node or a writable
+//!   tree's own blocks: a snapshot rebuilt would not be what it was;
 //! - one being deleted when the image was damaged is deleted (its drop finished by
 //!   forgetting what is left);
-//! - a parked clone whose origin snapshot goes goes too: the blocks it names of the origin's
-//!   generation or older are the origin's, which it never frees, and nothing else would;
 //! - a snapshot whose origin goes (a snapshot of a clone) is kept without it: what it names
 //!   is held for it below;
-//! - a writable snapshot's hidden origin that no kept tree uses any more goes;
-//! - the file system's own tree, parked while a clone is active, is never deleted: when it
-//!   is damaged, the repair rebuilds it instead of the active clone (`pick`), makes it the
-//!   active tree, and weighs the clone as a parked one; when its item cannot be read (so
-//!   neither can its tree), the active clone is rebuilt as the file system's own tree;
+//! - a writable snapshot's hidden origin that no kept or rebuilt tree uses any more goes;
+//! - the file system's own tree, parked while a clone is active, is never deleted: when its
+//!   item cannot be read (so neither can its tree), the active clone is rebuilt as the file
+//!   system's own tree (`pick`);
 //! - a snapshot whose item's generation cannot be (not below the image's, or below its
 //!   root's) is deleted; a parked writable tree's is set to the image's.
 //!
 //! What the kept ones hold is found anew, not read from the old roots tree (which may be
-//! what was damaged): the parents of each of their nodes (the rebuilt tree shares none), the
-//! blocks the snapshots' extents name, and the blocks each parked tree's extents
-//! name, its own (younger than its origin) apart from its origin's. The rebuild keeps all of
-//! it, gives a rebuilt extent whose blocks are a kept tree's node or a parked tree's own a
-//! copy of its own, and holds for every kept snapshot what no writable tree owns
+//! what was damaged): the parents of each of their nodes (rebuilt trees share none), the
+//! blocks the snapshots' extents name, and the blocks each parked tree's extents name, its
+//! own (younger than its origin) apart from its origin's. The rebuild keeps all of it, gives
+//! a rebuilt extent whose blocks are a kept tree's node or a writable tree's own a copy of
+//! its own, and holds for every kept snapshot what no writable tree owns
 //! (`super::held_runs`).
 use super::salvage;
 use crate::btree::node::Node;
@@ -66,6 +66,10 @@ pub(crate) struct Kept {
     pub owned: Vec<(u64, u64)>,
     /// Runs the parked trees name that are their origins'.
     pub borrowed: Vec<(u64, u64)>,
+    /// Parked writable trees to rebuild as the active one is (damaged, naming another
+    /// tree's blocks, or their origin gone): id, item, and their origin's generation (0:
+    /// every block they name is their own).
+    pub rebuild: Vec<(u64, Snap, u64)>,
 }
 
 impl Kept {
@@ -90,6 +94,8 @@ struct Found {
     id: u64,
     snap: Snap,
     shown: String,
+    /// A parked writable tree to rebuild from its items.
+    rebuild: bool,
 }
 
 impl Found {
@@ -105,77 +111,84 @@ impl Found {
     }
 }
 
-/// Which tree a repair rebuilds (`pick`).
+/// Whether a repair rebuilds the active tree as it is (`pick`).
 pub(crate) enum Pick {
     /// The active one, as the superblock says.
     Active,
-    /// The file system's own tree, parked and damaged while clone `.0.id` was active: the
-    /// own tree is rebuilt and made active again, and the clone parked as `.0.item` says.
-    Own(Parked),
     /// The item of the file system's own tree cannot be read while clone `.0` is active, so
     /// its tree cannot be found: the active tree is rebuilt as the file system's own.
     OwnLost(u64),
 }
 
-/// The active clone parked by a repair that rebuilds the file system's own tree instead.
-pub(crate) struct Parked {
-    pub id: u64,
-    /// Its item, with the root and inode counters the superblock had for it (its name's
-    /// length is its item's: `keep`).
-    pub item: SubvolumeItem,
+/// A subvolume item and its name, or why it does not decode.
+type Decoded = std::result::Result<(SubvolumeItem, Vec<u8>), idxfs_format::Corrupt>;
+
+/// The subvolume and origin items of the old roots tree, as far as it can be read.
+#[derive(Default)]
+struct Read {
+    /// Each subvolume item: decoded (with its name), or why not.
+    items: Vec<(u64, Decoded)>,
+    origins: BTreeMap<u64, Origin>,
+    /// One line per origin item that does not decode, and per subtree that cannot be read.
+    said: Vec<String>,
 }
 
-/// Which tree a repair rebuilds (`Pick`), and the superblock as the repair goes by it: with
-/// the rebuilt tree as `fs_root`, its inode counters, and the clone active after the
-/// repair as `subvolume` (0: the file system's own tree).
-pub(crate) fn pick(dev: &dyn BlockDevice, sb: &Superblock, hash: NameHash) -> (Superblock, Pick) {
+fn read(dev: &dyn BlockDevice, sb: &Superblock) -> Read {
+    let mut out = Read::default();
+    if sb.roots_root.block.get() == 0 {
+        return out;
+    }
+    let mut lost = salvage::Salvaged::default();
+    let mut item = |k: idxfs_format::Key, v: &[u8]| match k.item_type() {
+        Some(ItemType::Subvolume) if k.offset == 0 => {
+            let it = decode_subvolume(v, k.objectid).map(|(it, n)| (it, n.to_vec()));
+            out.items.push((k.objectid, it));
+        }
+        Some(ItemType::SubvolumeOrigin) if k.offset == 0 => match decode_origin(v, k.objectid) {
+            Ok(o) => {
+                let o = Origin {
+                    id: o.origin.get(),
+                    generation: o.generation.get(),
+                };
+                out.origins.insert(k.objectid, o);
+            }
+            Err(e) => out
+                .said
+                .push(format!("subvolume {}: {e}: dropped", k.objectid)),
+        },
+        _ => {}
+    };
+    salvage::walk(dev, sb, &sb.roots_root, TREE_ROOTS, &mut lost, &mut item);
+    out.said.extend(
+        (lost.lost.iter())
+            .map(|l| format!("snapshots and subvolumes: {l}; those it held are deleted")),
+    );
+    out
+}
+
+/// Whether the active tree is rebuilt as it is (`Pick`), and the superblock as the repair
+/// goes by it (with no clone active after `Pick::OwnLost`).
+pub(crate) fn pick(dev: &dyn BlockDevice, sb: &Superblock) -> (Superblock, Pick) {
     let active = sb.subvolume.get();
     if active == 0 || sb.roots_root.block.get() == 0 {
         return (*sb, Pick::Active);
     }
-    let mut own = None;
-    let mut lost = salvage::Salvaged::default();
-    salvage::walk(
-        dev,
-        sb,
-        &sb.roots_root,
-        TREE_ROOTS,
-        &mut lost,
-        &mut |k, v| {
-            if k.item_type() == Some(ItemType::Subvolume)
-                && k.offset == 0
-                && k.objectid == FS_SUBVOL_ID
-            {
-                own = decode_subvolume(v, k.objectid).ok().map(|(it, _)| it);
-            }
-        },
-    );
-    let mut view = *sb;
-    view.subvolume = 0.into();
-    let Some(own) = own.filter(|it| it.flags.get() & SUBVOL_WRITABLE != 0) else {
-        return (view, Pick::OwnLost(active));
-    };
-    if crate::fsck::snapshot_problems(dev, sb, hash, false, &own).is_empty() {
+    let own = (read(dev, sb).items.into_iter())
+        .find(|(id, _)| *id == FS_SUBVOL_ID)
+        .and_then(|(_, it)| it.ok());
+    if own.is_some_and(|(it, _)| it.flags.get() & SUBVOL_WRITABLE != 0 && it.root.block.get() != 0)
+    {
         return (*sb, Pick::Active);
     }
-    view.fs_root = own.root;
-    view.next_ino = own.next_ino;
-    view.inode_count = own.inode_count;
-    let item = SubvolumeItem {
-        root: sb.fs_root,
-        flags: SUBVOL_WRITABLE.into(),
-        generation: sb.generation,
-        next_ino: sb.next_ino,
-        inode_count: sb.inode_count,
-        ..own
-    };
-    (view, Pick::Own(Parked { id: active, item }))
+    let mut view = *sb;
+    view.subvolume = 0.into();
+    (view, Pick::OwnLost(active))
 }
 
 /// The snapshots and subvolumes of the image `sb` describes (as `pick` returned it) that a
-/// repair keeps (module notes); what it deletes goes into `actions`. `picked`: which tree
-/// is rebuilt (`pick`). Err (nothing written yet): the active clone's item is lost, or a
-/// parked writable tree names another's blocks (`settle`).
+/// repair keeps as they are or rebuilds (module notes); what it does goes into `actions`.
+/// `picked`: whether the active tree is rebuilt as the file system's own (`pick`). Err
+/// (nothing written yet): a node of a kept tree no longer reads.
 pub(crate) fn keep(
     dev: &dyn BlockDevice,
     sb: &Superblock,
@@ -184,47 +197,12 @@ pub(crate) fn keep(
     actions: &mut Vec<String>,
 ) -> Result<Kept> {
     let active = sb.subvolume.get();
-    if sb.roots_root.block.get() == 0 {
-        return Ok(Kept::default());
-    }
-    let mut items = Vec::new();
-    let mut origins: BTreeMap<u64, Origin> = BTreeMap::new();
-    let mut lost = salvage::Salvaged::default();
-    salvage::walk(
-        dev,
-        sb,
-        &sb.roots_root,
-        TREE_ROOTS,
-        &mut lost,
-        &mut |k, v| match k.item_type() {
-            Some(ItemType::Subvolume) if k.offset == 0 => {
-                items.push((
-                    k.objectid,
-                    decode_subvolume(v, k.objectid).map(|(it, n)| (it, n.to_vec())),
-                ));
-            }
-            Some(ItemType::SubvolumeOrigin) if k.offset == 0 => {
-                match decode_origin(v, k.objectid) {
-                    Ok(o) => {
-                        origins.insert(
-                            k.objectid,
-                            Origin {
-                                id: o.origin.get(),
-                                generation: o.generation.get(),
-                            },
-                        );
-                    }
-                    Err(e) => actions.push(format!("subvolume {}: {e}: dropped", k.objectid)),
-                }
-            }
-            _ => {}
-        },
-    );
-    for l in lost.lost {
-        actions.push(format!(
-            "snapshots and subvolumes: {l}; those it held are deleted"
-        ));
-    }
+    let Read {
+        items,
+        mut origins,
+        mut said,
+    } = read(dev, sb);
+    actions.append(&mut said);
     if let Pick::OwnLost(a) = picked {
         // Rebuilt as the file system's own tree, it has no origin.
         origins.remove(a);
@@ -233,16 +211,8 @@ pub(crate) fn keep(
     let mut whole: Vec<Found> = Vec::new();
     for (id, decoded) in items {
         let (item, name) = match (decoded, picked) {
-            // Rebuilt as the active tree (`pick`).
-            (_, Pick::Own(_)) if id == FS_SUBVOL_ID => continue,
+            // Rebuilt as the file system's own tree (`pick`).
             (_, Pick::OwnLost(a)) if id == *a => continue,
-            (Ok((it, name)), Pick::Own(p)) if id == p.id => {
-                let item = SubvolumeItem {
-                    name_len: it.name_len,
-                    ..p.item
-                };
-                (item, name)
-            }
             (decoded, _) => match decoded {
                 Ok(x) => x,
                 Err(e) => {
@@ -255,6 +225,7 @@ pub(crate) fn keep(
             id,
             shown: String::from_utf8_lossy(&name).into_owned(),
             snap: Snap { item, name },
+            rebuild: false,
         };
         if f.snap.dropping() {
             actions.push(format!(
@@ -298,18 +269,48 @@ pub(crate) fn keep(
         if !is_active {
             let problems = crate::fsck::snapshot_problems(dev, sb, hash, false, &f.snap.item);
             if let Some(p) = problems.first() {
+                // A snapshot is never written, so it cannot be rebuilt: its files would not
+                // be what they were.
                 actions.push(format!(
-                    "{} is damaged ({p}{}): deleted",
+                    "{} is damaged ({p}{}): {}",
                     f.what(),
                     match problems.len() {
                         1 => String::new(),
                         n => format!(", and {} more problems", n - 1),
-                    }
+                    },
+                    if f.writable() { "rebuilt" } else { "deleted" }
                 ));
-                continue;
+                if !f.writable() {
+                    continue;
+                }
+                f.rebuild = true;
             }
         }
         whole.push(f);
+    }
+    if active != 0 && !whole.iter().any(|f| f.id == active) {
+        // Rebuilt all the same, under a name of its own.
+        let name = format!("lost-{active}").into_bytes();
+        actions.push(format!(
+            "subvolume {active} (active): its item is lost: named {}",
+            String::from_utf8_lossy(&name)
+        ));
+        let item = SubvolumeItem {
+            root: Default::default(),
+            flags: SUBVOL_WRITABLE.into(),
+            generation: sb.generation,
+            next_ino: 0.into(),
+            inode_count: 0.into(),
+            drop_from: idxfs_format::Key::MIN.encode(),
+            name_len: name.len() as u8,
+            source: [0; 6],
+        };
+        whole.push(Found {
+            id: active,
+            shown: String::from_utf8_lossy(&name).into_owned(),
+            snap: Snap { item, name },
+            rebuild: false,
+        });
     }
     // Settled, then walked; a snapshot whose blocks a kept tree's node or a writable tree's
     // own are goes, and the rest is settled again without it.
@@ -321,20 +322,26 @@ pub(crate) fn keep(
                 return Ok(kept);
             }
             Err((id, why)) => {
-                if let Some(f) = whole.iter().find(|f| f.id == id) {
+                let Some(f) = whole.iter_mut().find(|f| f.id == id) else {
+                    continue;
+                };
+                if f.writable() {
+                    actions.push(format!("{}: {why}: rebuilt", f.what()));
+                    f.rebuild = true;
+                } else {
                     actions.push(format!("{}: {why}: deleted", f.what()));
+                    whole.retain(|f| f.id != id);
                 }
-                whole.retain(|f| f.id != id);
             }
         }
     }
 }
 
-/// Which of the trees that checked whole (`whole`) are kept, and what they hold (module
-/// notes); Ok(Err((snapshot, why))) when a snapshot's extents name blocks that are a node or
-/// a writable tree's own. Err when the file system's own tree is not among them while a
-/// clone is active, or a parked writable tree's extent names such blocks: the repair is
-/// refused, nothing written, and the message says how to rebuild that tree.
+/// Which of the trees weighed (`whole`) are kept as they are or rebuilt, and what the kept
+/// ones hold (module notes); Ok(Err((id, why))) when a kept tree's extents name blocks that
+/// are a node or another writable tree's own (the snapshot then goes, the writable tree is
+/// rebuilt). Err when the file system's own tree is not among them while a clone is active:
+/// the repair is refused, nothing written.
 fn settle(
     dev: &dyn BlockDevice,
     sb: &Superblock,
@@ -350,35 +357,34 @@ fn settle(
             .iter()
             .any(|f| f.id == o.id && !f.writable() && f.snap.generation() == o.generation)
     };
-    let mut gone = Vec::new();
+    let mut lone = Vec::new();
     for f in whole.iter().filter(|f| f.writable() && f.id != active) {
         if let Some(o) = origins.get(&f.id).filter(|o| !snapshot_kept(&whole, o)) {
-            gone.push(f.id);
+            lone.push(f.id);
             actions.push(format!(
-                "{}: its origin, snapshot {}, is gone: deleted",
+                "{}: its origin, snapshot {}, is gone: rebuilt, the blocks it shared its own",
                 f.what(),
                 o.id
             ));
         }
     }
-    whole.retain(|f| !gone.contains(&f.id));
-    if active != 0 {
-        if !whole.iter().any(|f| f.id == FS_SUBVOL_ID && f.writable()) {
-            return Err(Error::NotSupported(
-                "the file system's own tree, parked while a subvolume is active, is damaged: \
-                 mount the image with -o subvol=5 to make it the active tree, then repair",
-            ));
-        }
-        if !whole.iter().any(|f| f.id == active && f.writable()) {
-            return Err(Error::NotSupported(
-                "the active subvolume's item is lost: mount the image with -o subvol=5, then \
-                 repair",
-            ));
-        }
+    for f in whole.iter_mut().filter(|f| lone.contains(&f.id)) {
+        f.rebuild = true;
+    }
+    // `pick` and `keep` saw to both; an item that reads differently twice is a device
+    // that cannot be trusted.
+    let has = |id: u64| whole.iter().any(|f| f.id == id && f.writable());
+    if active != 0 && !(has(FS_SUBVOL_ID) && has(active)) {
+        return Err(idxfs_format::Corrupt::new(
+            "roots tree",
+            "items that read differently each time",
+            "the file system's own tree parked while a subvolume is active",
+        )
+        .into());
     }
     for (&id, o) in origins {
         let user = whole.iter().any(|f| f.id == id);
-        if user && snapshot_kept(&whole, o) {
+        if user && snapshot_kept(&whole, o) && !lone.contains(&id) {
             out.origins.insert(id, *o);
         }
     }
@@ -408,7 +414,7 @@ fn settle(
     let mut walked = Vec::new();
     for f in whole {
         let floor = out.origins.get(&f.id).map_or(0, |o| o.generation);
-        let w = match (f.writable(), f.id == active) {
+        let w = match (f.writable(), f.id == active || f.rebuild) {
             (true, true) => Ok(Walked::default()),
             (true, false) => walk(dev, sb, &f.snap.item, Some(floor), &mut out.parents),
             (false, _) => walk(dev, sb, &f.snap.item, None, &mut out.parents),
@@ -450,24 +456,17 @@ fn settle(
                 continue;
             }
         };
-        if !f.writable() {
-            return Ok(Err((f.id, why)));
-        }
-        return Err(idxfs_format::Corrupt::new(
-            f.what(),
-            why,
-            format!(
-                "no extent naming another tree's: make it the active tree (mount with -o \
-                 subvol={}) and repair again, which gives its extent a copy of its own",
-                f.id
-            ),
-        )
-        .into());
+        return Ok(Err((f.id, why)));
     }
     for (f, w) in walked {
         out.data.extend(w.data);
         out.owned.extend(w.owned);
         out.borrowed.extend(w.borrowed);
+        if f.rebuild {
+            let floor = out.origins.get(&f.id).map_or(0, |o| o.generation);
+            out.rebuild.push((f.id, f.snap, floor));
+            continue;
+        }
         match f.writable() {
             true => out.writable.insert(f.id, f.snap),
             false => out.list.insert(f.id, f.snap),
