@@ -701,3 +701,74 @@ fn seen_tree(dev: &Arc<MemDevice>, id: u64) -> String {
     fs.close().expect("close");
     d
 }
+
+/// A crash at every point of a repair beside subvolumes (the file system and a clone both
+/// damaged, so both are rebuilt, beside a snapshot and a writable snapshot kept): each
+/// crash image is the damaged image as it was (fsck finds the same problems) or the
+/// repaired one (clean), and a repair of it then ends clean with every tree showing what
+/// it showed before the damage.
+#[test]
+fn every_crash_of_a_repair_beside_subvolumes_leaves_the_old_or_the_new_image() {
+    use idxfs_blockdev::{RecordingDevice, Tear};
+    let (mut rng, seed) = Rng::from_env("repair crash");
+    let (dev, fs) = mem_fs_with(8 << 20, NS as u32);
+    for i in 0..30u64 {
+        let f = fs
+            .create(ROOT, format!("f{i}").as_bytes(), 0o644, ME)
+            .expect("create");
+        let len = [0usize, 100, 5000][rng.below(3) as usize];
+        fs.write(f.ino, 0, &vec![i as u8; len]).expect("write");
+    }
+    let s = fs.snapshot(b"s").expect("snapshot");
+    let w = fs.writable_snapshot(b"w").expect("writable snapshot");
+    let c = fs.make_clone(s, b"c").expect("clone");
+    fs.close().expect("close");
+    let fs = open_tree(&dev, c);
+    own_files(&fs, "c", 3, &mut rng);
+    let c_victim = victim(&fs, b"c-victim", 0o641);
+    fs.close().expect("close");
+    let fs = open_tree(&dev, idxfs_format::FS_SUBVOL_ID);
+    let fs_victim = victim(&fs, b"victim", 0o611);
+    fs.close().expect("close");
+    let trees = [idxfs_format::FS_SUBVOL_ID, w, c];
+    let want: Vec<String> = trees.iter().map(|&t| seen_tree(&dev, t)).collect();
+    let snap = digest_of(&dev, s);
+    let mut img = dev.snapshot();
+    assert!(set_link_count(&mut img, NS, fs_victim, 0o611, 9) > 0);
+    assert!(set_link_count(&mut img, NS, c_victim, 0o641, 5) > 0);
+    let problems = |d: &Arc<MemDevice>| {
+        let d: Arc<dyn BlockDevice> = d.clone();
+        idxfs_engine::fsck::check(&d, idxfs_format::hash::name_hash, &mut |_| {})
+            .expect("fsck reads it")
+            .problems
+    };
+    let damaged = problems(&Arc::new(MemDevice::from_bytes(img.clone())));
+    assert!(!damaged.is_empty());
+    let rec = Arc::new(RecordingDevice::new(img));
+    let r = repair::repair(
+        &(rec.clone() as Arc<dyn BlockDevice>),
+        idxfs_format::hash::name_hash,
+    )
+    .expect("repair");
+    assert!(r.check.is_clean(), "seed {seed}: {:?}", r.check.problems);
+    let events = rec.events().len();
+    let (mut old, mut new) = (0, 0);
+    for prefix in 0..=events {
+        for tear in [Tear::None, Tear::TornLast(1), Tear::Drop(rng.next_u64())] {
+            let at = format!("seed {seed} prefix {prefix} {tear:?}");
+            let crashed = Arc::new(MemDevice::from_bytes(rec.crash_image(prefix, tear).bytes));
+            match problems(&crashed) {
+                p if p.is_empty() => new += 1,
+                p if p == damaged => old += 1,
+                p => panic!("{at}: neither the old image nor the repaired one: {p:?}"),
+            }
+            let (after, _) = repaired(crashed.snapshot(), seed);
+            for (t, want) in trees.iter().zip(&want) {
+                assert_eq!(&seen_tree(&after, *t), want, "{at}: tree {t}");
+            }
+            assert_eq!(digest_of(&after, s), snap, "{at}: the snapshot");
+        }
+    }
+    eprintln!("seed {seed}: {events} device events, {old} crash images old, {new} repaired");
+    assert!(old > 0 && new > 0, "seed {seed}: {old} old, {new} repaired");
+}

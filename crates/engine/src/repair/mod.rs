@@ -14,8 +14,9 @@
 //!    engine's own code (the directory entries through the same `add_entry` an operation
 //!    uses, so both indexes and the back references are filed as a mount files them).
 //!    Until that commit's superblock is durable, nothing it writes lands on a block the old
-//!    state may use, so a crash during a repair leaves the image as it was. A second commit
-//!    then frees those blocks.
+//!    state may use, so a crash during a repair leaves the image as it was. The same
+//!    commit frees what only the old state used (pinned until it is durable), so a crash
+//!    after it leaves the repaired image, with nothing leaked.
 //! 5. fsck of the result.
 //!
 //! Snapshots and writable subvolumes (`roots`): one tree is rebuilt, the active one (or the
@@ -259,16 +260,13 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
     let released = inner.store.generation;
     inner.adopt_snapshots(kept.list, &kept.parents, &held, released);
     inner.adopt_clones(writable, kept.origins, sb.subvolume.get());
-    inner.commit()?;
-
-    // The old state is gone now: free what only it used.
+    // What only the old state used is free in the same commit: pinned (`Allocator::free`),
+    // so nothing this commit writes lands on it before its superblock is durable, and a
+    // crash leaves the old image or the new one, never one with blocks nothing names.
     let mut keep = Bitmap::new(total);
     let rebuilt_all = rebuilt.own.iter().chain(&rebuilt.borrowed);
     for &(s, n) in rebuilt_all.chain(&snapshot_runs) {
-        let end = (s + n).min(total);
-        if s < end {
-            keep.set_range(s, end - s, true);
-        }
+        set(&mut keep, s, n);
     }
     let gb = sb.group_blocks.get();
     for (s, n) in runs(&busy) {
@@ -286,7 +284,6 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
             b = e;
         }
     }
-    inner.txn.changed = true;
     inner.commit()?;
     drop(inner);
     out.check = fsck::check(dev, hash, &mut |_| {})?;
