@@ -3,7 +3,7 @@
 //! errors=remount-ro) while the rest reads; fsck reports the damage and the errors the mount
 //! recorded; `idxfs fsck --repair` rebuilds the lost leaf from the inode-order index and the
 //! back references, so every file comes back under its name, and the image is clean and
-//! writable again.
+//! writable again; a writable snapshot sharing the leaf is rebuilt too.
 mod common;
 use common::*;
 use std::io::{Seek, SeekFrom, Write};
@@ -50,6 +50,9 @@ fn damage_is_refused_read_only_then_repaired_with_every_name_back() {
     let ino = std::fs::metadata(&d).expect("stat").ino();
     m.unmount();
     let image = m.image.to_str().expect("utf8").to_string();
+    // A writable snapshot, which shares the leaf damaged below with the file system.
+    let (code, out, err) = idxfs(&["subvolume", "snapshot", &image, "w"]);
+    assert_eq!(code, 0, "writable snapshot: {out}{err}");
 
     let leaf = name_index_leaf(&image, ino);
     let mut f = std::fs::OpenOptions::new()
@@ -86,6 +89,10 @@ fn damage_is_refused_read_only_then_repaired_with_every_name_back() {
     let (code, out, err) = idxfs(&["fsck", "--repair", &image]);
     assert_eq!(code, 0, "repair: {out}{err}");
     assert!(out.contains("clean"), "{out}");
+    assert!(
+        out.contains("subvolume 257 (w) is damaged (") && out.contains("rebuilt"),
+        "the writable snapshot shares the damaged leaf: {out}"
+    );
     let (code, out, _) = idxfs(&["fsck", &image]);
     assert_eq!(code, 0, "clean after the repair: {out}");
 
@@ -100,6 +107,22 @@ fn damage_is_refused_read_only_then_repaired_with_every_name_back() {
         "nothing more, nothing less"
     );
     std::fs::write(m.path("new"), b"x").expect("writable again");
+    m.unmount();
+    m.assert_fsck_clean();
+    // The writable snapshot met the same damage: rebuilt too, every name back, its own.
+    m.mount("subvol=w");
+    for i in 0..FILES {
+        let got = std::fs::read(d.join(format!("f{i}"))).expect("every name is back in w");
+        assert_eq!(got, format!("file {i}").as_bytes());
+    }
+    assert!(
+        !m.path("new").exists(),
+        "the file system's change is not w's"
+    );
+    std::fs::write(d.join("f0"), b"w's own").expect("w writable");
+    m.unmount();
+    m.mount("subvol=5");
+    assert_eq!(std::fs::read(d.join("f0")).expect("read"), b"file 0");
     m.unmount();
     m.assert_fsck_clean();
 }

@@ -106,6 +106,10 @@ impl Found {
         match (self.id, self.writable()) {
             (FS_SUBVOL_ID, _) => "the file system's own tree".into(),
             (id, true) => format!("subvolume {id} ({})", self.shown),
+            (id, false) if self.snap.hidden() => format!(
+                "snapshot {id} (the hidden origin of writable snapshot {})",
+                self.shown
+            ),
             (id, false) => format!("snapshot {id} ({})", self.shown),
         }
     }
