@@ -440,8 +440,12 @@ fn run_repair(image: &Path) -> Result<Option<bool>, String> {
         println!("problem left: {q}");
     }
     let clean = r.check.is_clean();
+    let trees = match r.trees {
+        1 => String::new(),
+        n => format!(" in {n} trees (writable subvolumes)"),
+    };
     println!(
-        "{p}: rebuilt with {} inodes and {} names; {}",
+        "{p}: rebuilt with {} inodes and {} names{trees}; {}",
         r.inodes,
         r.names,
         if clean {

@@ -58,7 +58,9 @@ pub struct Repaired {
     pub actions: Vec<String>,
     /// Things worth knowing that are not damage (e.g. the fsync log could not be replayed).
     pub notes: Vec<String>,
-    /// Inodes and names in the rebuilt image.
+    /// Trees rebuilt from their items (the active one, and parked writable ones: `roots`),
+    /// and the inodes and names they hold.
+    pub trees: u64,
     pub inodes: u64,
     pub names: u64,
     /// The check of the result.
@@ -175,6 +177,7 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
             out.actions
                 .push(format!("{prefix}... and {} more", p.actions_left_out));
         }
+        out.trees += 1;
         out.inodes += p.inodes.len() as u64;
         out.names += p.entries.len() as u64;
     }
