@@ -15,7 +15,7 @@ mod common;
 use common::digest::{digest, digest_crash_stable};
 use common::workload::{check, every_crash_image, step, World};
 use common::*;
-use idxfs_blockdev::MemDevice;
+use idxfs_blockdev::{BlockDevice, MemDevice};
 use idxfs_engine::fs::{Fs, Unchecked};
 use idxfs_engine::testutil::Rng;
 use idxfs_engine::{Error, OpenOptions};
@@ -72,6 +72,7 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
     // Each snapshot's tree (its lineage: `Clones::may_take_from`).
     let mut snap_of: BTreeMap<u64, u64> = BTreeMap::new();
     let (mut restores, mut refused, mut rollbacks, mut repairs) = (0, 0, 0, 0);
+    let mut rebuilds = 0;
     fs.close().expect("close");
     let (mut made, mut clones_made, mut clones_deleted, mut switches) = (0, 0, 0, 0);
     // What an empty subvolume (`Fs::make_subvolume`) shows: a fresh file system's root.
@@ -269,20 +270,64 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
             _ => fs.close().expect("close"),
         }
         if rng.chance(25) {
-            // A repair of the whole image (nothing damaged) rebuilds the active tree and
-            // keeps every other tree and snapshot as it was; drops in flight end first.
+            // A repair of the whole image rebuilds the active tree and keeps every other
+            // tree and snapshot as it was; drops in flight end first. Half the time a
+            // writable tree, parked or active, has a file whose link count is damaged
+            // first: that tree is rebuilt, and shows what it showed.
+            let damaged = rng.chance(50).then(|| {
+                let ids: Vec<u64> = trees.keys().copied().collect();
+                let t = ids[rng.below(ids.len() as u64) as usize];
+                let fs = open_as(&dev, t);
+                let v = fs
+                    .create(ROOT, format!("victim{repairs}").as_bytes(), 0o644, ME)
+                    .expect("create")
+                    .ino;
+                fs.write(v, 0, &[7u8; 9000]).expect("write");
+                let odd = idxfs_engine::fs::SetAttr {
+                    mode: Some(0o7001),
+                    ..Default::default()
+                };
+                fs.setattr(v, &odd).expect("chmod");
+                if let Some(m) = trees.get_mut(&t) {
+                    m.0 = digest(&fs);
+                }
+                fs.close().expect("close");
+                if rng.chance(50) {
+                    // Parked: another tree made active.
+                    let u = ids[rng.below(ids.len() as u64) as usize];
+                    open_as(&dev, u).close().expect("close");
+                    active = u;
+                } else {
+                    active = t;
+                }
+                let mut img = dev.snapshot();
+                assert!(set_link_count(&mut img, 4096, v, 0o7001, 3) > 0, "{at}");
+                dev.write_at(&img, 0).expect("damage");
+                t
+            });
             let r = idxfs_engine::repair::repair(
                 &(dev.clone() as Arc<dyn idxfs_blockdev::BlockDevice>),
                 idxfs_format::hash::name_hash,
             )
             .unwrap_or_else(|e| panic!("{at}: repair: {e}"));
             assert!(r.check.is_clean(), "{at}: repair: {:?}", r.check.problems);
-            let wrong = |l: &&String| l.contains("deleted") || l.contains("subvolume's");
+            let wrong = |l: &&String| l.contains("deleted") || l.contains("another tree's");
             assert!(
                 !r.actions.iter().any(|l| wrong(&l)),
                 "{at}: {:?}",
                 r.actions
             );
+            if std::env::var("CLONES_TRACE").is_ok() {
+                eprintln!(
+                    "{at}: damaged {damaged:?}, active {active}: {:?}",
+                    r.actions
+                );
+            }
+            if let Some(t) = damaged.filter(|&t| t != active) {
+                let rebuilt = |l: &String| l.contains(" is damaged (") && l.ends_with("rebuilt");
+                assert!(r.actions.iter().any(rebuilt), "{at}: {t}: {:?}", r.actions);
+                rebuilds += 1;
+            }
             dropping.clear();
             repairs += 1;
             if std::env::var("CLONES_TRACE").is_ok() {
@@ -309,7 +354,8 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
     eprintln!(
         "seed {seed}: {made} snapshots, {clones_made} clones ({writable_snapshots} writable \
          snapshots) and {empties} empty subvolumes made, {clones_deleted} deleted, {switches} switches; {restores} restores and \
-         {rollbacks} rollbacks made, {refused} refused; {repairs} repairs"
+         {rollbacks} rollbacks made, {refused} refused; {repairs} repairs ({rebuilds} of a \
+         damaged parked tree)"
     );
     assert!(
         clones_made > 0 && switches > 0,
