@@ -772,3 +772,61 @@ fn every_crash_of_a_repair_beside_subvolumes_leaves_the_old_or_the_new_image() {
     eprintln!("seed {seed}: {events} device events, {old} crash images old, {new} repaired");
     assert!(old > 0 && new > 0, "seed {seed}: {old} old, {new} repaired");
 }
+
+/// A leaf the file system, a writable snapshot (active) and its hidden origin share, damaged:
+/// all three meet it. The origin is deleted, the file system (parked) and the writable
+/// snapshot are rebuilt, and the blocks both name stay the file system's: the writable
+/// snapshot, whose origin went, is the one whose extents get copies. Both show what they
+/// showed; every block is back once the writable snapshot is deleted.
+#[test]
+fn a_writable_snapshot_whose_origin_went_copies_what_it_shared() {
+    use common::digest::digest;
+    let (mut rng, seed) = Rng::from_env("repair of a shared leaf");
+    let dev = image(&mut rng);
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let shared = (fs.list(ROOT).expect("list").into_iter())
+        .map(|e| e.ino)
+        .find(|&i| {
+            fs.getattr(i)
+                .is_ok_and(|a| a.mode == 0o100644 && a.nlink == 1)
+        })
+        .expect("a file");
+    let w = fs.writable_snapshot(b"w").expect("writable snapshot");
+    let fs_state = digest(&fs);
+    fs.close().expect("close");
+    let fs = open_tree(&dev, w);
+    let w_state = digest(&fs);
+    fs.close().expect("close");
+    let mut img = dev.snapshot();
+    assert!(
+        set_link_count(&mut img, NS, shared, 0o644, 4) > 0,
+        "the shared leaf"
+    );
+    let (dev, r) = repaired(img, seed);
+    let copied = |l: &String| l.contains("another tree's");
+    assert!(
+        r.actions
+            .iter()
+            .any(|l| !l.starts_with("subvolume ") && copied(l)),
+        "seed {seed}: the writable snapshot's extents copied: {:?}",
+        r.actions
+    );
+    assert!(
+        !r.actions
+            .iter()
+            .any(|l| l.starts_with("subvolume 5: ") && copied(l)),
+        "seed {seed}: nothing of the file system's copied: {:?}",
+        r.actions
+    );
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    assert_eq!(fs.active_subvolume(), w);
+    assert_eq!(digest(&fs), w_state, "seed {seed}: the writable snapshot");
+    assert!(fs.snapshots().expect("list").is_empty(), "its origin went");
+    fs.close().expect("close");
+    let fs = open_tree(&dev, idxfs_format::FS_SUBVOL_ID);
+    assert_eq!(digest(&fs), fs_state, "seed {seed}: the file system");
+    fs.delete_snapshot(w).expect("delete");
+    fs.finish_drops().expect("drops");
+    fs.close().expect("close");
+    assert_clean(&dev);
+}

@@ -160,9 +160,18 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
             plan,
         });
     }
-    // No two writable trees own a block, and no extent names a node.
+    // No two writable trees own a block, and no extent names a node. The trees whose origin
+    // went claim last: where they and another tree name one block, it was the other's.
     let mut claims = Claims::new(&kept, &sb);
-    for t in &mut trees {
+    let active_id = sb.subvolume.get();
+    let lone = |t: &Rebuild| {
+        kept.lone
+            .contains(&t.parked.as_ref().map_or(active_id, |p| p.0))
+    };
+    let mut order: Vec<usize> = (0..trees.len()).collect();
+    order.sort_by_key(|&i| lone(&trees[i]));
+    for i in order {
+        let t = &mut trees[i];
         copy_what_others_own(&mut t.plan, t.floor, &mut claims);
     }
     for t in &trees {

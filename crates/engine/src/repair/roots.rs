@@ -70,6 +70,10 @@ pub(crate) struct Kept {
     /// tree's blocks, or their origin gone): id, item, and their origin's generation (0:
     /// every block they name is their own).
     pub rebuild: Vec<(u64, Snap, u64)>,
+    /// Writable trees whose origin went (the active one among them, by its id): every
+    /// block they name is their own now, so where another tree owns one too, theirs is
+    /// the extent that gets a copy.
+    pub lone: Vec<u64>,
 }
 
 impl Kept {
@@ -392,6 +396,11 @@ fn settle(
             out.origins.insert(id, *o);
         }
     }
+    out.lone = (origins.keys().copied())
+        .filter(|id| {
+            !out.origins.contains_key(id) && whole.iter().any(|f| f.id == *id && f.writable())
+        })
+        .collect();
     if let Some(o) = out.origins.get(&active) {
         out.floor = o.generation;
     } else if let Some(o) = origins.get(&active) {
