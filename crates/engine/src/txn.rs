@@ -385,6 +385,12 @@ pub(crate) struct TxnState {
     pub space_nodes: u64,
     /// The commit being written outside the lock, if any.
     pub flight: Arc<Flight>,
+    /// The open found a superblock copy it could not use, so the next commit reuses a
+    /// generation that copy may have had: the fsync log chain that copy named carries the
+    /// same generation, and the new chain's first block may be one of its blocks. That
+    /// commit writes zeros over its chain's first block, so no stale batch of the lost chain
+    /// is ever replayed (`log::read_chain` stops at the first block that does not check).
+    pub zero_log_head: bool,
 }
 
 impl TxnState {
@@ -419,6 +425,7 @@ impl TxnState {
             compat_ro_wanted: 0,
             space_nodes: 0,
             flight: Default::default(),
+            zero_log_head: false,
         }
     }
 }
@@ -518,6 +525,13 @@ impl Inner {
         // After used_blocks: the committed bitmaps call the log's first block free. After the
         // freeze: the block is the next transaction's, so it stays busy until that commits.
         sb.log_root = self.log_start(gen);
+        let head = sb.log_root.block.get();
+        if std::mem::take(&mut self.txn.zero_log_head) && head != 0 {
+            // Before the flush that makes the superblock naming it durable (step 4).
+            self.store
+                .dev
+                .write_at(&[0u8; BLOCK_SIZE as usize], head * BLOCK_SIZE)?;
+        }
         let mut incompat = sb.incompat.get() | self.txn.incompat_wanted;
         if sb.log_root.block.get() != 0 {
             incompat |= idxfs_format::versions::INCOMPAT_LOG;

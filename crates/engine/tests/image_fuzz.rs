@@ -387,12 +387,17 @@ fn named_acl() -> Vec<u8> {
 /// - two writable trees owning one block, and the file system's own tree damaged too: the
 ///   repair refused, and its advice (make the tree active, repair again) met the same
 ///   refusal (now both trees are rebuilt in one repair).
+/// - the newer superblock copy damaged: the repair's commit reused its generation, and its
+///   log chain's first block landed on the lost copy's chain, whose batches fsck then
+///   replayed over the repaired trees (now that commit zeroes its chain's first block, as
+///   the first commit of any open that met a damaged copy does: `TxnState::zero_log_head`).
 const FOUND: &[u64] = &[
     17261166886234172200,
     7389634691200983009,
     9853113876378406885,
     390291961927101095,
     2506998614501077973,
+    17699388715626349469,
 ];
 
 #[test]

@@ -375,8 +375,14 @@ pub fn superblock_copies(dev: &dyn BlockDevice) -> Result<SuperblockCopies> {
 }
 
 fn read_superblocks(dev: &dyn BlockDevice) -> Result<Superblock> {
+    read_superblock_and_damage(dev).map(|(sb, _)| sb)
+}
+
+/// The newest valid superblock copy, and whether another copy could not be used (then the
+/// next commit reuses a generation it may have had: `TxnState::zero_log_head`).
+pub(crate) fn read_superblock_and_damage(dev: &dyn BlockDevice) -> Result<(Superblock, bool)> {
     match superblock_copies(dev)? {
-        (Some(sb), _) => Ok(sb),
+        (Some(sb), errors) => Ok((sb, !errors.is_empty())),
         // Report the first copy's problem: for a foreign image both say "magic".
         (None, errors) => Err(errors
             .into_iter()
@@ -478,7 +484,7 @@ impl Fs {
 
     /// Opens a formatted device.
     pub fn open(dev: Arc<dyn BlockDevice>, opts: OpenOptions) -> Result<Fs> {
-        let sb = read_superblocks(dev.as_ref())?;
+        let (sb, copy_damaged) = read_superblock_and_damage(dev.as_ref())?;
         if sb.errors.get() > 0 {
             log::warn!(
                 "the image recorded {} metadata error(s) met at run time: run `idxfs fsck \
@@ -537,6 +543,7 @@ impl Fs {
         txn::load_space(&mut inner.store, &space_tree)?;
         inner.load_roots(&sb.roots_root, sb.subvolume.get())?;
         inner.txn.space_nodes = space_tree.count_nodes(&mut inner.store)?;
+        inner.txn.zero_log_head = copy_damaged;
         let used = inner.store.alloc.used_blocks();
         if used != sb.used_blocks.get() {
             return Err(idxfs_format::Corrupt::new(

@@ -35,7 +35,7 @@
 use crate::btree::Store;
 use crate::counters::Counters;
 use crate::error::{Error, Result};
-use crate::fs::{read_superblock, Fs, Inner, NameHash, OpenOptions};
+use crate::fs::{Fs, Inner, NameHash, OpenOptions};
 use crate::fsck;
 use crate::space::bitmap::Bitmap;
 use crate::space::Allocator;
@@ -97,7 +97,8 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
              commit is lost"
         )),
     }
-    let (sb, picked) = roots::pick(dev.as_ref(), &read_superblock(dev.as_ref())?);
+    let (sb, copy_damaged) = crate::fs::read_superblock_and_damage(dev.as_ref())?;
+    let (sb, picked) = roots::pick(dev.as_ref(), &sb);
     let mut roots_actions = Vec::new();
     if let roots::Pick::OwnLost(a) = picked {
         roots_actions.push(format!(
@@ -248,6 +249,7 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
     // The kept snapshots go into a new roots tree (`adopt_snapshots`); none when none is.
     base.roots_root = Default::default();
     let mut inner = Inner::empty(store, base, hash)?;
+    inner.txn.zero_log_head = copy_damaged;
     for t in &trees {
         for bit in (0..64).map(|i| 1u64 << i).filter(|b| t.plan.needs & b != 0) {
             inner.require_incompat(bit);
