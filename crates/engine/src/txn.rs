@@ -8,7 +8,9 @@
 //!    longer changes itself (its own node copies allocate blocks);
 //! 3. *freeze*: the dirty nodes are taken (shared, `btree::cache`), the superblock is built
 //!    with the new roots and the next transaction's log block, and the generation advances.
-//!    Blocks the frozen transaction freed stay pinned (`Allocator::start_commit`);
+//!    Blocks the frozen transaction freed stay pinned (`Allocator::start_commit`). The first
+//!    commit of an open that met an unusable superblock copy zeroes that log block: it reuses
+//!    the lost copy's generation, whose log chain may lie there (`TxnState::zero_log_head`);
 //! 4. every frozen node is encoded and written to its (new) block, then flush;
 //! 5. the superblock copy `generation % 2` is written, then flush: the commit is durable;
 //! 6. *reap* (`Inner::reap`): only now do the blocks the committed transaction freed become
