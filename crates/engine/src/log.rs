@@ -103,6 +103,10 @@ pub struct Log {
     blocks: Vec<u64>,
     /// A batch was built in this transaction (see the module notes on freeing data).
     written: bool,
+    /// The chain reuses a lost superblock copy's generation (`TxnState::zero_log_head`):
+    /// each block it links to next is zeroed and flushed before the batch naming it is
+    /// written, so the replay never follows a link into the lost chain's stale blocks.
+    pub zero_next: bool,
     /// The order and durability of batches written outside the lock (`log_io`); one for
     /// the mount's life.
     pub io: Arc<LogIo>,
@@ -202,6 +206,13 @@ impl Inner {
             }
         }
         let bs = BLOCK_SIZE as usize;
+        if self.log.zero_next {
+            // Rare (one chain after an open that met an unusable superblock copy): written
+            // and flushed under the lock, before the batch that links to it exists.
+            let dev = &self.store.dev;
+            dev.write_at(&vec![0u8; bs], chain[nblocks] * BLOCK_SIZE)?;
+            dev.flush()?;
+        }
         // Each block encoded where it goes; contiguous blocks go out in one write.
         let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
         for (i, chunk) in payload.chunks(LOG_PAYLOAD).enumerate() {

@@ -389,9 +389,10 @@ pub(crate) struct TxnState {
     pub flight: Arc<Flight>,
     /// The open found a superblock copy it could not use, so the next commit reuses a
     /// generation that copy may have had: the fsync log chain that copy named carries the
-    /// same generation, and the new chain's first block may be one of its blocks. That
-    /// commit writes zeros over its chain's first block, so no stale batch of the lost chain
-    /// is ever replayed (`log::read_chain` stops at the first block that does not check).
+    /// same generation, and the new chain's blocks may be some of its blocks. That commit
+    /// writes zeros over its chain's first block, and the chain zeroes each block before
+    /// linking to it (`Log::zero_next`), so no stale batch of the lost chain is ever
+    /// replayed (`log::read_chain` stops at the first block that does not check).
     pub zero_log_head: bool,
 }
 
@@ -529,10 +530,12 @@ impl Inner {
         sb.log_root = self.log_start(gen);
         let head = sb.log_root.block.get();
         if std::mem::take(&mut self.txn.zero_log_head) && head != 0 {
-            // Before the flush that makes the superblock naming it durable (step 4).
+            // Before the flush that makes the superblock naming it durable (step 4); the
+            // blocks the chain links to later are zeroed as it does (`Log::zero_next`).
             self.store
                 .dev
                 .write_at(&[0u8; BLOCK_SIZE as usize], head * BLOCK_SIZE)?;
+            self.log.zero_next = true;
         }
         let mut incompat = sb.incompat.get() | self.txn.incompat_wanted;
         if sb.log_root.block.get() != 0 {

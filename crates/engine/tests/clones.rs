@@ -283,8 +283,11 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
                     .expect("create")
                     .ino;
                 fs.write(v, 0, &[7u8; 9000]).expect("write");
+                // A mode no other inode has, earlier victims included (a snapshot may hold
+                // one with the same inode number): only this leaf is damaged.
+                let odd_mode = 0o7000 | (1 + repairs as u32 % 0o776);
                 let odd = idxfs_engine::fs::SetAttr {
-                    mode: Some(0o7001),
+                    mode: Some(odd_mode),
                     ..Default::default()
                 };
                 fs.setattr(v, &odd).expect("chmod");
@@ -301,7 +304,7 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
                     active = t;
                 }
                 let mut img = dev.snapshot();
-                assert!(set_link_count(&mut img, 4096, v, 0o7001, 3) > 0, "{at}");
+                assert!(set_link_count(&mut img, 4096, v, odd_mode, 3) > 0, "{at}");
                 dev.write_at(&img, 0).expect("damage");
                 t
             });
