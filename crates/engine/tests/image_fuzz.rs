@@ -387,6 +387,8 @@ fn named_acl() -> Vec<u8> {
 /// - two writable trees owning one block, and the file system's own tree damaged too: the
 ///   repair refused, and its advice (make the tree active, repair again) met the same
 ///   refusal (now both trees are rebuilt in one repair).
+/// - a hidden origin deleted as unused kept its own origin item, naming a snapshot whose
+///   only user it was (now the item goes with it).
 /// - the newer superblock copy damaged: the repair's commit reused its generation, and its
 ///   log chain's first block landed on the lost copy's chain, whose batches fsck then
 ///   replayed over the repaired trees (now that commit zeroes its chain's first block, as
@@ -398,6 +400,7 @@ const FOUND: &[u64] = &[
     390291961927101095,
     2506998614501077973,
     17699388715626349469,
+    15424086898355053154,
 ];
 
 #[test]

@@ -410,16 +410,26 @@ fn settle(
             o.id
         ));
     }
-    whole.retain(|f| {
-        let used = out.origins.values().any(|o| o.id == f.id);
-        if f.snap.hidden() && !used {
-            actions.push(format!(
-                "snapshot {}: the origin of a writable snapshot that is gone: deleted",
-                f.id
-            ));
+    // A hidden origin that goes takes its own origin item with it, which may leave the
+    // hidden origin it named unused in turn (a writable snapshot of a writable snapshot).
+    loop {
+        let before = whole.len();
+        whole.retain(|f| {
+            let used = out.origins.values().any(|o| o.id == f.id);
+            if f.snap.hidden() && !used {
+                actions.push(format!(
+                    "snapshot {}: the origin of a writable snapshot that is gone: deleted",
+                    f.id
+                ));
+            }
+            !f.snap.hidden() || used
+        });
+        out.origins
+            .retain(|id, _| whole.iter().any(|f| f.id == *id));
+        if whole.len() == before {
+            break;
         }
-        !f.snap.hidden() || used
-    });
+    }
     // What the kept ones hold, the writable trees walked first (as fsck walks them): a node
     // they share with a snapshot is entered once, and only their walk records the
     // preallocated blocks of their origins' they name, which must stay in use.
