@@ -215,7 +215,7 @@ pub(crate) fn keep(
         // Rebuilt as the file system's own tree, it has no origin.
         origins.remove(a);
     }
-    // Weighed one by one: whole, or deleted.
+    // Weighed one by one: kept whole, rebuilt (a writable tree), or deleted.
     let mut whole: Vec<Found> = Vec::new();
     for (id, decoded) in items {
         let (item, name) = match (decoded, picked) {
