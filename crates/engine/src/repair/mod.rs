@@ -222,10 +222,7 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
     let mut busy = Bitmap::new(total);
     let planned = trees.iter().flat_map(|t| t.plan.data.iter());
     for &(s, n) in old_blocks.iter().chain(planned).chain(&snapshot_runs) {
-        let end = (s + n).min(total);
-        if s < end {
-            busy.set_range(s, end - s, true);
-        }
+        set(&mut busy, s, n);
     }
     busy.set_range(0, SUPER_COPIES, false);
     let counters = Arc::new(Counters::default());
@@ -437,6 +434,8 @@ impl Claims {
     }
 }
 
+/// Sets `n` bits of `b` from `s`, those past its end left out (runs read from a damaged
+/// image may name blocks past the device).
 fn set(b: &mut Bitmap, s: u64, n: u64) {
     let end = (s + n).min(b.len());
     if s < end {

@@ -29,7 +29,7 @@
 //! a rebuilt extent whose blocks are a kept tree's node or a writable tree's own a copy of
 //! its own, and holds for every kept snapshot what no writable tree owns
 //! (`super::held_runs`).
-use super::salvage;
+use super::{salvage, set};
 use crate::btree::node::Node;
 use crate::error::{Error, Result};
 use crate::fs::{NameHash, Origin, Snap};
@@ -500,13 +500,6 @@ fn settle(
         v.dedup();
     }
     Ok(Ok(out))
-}
-
-fn set(b: &mut Bitmap, s: u64, n: u64) {
-    let end = (s + n).min(b.len());
-    if s < end {
-        b.set_range(s, end - s, true);
-    }
 }
 
 /// `runs` sorted and joined where they overlap or touch: one tree's extents may share
