@@ -68,7 +68,7 @@ pub(crate) fn run(src: &Path, dst: &Path) -> Result<(), String> {
         // The one refusal of a copy's start (`Clones::may_take_from`).
         Some(libc::EOPNOTSUPP) => format!(
             "{s}: not shared beside other writable subvolumes: restores go only from a \
-             snapshot of the tree being served, and not into a clone (cp -a copies the bytes)"
+             snapshot of the tree being served (cp -a copies the bytes)"
         ),
         Some(libc::EACCES) => format!("{s} -> {}: permission denied", shown.display()),
         Some(libc::EPERM) => format!("{s} -> {}: operation not permitted", shown.display()),

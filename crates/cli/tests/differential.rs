@@ -298,11 +298,9 @@ struct World {
     active: Option<(u64, String)>,
     /// Empty subvolumes not yet served: given the test's directories when first served.
     fresh: std::collections::BTreeSet<String>,
-    /// Each snapshot's tree (5: the file system's own), and the subvolumes that are clones:
-    /// what decides whether a rollback beside other writable trees is made
-    /// (`Clones::may_take_from`).
+    /// Each snapshot's tree (5: the file system's own): what decides whether a rollback
+    /// beside other writable trees is made (`Clones::may_take_from`).
     snap_tree: std::collections::BTreeMap<u64, u64>,
-    clones: std::collections::BTreeSet<u64>,
     /// Snapshots a subvolume was made from: their delete is refused while anything names
     /// their blocks through them (a clone, a snapshot of one, or one whose drop runs on).
     origins: std::collections::BTreeSet<u64>,
@@ -554,10 +552,9 @@ impl World {
         let img = self.idx.image.to_str().expect("utf8").to_string();
         let (code, out, err) = idxfs(&["snapshot", &img, "--rollback", &id.to_string()]);
         let beside = !self.origins.is_empty() || !self.subvols.is_empty() || self.active.is_some();
-        // Beside other writable trees, only a tree that is no clone rolls back, and only to
-        // a snapshot of itself.
+        // Beside other writable trees, a tree rolls back only to a snapshot of itself.
         let active = self.active_id();
-        let own = self.snap_tree.get(&id) == Some(&active) && !self.clones.contains(&active);
+        let own = self.snap_tree.get(&id) == Some(&active);
         if code != 0 && beside && !own && err.contains("beside other writable subvolumes") {
             // Refused beside other writable trees (`fs::clones`): nothing changed.
             self.idx.mount(&self.opts);
@@ -609,9 +606,6 @@ impl World {
                     self.fail(&format!("subvolume {name}: {out}{err}"));
                 }
                 let id = self.said_id(&out, "subvolume ", ' ');
-                if from.is_some() {
-                    self.clones.insert(id);
-                }
                 self.subvols.push((id, name));
             }
             1 if !self.subvols.is_empty() => {
@@ -1470,7 +1464,6 @@ fn random_operations_match_tmpfs_across_remounts_and_crashes() {
             fresh: Default::default(),
             origins: Default::default(),
             snap_tree: Default::default(),
-            clones: Default::default(),
         };
         for d in ["d0", "d1", "d0/e"] {
             let (a, b) = w.both(Path::new(d));

@@ -293,6 +293,68 @@ fn restores_and_rollbacks_beside_a_subvolume_follow_lineage() {
     m.assert_fsck_clean();
 }
 
+/// A writable snapshot restores from and rolls back to its own snapshots through the
+/// binary: `cp` out of `.snapshots` (its origin's blocks copied, its own shared), `idxfs cp`
+/// of a whole snapshot, and `--rollback`, fsck clean after each; a snapshot of the file
+/// system's own tree is still not its to roll back to.
+#[test]
+fn a_writable_snapshot_restores_from_and_rolls_back_to_its_own_snapshots() {
+    use std::os::unix::fs::FileExt;
+    let mut m = Mounted::root_only("256M", "");
+    std::fs::write(m.path("f"), vec![1u8; 300_000]).expect("write");
+    m.unmount();
+    let img = m.image.to_str().expect("utf8").to_string();
+    let mp = m.mp.to_str().expect("utf8").to_string();
+    ok(&["snapshot", &img, "s0"]);
+    ok(&["subvolume", "snapshot", &img, "ws"]);
+    m.mount("subvol=ws");
+    // Its own bytes in the middle of the file, its origin's around them.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.path("f"))
+        .expect("open");
+    f.write_all_at(&[2u8; 40_960], 81_920).expect("pwrite");
+    drop(f);
+    let mut want = vec![1u8; 300_000];
+    want[81_920..122_880].fill(2);
+    ok(&["snapshot", &mp, "mine"]);
+    std::fs::write(m.path("f"), vec![3u8; 300_000]).expect("overwrite");
+    let st = std::process::Command::new("cp")
+        .arg(m.path(".snapshots/mine/f"))
+        .arg(m.path("back"))
+        .status()
+        .expect("cp");
+    assert!(st.success());
+    assert!(std::fs::read(m.path("back")).expect("read") == want);
+    ok(&[
+        "cp",
+        &format!("{mp}/.snapshots/mine"),
+        &format!("{mp}/whole"),
+    ]);
+    assert!(std::fs::read(m.path("whole/f")).expect("read") == want);
+    m.unmount();
+    m.assert_fsck_clean();
+
+    let (code, _, err) = idxfs(&["snapshot", &img, "--rollback", "s0"]);
+    assert!(
+        code != 0 && err.contains("snapshot of another subvolume"),
+        "{err}"
+    );
+    ok(&["snapshot", &img, "--rollback", "mine"]);
+    m.assert_fsck_clean();
+    m.mount("");
+    assert!(std::fs::read(m.path("f")).expect("read") == want);
+    assert!(!m.path("back").exists() && !m.path("whole").exists());
+    m.unmount();
+    m.mount("subvol=5");
+    assert_eq!(
+        std::fs::read(m.path("f")).expect("read"),
+        vec![1u8; 300_000]
+    );
+    m.unmount();
+    m.assert_fsck_clean();
+}
+
 /// `idxfs subvolume snapshot [-r] TARGET NAME`, as btrfs's: a writable snapshot of the tree
 /// served, on an image and on a mount, listed as a subvolume (its origin by no one), served
 /// with `-o subvol=NAME` and changed alone, shown read-only in a mount's snapshots

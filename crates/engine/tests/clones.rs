@@ -7,8 +7,9 @@
 //! the end every clone and snapshot is deleted: fsck then finds no block held or leaked.
 //!
 //! And the rules that keep the trees apart: a snapshot a clone was made from is not
-//! deleted, a preallocated block two trees name is not filled in place, rollbacks and
-//! restores beside clones are refused, an fsync in a clone is logged and survives a crash,
+//! deleted, a preallocated block two trees name is not filled in place, restores and
+//! rollbacks follow lineage (into a clone from its own snapshots too, the origin's blocks
+//! neither counted nor unheld), an fsync in a clone is logged and survives a crash,
 //! every prefix of a workload that makes, switches to, writes and deletes clones opens to a
 //! committed state with fsck clean, and every prefix of fsyncs in a clone to an fsynced one.
 mod common;
@@ -72,7 +73,7 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
     // Each snapshot's tree (its lineage: `Clones::may_take_from`).
     let mut snap_of: BTreeMap<u64, u64> = BTreeMap::new();
     let (mut restores, mut refused, mut rollbacks, mut repairs) = (0, 0, 0, 0);
-    let mut rebuilds = 0;
+    let (mut rebuilds, mut into_clones) = (0, 0);
     fs.close().expect("close");
     let (mut made, mut clones_made, mut clones_deleted, mut switches) = (0, 0, 0, 0);
     // What an empty subvolume (`Fs::make_subvolume`) shows: a fresh file system's root.
@@ -128,6 +129,7 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
                     (Ok(Some(x)), Lineage::Allowed | Lineage::Either) => {
                         w.files.push((ROOT, x, name.into_bytes()));
                         restores += 1;
+                        into_clones += u64::from(origins.contains_key(&id));
                     }
                     (Ok(None), _) => {}
                     (Err(Error::NotSupported(_)), Lineage::Refused | Lineage::Either) => {
@@ -259,6 +261,7 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
                     // The tree is what the snapshot holds, the workload's files its files.
                     trees.insert(id, snaps[&s].clone());
                     rollbacks += 1;
+                    into_clones += u64::from(origins.contains_key(&id));
                 }
                 (Err(Error::NotSupported(_)), Lineage::Refused | Lineage::Either) => refused += 1,
                 (r, l) => panic!(
@@ -357,7 +360,7 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
     eprintln!(
         "seed {seed}: {made} snapshots, {clones_made} clones ({writable_snapshots} writable \
          snapshots) and {empties} empty subvolumes made, {clones_deleted} deleted, {switches} switches; {restores} restores and \
-         {rollbacks} rollbacks made, {refused} refused; {repairs} repairs ({rebuilds} of a \
+         {rollbacks} rollbacks made ({into_clones} into a clone), {refused} refused; {repairs} repairs ({rebuilds} of a \
          damaged parked tree)"
     );
     assert!(
@@ -446,8 +449,8 @@ impl Lineage {
         dropping: &BTreeMap<u64, u64>,
     ) -> Lineage {
         let alone = others.is_empty() && active == FS_SUBVOL_ID && origins.is_empty();
-        // Taken of the open tree, which has no origin (not a clone).
-        if of == active && !origins.contains_key(&active) || alone && dropping.is_empty() {
+        // Taken of the open tree (a clone's names its origin's blocks too).
+        if of == active || alone && dropping.is_empty() {
             Lineage::Allowed
         } else if alone {
             Lineage::Either
@@ -530,9 +533,8 @@ fn a_preallocated_block_two_trees_name_is_not_filled_in_place() {
 }
 
 /// And restores follow lineage (`Clones::may_take_from`): beside a clone, the file system
-/// restores from and rolls back to its own snapshots; the clone does neither, from its
-/// origin or from its own snapshots (its snapshots name its origin's blocks, which it
-/// neither names nor holds once it let go of them).
+/// restores from and rolls back to its own snapshots, not the clone's; the clone does
+/// neither from its origin, a snapshot of the file system's tree.
 #[test]
 fn an_origin_stays_while_its_clone_does_and_restores_follow_lineage() {
     let (dev, fs) = mem_fs_with(64 << 20, 4096);
@@ -557,22 +559,19 @@ fn an_origin_stays_while_its_clone_does_and_restores_follow_lineage() {
     assert_eq!(fs.read(g, 0, 20_000).expect("read"), vec![1u8; 20_000]);
     fs.close().expect("close");
     check(&dev, "after the restore");
-    // In the clone: neither from its origin nor from its own snapshot.
+    // In the clone: not from its origin, a snapshot of another tree (from its own:
+    // `a_clone_restores_from_and_rolls_back_to_its_own_snapshots`).
     let fs = open_as(&dev, c);
     fs.write(f, 0, &[3u8; 20_000]).expect("write in the clone");
     let own = fs.snapshot(b"of c").expect("snapshot of the clone");
-    for from in [s, own] {
-        let view = fs.open_snapshot(from, 1 << 20).expect("view");
-        let h = fs.create(ROOT, b"h", 0o644, ME).expect("create").ino;
-        assert!(matches!(
-            fs.copy_from_snapshot(&view, f, 0, h, 0, 20_000, Default::default()),
-            Err(Error::NotSupported(_))
-        ));
-        view.close().expect("close view");
-        fs.unlink(ROOT, b"h").expect("unlink");
-    }
-    assert!(matches!(fs.rollback(own), Err(Error::NotSupported(_))));
-    let fs = open_as(&dev, c);
+    let view = fs.open_snapshot(s, 1 << 20).expect("view");
+    let h = fs.create(ROOT, b"h", 0o644, ME).expect("create").ino;
+    assert!(matches!(
+        fs.copy_from_snapshot(&view, f, 0, h, 0, 20_000, Default::default()),
+        Err(Error::NotSupported(_))
+    ));
+    view.close().expect("close view");
+    fs.unlink(ROOT, b"h").expect("unlink");
     assert!(matches!(fs.rollback(s), Err(Error::NotSupported(_))));
     // The file system rolls back to its own snapshot, the clone untouched.
     let fs = open_as(&dev, FS_SUBVOL_ID);
@@ -618,6 +617,94 @@ fn an_origin_stays_while_its_clone_does_and_restores_follow_lineage() {
     check(&dev, "after deleting both");
 }
 
+/// A clone restores from and rolls back to its own snapshots (`clones`, "Restores and
+/// rollbacks into a clone"). Its snapshot names the clone's own blocks, shared again by a
+/// restore and named again by a rollback, and its origin's, which the clone let go of here
+/// (the origin and the file system's tree still name them): a restore copies their bytes,
+/// a rollback names them again where they are. fsck is clean after each step (a count or
+/// an unhold of the origin's blocks would show as a block referenced twice or a count
+/// that disagrees with its extents), and once the trees are deleted every block is back.
+#[test]
+fn a_clone_restores_from_and_rolls_back_to_its_own_snapshots() {
+    const LEN: usize = 40_960;
+    let (dev, fs) = mem_fs_with(64 << 20, 4096);
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
+    fs.write(f, 0, &[1u8; LEN]).expect("write");
+    let g = fs.create(ROOT, b"g", 0o644, ME).expect("create").ino;
+    fs.write(g, 0, &[5u8; 8192]).expect("write");
+    let s = fs.snapshot(b"s").expect("snapshot");
+    let c = fs.make_clone(s, b"c").expect("clone");
+    fs.close().expect("close");
+    let fs = open_as(&dev, c);
+    // File blocks 3 and 4 the clone's own, the others its origin's.
+    fs.write(f, 3 * 4096, &[2u8; 8192])
+        .expect("write in the clone");
+    let mut want = vec![1u8; LEN];
+    want[3 * 4096..5 * 4096].fill(2);
+    let own = fs.snapshot(b"own").expect("snapshot of the clone");
+    let named = extent_blocks(&fs, f);
+    assert_eq!(named.len(), 10);
+    // The clone lets go of all of them: its own are held for `own`, its origin's stay the
+    // origin's.
+    fs.write(f, 0, &[3u8; LEN]).expect("overwrite");
+    fs.unlink(ROOT, b"g").expect("unlink");
+    fs.sync().expect("sync");
+    check(&dev, "after the clone let go");
+    let view = fs.open_snapshot(own, 1 << 20).expect("view");
+    let h = fs.create(ROOT, b"h", 0o644, ME).expect("create").ino;
+    let n = fs
+        .copy_from_snapshot(&view, f, 0, h, 0, LEN as u64, Default::default())
+        .expect("restore into the clone from its own snapshot");
+    assert_eq!(n, LEN as u64);
+    // A whole tree, as `idxfs cp MOUNT/.snapshots/NAME MOUNT/PATH` restores one.
+    let copied = fs
+        .copy_tree_from(&view, ROOT, ROOT, b"whole", &Unchecked, |_| {})
+        .expect("restore the whole snapshot into the clone");
+    assert_eq!((copied.files, copied.dirs), (2, 1));
+    view.close().expect("close view");
+    assert_eq!(fs.read(h, 0, LEN).expect("read"), want);
+    let got = extent_blocks(&fs, h);
+    for b in 0..10 {
+        let shared = got[b].1 == named[b].1;
+        assert_eq!(
+            shared,
+            b == 3 || b == 4,
+            "file block {b}: {got:?} against {named:?}"
+        );
+    }
+    let whole = fs.lookup(ROOT, b"whole").expect("restored tree").ino;
+    let wf = fs.lookup(whole, b"f").expect("restored f").ino;
+    let wg = fs.lookup(whole, b"g").expect("restored g").ino;
+    assert_eq!(fs.read(wf, 0, LEN).expect("read"), want);
+    assert_eq!(fs.read(wg, 0, 8192).expect("read"), vec![5u8; 8192]);
+    fs.sync().expect("sync");
+    check(&dev, "after the restores");
+    fs.rollback(own)
+        .expect("rollback of the clone to its own snapshot");
+    check(&dev, "after the rollback");
+    let fs = open_as(&dev, c);
+    assert_eq!(fs.read(f, 0, LEN).expect("read"), want);
+    assert_eq!(
+        extent_blocks(&fs, f),
+        named,
+        "the snapshot's blocks, where they were"
+    );
+    let g = fs.lookup(ROOT, b"g").expect("g is back").ino;
+    assert_eq!(fs.read(g, 0, 8192).expect("read"), vec![5u8; 8192]);
+    assert!(matches!(fs.lookup(ROOT, b"h"), Err(Error::NotFound)));
+    // Changed again after the rollback, then everything deleted.
+    fs.write(f, 0, &[4u8; 8192])
+        .expect("write after the rollback");
+    fs.close().expect("close");
+    check(&dev, "after a write in the rolled-back clone");
+    let fs = open_as(&dev, FS_SUBVOL_ID);
+    delete_in_turn(&fs, &[own, c, s]);
+    fs.unlink(ROOT, b"f").expect("unlink");
+    fs.unlink(ROOT, b"g").expect("unlink");
+    fs.close().expect("close");
+    check(&dev, "after deleting everything");
+}
+
 #[test]
 fn an_fsync_in_a_clone_survives_a_crash() {
     let (dev, fs) = mem_fs_with(64 << 20, 4096);
@@ -652,8 +739,10 @@ fn an_fsync_in_a_clone_survives_a_crash() {
 }
 
 /// Every prefix of the writes of making a clone and an empty subvolume, switching to each,
-/// writing, snapshotting, switching back and deleting them, the last writes torn or dropped, opens to a committed
-/// state with fsck clean: the tree active at that commit, showing what it showed.
+/// writing, snapshotting, restoring from and rolling back to their own snapshots,
+/// switching back and deleting them, the last writes torn or dropped, opens to a
+/// committed state with fsck clean: the tree active at that commit, showing what it
+/// showed.
 #[test]
 fn every_prefix_with_clones_opens_to_a_committed_state() {
     let (mut rng, seed) = Rng::from_env("clones crash");
@@ -700,21 +789,29 @@ fn every_prefix_with_clones_opens_to_a_committed_state() {
     let ws_world = w.clone();
     seen(&fs, first);
     fs.close().expect("close");
-    // The last snapshot of each tree and its files: the file system's own tree and the
-    // empty subvolume restore from theirs beside the others (`Clones::may_take_from`).
+    // The last snapshot of each tree and its files: each tree restores from its own beside
+    // the others (`Clones::may_take_from`), and the clone rolls back to its own.
     let mut taken: BTreeMap<u64, (u64, World)> = BTreeMap::new();
     taken.insert(FS_SUBVOL_ID, (s, c_world.clone()));
     // Each open of another tree switches with one commit.
     let mut worlds = [c_world, w, World::default(), ws_world];
     for (id, which) in [(c, 0), (FS_SUBVOL_ID, 1), (e, 2), (ws, 3), (c, 0), (e, 2)] {
         let w = &mut worlds[which];
-        let fs = open(Some(id));
+        let mut fs = open(Some(id));
         let first = gen(&fs);
         seen(&fs, first);
+        if let Some((snap, files)) = taken.get(&id).filter(|_| id == c) {
+            let first = gen(&fs) + 1;
+            fs.rollback(*snap)
+                .expect("rollback of the clone to its own snapshot");
+            fs = open(Some(id));
+            *w = files.clone();
+            seen(&fs, first);
+        }
         for _ in 0..15 {
             step(&fs, &mut rng, w);
         }
-        if let Some((snap, files)) = taken.get(&id).filter(|_| id != c) {
+        if let Some((snap, files)) = taken.get(&id) {
             let name = format!("x{}", w.n);
             if let Some(x) = restore_one(&fs, *snap, files, &mut rng, &name)
                 .unwrap_or_else(|e| panic!("restore into {id} from its snapshot {snap}: {e}"))

@@ -141,7 +141,10 @@ impl Fs {
     /// Shares `blocks` blocks of `src` from file block `src_b` as `dst`'s from `dst_b`, in
     /// batches; returns the bytes copied (fewer only when space ran out after the first
     /// batch). `snapshot`: `src` is that snapshot's, opened beside this file system
-    /// (`restore`), whose pieces each batch reads under the snapshot's lock first.
+    /// (`restore`), whose pieces each batch reads under the snapshot's lock first; in a
+    /// clone, pieces as old as its origin are the origin's blocks, which a restore copies
+    /// instead (`clones`, "Restores and rollbacks into a clone"), in block order with the
+    /// shared batches, so a crash leaves a prefix of the copy as before.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn share_blocks(
         &self,
@@ -154,18 +157,24 @@ impl Fs {
         dst_end: u64,
         kill: Kill,
     ) -> Result<u64> {
+        // Fixed while the file system is open: the active tree never changes.
+        let origin = match snapshot {
+            Some(_) => self.lock().snapshots.clones.active_origin(),
+            None => None,
+        };
+        let of_origin = |p: &Piece| origin.is_some_and(|o| p.3 <= o.generation);
         let mut done = 0;
         while done < blocks {
-            let n = (blocks - done).min(CLONE_BATCH_BLOCKS);
-            let end = if done + n == blocks {
-                dst_end
-            } else {
-                (dst_b + done + n) * BS
-            };
+            let mut n = (blocks - done).min(CLONE_BATCH_BLOCKS);
             let (sb, db) = (src_b + done, dst_b + done);
+            // The batch's end: the copy's, or its last whole block's.
+            let end = |n: u64| match done + n == blocks {
+                true => dst_end,
+                false => (dst_b + done + n) * BS,
+            };
             let r = match snapshot {
                 None => self.write_op(0, Reserve::Grow, Durable::Data, |g| {
-                    g.share_batch(From::File(src), sb, dst, db, n, end, kill)
+                    g.share_batch(From::File(src), sb, dst, db, n, end(n), kill)
                 }),
                 Some(view) => {
                     let (pieces, sums) = {
@@ -175,12 +184,29 @@ impl Fs {
                             v.block_sums(src, sb, sb + n)?,
                         )
                     };
+                    if let Some(&(fb, _, k, _)) = pieces.iter().find(|p| of_origin(p)) {
+                        if fb == sb {
+                            let at = db * BS;
+                            let len = (k * BS).min(dst_end - at);
+                            match self.copy_bytes(view, src, sb * BS, dst, at, len, kill) {
+                                Ok(c) if c == len => {
+                                    done += k;
+                                    continue;
+                                }
+                                Ok(c) => return Ok(at - dst_b * BS + c),
+                                Err(Error::NoSpace) if done > 0 => break,
+                                Err(e) => return Err(e),
+                            }
+                        }
+                        // The batch shares what comes before it.
+                        n = fb - sb;
+                    }
                     let from = || From::Snapshot {
                         pieces: &pieces,
                         sums: &sums,
                     };
                     self.write_op(0, Reserve::Grow, Durable::Data, |g| {
-                        g.share_batch(from(), sb, dst, db, n, end, kill)
+                        g.share_batch(from(), sb, dst, db, n, end(n), kill)
                     })
                 }
             };

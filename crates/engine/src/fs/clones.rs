@@ -36,11 +36,20 @@
 //!   promise of space does not hold there (as on btrfs over a shared extent);
 //! - nothing moves blocks into a tree from outside its lineage: while any other writable
 //!   tree exists (a clone or one made empty: `Clones::any`), restores from snapshots
-//!   (`restore`, `copy_tree_from`) and rollbacks are made only into a tree with no origin
-//!   and only from a snapshot taken of it (the item's `source`; `Clones::may_take_from`),
-//!   since another snapshot's block may be another tree's own (a snapshot of an empty
-//!   subvolume names that subvolume's blocks), and a clone's snapshots name its origin's
-//!   blocks, which it neither names nor holds.
+//!   (`restore`, `copy_tree_from`) and rollbacks are made only from a snapshot taken of the
+//!   active tree (the item's `source`; `Clones::may_take_from`), since another snapshot's
+//!   block may be another tree's own (a snapshot of an empty subvolume names that
+//!   subvolume's blocks).
+//!
+//! **Restores and rollbacks into a clone.** A clone's snapshot names the clone's own blocks
+//! and its origin's. The clone's own are as any tree's: named by the clone or held for the
+//! snapshot, so a restore or rollback counts or unholds them. The origin's the clone may
+//! have let go of: then they are named or held for the tree the origin was taken of, and
+//! nothing says whether the clone still names one (no back references). So they never
+//! change hands: a rollback's tree names them again as the origin's, which it never lets
+//! go of, while the origin still names them (it stays while the clone does); a restore of
+//! a file copies their bytes into blocks of the clone's own, since a second extent naming
+//! one would need a count the clone may not have (`Fs::share_blocks`), and shares the rest.
 //!
 //! **fsync in a clone logs** as in the file system's own tree: a log replay lets go of the
 //! blocks the logged changes leave unnamed by the generations of the committed extents that
@@ -60,9 +69,7 @@
 //! `SubvolumeOrigin` item, the clone's origin) until its drop ends, as the clone does.
 //!
 //! Not built yet (`docs/snapshots.md`): several writable trees through one open file system
-//! (subvolumes as directories of one mount; the parked ones are shown read-only),
-//! rollbacks and restores into a clone, and `fsck --repair` beside other writable
-//! subvolumes (refused).
+//! (subvolumes as directories of one mount; the parked ones are shown read-only).
 use super::snapshot::{root_ptr, tree_at, Snap};
 use super::{Fs, Inner, Reserve};
 use crate::error::{Error, Result};
@@ -107,6 +114,12 @@ impl Clones {
         self.origins.get(&self.active).copied()
     }
 
+    /// Whether an extent of generation `born` in the active tree names its origin's blocks
+    /// (module docs): never in a tree without an origin.
+    pub fn of_origin(&self, born: u64) -> bool {
+        self.active_origin().is_some_and(|o| born <= o.generation)
+    }
+
     /// Extents of this generation or older may name blocks another writable tree names
     /// too: the newest origin of any clone (0 while there is none).
     pub fn shared_floor(&self) -> u64 {
@@ -135,18 +148,14 @@ impl Clones {
     /// Whether blocks may move into the active tree from `snap` (a restore or a rollback;
     /// None: a tree that is no snapshot, a parked writable one). Always while the active
     /// tree is the only writable one. Beside others, only from a snapshot taken of the
-    /// active tree (its `source`), and only when that tree has no origin: every block such a
-    /// snapshot names was the active tree's own, so no other writable tree frees it (a clone
-    /// of the snapshot never frees its origin's blocks) and the restore's count or unhold
-    /// gives it back to its one owner. A clone's snapshot also names its origin's blocks,
-    /// which the clone neither names nor holds once it let go of them: a count or an unhold
-    /// would misaccount them, so restores into a clone stay refused (module docs).
+    /// active tree (its `source`): every block such a snapshot names is the active tree's
+    /// own or, in a clone, its origin's (module docs). The tree's own blocks no other
+    /// writable tree frees (a clone of the snapshot never frees its origin's blocks), so a
+    /// restore's count or unhold gives them back to their one owner. The origin's blocks
+    /// the clone may no longer name, and another tree holds or names them: they never
+    /// change hands (`Clones::of_origin`).
     pub fn may_take_from(&self, snap: Option<&Snap>) -> bool {
-        if !self.any() {
-            return true;
-        }
-        let of_active = snap.is_some_and(|s| s.item.source() == self.active_id());
-        of_active && self.active_origin().is_none()
+        !self.any() || snap.is_some_and(|s| s.item.source() == self.active_id())
     }
 
     /// Whether a clone was made from snapshot `id`.

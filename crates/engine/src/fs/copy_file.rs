@@ -15,10 +15,11 @@
 //! Only what one operation can do whole goes this way; the caller copies the rest with the
 //! separate operations (`None`, before any change): a NOCOW source (its bytes are copied,
 //! never shared), a destination directory whose files are born NOCOW (sharing into one is
-//! refused), and a source of more than one sharing batch (`CLONE_BATCH_BLOCKS`), whose
-//! reservation would grow with it. The copy inherits what any new file in its directory
-//! does (a set-group-ID directory's group is replaced below; a default ACL is the
-//! caller's to remove, `copy_xattrs`).
+//! refused), a source of more than one sharing batch (`CLONE_BATCH_BLOCKS`), whose
+//! reservation would grow with it, and a snapshot's file naming blocks of the active
+//! clone's origin, whose bytes are copied (`clones`). The copy inherits what any new file
+//! in its directory does (a set-group-ID directory's group is replaced below; a default
+//! ACL is the caller's to remove, `copy_xattrs`).
 use super::clone::{pieces_in, Piece, Source, CLONE_BATCH_BLOCKS};
 use super::create::CREATE_ITEMS;
 use super::file::check_regular;
@@ -117,6 +118,16 @@ impl Fs {
         self.write_op(CREATE_ITEMS, Reserve::Grow, Durable::Dir, |g| {
             if is_nocow(&g.dir_inode(dir)?) {
                 return Ok(None);
+            }
+            // A clone's origin's blocks are copied, not shared (`clones`): by `copy_range`.
+            if let Some(Read {
+                content: Content::Pieces(pieces, _),
+                ..
+            }) = &read
+            {
+                if pieces.iter().any(|p| g.snapshots.clones.of_origin(p.3)) {
+                    return Ok(None);
+                }
             }
             let here;
             let r = match &read {

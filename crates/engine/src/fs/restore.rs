@@ -10,6 +10,10 @@
 //! - a held block is the fs tree's again: it leaves its held run (`Inner::adopt_blocks`),
 //!   and the new extent alone names it.
 //!
+//! In a clone, a snapshot also names blocks of the clone's origin, which the clone may no
+//! longer name, held or named by another tree: they are neither counted nor unheld, and a
+//! restore copies their bytes (`clones`, "Restores and rollbacks into a clone").
+//!
 //! The new extents keep the snapshot's extent generation. None of their blocks is older, so
 //! every snapshot that may name one of them is at least as new, and when the file system
 //! lets go of them again they are held for all of those (`free_or_hold`).
@@ -106,8 +110,8 @@ impl Fs {
 }
 
 /// Why a restore beside other writable trees is refused.
-const LINEAGE: &str = "restoring from a snapshot of another subvolume, or into a \
-     clone, beside other writable subvolumes";
+const LINEAGE: &str = "restoring from a snapshot of another subvolume, beside other \
+     writable subvolumes";
 
 impl Inner {
     /// Blocks [start, start + n), which a snapshot names, become named by one more extent of

@@ -24,6 +24,11 @@
 //!   held (its window holds `g`); it leaves its held run (`unhold`) and the tree names it
 //!   again, as a restore's blocks do. One that is not held is damage, and the rollback
 //!   stops before its first change.
+//! - in a clone, blocks of extents as old as its origin are the origin's (`clones`): the
+//!   clone never lets go of them (`free_or_hold` does nothing), and one the snapshot names
+//!   that the clone does not any more is named again as it was, by the origin's generation,
+//!   and stays where it is: the origin names it, and it is the business of the tree the
+//!   origin was taken of whether it is held.
 //!
 //! **Preallocated extents.** The file system fills a preallocated block it names in place,
 //! even when a snapshot names it (`in_place`): such a snapshot names it preallocated too,
@@ -98,6 +103,8 @@ struct Span {
     moved: u64,
     /// The oldest generation among the file system's extents naming it.
     born: u64,
+    /// The oldest and newest among the snapshot's (0 and 0 when none does).
+    snap_born: (u64, u64),
 }
 
 impl Fs {
@@ -123,8 +130,8 @@ impl Fs {
         // A snapshot's blocks may be another writable tree's own (`clones`).
         if !g.snapshots.clones.may_take_from(Some(&snap)) {
             return Err(Error::NotSupported(
-                "a rollback to a snapshot of another subvolume, or of a clone, beside other \
-                 writable subvolumes",
+                "a rollback to a snapshot of another subvolume, beside other writable \
+                 subvolumes",
             ));
         }
         let (report, settle) = g.rollback_plan(id, &snap)?;
@@ -198,7 +205,7 @@ impl Inner {
                 let will = s.in_snap > s.moved || both > 0;
                 if was && !will {
                     push_run(&mut settle.release, (r.start, r.blocks, s.born));
-                } else if will && !was {
+                } else if will && !was && !self.origins_blocks(&s)? {
                     push_run(&mut settle.take_back, (r.start, r.blocks, 0));
                 }
             }
@@ -222,6 +229,27 @@ impl Inner {
             }
         }
         Ok((report, settle))
+    }
+
+    /// Whether span `s`, which the snapshot names, is the blocks of the active clone's
+    /// origin (`clones`): the rolled-back tree names them again as the origin's, and they
+    /// stay where they are, named by the origin, whoever else names or holds them. Extents
+    /// naming one block lie on one side of the origin's generation; both is damage.
+    fn origins_blocks(&self, s: &Span) -> Result<bool> {
+        let clones = &self.snapshots.clones;
+        let (lo, hi) = s.snap_born;
+        match (clones.of_origin(lo), clones.of_origin(hi)) {
+            (a, b) if a == b => Ok(a),
+            _ => Err(Corrupt::new(
+                format!(
+                    "generations of the snapshot's extents naming data blocks {}+{}",
+                    s.start, s.blocks
+                ),
+                format!("{lo} to {hi}"),
+                "all as old as the clone's origin or all younger",
+            )
+            .into()),
+        }
     }
 
     /// New blocks for each moved extent, as runs, and the nodes its items need: all taken
@@ -379,6 +407,10 @@ fn spans(mut pieces: Vec<Piece>) -> Vec<Span> {
             .map(|p| p.born)
             .min()
             .unwrap_or(0);
+        let snap_born = (active.iter().filter(|p| !p.old)).fold(None, |r, p| match r {
+            None => Some((p.born, p.born)),
+            Some((lo, hi)) => Some((p.born.min(lo), p.born.max(hi))),
+        });
         out.push(Span {
             start: a,
             blocks: b - a,
@@ -386,6 +418,7 @@ fn spans(mut pieces: Vec<Piece>) -> Vec<Span> {
             in_snap: active.len() as u64 - in_old,
             moved: count(&|p| p.moved),
             born,
+            snap_born: snap_born.unwrap_or((0, 0)),
         });
     }
     out
@@ -419,21 +452,34 @@ mod tests {
             piece(10, 10, 5, true),
             piece(15, 10, 3, true),
             piece(18, 4, 1, false),
+            piece(19, 2, 7, false),
             piece(40, 2, 9, false),
         ]);
         let got: Vec<_> = s
             .iter()
-            .map(|s| (s.start, s.blocks, s.in_old, s.in_snap, s.moved, s.born))
+            .map(|s| {
+                (
+                    s.start,
+                    s.blocks,
+                    s.in_old,
+                    s.in_snap,
+                    s.moved,
+                    s.born,
+                    s.snap_born,
+                )
+            })
             .collect();
         assert_eq!(
             got,
             vec![
-                (10, 5, 1, 0, 0, 5),
-                (15, 3, 2, 0, 0, 3),
-                (18, 2, 2, 1, 0, 3),
-                (20, 2, 1, 1, 0, 3),
-                (22, 3, 1, 0, 0, 3),
-                (40, 2, 0, 1, 1, 0),
+                (10, 5, 1, 0, 0, 5, (0, 0)),
+                (15, 3, 2, 0, 0, 3, (0, 0)),
+                (18, 1, 2, 1, 0, 3, (1, 1)),
+                (19, 1, 2, 2, 0, 3, (1, 7)),
+                (20, 1, 1, 2, 0, 3, (1, 7)),
+                (21, 1, 1, 1, 0, 3, (1, 1)),
+                (22, 3, 1, 0, 0, 3, (0, 0)),
+                (40, 2, 0, 1, 1, 0, (9, 9)),
             ]
         );
     }

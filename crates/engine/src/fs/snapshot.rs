@@ -502,10 +502,8 @@ impl Inner {
     /// them (module docs). `born`: the generation of the extent that named them. In a clone,
     /// blocks as old as its origin are the origin's, and stay as they are (`clones`).
     pub(crate) fn free_or_hold(&mut self, start: u64, n: u64, now: bool, born: u64) -> Result<()> {
-        if let Some(o) = self.snapshots.clones.active_origin() {
-            if born <= o.generation {
-                return Ok(());
-            }
+        if self.snapshots.clones.of_origin(born) {
+            return Ok(());
         }
         self.let_go(start, n, now, born)
     }
