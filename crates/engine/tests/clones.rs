@@ -619,11 +619,12 @@ fn an_origin_stays_while_its_clone_does_and_restores_follow_lineage() {
 
 /// A clone restores from and rolls back to its own snapshots (`clones`, "Restores and
 /// rollbacks into a clone"). Its snapshot names the clone's own blocks, shared again by a
-/// restore and named again by a rollback, and its origin's, which the clone let go of here
-/// (the origin and the file system's tree still name them): a restore copies their bytes,
-/// a rollback names them again where they are. fsck is clean after each step (a count or
-/// an unhold of the origin's blocks would show as a block referenced twice or a count
-/// that disagrees with its extents), and once the trees are deleted every block is back.
+/// restore and named again by a rollback, and its origin's: those the clone still names in
+/// the same file (`k`) a restore shares; those it let go of (`f`; the origin and the file
+/// system's tree still name them) it copies, and a rollback names them again where they
+/// are. fsck is clean after each step (a count or an unhold of the origin's blocks the
+/// clone does not name would show as a block referenced twice or a count that disagrees
+/// with its extents), and once the trees are deleted every block is back.
 #[test]
 fn a_clone_restores_from_and_rolls_back_to_its_own_snapshots() {
     const LEN: usize = 40_960;
@@ -632,6 +633,8 @@ fn a_clone_restores_from_and_rolls_back_to_its_own_snapshots() {
     fs.write(f, 0, &[1u8; LEN]).expect("write");
     let g = fs.create(ROOT, b"g", 0o644, ME).expect("create").ino;
     fs.write(g, 0, &[5u8; 8192]).expect("write");
+    let k = fs.create(ROOT, b"k", 0o644, ME).expect("create").ino;
+    fs.write(k, 0, &[6u8; 16_384]).expect("write");
     let s = fs.snapshot(b"s").expect("snapshot");
     let c = fs.make_clone(s, b"c").expect("clone");
     fs.close().expect("close");
@@ -656,11 +659,21 @@ fn a_clone_restores_from_and_rolls_back_to_its_own_snapshots() {
         .copy_from_snapshot(&view, f, 0, h, 0, LEN as u64, Default::default())
         .expect("restore into the clone from its own snapshot");
     assert_eq!(n, LEN as u64);
+    let hk = fs.create(ROOT, b"hk", 0o644, ME).expect("create").ino;
+    let n = fs
+        .copy_from_snapshot(&view, k, 0, hk, 0, 16_384, Default::default())
+        .expect("restore a file the clone still has");
+    assert_eq!(n, 16_384);
+    assert_eq!(
+        extent_blocks(&fs, hk),
+        extent_blocks(&fs, k),
+        "the origin's blocks the clone names, shared"
+    );
     // A whole tree, as `idxfs cp MOUNT/.snapshots/NAME MOUNT/PATH` restores one.
     let copied = fs
         .copy_tree_from(&view, ROOT, ROOT, b"whole", &Unchecked, |_| {})
         .expect("restore the whole snapshot into the clone");
-    assert_eq!((copied.files, copied.dirs), (2, 1));
+    assert_eq!((copied.files, copied.dirs), (3, 1));
     view.close().expect("close view");
     assert_eq!(fs.read(h, 0, LEN).expect("read"), want);
     let got = extent_blocks(&fs, h);
@@ -677,6 +690,9 @@ fn a_clone_restores_from_and_rolls_back_to_its_own_snapshots() {
     let wg = fs.lookup(whole, b"g").expect("restored g").ino;
     assert_eq!(fs.read(wf, 0, LEN).expect("read"), want);
     assert_eq!(fs.read(wg, 0, 8192).expect("read"), vec![5u8; 8192]);
+    let wk = fs.lookup(whole, b"k").expect("restored k").ino;
+    assert_eq!(extent_blocks(&fs, wk), extent_blocks(&fs, k));
+    assert_eq!(fs.read(hk, 0, 16_384).expect("read"), vec![6u8; 16_384]);
     fs.sync().expect("sync");
     check(&dev, "after the restores");
     fs.rollback(own)
@@ -699,8 +715,9 @@ fn a_clone_restores_from_and_rolls_back_to_its_own_snapshots() {
     check(&dev, "after a write in the rolled-back clone");
     let fs = open_as(&dev, FS_SUBVOL_ID);
     delete_in_turn(&fs, &[own, c, s]);
-    fs.unlink(ROOT, b"f").expect("unlink");
-    fs.unlink(ROOT, b"g").expect("unlink");
+    for name in [&b"f"[..], b"g", b"k"] {
+        fs.unlink(ROOT, name).expect("unlink");
+    }
     fs.close().expect("close");
     check(&dev, "after deleting everything");
 }

@@ -142,9 +142,9 @@ impl Fs {
     /// batches; returns the bytes copied (fewer only when space ran out after the first
     /// batch). `snapshot`: `src` is that snapshot's, opened beside this file system
     /// (`restore`), whose pieces each batch reads under the snapshot's lock first; in a
-    /// clone, pieces as old as its origin are the origin's blocks, which a restore copies
-    /// instead (`clones`, "Restores and rollbacks into a clone"), in block order with the
-    /// shared batches, so a crash leaves a prefix of the copy as before.
+    /// clone, blocks of its origin that it does not name are copied instead (`clones`,
+    /// "Restores and rollbacks into a clone"), in block order with the shared batches, so a
+    /// crash leaves a prefix of the copy as before.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn share_blocks(
         &self,
@@ -158,11 +158,10 @@ impl Fs {
         kill: Kill,
     ) -> Result<u64> {
         // Fixed while the file system is open: the active tree never changes.
-        let origin = match snapshot {
-            Some(_) => self.lock().snapshots.clones.active_origin(),
-            None => None,
+        let in_clone = match snapshot {
+            Some(_) => self.lock().snapshots.clones.active_origin().is_some(),
+            None => false,
         };
-        let of_origin = |p: &Piece| origin.is_some_and(|o| p.3 <= o.generation);
         let mut done = 0;
         while done < blocks {
             let mut n = (blocks - done).min(CLONE_BATCH_BLOCKS);
@@ -184,8 +183,31 @@ impl Fs {
                             v.block_sums(src, sb, sb + n)?,
                         )
                     };
-                    if let Some(&(fb, _, k, _)) = pieces.iter().find(|p| of_origin(p)) {
-                        if fb == sb {
+                    let from = || From::Snapshot {
+                        pieces: &pieces,
+                        sums: &sums,
+                    };
+                    // In a clone, the batch stops before the first of its origin's blocks
+                    // the clone does not name (`named_prefix`), decided under the batch's
+                    // lock; None: the batch's first block is one.
+                    let batch = self.write_op(0, Reserve::Grow, Durable::Data, |g| {
+                        let m = match in_clone {
+                            true => g.named_prefix(src, &pieces, sb, n)?,
+                            false => n,
+                        };
+                        if m == 0 {
+                            return Ok(None);
+                        }
+                        (g.share_batch(from(), sb, dst, db, m, end(m), kill)).map(|k| Some((m, k)))
+                    });
+                    match batch {
+                        Ok(Some((m, k))) => {
+                            n = m;
+                            Ok(k)
+                        }
+                        Ok(None) => {
+                            // The origin's piece there is copied (`clones`).
+                            let k = pieces.first().map_or(1, |p| p.2);
                             let at = db * BS;
                             let len = (k * BS).min(dst_end - at);
                             match self.copy_bytes(view, src, sb * BS, dst, at, len, kill) {
@@ -198,16 +220,8 @@ impl Fs {
                                 Err(e) => return Err(e),
                             }
                         }
-                        // The batch shares what comes before it.
-                        n = fb - sb;
+                        Err(e) => Err(e),
                     }
-                    let from = || From::Snapshot {
-                        pieces: &pieces,
-                        sums: &sums,
-                    };
-                    self.write_op(0, Reserve::Grow, Durable::Data, |g| {
-                        g.share_batch(from(), sb, dst, db, n, end(n), kill)
-                    })
                 }
             };
             match r {
@@ -352,6 +366,51 @@ impl Inner {
         Ok(pieces_in(&exts, sb, n))
     }
 
+    /// How many of a snapshot's file blocks [sb, sb + n), whose written `pieces` they are,
+    /// may be linked into the active clone from `sb` on: up to the first block of its
+    /// origin's (`clones`) that the clone cannot be shown to name. One the clone's own
+    /// extent of the same file block names, it names: a restore gives it one more name (a
+    /// count, `shared`), as a copy inside the file system would. Any other may be named by
+    /// no extent of the clone, and then it is the origin's alone, held or named for another
+    /// tree: no count or unhold may touch it, and the caller copies its bytes. Nothing says
+    /// whether another extent of the clone names it (idxfs keeps no back references), so
+    /// only the same file and block are asked.
+    pub(super) fn named_prefix(
+        &mut self,
+        ino: Ino,
+        pieces: &[Piece],
+        sb: u64,
+        n: u64,
+    ) -> Result<u64> {
+        for &(fb, disk, k, gen) in pieces.iter().filter(|p| p.0 < sb + n) {
+            if !self.snapshots.clones.of_origin(gen) {
+                continue;
+            }
+            let k = k.min(sb + n - fb);
+            let exts = self.extents(ino, fb * BS, (fb + k) * BS)?;
+            // Blocks [fb, at) are named so far.
+            let mut at = fb;
+            for e in exts.iter().filter(|e| e.item.kind == EXTENT_REGULAR) {
+                let es = e.offset / BS;
+                if es > at {
+                    break;
+                }
+                let et = (es + e.item.blocks.get()).min(fb + k);
+                if et <= at {
+                    continue;
+                }
+                if e.item.disk_block.get() + (at - es) != disk + (at - fb) {
+                    break;
+                }
+                at = et;
+            }
+            if at < fb + k {
+                return Ok(at - sb);
+            }
+        }
+        Ok(n)
+    }
+
     /// Gives `dst` extents naming `pieces` (of a source's file blocks from `sb`, placed from
     /// `db`), with the source's `sums` beside them, after reserving for it all; `from`
     /// says how the blocks become the file system's again. The destination's range must be
@@ -398,6 +457,8 @@ impl Inner {
         for &(fb, disk, k, gen) in pieces {
             match from {
                 Source::FileSystem => self.share(disk, k)?,
+                // A clone's origin's blocks, which it names (`named_prefix`): one more name.
+                Source::Snapshot if self.snapshots.clones.of_origin(gen) => self.share(disk, k)?,
                 Source::Snapshot => self.adopt_blocks(disk, k)?,
             }
             let to = db + (fb - sb);

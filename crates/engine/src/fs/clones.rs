@@ -47,9 +47,11 @@
 //! have let go of: then they are named or held for the tree the origin was taken of, and
 //! nothing says whether the clone still names one (no back references). So they never
 //! change hands: a rollback's tree names them again as the origin's, which it never lets
-//! go of, while the origin still names them (it stays while the clone does); a restore of
-//! a file copies their bytes into blocks of the clone's own, since a second extent naming
-//! one would need a count the clone may not have (`Fs::share_blocks`), and shares the rest.
+//! go of, while the origin still names them (it stays while the clone does). A restore of
+//! a file shares one the clone's extent of the same file block still names (a count, as
+//! any copy inside a tree: `Inner::named_prefix`) and copies the bytes of the others into
+//! blocks of the clone's own (`Fs::share_blocks`), since a second name of a block no
+//! extent of the clone names would be a count the clone does not have.
 //!
 //! **fsync in a clone logs** as in the file system's own tree: a log replay lets go of the
 //! blocks the logged changes leave unnamed by the generations of the committed extents that

@@ -17,9 +17,9 @@
 //! never shared), a destination directory whose files are born NOCOW (sharing into one is
 //! refused), a source of more than one sharing batch (`CLONE_BATCH_BLOCKS`), whose
 //! reservation would grow with it, and a snapshot's file naming blocks of the active
-//! clone's origin, whose bytes are copied (`clones`). The copy inherits what any new file
-//! in its directory does (a set-group-ID directory's group is replaced below; a default
-//! ACL is the caller's to remove, `copy_xattrs`).
+//! clone's origin that the clone does not, whose bytes are copied (`clones`). The copy
+//! inherits what any new file in its directory does (a set-group-ID directory's group is
+//! replaced below; a default ACL is the caller's to remove, `copy_xattrs`).
 use super::clone::{pieces_in, Piece, Source, CLONE_BATCH_BLOCKS};
 use super::create::CREATE_ITEMS;
 use super::file::check_regular;
@@ -119,13 +119,18 @@ impl Fs {
             if is_nocow(&g.dir_inode(dir)?) {
                 return Ok(None);
             }
-            // A clone's origin's blocks are copied, not shared (`clones`): by `copy_range`.
+            // Blocks of a clone's origin it does not name are copied (`clones`): by the
+            // separate operations.
             if let Some(Read {
                 content: Content::Pieces(pieces, _),
+                item,
                 ..
             }) = &read
             {
-                if pieces.iter().any(|p| g.snapshots.clones.of_origin(p.3)) {
+                let n = item.size.get().div_ceil(BS);
+                if g.snapshots.clones.active_origin().is_some()
+                    && g.named_prefix(src, pieces, 0, n)? < n
+                {
                     return Ok(None);
                 }
             }

@@ -11,8 +11,9 @@
 //!   and the new extent alone names it.
 //!
 //! In a clone, a snapshot also names blocks of the clone's origin, which the clone may no
-//! longer name, held or named by another tree: they are neither counted nor unheld, and a
-//! restore copies their bytes (`clones`, "Restores and rollbacks into a clone").
+//! longer name, held or named by another tree: never unheld, they gain a count where the
+//! clone's extent of the same file block names them, and a restore copies the others'
+//! bytes (`clones`, "Restores and rollbacks into a clone").
 //!
 //! The new extents keep the snapshot's extent generation. None of their blocks is older, so
 //! every snapshot that may name one of them is at least as new, and when the file system
