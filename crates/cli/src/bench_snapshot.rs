@@ -17,7 +17,8 @@
 //!   ended by a commit instead (`fsyncs`): the fsync log at work in a clone.
 //! - **rollback** after the same changes at both counts (`mistake`: a directory of 1,000
 //!   files removed, 100 files of 4 KiB made): idxfs's `Fs::rollback` on the unmounted image
-//!   (its commits included; the fastest of `ROUNDS`, the mistake made again before each);
+//!   (its commits included; the fastest of `ROUNDS`, the mistake made again before each),
+//!   in the file system's own tree and in a writable snapshot back to a snapshot of it;
 //!   btrfs's way, `btrfs subvolume delete` of the subvolume and `btrfs subvolume snapshot`
 //!   of the snapshot in its place, until both return. ext4 has none.
 //! - **remove a tree from a mount**, until synced: `idxfs rm` (inside the server) and
@@ -66,6 +67,8 @@ struct Times {
     commit_clone: Option<f64>,
     /// Back to the snapshot after `mistake`; None where the file system has no way.
     rollback: Option<f64>,
+    /// idxfs only: the same in a writable snapshot, back to a snapshot of it.
+    rollback_clone: Option<f64>,
     /// idxfs only: the tree removed from a mount by `idxfs rm` and by `rm -rf`, until synced.
     rm: Option<f64>,
     rm_rf: Option<f64>,
@@ -87,8 +90,14 @@ fn secs(f: impl FnOnce() -> Result<(), String>) -> Result<f64, String> {
 }
 
 fn open(img: &Path) -> Result<Fs, String> {
+    open_tree(img, None)
+}
+
+/// `open` with writable tree `id` made active (None: the active one).
+fn open_tree(img: &Path, id: Option<u64>) -> Result<Fs, String> {
     let dev = FileDevice::open(img, true).map_err(|e| format!("{}: {e}", img.display()))?;
     let opts = OpenOptions {
+        subvolume: id,
         commit_interval: None,
         ..OpenOptions::default()
     };
@@ -174,6 +183,40 @@ fn mistake(fs: &Fs) -> Result<(), String> {
     fs.sync().map_err(e)
 }
 
+/// `mistake` made in `fs` (open on `img`) and rolled back to snapshot `snap` `ROUNDS` times,
+/// the fastest kept: a rollback takes about a millisecond, where one sample is mostly the
+/// machine's noise. `tree`: the writable tree `fs` has active (None: the image's active
+/// one). Returns the time and the file system open again.
+fn rollbacks(img: &Path, mut fs: Fs, snap: u64, tree: Option<u64>) -> Result<(f64, Fs), String> {
+    let mut best = f64::INFINITY;
+    for _ in 0..ROUNDS {
+        mistake(&fs)?;
+        let s = secs(|| fs.rollback(snap).map(|_| ()).map_err(|e| e.to_string()))?;
+        best = best.min(s);
+        fs = open_tree(img, tree)?;
+        if fs.lookup(1, b"d00000").is_err() || fs.lookup(1, b"new").is_ok() {
+            return Err("the rollback did not bring the tree back".into());
+        }
+    }
+    Ok((best, fs))
+}
+
+/// `rollbacks` in writable snapshot `id`, to a snapshot of it taken first (deleted after,
+/// and the file system's own tree made active again, untimed).
+fn rollback_in(img: &Path, id: u64) -> Result<f64, String> {
+    let e = |e: idxfs_engine::Error| e.to_string();
+    let fs = open_tree(img, Some(id))?;
+    let snap = fs.snapshot(b"of the writable snapshot").map_err(e)?;
+    let (best, fs) = rollbacks(img, fs, snap, Some(id))?;
+    fs.delete_snapshot(snap).map_err(e)?;
+    fs.finish_drops().map_err(e)?;
+    fs.close().map_err(e)?;
+    open_tree(img, Some(idxfs_format::FS_SUBVOL_ID))?
+        .close()
+        .map_err(e)?;
+    Ok(best)
+}
+
 fn idxfs(src: &Path, base: &Path, bytes: u64) -> Result<Times, String> {
     let img = base.join("snap.img");
     let _ = std::fs::remove_file(&img);
@@ -250,6 +293,7 @@ fn idxfs(src: &Path, base: &Path, bytes: u64) -> Result<Times, String> {
     let (logged, committed) = fsyncs(&img, clones[0])?;
     (t.fsync_clone, t.commit_clone) = (Some(logged), Some(committed));
     t.fsync_own = Some(fsyncs(&img, idxfs_format::FS_SUBVOL_ID)?.0);
+    t.rollback_clone = Some(rollback_in(&img, writables[0])?);
     // Untimed: the clones go before the rollback, whose row measures it alone.
     let fs = open(&img)?;
     for id in clones.into_iter().chain(writables) {
@@ -267,19 +311,9 @@ fn idxfs(src: &Path, base: &Path, bytes: u64) -> Result<Times, String> {
         .iter()
         .map(|s| s.id)
         .collect();
-    // The same mistake made and rolled back `ROUNDS` times, the fastest kept: a rollback
-    // takes about a millisecond, where one sample is mostly the machine's noise.
-    let mut rollback = f64::INFINITY;
-    for _ in 0..ROUNDS {
-        mistake(&fs)?;
-        let s = secs(|| fs.rollback(ids[0]).map(|_| ()).map_err(|e| e.to_string()))?;
-        rollback = rollback.min(s);
-        fs = open(&img)?;
-        if fs.lookup(1, b"d00000").is_err() || fs.lookup(1, b"new").is_ok() {
-            return Err("the rollback did not bring the tree back".into());
-        }
-    }
+    let (rollback, again) = rollbacks(&img, fs, ids[0], None)?;
     t.rollback = Some(rollback);
+    fs = again;
     // All but the first go untimed; the file system lets go of its copy of the tree.
     for &id in &ids[1..] {
         fs.delete_snapshot(id).map_err(|e| e.to_string())?;
@@ -519,6 +553,15 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
                 b / a
             ));
         }
+        if let [Some(a), Some(b)] = [t[0].rollback_clone, t[1].rollback_clone] {
+            text.push_str(&format!(
+                "{:<24} {:>12} {:>12} {:>7.2}x\n",
+                "  in a writable snapshot",
+                ms(a),
+                ms(b),
+                b / a
+            ));
+        }
         // Rows measured at both counts, with their ratio; the others are left out.
         let ratio_rows = |text: &mut String, rows: &[(&str, [Option<f64>; 2])]| {
             for (what, v) in rows {
@@ -567,7 +610,7 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
                 ],
             );
         }
-        let one = |t: &Times| json!({"snapshot_s": t.snap, "command_s": t.cli, "mount_command_s": t.mount, "writable_snapshot_s": t.writable, "clone_s": t.clone, "clone_open_s": t.clone_open, "open_close_s": t.plain_open, "fsync_clone_s": t.fsync_clone, "fsync_own_s": t.fsync_own, "commit_clone_s": t.commit_clone, "rollback_s": t.rollback, "idxfs_rm_s": t.rm, "rm_rf_mount_s": t.rm_rf, "idxfs_cp_s": t.cp, "cp_a_mount_s": t.cp_a, "delete_returns_s": t.returns, "space_back_s": t.back});
+        let one = |t: &Times| json!({"snapshot_s": t.snap, "command_s": t.cli, "mount_command_s": t.mount, "writable_snapshot_s": t.writable, "clone_s": t.clone, "clone_open_s": t.clone_open, "open_close_s": t.plain_open, "fsync_clone_s": t.fsync_clone, "fsync_own_s": t.fsync_own, "commit_clone_s": t.commit_clone, "rollback_s": t.rollback, "rollback_clone_s": t.rollback_clone, "idxfs_rm_s": t.rm, "rm_rf_mount_s": t.rm_rf, "idxfs_cp_s": t.cp, "cp_a_mount_s": t.cp_a, "delete_returns_s": t.returns, "space_back_s": t.back});
         raw.insert(
             label.clone(),
             json!({"small": one(&t[0]), "large": one(&t[1])}),
@@ -585,7 +628,7 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
          a clone and in the file system's own tree, and in the clone ended by a commit \
          instead, each the median of 100; rollback: back to the snapshot after the same \
          changes at both counts (a directory of 1,000 files removed, 100 files made), idxfs's \
-         library call (the fastest of 3) and btrfs's subvolume delete and snapshot of the snapshot in its place; \
+         library call (the fastest of 3; and in a writable snapshot, back to a snapshot of it) and btrfs's subvolume delete and snapshot of the snapshot in its place; \
          idxfs rm and rm -rf: the tree removed from a mount it was imported into, until synced; \
          idxfs cp and cp -a: the tree copied beside itself in such a mount, until synced; \
          ext4's row is cp -a and rm -rf until synced, what a file system without \
