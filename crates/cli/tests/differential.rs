@@ -12,7 +12,9 @@
 //! `cp -a` and `rm -rf` of the same on tmpfs, and writable subvolumes made through the mount
 //! (empty, or cloned from a snapshot), compared read-only at `.snapshots/NAME` with the tree
 //! they were parked with, deleted, and served in turn (`-o subvol=NAME`, the tmpfs tree
-//! swapped for that subvolume's), so every kind of step also runs in clones. On
+//! swapped for that subvolume's), so every kind of step also runs in clones, and files
+//! and trees restored out of snapshots by `cp -a` (from `.snapshots/NAME` on idxfs, from
+//! the kept copy of the snapshot's moment on tmpfs). On
 //! idxfs, what is made in `d1` is NOCOW (`chattr +C`), so its writes go in place. Every other
 //! seed mounts idxfs with the kernel's writeback cache (`-o writeback`); before its crashes
 //! and snapshots every file is fsynced, which sends the kernel's dirty pages to the daemon
@@ -496,6 +498,54 @@ impl World {
         self.compare_trees("after a tree copy or removal");
     }
 
+    /// A file or a tree restored out of a snapshot by `cp -a` to a name neither side has: on
+    /// idxfs from `.snapshots/NAME/PATH` (its copy_file_range the server answers by sharing
+    /// the snapshot's blocks where lineage allows, `Clones::may_take_from`, in clones too,
+    /// and GNU cp by copying bytes where the server refuses), on tmpfs from the kept copy of
+    /// that snapshot's moment.
+    fn restore_step(&mut self) {
+        let i = self.rng.below(self.snaps.len() as u64) as usize;
+        let (name, had) = (self.snaps[i].1.clone(), self.snaps[i].2.len() as u64);
+        if had == 0 {
+            return;
+        }
+        let src = self.snaps[i].2[self.rng.below(had) as usize].0.clone();
+        let d = DIRS[self.rng.below(DIRS.len() as u64) as usize];
+        let dst = Path::new(d).join(format!("restored{}", self.step));
+        self.trail.push(format!(
+            "{}: restore {} of snapshot {name} as {}",
+            self.step,
+            src.display(),
+            dst.display()
+        ));
+        let from = [
+            self.idx.mp.join(".snapshots").join(&name).join(&src),
+            self.kept.root().join(&name).join(&src),
+        ];
+        let (to_a, to_b) = self.both(&dst);
+        let cp = |from: &Path, to: &Path| {
+            let out = std::process::Command::new("cp")
+                .arg("-a")
+                .arg(from)
+                .arg(to)
+                .output()
+                .expect("run cp");
+            (
+                out.status.success(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        };
+        let (a, b) = (cp(&from[0], &to_a), cp(&from[1], &to_b));
+        if a.0 != b.0 {
+            self.fail(&format!(
+                "restore of {} from snapshot {name}: idxfs {a:?}, tmpfs {b:?}",
+                src.display()
+            ));
+        }
+        *self.tally.entry(("restore".into(), a.0)).or_default() += 1;
+        self.compare_trees("after a restore");
+    }
+
     /// A snapshot made through the mount (`idxfs snapshot MOUNT NAME`), or one deleted
     /// (`--delete`), then every snapshot against the tree it was made of.
     fn snapshot_step(&mut self) {
@@ -872,6 +922,7 @@ impl World {
         match self.rng.below(100) {
             0 => return self.snapshot_step(),
             1 => return self.tree_step(),
+            3 if !self.snaps.is_empty() => return self.restore_step(),
             // Half as often as the others: a switch remounts and copies both trees.
             2 if self.rng.chance(50) => return self.subvolume_step(),
             _ => {}
@@ -1520,6 +1571,7 @@ fn random_operations_match_tmpfs_across_remounts_and_crashes() {
         "treecp",
         "treerm",
         "subvolume",
+        "restore",
     ] {
         let n = done.get(kind).copied().unwrap_or(0);
         assert!(

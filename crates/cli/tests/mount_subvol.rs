@@ -293,15 +293,26 @@ fn restores_and_rollbacks_beside_a_subvolume_follow_lineage() {
     m.assert_fsck_clean();
 }
 
+/// Bytes in use on the file system mounted at `mp` (statvfs).
+fn used_bytes(mp: &std::path::Path) -> u64 {
+    let c = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: statvfs(3) into a zeroed struct, with a valid C string.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0, "statvfs");
+    (s.f_blocks - s.f_bfree) * s.f_frsize
+}
+
 /// A writable snapshot restores from and rolls back to its own snapshots through the
-/// binary: `cp` out of `.snapshots` (its origin's blocks copied, its own shared), `idxfs cp`
-/// of a whole snapshot, and `--rollback`, fsck clean after each; a snapshot of the file
-/// system's own tree is still not its to roll back to.
+/// binary: `cp` out of `.snapshots` (its own blocks shared, and its origin's where it still
+/// names them in that file: a file it never changed comes back in no new space; the rest
+/// of its origin's copied), `idxfs cp` of a whole snapshot, and `--rollback`, fsck clean
+/// after each; a snapshot of the file system's own tree is still not its to roll back to.
 #[test]
 fn a_writable_snapshot_restores_from_and_rolls_back_to_its_own_snapshots() {
     use std::os::unix::fs::FileExt;
     let mut m = Mounted::root_only("256M", "");
     std::fs::write(m.path("f"), vec![1u8; 300_000]).expect("write");
+    std::fs::write(m.path("u"), vec![4u8; 8 << 20]).expect("write");
     m.unmount();
     let img = m.image.to_str().expect("utf8").to_string();
     let mp = m.mp.to_str().expect("utf8").to_string();
@@ -326,6 +337,19 @@ fn a_writable_snapshot_restores_from_and_rolls_back_to_its_own_snapshots() {
         .expect("cp");
     assert!(st.success());
     assert!(std::fs::read(m.path("back")).expect("read") == want);
+    let before = used_bytes(&m.mp);
+    let st = std::process::Command::new("cp")
+        .arg(m.path(".snapshots/mine/u"))
+        .arg(m.path("u2"))
+        .status()
+        .expect("cp");
+    assert!(st.success());
+    let grew = used_bytes(&m.mp).saturating_sub(before);
+    assert!(
+        grew < 1 << 20,
+        "restoring an unchanged 8 MiB file took {grew} bytes (its blocks should be shared)"
+    );
+    assert!(std::fs::read(m.path("u2")).expect("read") == vec![4u8; 8 << 20]);
     ok(&[
         "cp",
         &format!("{mp}/.snapshots/mine"),
@@ -344,7 +368,7 @@ fn a_writable_snapshot_restores_from_and_rolls_back_to_its_own_snapshots() {
     m.assert_fsck_clean();
     m.mount("");
     assert!(std::fs::read(m.path("f")).expect("read") == want);
-    assert!(!m.path("back").exists() && !m.path("whole").exists());
+    assert!(!m.path("back").exists() && !m.path("whole").exists() && !m.path("u2").exists());
     m.unmount();
     m.mount("subvol=5");
     assert_eq!(
