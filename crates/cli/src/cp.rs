@@ -65,11 +65,6 @@ pub(crate) fn run(src: &Path, dst: &Path) -> Result<(), String> {
         Some(libc::EEXIST) => format!("{}: exists (idxfs cp makes a new name)", shown.display()),
         Some(libc::EINVAL) => format!("{s}: cannot copy a directory into itself"),
         Some(libc::EXDEV) => format!("{s}: the snapshots directory; copy one snapshot out of it"),
-        // The one refusal of a copy's start (`Clones::may_take_from`).
-        Some(libc::EOPNOTSUPP) => format!(
-            "{s}: not shared beside other writable subvolumes: restores go only from a \
-             snapshot of the tree being served (cp -a copies the bytes)"
-        ),
         Some(libc::EACCES) => format!("{s} -> {}: permission denied", shown.display()),
         Some(libc::EPERM) => format!("{s} -> {}: operation not permitted", shown.display()),
         Some(libc::EAGAIN) => format!(
@@ -86,7 +81,7 @@ pub(crate) fn run(src: &Path, dst: &Path) -> Result<(), String> {
     // Cleared before the summary takes its place.
     drop(line);
     println!(
-        "{s} -> {}: copied {} files and {} directories ({} bytes, shared) in {:.2} s",
+        "{s} -> {}: copied {} files and {} directories ({} bytes) in {:.2} s",
         shown.display(),
         c.files,
         c.dirs,

@@ -1070,7 +1070,8 @@ fn subvolume_with_file(len: usize, byte: u8) -> (Arc<MemDevice>, u64, Fs, u64) {
 
 /// Blocks never move into the active tree from a snapshot while another writable tree may
 /// own them: with only an empty subvolume (no origin) beside the file system, a snapshot
-/// taken in it names its blocks, so a restore or rollback from one is refused there too.
+/// taken in it names its blocks, so a restore or rollback from one is refused there too
+/// (a whole tree copied out of it gets its bytes, as `cp -a`).
 /// Regression (found in review before landing): `Clones::any` counted clones' origins
 /// alone, and a restore from such a snapshot gave the file system a block the parked
 /// subvolume would free. The subvolume itself restores from and rolls back to its own
@@ -1111,10 +1112,26 @@ fn restores_wait_for_empty_subvolumes_too() {
         fs.copy_from_snapshot(&view, f, 0, g, 0, 20_000, Default::default()),
         Err(Error::NotSupported(_))
     ));
-    let r = fs.copy_tree_from(&view, ROOT, ROOT, b"whole", &Unchecked, |_| {});
-    assert!(matches!(r, Err(Error::NotSupported(_))), "{r:?}");
-    assert!(matches!(fs.lookup(ROOT, b"whole"), Err(Error::NotFound)));
+    // A whole tree is copied still, as `cp -a` copies it: its files' bytes, none of the
+    // snapshot's blocks shared.
+    let c = fs
+        .copy_tree_from(&view, ROOT, ROOT, b"whole", &Unchecked, |_| {})
+        .expect("a tree copied out of another tree's snapshot");
+    assert_eq!((c.files, c.dirs, c.bytes), (1, 1, 20_000));
+    let whole = fs.lookup(ROOT, b"whole").expect("copied tree").ino;
+    let copy = fs.lookup(whole, b"f").expect("copied file").ino;
+    assert_eq!(fs.read(copy, 0, 20_000).expect("read"), vec![1u8; 20_000]);
+    let theirs: std::collections::HashSet<u64> =
+        extent_blocks(&view, f).iter().map(|b| b.1).collect();
+    assert!(
+        extent_blocks(&fs, copy)
+            .iter()
+            .all(|b| !theirs.contains(&b.1)),
+        "a block of the subvolume's snapshot shared into the file system's tree"
+    );
     view.close().expect("close view");
+    fs.sync().expect("sync");
+    check(&dev, "after a tree copied out of another tree's snapshot");
     assert!(matches!(fs.rollback(s), Err(Error::NotSupported(_))));
     // Once it is gone, a restore from its snapshot is the file system's to make.
     let fs = open_as(&dev, FS_SUBVOL_ID);

@@ -30,7 +30,10 @@
 //!
 //! The source may be a snapshot opened beside the file system (`copy_tree_from`): the copy
 //! then shares the snapshot's blocks as a file restored from it does (`restore.rs`), so a
-//! tree deleted or changed since comes back whole at the cost of its metadata.
+//! tree deleted or changed since comes back whole at the cost of its metadata. Beside other
+//! writable trees, a snapshot of another tree names blocks that are not the active tree's
+//! to take (`Clones::may_take_from`): its files' bytes are copied instead, as `cp -a`
+//! copies them, and the rest of the copy is the same.
 //!
 //! The engine checks no permission itself, but one call here does what would have been many
 //! checked calls, so it asks the caller's `CopyAs` before each step, and what each copy's
@@ -180,6 +183,8 @@ impl CopyJob {
 /// counts, and a file whose data is under way.
 struct State {
     top_dir: Attr,
+    /// Whether the source's blocks may be shared (module docs); else its bytes are copied.
+    share: bool,
     links: HashMap<Ino, Ino>,
     done: Copied,
     /// A regular file made, whose data is being copied (`Fs::file_step`).
@@ -282,9 +287,9 @@ impl Fs {
                 "a copy from neither this file system nor a snapshot opened beside it",
             ));
         }
-        if !same {
-            self.check_lineage(from)?;
-        }
+        // Another tree's snapshot beside other writable trees: its blocks are not the
+        // active tree's to take, so its files' bytes are copied (module docs).
+        let share = same || self.may_take_from(from);
         let top = from.getattr(src)?;
         if same && top.mode & S_IFMT == S_IFDIR && self.lock().is_within(dst_parent, top.ino)? {
             return Err(Error::Invalid("a copy of a directory into itself"));
@@ -294,6 +299,7 @@ impl Fs {
         let mut job = CopyJob {
             state: State {
                 top_dir,
+                share,
                 links: HashMap::new(),
                 done: Copied::default(),
                 file: None,
@@ -440,7 +446,7 @@ impl Fs {
             }
         }
         let (owner, mode) = w.rules.owned(src, &w.st.top_dir);
-        if kind == S_IFREG {
+        if kind == S_IFREG && w.st.share {
             match self.copy_file_whole(from, src.ino, dir, name, owner, mode) {
                 Ok(Some(made)) => {
                     w.st.done.bytes += made.bytes;
@@ -521,8 +527,10 @@ impl Fs {
             let (s, d, at) = (f.src.ino, f.ino, f.at);
             let n = if std::ptr::eq(from, self) {
                 self.copy_range(s, at, d, at, len, no)?
-            } else {
+            } else if w.st.share {
                 self.copy_from_snapshot(from, s, at, d, at, len, no)?
+            } else {
+                self.copy_bytes(from, s, at, d, at, len, no)?
             };
             // Nothing: the source got shorter meanwhile.
             f.at = if n == 0 { f.src.size } else { at + n };

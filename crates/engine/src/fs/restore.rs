@@ -100,13 +100,19 @@ impl Fs {
     /// Refuses to move blocks from `view` into the active tree when another writable tree
     /// may own some of them (`Clones::may_take_from`).
     pub(super) fn check_lineage(&self, view: &Fs) -> Result<()> {
-        let id = view.shared.views.of.as_ref().map(|v| v.id());
-        let g = self.lock();
-        let snap = id.and_then(|id| g.snapshots.list.get(&id));
-        match g.snapshots.clones.may_take_from(snap) {
+        match self.may_take_from(view) {
             true => Ok(()),
             false => Err(Error::NotSupported(LINEAGE)),
         }
+    }
+
+    /// Whether blocks of `view`, a snapshot opened beside this file system, may move into
+    /// the active tree (`Clones::may_take_from`).
+    pub(super) fn may_take_from(&self, view: &Fs) -> bool {
+        let id = view.shared.views.of.as_ref().map(|v| v.id());
+        let g = self.lock();
+        let snap = id.and_then(|id| g.snapshots.list.get(&id));
+        g.snapshots.clones.may_take_from(snap)
     }
 }
 
