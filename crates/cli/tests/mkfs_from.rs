@@ -9,7 +9,7 @@
 //! the same way, with an imported copy of the tree as its source.
 mod common;
 
-use common::{idxfs, shm_tempdir, Mounted};
+use common::{idxfs, shm_tempdir, used_bytes, Mounted};
 use idxfs_engine::testutil::Rng;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{CString, OsStr};
@@ -663,14 +663,6 @@ fn idxfs_cp_in_a_mount_copies_a_random_tree_exactly() {
     std::fs::create_dir(&src).expect("mkdir");
     random_tree(&src, &mut rng);
     copy_and_compare(&src, Builder::Cp);
-}
-
-fn used_bytes(p: &Path) -> u64 {
-    let c = cpath(p);
-    // SAFETY: statvfs(3) into a zeroed struct, with a valid C string.
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0, "statvfs");
-    (s.f_blocks - s.f_bfree) * s.f_frsize
 }
 
 #[test]

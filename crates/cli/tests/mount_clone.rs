@@ -8,14 +8,6 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::process::Command;
 
-fn used_bytes(p: &std::path::Path) -> u64 {
-    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
-    // SAFETY: statvfs(3) into a zeroed struct, with a valid C string.
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0, "statvfs");
-    (s.f_blocks - s.f_bfree) * s.f_frsize
-}
-
 fn pattern(len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| ((i / 4096) as u8).wrapping_mul(7) ^ (i as u8))

@@ -291,15 +291,6 @@ fn restores_and_rollbacks_beside_a_subvolume_follow_lineage() {
     m.assert_fsck_clean();
 }
 
-/// Bytes in use on the file system mounted at `mp` (statvfs).
-fn used_bytes(mp: &std::path::Path) -> u64 {
-    let c = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes()).expect("path");
-    // SAFETY: statvfs(3) into a zeroed struct, with a valid C string.
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0, "statvfs");
-    (s.f_blocks - s.f_bfree) * s.f_frsize
-}
-
 /// A writable snapshot restores from and rolls back to its own snapshots through the
 /// binary: `cp` out of `.snapshots` (its own blocks shared, and its origin's where it still
 /// names them in that file: a file it never changed comes back in no new space; the rest

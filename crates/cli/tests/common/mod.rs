@@ -10,6 +10,15 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_idxfs")
 }
 
+/// Bytes in use on the file system that holds `p` (statvfs).
+pub fn used_bytes(p: &Path) -> u64 {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: statvfs(3) into a zeroed struct, with a valid C string.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0, "statvfs");
+    (s.f_blocks - s.f_bfree) * s.f_frsize
+}
+
 /// Runs the idxfs binary; returns (exit code, stdout, stderr).
 pub fn idxfs(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(bin()).args(args).output().expect("run idxfs");
