@@ -189,25 +189,25 @@ impl Fs {
                     };
                     // In a clone, the batch stops before the first of its origin's blocks
                     // the clone does not name (`named_prefix`), decided under the batch's
-                    // lock; None: the batch's first block is one.
+                    // lock; Err: the batch's first block is one, and so are this many.
                     let batch = self.write_op(0, Reserve::Grow, Durable::Data, |g| {
                         let m = match in_clone {
                             true => g.named_prefix(src, &pieces, sb, n)?,
                             false => n,
                         };
-                        if m == 0 {
-                            return Ok(None);
+                        match (m, pieces.first()) {
+                            (0, Some(&p)) => Ok(Err(g.origin_run(src, p, sb, false)?.max(1))),
+                            _ => (g.share_batch(from(), sb, dst, db, m, end(m), kill))
+                                .map(|k| Ok((m, k))),
                         }
-                        (g.share_batch(from(), sb, dst, db, m, end(m), kill)).map(|k| Some((m, k)))
                     });
                     match batch {
-                        Ok(Some((m, k))) => {
+                        Ok(Ok((m, k))) => {
                             n = m;
                             Ok(k)
                         }
-                        Ok(None) => {
-                            // The origin's piece there is copied (`clones`).
-                            let k = pieces.first().map_or(1, |p| p.2);
+                        Ok(Err(k)) => {
+                            // Those of the origin's blocks are copied (`clones`).
                             let at = db * BS;
                             let len = (k * BS).min(dst_end - at);
                             match self.copy_bytes(view, src, sb * BS, dst, at, len, kill) {
@@ -386,29 +386,54 @@ impl Inner {
             if !self.snapshots.clones.of_origin(gen) {
                 continue;
             }
-            let k = k.min(sb + n - fb);
-            let exts = self.extents(ino, fb * BS, (fb + k) * BS)?;
-            // Blocks [fb, at) are named so far.
-            let mut at = fb;
-            for e in exts.iter().filter(|e| e.item.kind == EXTENT_REGULAR) {
-                let es = e.offset / BS;
-                if es > at {
-                    break;
-                }
-                let et = (es + e.item.blocks.get()).min(fb + k);
-                if et <= at {
-                    continue;
-                }
-                if e.item.disk_block.get() + (at - es) != disk + (at - fb) {
-                    break;
-                }
-                at = et;
-            }
-            if at < fb + k {
-                return Ok(at - sb);
+            let piece = (fb, disk, k.min(sb + n - fb), gen);
+            let named = self.origin_run(ino, piece, fb, true)?;
+            if named < piece.2 {
+                return Ok(fb + named - sb);
             }
         }
         Ok(n)
+    }
+
+    /// From file block `at` of `piece` (a snapshot's piece of file `ino`, as old as the
+    /// active clone's origin), how many blocks in a row the clone's extents of the same file
+    /// blocks name (`named`), or do not (`named_prefix`).
+    pub(super) fn origin_run(
+        &mut self,
+        ino: Ino,
+        piece: Piece,
+        at: u64,
+        named: bool,
+    ) -> Result<u64> {
+        let (fb, disk, k, _) = piece;
+        let end = fb + k;
+        // The clone's written extents there: (first block, end, names the piece's blocks).
+        let spans: Vec<(u64, u64, bool)> = (self.extents(ino, at * BS, end * BS)?.iter())
+            .filter(|e| e.item.kind == EXTENT_REGULAR)
+            .map(|e| {
+                let (es, d) = (e.offset / BS, e.item.disk_block.get());
+                let et = es + e.item.blocks.get();
+                (es.max(at), et.min(end), d + fb == disk + es)
+            })
+            .filter(|s| s.0 < s.1)
+            .collect();
+        let (mut x, mut i) = (at, 0);
+        while x < end {
+            while spans.get(i).is_some_and(|s| s.1 <= x) {
+                i += 1;
+            }
+            let (names, until) = match spans.get(i) {
+                Some(&(s, t, same)) if s <= x => (same, t),
+                // A hole, or nothing written, up to the next extent.
+                Some(&(s, _, _)) => (false, s),
+                None => (false, end),
+            };
+            if names != named {
+                break;
+            }
+            x = until;
+        }
+        Ok(x - at)
     }
 
     /// Gives `dst` extents naming `pieces` (of a source's file blocks from `sb`, placed from
