@@ -300,9 +300,11 @@ struct World {
     active: Option<(u64, String)>,
     /// Empty subvolumes not yet served: given the test's directories when first served.
     fresh: std::collections::BTreeSet<String>,
-    /// Each snapshot's tree (5: the file system's own): what decides whether a rollback
-    /// beside other writable trees is made (`Clones::may_take_from`).
+    /// Each snapshot's tree (5: the file system's own), and each clone's origin: what
+    /// decides whether a rollback beside other writable trees is made
+    /// (`Clones::may_take_from`).
     snap_tree: std::collections::BTreeMap<u64, u64>,
+    clone_origin: std::collections::BTreeMap<u64, u64>,
     /// Snapshots a subvolume was made from: their delete is refused while anything names
     /// their blocks through them (a clone, a snapshot of one, or one whose drop runs on).
     origins: std::collections::BTreeSet<u64>,
@@ -602,9 +604,11 @@ impl World {
         let img = self.idx.image.to_str().expect("utf8").to_string();
         let (code, out, err) = idxfs(&["snapshot", &img, "--rollback", &id.to_string()]);
         let beside = !self.origins.is_empty() || !self.subvols.is_empty() || self.active.is_some();
-        // Beside other writable trees, a tree rolls back only to a snapshot of itself.
+        // Beside other writable trees, a tree rolls back only to a snapshot of itself, or a
+        // clone to its origin.
         let active = self.active_id();
-        let own = self.snap_tree.get(&id) == Some(&active);
+        let own =
+            self.snap_tree.get(&id) == Some(&active) || self.clone_origin.get(&active) == Some(&id);
         if code != 0 && beside && !own && err.contains("beside other writable subvolumes") {
             // Refused beside other writable trees (`fs::clones`): nothing changed.
             self.idx.mount(&self.opts);
@@ -656,6 +660,9 @@ impl World {
                     self.fail(&format!("subvolume {name}: {out}{err}"));
                 }
                 let id = self.said_id(&out, "subvolume ", ' ');
+                if let Some((sid, _, _)) = &from {
+                    self.clone_origin.insert(id, *sid);
+                }
                 self.subvols.push((id, name));
             }
             1 if !self.subvols.is_empty() => {
@@ -1515,6 +1522,7 @@ fn random_operations_match_tmpfs_across_remounts_and_crashes() {
             fresh: Default::default(),
             origins: Default::default(),
             snap_tree: Default::default(),
+            clone_origin: Default::default(),
         };
         for d in ["d0", "d1", "d0/e"] {
             let (a, b) = w.both(Path::new(d));

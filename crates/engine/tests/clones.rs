@@ -123,7 +123,7 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
             if rng.chance(4) && !snaps.is_empty() {
                 // A file restored out of a snapshot, as `cp` out of `.snapshots` does.
                 let s = pick_snapshot(&mut rng, &snap_of, id);
-                let lineage = Lineage::of(id, snap_of[&s], &trees, &origins, &dropping);
+                let lineage = Lineage::of(id, s, snap_of[&s], &trees, &origins, &dropping);
                 let name = format!("x{}", w.n);
                 match (restore_one(&fs, s, &snaps[&s].1, &mut rng, &name), lineage) {
                     (Ok(Some(x)), Lineage::Allowed | Lineage::Either) => {
@@ -247,7 +247,7 @@ fn clones_keep_their_own_state_and_give_every_block_back() {
         let rollback_to =
             (rng.chance(30) && !snaps.is_empty()).then(|| pick_snapshot(&mut rng, &snap_of, id));
         let lineage =
-            rollback_to.map(|s| Lineage::of(id, snap_of[&s], &trees, &origins, &dropping));
+            rollback_to.map(|s| Lineage::of(id, s, snap_of[&s], &trees, &origins, &dropping));
         trees.insert(id, (digest(&fs), w));
         let listed: Vec<u64> = fs.subvolumes().iter().map(|s| s.id).collect();
         assert_eq!(
@@ -440,17 +440,18 @@ enum Lineage {
 }
 
 impl Lineage {
-    /// Into tree `active` from a snapshot of tree `of`, beside the `others` (parked).
+    /// Into tree `active` from snapshot `snap` of tree `of`, beside the `others` (parked).
     fn of(
         active: u64,
+        snap: u64,
         of: u64,
         others: &BTreeMap<u64, (String, World)>,
         origins: &BTreeMap<u64, u64>,
         dropping: &BTreeMap<u64, u64>,
     ) -> Lineage {
         let alone = others.is_empty() && active == FS_SUBVOL_ID && origins.is_empty();
-        // Taken of the open tree (a clone's names its origin's blocks too).
-        if of == active || alone && dropping.is_empty() {
+        // Taken of the open tree (a clone's names its origin's blocks too), or its origin.
+        if of == active || origins.get(&active) == Some(&snap) || alone && dropping.is_empty() {
             Lineage::Allowed
         } else if alone {
             Lineage::Either
@@ -533,8 +534,8 @@ fn a_preallocated_block_two_trees_name_is_not_filled_in_place() {
 }
 
 /// And restores follow lineage (`Clones::may_take_from`): beside a clone, the file system
-/// restores from and rolls back to its own snapshots, not the clone's; the clone does
-/// neither from its origin, a snapshot of the file system's tree.
+/// restores from and rolls back to its own snapshots, not the clone's; the clone from and
+/// to its origin, not another snapshot of the file system's tree.
 #[test]
 fn an_origin_stays_while_its_clone_does_and_restores_follow_lineage() {
     let (dev, fs) = mem_fs_with(64 << 20, 4096);
@@ -557,22 +558,39 @@ fn an_origin_stays_while_its_clone_does_and_restores_follow_lineage() {
         .expect("restore from the file system's own snapshot beside its clone");
     view.close().expect("close view");
     assert_eq!(fs.read(g, 0, 20_000).expect("read"), vec![1u8; 20_000]);
+    let other = fs.snapshot(b"other").expect("another snapshot");
     fs.close().expect("close");
     check(&dev, "after the restore");
-    // In the clone: not from its origin, a snapshot of another tree (from its own:
+    // In the clone: from its origin, whose every block is the origin's to it; not from
+    // another snapshot of the file system's tree (from its own:
     // `a_clone_restores_from_and_rolls_back_to_its_own_snapshots`).
     let fs = open_as(&dev, c);
     fs.write(f, 0, &[3u8; 20_000]).expect("write in the clone");
     let own = fs.snapshot(b"of c").expect("snapshot of the clone");
-    let view = fs.open_snapshot(s, 1 << 20).expect("view");
-    let h = fs.create(ROOT, b"h", 0o644, ME).expect("create").ino;
-    assert!(matches!(
-        fs.copy_from_snapshot(&view, f, 0, h, 0, 20_000, Default::default()),
-        Err(Error::NotSupported(_))
-    ));
-    view.close().expect("close view");
-    fs.unlink(ROOT, b"h").expect("unlink");
-    assert!(matches!(fs.rollback(s), Err(Error::NotSupported(_))));
+    for (from, byte) in [(s, Some(1u8)), (other, None)] {
+        let view = fs.open_snapshot(from, 1 << 20).expect("view");
+        let h = fs.create(ROOT, b"h", 0o644, ME).expect("create").ino;
+        let r = fs.copy_from_snapshot(&view, f, 0, h, 0, 20_000, Default::default());
+        match byte {
+            Some(b) => {
+                r.expect("restore into the clone from its origin");
+                assert_eq!(fs.read(h, 0, 20_000).expect("read"), vec![b; 20_000]);
+            }
+            None => assert!(matches!(r, Err(Error::NotSupported(_))), "{r:?}"),
+        }
+        view.close().expect("close view");
+        fs.unlink(ROOT, b"h").expect("unlink");
+    }
+    fs.sync().expect("sync");
+    check(&dev, "after a restore into the clone from its origin");
+    assert!(matches!(fs.rollback(other), Err(Error::NotSupported(_))));
+    // Rolled back to its origin, the clone is as it was made; its snapshot stays.
+    let fs = open_as(&dev, c);
+    fs.rollback(s).expect("rollback of the clone to its origin");
+    check(&dev, "after the clone's rollback to its origin");
+    let fs = open_as(&dev, c);
+    assert_eq!(fs.read(f, 0, 20_000).expect("read"), vec![1u8; 20_000]);
+    fs.close().expect("close");
     // The file system rolls back to its own snapshot, the clone untouched.
     let fs = open_as(&dev, FS_SUBVOL_ID);
     assert!(matches!(fs.rollback(own), Err(Error::NotSupported(_))));
@@ -602,11 +620,11 @@ fn an_origin_stays_while_its_clone_does_and_restores_follow_lineage() {
     let fs = open_as(&dev, FS_SUBVOL_ID);
     assert_eq!(fs.read(f, 0, 20_000).expect("read"), vec![1u8; 20_000]);
     let kept: Vec<u64> = fs.snapshots().expect("list").iter().map(|s| s.id).collect();
-    assert_eq!(kept, [s, own]);
+    assert_eq!(kept, [s, other, own]);
     fs.close().expect("close");
     // Once the clone is gone, the origin goes too, and every block comes back.
     let fs = Fs::open(dev.clone(), opts()).expect("reopen");
-    delete_in_turn(&fs, &[own]);
+    delete_in_turn(&fs, &[own, other]);
     fs.delete_snapshot(c).expect("delete the clone");
     // Until the clone's drop ends its leaves name the origin's blocks.
     assert!(matches!(fs.delete_snapshot(s), Err(Error::Busy(_))));

@@ -37,12 +37,13 @@
 //! - nothing moves blocks into a tree from outside its lineage: while any other writable
 //!   tree exists (a clone or one made empty: `Clones::any`), restores from snapshots
 //!   (`restore`, `copy_tree_from`) and rollbacks are made only from a snapshot taken of the
-//!   active tree (the item's `source`; `Clones::may_take_from`), since another snapshot's
-//!   block may be another tree's own (a snapshot of an empty subvolume names that
-//!   subvolume's blocks).
+//!   active tree (the item's `source`; `Clones::may_take_from`) or from the active clone's
+//!   origin, since another snapshot's block may be another tree's own (a snapshot of an
+//!   empty subvolume names that subvolume's blocks).
 //!
 //! **Restores and rollbacks into a clone.** A clone's snapshot names the clone's own blocks
-//! and its origin's. The clone's own are as any tree's: named by the clone or held for the
+//! and its origin's; its origin names only the latter, so a clone restores from and rolls
+//! back to its origin too (a rollback to it: the clone as it was made). The clone's own are as any tree's: named by the clone or held for the
 //! snapshot, so a restore or rollback counts or unholds them. The origin's the clone may
 //! have let go of: then they are named or held for the tree the origin was taken of, and
 //! nothing says whether the clone still names one (no back references). So they never
@@ -147,17 +148,21 @@ impl Clones {
         }
     }
 
-    /// Whether blocks may move into the active tree from `snap` (a restore or a rollback;
-    /// None: a tree that is no snapshot, a parked writable one). Always while the active
-    /// tree is the only writable one. Beside others, only from a snapshot taken of the
-    /// active tree (its `source`): every block such a snapshot names is the active tree's
-    /// own or, in a clone, its origin's (module docs). The tree's own blocks no other
-    /// writable tree frees (a clone of the snapshot never frees its origin's blocks), so a
-    /// restore's count or unhold gives them back to their one owner. The origin's blocks
-    /// the clone may no longer name, and another tree holds or names them: they never
-    /// change hands (`Clones::of_origin`).
-    pub fn may_take_from(&self, snap: Option<&Snap>) -> bool {
-        !self.any() || snap.is_some_and(|s| s.item.source() == self.active_id())
+    /// Whether blocks may move into the active tree from `snap` (its id and item; a
+    /// restore or a rollback; None: a tree that is no snapshot, a parked writable one).
+    /// Always while the active tree is the only writable one. Beside others, only from a
+    /// snapshot taken of the active tree (its `source`), or from the active clone's origin:
+    /// every block such a snapshot names is the active tree's own or, in a clone, its
+    /// origin's (module docs; the origin names only the latter). The tree's own blocks no
+    /// other writable tree frees (a clone of the snapshot never frees its origin's blocks),
+    /// so a restore's count or unhold gives them back to their one owner. The origin's
+    /// blocks the clone may no longer name, and another tree holds or names them: they
+    /// never change hands (`Clones::of_origin`).
+    pub fn may_take_from(&self, snap: Option<(u64, &Snap)>) -> bool {
+        let of_active = |(id, s): (u64, &Snap)| {
+            s.item.source() == self.active_id() || self.active_origin().is_some_and(|o| o.id == id)
+        };
+        !self.any() || snap.is_some_and(of_active)
     }
 
     /// Whether a clone was made from snapshot `id`.

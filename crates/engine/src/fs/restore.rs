@@ -111,7 +111,7 @@ impl Fs {
     pub(super) fn may_take_from(&self, view: &Fs) -> bool {
         let id = view.shared.views.of.as_ref().map(|v| v.id());
         let g = self.lock();
-        let snap = id.and_then(|id| g.snapshots.list.get(&id));
+        let snap = id.and_then(|id| g.snapshots.list.get(&id).map(|s| (id, s)));
         g.snapshots.clones.may_take_from(snap)
     }
 }

@@ -128,10 +128,10 @@ impl Fs {
             .cloned()
             .ok_or(Error::NotFound)?;
         // A snapshot's blocks may be another writable tree's own (`clones`).
-        if !g.snapshots.clones.may_take_from(Some(&snap)) {
+        if !g.snapshots.clones.may_take_from(Some((id, &snap))) {
             return Err(Error::NotSupported(
-                "a rollback to a snapshot of another subvolume, beside other writable \
-                 subvolumes",
+                "a rollback to a snapshot of another subvolume (not this one's, nor its \
+                 origin), beside other writable subvolumes",
             ));
         }
         let (report, settle) = g.rollback_plan(id, &snap)?;
