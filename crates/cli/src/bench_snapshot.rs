@@ -14,7 +14,9 @@
 //!   the same open and close without a switch, each the fastest of `ROUNDS`; btrfs's
 //!   snapshot row is writable already. And in a clone and in the file system's own tree, a
 //!   file made, written (4 KiB) and fsynced in a directory of the tree, beside the same
-//!   ended by a commit instead (`fsyncs`): the fsync log at work in a clone.
+//!   ended by a commit instead (`fsyncs`): the fsync log at work in a clone; and the clone
+//!   opened beside the file system's own tree (`Fs::open_subvolume`), where the same fsync
+//!   commits, and that open and close alone.
 //! - **rollback** after the same changes at both counts (`mistake`: a directory of 1,000
 //!   files removed, 100 files of 4 KiB made): idxfs's `Fs::rollback` on the unmounted image
 //!   (its commits included; the fastest of `ROUNDS`, the mistake made again before each),
@@ -65,6 +67,10 @@ struct Times {
     fsync_clone: Option<f64>,
     fsync_own: Option<f64>,
     commit_clone: Option<f64>,
+    /// idxfs only: the same fsync in the clone opened beside the file system's own tree
+    /// (a commit), and that open and close (`Fs::open_subvolume`; the fastest of `ROUNDS`).
+    fsync_beside: Option<f64>,
+    open_beside: Option<f64>,
     /// Back to the snapshot after `mistake`; None where the file system has no way.
     rollback: Option<f64>,
     /// idxfs only: the same in a writable snapshot, back to a snapshot of it.
@@ -110,15 +116,21 @@ const FSYNCS: usize = 100;
 /// In writable tree `id`, a file made in directory `d00000`, 4 KiB written to it and the
 /// file fsynced (the log: its cost follows the change), and the same ended by a commit
 /// instead (what an fsync in a clone cost before it logged), alternately; the medians.
-fn fsyncs(img: &Path, id: u64) -> Result<(f64, f64), String> {
+/// `beside`: the tree is opened beside the file system's own (`Fs::open_subvolume`), where
+/// an fsync commits (the log is the active tree's).
+fn fsyncs(img: &Path, id: u64, beside: bool) -> Result<(f64, f64), String> {
     let e = |e: idxfs_engine::Error| e.to_string();
     let dev = FileDevice::open(img, true).map_err(|e| format!("{}: {e}", img.display()))?;
     let o = OpenOptions {
-        subvolume: Some(id),
+        subvolume: Some(if beside { idxfs_format::FS_SUBVOL_ID } else { id }),
         commit_interval: None,
         ..OpenOptions::default()
     };
-    let fs = Fs::open(Arc::new(dev), o).map_err(e)?;
+    let active = Fs::open(Arc::new(dev), o).map_err(e)?;
+    let fs = match beside {
+        true => active.open_subvolume(id).map_err(e)?,
+        false => active,
+    };
     let owner = idxfs_engine::fs::Owner::default();
     let d = fs.lookup(1, b"d00000").map_err(e)?.ino;
     // A mount appends to the log once a commit of its own names a chain.
@@ -140,7 +152,7 @@ fn fsyncs(img: &Path, id: u64) -> Result<(f64, f64), String> {
             false => logged.push(s),
         }
     }
-    if fs.counters().log_batches.get() < FSYNCS as u64 {
+    if !beside && fs.counters().log_batches.get() < FSYNCS as u64 {
         return Err(format!(
             "tree {id}: its fsyncs committed instead of logging"
         ));
@@ -150,6 +162,23 @@ fn fsyncs(img: &Path, id: u64) -> Result<(f64, f64), String> {
         crate::bench::median(logged),
         crate::bench::median(committed),
     ))
+}
+
+/// Writable tree `id` opened beside the file system's own and closed (`Fs::open_subvolume`:
+/// its state set up, its orphans looked for, and the close's commit), the fastest of
+/// `ROUNDS`, the file system opened once.
+fn open_beside(img: &Path, id: u64) -> Result<f64, String> {
+    let e = |e: idxfs_engine::Error| e.to_string();
+    let fs = open(img)?;
+    let mut best = f64::INFINITY;
+    for _ in 0..ROUNDS {
+        best = best.min(secs(|| {
+            let sub = fs.open_subvolume(id).map_err(e)?;
+            sub.close().map_err(e)
+        })?);
+    }
+    fs.close().map_err(e)?;
+    Ok(best)
 }
 
 /// Removes every file and directory under the root (the file system's own copy of the tree,
@@ -290,9 +319,11 @@ fn idxfs(src: &Path, base: &Path, bytes: u64) -> Result<Times, String> {
     }
     (t.clone, t.clone_open) = (Some(clone), Some(clone_open));
     t.plain_open = Some(plain_open);
-    let (logged, committed) = fsyncs(&img, clones[0])?;
+    let (logged, committed) = fsyncs(&img, clones[0], false)?;
     (t.fsync_clone, t.commit_clone) = (Some(logged), Some(committed));
-    t.fsync_own = Some(fsyncs(&img, idxfs_format::FS_SUBVOL_ID)?.0);
+    t.fsync_own = Some(fsyncs(&img, idxfs_format::FS_SUBVOL_ID, false)?.0);
+    t.fsync_beside = Some(fsyncs(&img, clones[0], true)?.0);
+    t.open_beside = Some(open_beside(&img, clones[0])?);
     t.rollback_clone = Some(rollback_in(&img, writables[0])?);
     // Untimed: the clones go before the rollback, whose row measures it alone.
     let fs = open(&img)?;
@@ -607,10 +638,12 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
                     ("fsync in a clone", [t[0].fsync_clone, t[1].fsync_clone]),
                     ("  in the fs's own tree", [t[0].fsync_own, t[1].fsync_own]),
                     ("  a commit instead", [t[0].commit_clone, t[1].commit_clone]),
+                    ("  opened beside (commits)", [t[0].fsync_beside, t[1].fsync_beside]),
+                    ("clone opened beside+closed", [t[0].open_beside, t[1].open_beside]),
                 ],
             );
         }
-        let one = |t: &Times| json!({"snapshot_s": t.snap, "command_s": t.cli, "mount_command_s": t.mount, "writable_snapshot_s": t.writable, "clone_s": t.clone, "clone_open_s": t.clone_open, "open_close_s": t.plain_open, "fsync_clone_s": t.fsync_clone, "fsync_own_s": t.fsync_own, "commit_clone_s": t.commit_clone, "rollback_s": t.rollback, "rollback_clone_s": t.rollback_clone, "idxfs_rm_s": t.rm, "rm_rf_mount_s": t.rm_rf, "idxfs_cp_s": t.cp, "cp_a_mount_s": t.cp_a, "delete_returns_s": t.returns, "space_back_s": t.back});
+        let one = |t: &Times| json!({"snapshot_s": t.snap, "command_s": t.cli, "mount_command_s": t.mount, "writable_snapshot_s": t.writable, "clone_s": t.clone, "clone_open_s": t.clone_open, "open_close_s": t.plain_open, "fsync_clone_s": t.fsync_clone, "fsync_own_s": t.fsync_own, "commit_clone_s": t.commit_clone, "fsync_beside_s": t.fsync_beside, "open_beside_s": t.open_beside, "rollback_s": t.rollback, "rollback_clone_s": t.rollback_clone, "idxfs_rm_s": t.rm, "rm_rf_mount_s": t.rm_rf, "idxfs_cp_s": t.cp, "cp_a_mount_s": t.cp_a, "delete_returns_s": t.returns, "space_back_s": t.back});
         raw.insert(
             label.clone(),
             json!({"small": one(&t[0]), "large": one(&t[1])}),

@@ -57,6 +57,8 @@ pub struct ChangedKeys {
     keys: Vec<Key>,
     /// More than `KEYS_MAX` changed: the next fsync commits instead.
     overflow: bool,
+    /// A tree beside the primary is in hand (`fs::trees`): its changes are not the log's.
+    pub unlogged: bool,
 }
 
 impl ChangedKeys {
@@ -67,7 +69,7 @@ impl ChangedKeys {
     /// Notes that the item `key` of tree `owner` changed; only the fs tree is logged.
     #[inline]
     pub fn note(&mut self, owner: u64, key: Key) {
-        if owner == idxfs_format::TREE_FS {
+        if owner == idxfs_format::TREE_FS && !self.unlogged {
             if self.keys.len() < Self::KEYS_MAX {
                 self.keys.push(key);
             } else {

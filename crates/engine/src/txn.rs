@@ -471,6 +471,7 @@ impl Inner {
         if !self.trees_changed()
             && self.inodes.dirty_count() == 0
             && self.lives.orphans.pending_len() == 0
+            && self.others_commit_need() == 0
             && self.txn.incompat_wanted == 0
             && self.txn.compat_ro_wanted == 0
         {
@@ -494,10 +495,18 @@ impl Inner {
         }
     }
 
+    /// Step 1 for every open tree (`fs::trees`), then the rest with the primary in hand;
+    /// the tree that was in hand is in hand again after.
     fn freeze(&mut self) -> Result<Frozen> {
+        let held = self.in_hand();
+        let r = self.settle_trees(self.store.generation);
+        let r = r.and_then(|()| self.freeze_primary());
+        self.hand(held)?;
+        r
+    }
+
+    fn freeze_primary(&mut self) -> Result<Frozen> {
         let started = std::time::Instant::now();
-        self.write_new_orphans()?;
-        self.write_back_inodes()?;
         self.log_release()?;
         // Whole node slots, free again: what the roots and space trees' copies below may
         // take.
@@ -522,7 +531,6 @@ impl Inner {
         sb.next_ino = self.txn.next_ino.into();
         sb.inode_count = self.txn.inode_count.into();
         sb.subvolume = self.snapshots.clones.active.into();
-        self.txn.ino_runs.expire();
         sb.used_blocks = self.store.alloc.used_blocks().into();
         let nodes = freeze_store(&mut self.store);
         // After used_blocks: the committed bitmaps call the log's first block free. After the

@@ -1,9 +1,12 @@
 //! Writable subvolumes made from snapshots (clones), as ZFS's clones: `Fs::make_clone`
 //! makes one from a read-only snapshot (its origin) in constant time, a second root pointer
 //! to the origin's root as a snapshot is to the fs tree's. An open file system has one
-//! writable tree, the *active* one (the superblock's `fs_root`, `subvolume`); the others are
+//! *active* writable tree (the superblock's `fs_root`, `subvolume`); the others are
 //! *parked* (`Subvolume` items flagged `SUBVOL_WRITABLE` with their roots), the file
-//! system's own tree among them (`FS_SUBVOL_ID`) while a clone is active.
+//! system's own tree among them (`FS_SUBVOL_ID`) while a clone is active. Parked trees may
+//! be opened beside the active one (`trees`): each operation then has its handle's tree
+//! in hand, and `Clones::active` names that tree, so every rule below about "the active
+//! tree" is about the tree the operation acts on.
 //! `OpenOptions::subvolume` picks which one an open makes active (`Inner::switch_to`, one
 //! commit). `Fs::make_subvolume` makes an empty one (a root directory, no origin): every
 //! block it comes to name is its own, as in the file system's own tree, so the rules below
@@ -71,8 +74,8 @@
 //! once the tree the origin was taken of lets go of them: it keeps the origin (its own
 //! `SubvolumeOrigin` item, the clone's origin) until its drop ends, as the clone does.
 //!
-//! Not built yet (`docs/snapshots.md`): several writable trees through one open file system
-//! (subvolumes as directories of one mount; the parked ones are shown read-only).
+//! Not built yet (`docs/snapshots.md`): several writable trees served by one mount (the
+//! engine opens them at once, `trees`; the mount shows the parked ones read-only).
 use super::snapshot::{root_ptr, tree_at, Snap};
 use super::{Fs, Inner, Reserve};
 use crate::error::{Error, Result};
@@ -99,13 +102,15 @@ pub(crate) struct Origin {
 #[derive(Default)]
 pub(crate) struct Clones {
     /// Every writable tree's item but the file system's own while it is active: a parked
-    /// one's with its root, the active clone's with root block 0 (the superblock has it).
+    /// one's with its root (one opened beside: its last commit's, `trees`), the
+    /// superblock's clone's with root block 0 (the superblock has it).
     pub items: BTreeMap<u64, Snap>,
     /// Each clone's origin, parked or active; and each snapshot's that names a clone's
     /// origin's blocks (a snapshot of a clone, or a deleted clone until its drop ends), so
     /// that origin stays while anything names its blocks through it.
     pub origins: BTreeMap<u64, Origin>,
-    /// The superblock's `subvolume`: 0 while the file system's own tree is active.
+    /// The tree in hand (`trees`): the superblock's `subvolume` but while an operation acts
+    /// on a tree opened beside it; 0 for the file system's own tree.
     pub active: u64,
     pub(super) changed_items: BTreeSet<u64>,
     pub(crate) changed_origins: BTreeSet<u64>,
@@ -245,7 +250,8 @@ pub struct SubvolumeInfo {
     /// snapshot (`origin`) is hidden; None for a clone of a listed snapshot, or when the
     /// tree was not recorded.
     pub snapshot_of: Option<u64>,
-    /// Whether this open file system has it active.
+    /// Whether it is the tree of the handle asked (the active one, or one opened beside
+    /// it: `Fs::open_subvolume`).
     pub active: bool,
 }
 
@@ -313,6 +319,7 @@ impl Inner {
         }
         clones.changed_items.insert(id);
         clones.active = target;
+        self.trees.primary = target;
         self.fs_tree = tree_at(&parked.item.root, TREE_FS);
         self.txn.next_ino = parked.item.next_ino.get();
         self.txn.inode_count = parked.item.inode_count.get();
@@ -390,6 +397,7 @@ impl Inner {
         clones.items = items;
         clones.origins = origins;
         clones.active = active;
+        self.trees.primary = active;
     }
 
     /// Deletes hidden snapshot `id` (a writable snapshot's origin) once nothing names its
@@ -433,8 +441,8 @@ impl Inner {
         if id == FS_SUBVOL_ID {
             return Err(Error::Invalid("the file system's own tree is not deleted"));
         }
-        if id == clones.active {
-            return Err(Error::Busy("the subvolume is the one open"));
+        if self.trees.is_open(super::trees::active_of(id)) {
+            return Err(Error::Busy("the subvolume is open"));
         }
         let Some(s) = clones.items.get(&id).cloned() else {
             return Err(Error::NotFound);
@@ -642,7 +650,8 @@ impl Fs {
         out
     }
 
-    /// The id of the writable tree this file system has active (`FS_SUBVOL_ID` for its own).
+    /// The id of the writable tree this handle acts on (`FS_SUBVOL_ID` for the file
+    /// system's own): the active one, or one opened beside it (`Fs::open_subvolume`).
     pub fn active_subvolume(&self) -> u64 {
         match self.lock().snapshots.clones.active {
             0 => FS_SUBVOL_ID,

@@ -97,7 +97,7 @@ impl Fs {
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
         let plain = !matches!(name, b"." | b"..") && name.len() <= idxfs_format::NAME_MAX;
         if plain {
-            if let Some((ino, it)) = self.shared.published.lookup(parent, name) {
+            if let Some((ino, it)) = self.hand.published.lookup(parent, name) {
                 Counters::inc(&self.shared.counters.lookup_lock_free);
                 return Ok(Attr::from_item(ino, &it));
             }
@@ -293,7 +293,7 @@ impl Fs {
 
     /// A symlink's target: without the lock once read (`published`; targets never change).
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
-        if let Some(t) = self.shared.published.readlink(ino) {
+        if let Some(t) = self.hand.published.readlink(ino) {
             Counters::inc(&self.shared.counters.readlink_lock_free);
             return Ok(t);
         }

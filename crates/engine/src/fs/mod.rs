@@ -1,8 +1,8 @@
 //! The file system: POSIX operations over the fs tree, so front ends only translate.
 //!
 //! Glossary:
-//! - `Fs`: the handle a front end holds; every operation but a published getattr or lookup
-//!   locks `Inner` once.
+//! - `Fs`: the handle a front end holds, one per open writable tree (`trees`); every
+//!   operation but a published getattr or lookup locks `Inner` once, with its tree in hand.
 //! - `Inner`: store, trees, inode cache and counters of one mounted image.
 //! - *running transaction*: every change since the last commit; it becomes durable at the next
 //!   commit (timer, `sync`, close, or when dirty state passes its bound), or earlier through
@@ -88,6 +88,7 @@ mod shared;
 mod snapshot;
 mod snapshot_view;
 mod tmpfile;
+mod trees;
 pub mod types;
 mod xattr;
 
@@ -278,6 +279,10 @@ pub(crate) struct Inner {
     pub in_place: in_place::InPlace,
     /// Snapshots, held data blocks and the roots tree (`snapshot`).
     pub snapshots: snapshot::Snapshots,
+    /// Where the tree in hand publishes for the reads that take no lock (`published`).
+    pub published: Arc<published::Published>,
+    /// The writable trees open beside the one in hand (`trees`).
+    pub trees: trees::OpenTrees,
 }
 
 /// What the running operation has done that its end acts on (`write_op`, `Locked`).
@@ -297,13 +302,12 @@ struct Shared {
     inner: Mutex<Inner>,
     /// The same as the allocator's: waited on without the lock (`write_op`).
     fence: Arc<crate::space::read_fence::ReadFence>,
-    /// What the last finished operation left (inodes, names, symlink targets, xattrs,
-    /// statfs's counts), for the reads that take no lock.
-    published: published::Published,
+    /// What the last finished operation in the primary tree left (inodes, names, symlink
+    /// targets, xattrs, statfs's counts), for the reads that take no lock; each handle has
+    /// its tree's (`Fs::hand`).
+    published: Arc<published::Published>,
     /// The same as `Inner::txn.flight`, for waiting without the lock.
     flight: Arc<txn::Flight>,
-    /// The same as `Inner::lives.pins`: pinned without the operation lock (`pins`).
-    pins: Arc<pins::Pins>,
     /// The same as `Inner::log.io`: fsync batches are written and flushed without the lock.
     log_io: Arc<crate::log_io::LogIo>,
     /// The image, for the fsync log's I/O without the lock.
@@ -312,6 +316,8 @@ struct Shared {
     total_blocks: u64,
     /// `OpenOptions::acl`, for the checks that take no lock.
     acl: bool,
+    /// `OpenOptions::inode_cache_entries`, for trees opened beside the primary (`trees`).
+    cache_entries: usize,
     /// The commit thread's stop flag and wake-up.
     ticker: Ticker,
     counters: Arc<Counters>,
@@ -341,6 +347,8 @@ const IN_FLIGHT_WAIT: Duration = Duration::from_micros(50);
 pub struct Fs {
     shared: Arc<Shared>,
     committer: Option<JoinHandle<()>>,
+    /// The tree this handle serves (`trees`).
+    hand: trees::Hand,
 }
 
 /// The newest valid superblock copy, and the problem with each copy (by number) that is not.
@@ -593,18 +601,28 @@ impl Fs {
             )
             .into());
         }
+        let published = Arc::new(published::Published::new(
+            opts.inode_cache_entries,
+            !opts.bench_locked_reads,
+        ));
+        inner.published = published.clone();
+        inner.trees.primary = inner.snapshots.clones.active;
+        let hand = trees::Hand {
+            active: inner.trees.primary,
+            secondary: false,
+            closed: false,
+            pins: inner.lives.pins.clone(),
+            published: published.clone(),
+        };
         let shared = Arc::new(Shared {
-            published: published::Published::new(
-                opts.inode_cache_entries,
-                !opts.bench_locked_reads,
-            ),
+            published,
             flight: inner.txn.flight.clone(),
             fence: inner.store.alloc.fence().clone(),
             log_io: inner.log.io.clone(),
-            pins: inner.lives.pins.clone(),
             dev: inner.store.dev.clone(),
             total_blocks: inner.store.total_blocks,
             acl: opts.acl,
+            cache_entries: opts.inode_cache_entries,
             inner: Mutex::new(inner),
             views: snapshot_view::Views {
                 open: Default::default(),
@@ -626,14 +644,19 @@ impl Fs {
             }
             None => None,
         };
-        let fs = Fs { shared, committer };
+        let fs = Fs {
+            shared,
+            committer,
+            hand,
+        };
         // Orphans left by a crash: nothing can hold them any more.
         fs.reclaim_orphans()?;
         Ok(fs)
     }
 
+    /// The operation lock, with this handle's tree in hand (`trees`).
     pub(crate) fn lock(&self) -> Locked<'_> {
-        self.shared.lock()
+        self.shared.lock_hand(Some(self.hand.active))
     }
 
     /// Runs a mutating operation: refuses on a read-only or failed file system, reserves space
@@ -655,7 +678,7 @@ impl Fs {
         let mut waiting = None;
         loop {
             let mut held = None;
-            let releases = self.shared.pins.releases.count();
+            let releases = self.hand.pins.releases.count();
             let r = self.write_op_once(items, kind, durable, &mut f, &mut held);
             if let Err(Error::InFlight) = r {
                 // Blocks it keeps part of are being written without the lock: that write is
@@ -672,7 +695,7 @@ impl Fs {
             space_tries += 1;
             match held {
                 Some(Some(stamp)) if self.shared.fence.wait_passed(stamp, SPACE_HELD_WAIT) => {}
-                Some(_) if self.shared.pins.releases.wait(releases, KEPT_WAIT) => {
+                Some(_) if self.hand.pins.releases.wait(releases, KEPT_WAIT) => {
                     Counters::inc(&self.shared.counters.space_waits_for_release);
                 }
                 _ => return r,
@@ -825,6 +848,10 @@ impl Fs {
 
     /// Commits and stops the commit thread. Dropping an `Fs` does the same, ignoring errors.
     pub fn close(mut self) -> Result<()> {
+        if self.hand.secondary {
+            self.hand.closed = true;
+            return self.close_secondary();
+        }
         self.stop_committer();
         self.release_all()?;
         let mut g = self.lock();
@@ -839,7 +866,7 @@ impl Fs {
         {
             // Under the operation lock: no operation is between a pin check and its change.
             let _g = self.lock();
-            self.shared.pins.clear();
+            self.hand.pins.clear();
         }
         self.reclaim_orphans().map(|_| ())
     }
@@ -874,7 +901,7 @@ impl Fs {
     /// An inode's attributes: without the lock when the inode is published (the common case:
     /// it is cached), else under it (which publishes it).
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
-        if let Some(it) = self.shared.published.getattr(ino) {
+        if let Some(it) = self.hand.published.getattr(ino) {
             Counters::inc(&self.shared.counters.getattr_lock_free);
             return Ok(Attr::from_item(ino, &it));
         }
@@ -892,13 +919,10 @@ impl Fs {
     /// without the lock while statfs is asked between operations (`published`). A snapshot
     /// opened beside its file system answers with that file system's.
     pub fn statfs(&self) -> Result<StatFs> {
-        let shared = self
-            .shared
-            .views
-            .of
-            .as_ref()
-            .map_or(&self.shared, |v| &v.parent);
-        Ok(shared.statfs())
+        Ok(match &self.shared.views.of {
+            Some(v) => v.parent.statfs(&v.parent.published, None),
+            None => (self.shared).statfs(&self.hand.published, Some(self.hand.active)),
+        })
     }
 
     /// Testing only: statfs computed under the lock, never the published counts, to check
@@ -911,14 +935,15 @@ impl Fs {
 }
 
 impl Shared {
-    fn statfs(&self) -> StatFs {
-        let c = match self.published.statfs() {
+    /// statfs as tree `active` (None: the primary) publishes it in `published`.
+    fn statfs(&self, published: &published::Published, active: Option<u64>) -> StatFs {
+        let c = match published.statfs() {
             Some(c) => {
                 Counters::inc(&self.counters.statfs_lock_free);
                 c
             }
             None => {
-                let mut g = self.lock();
+                let mut g = self.lock_hand(active);
                 let c = g.space_counts();
                 g.publish_read(published::Read {
                     space: Some(c),
@@ -969,6 +994,12 @@ impl Fs {
 
 impl Drop for Fs {
     fn drop(&mut self) {
+        if self.hand.secondary {
+            if !std::mem::replace(&mut self.hand.closed, true) {
+                let _ = self.close_secondary();
+            }
+            return;
+        }
         self.stop_committer();
         let _ = self.release_all();
         let mut g = self.lock();
@@ -1010,7 +1041,6 @@ fn commit_loop(weak: std::sync::Weak<Shared>, every: Duration) {
 /// published for lock-free readers (`published`).
 pub(crate) struct Locked<'a> {
     g: MutexGuard<'a, Inner>,
-    published: &'a published::Published,
     /// What the holder read and wants published with its changes (`publish_read`).
     read: published::Read,
 }
@@ -1039,12 +1069,14 @@ impl std::ops::DerefMut for Locked<'_> {
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
         self.g.after_damage();
+        // Into the tree in hand's: its operation changed those inodes and names.
         let changed = published::Changes {
             inodes: self.g.inodes.take_changed(),
             names_removed: std::mem::take(&mut self.g.op.names_removed),
-            space: self.published.space_live().then(|| self.g.space_counts()),
+            space: self.g.published.space_live().then(|| self.g.space_counts()),
         };
-        self.published
+        self.g
+            .published
             .publish(changed, std::mem::take(&mut self.read));
     }
 }
@@ -1067,23 +1099,38 @@ impl Shared {
         g.store.alloc.release_held();
         Locked {
             g,
-            published: &self.published,
             read: Default::default(),
         }
     }
 
+    /// The operation lock with open tree `active` in hand (None: the primary; `trees`).
+    fn lock_hand(&self, active: Option<u64>) -> Locked<'_> {
+        let mut g = self.lock();
+        let active = active.unwrap_or(g.trees.primary);
+        if let Err(e) = g.hand(active) {
+            // Only an engine bug gets here (a handle outlives its tree's state): stop
+            // writing rather than act on another tree.
+            g.fail(format!("{e}"));
+        }
+        g
+    }
+}
+
+impl Fs {
     /// Pins each of `inos` (`pins`: no operation lock needed); how many it could not.
     fn pin_all(&self, inos: &[Ino]) -> usize {
-        let refused = self.pins.add_all(inos);
+        let refused = self.hand.pins.add_all(inos);
         for (_, why) in &refused {
             match why {
-                pins::Pin::Gone => Counters::inc(&self.counters.pins_refused_gone),
-                _ => Counters::inc(&self.counters.pin_alloc_failures),
+                pins::Pin::Gone => Counters::inc(&self.shared.counters.pins_refused_gone),
+                _ => Counters::inc(&self.shared.counters.pin_alloc_failures),
             }
         }
         refused.len()
     }
+}
 
+impl Shared {
     /// The part of an fsync after the lock (`log_io`): the batch's write and the flush that
     /// makes it durable, with every batch before it. A failure stops the file system.
     /// `held`: the lock, still held (`OpenOptions::bench_log_under_lock` only).
@@ -1267,6 +1314,8 @@ impl Inner {
             log: Default::default(),
             in_place: Default::default(),
             snapshots: Default::default(),
+            published: Default::default(),
+            trees: Default::default(),
         }
     }
 
@@ -1312,7 +1361,12 @@ impl Inner {
         // The log is named by the superblock of the last commit, which may still be in flight:
         // a batch may not return before that superblock is durable.
         self.reap_wait()?;
-        match self.log_build()? {
+        // The log is the primary's (`trees`): a tree beside it is made durable by a commit.
+        let log = match self.in_hand() == self.trees.primary {
+            true => self.log_build()?,
+            false => LogSync::Commit,
+        };
+        match log {
             LogSync::Commit => {
                 Counters::inc(&self.store.counters.log_fallback_commits);
                 self.commit()?;

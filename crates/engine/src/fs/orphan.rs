@@ -281,17 +281,17 @@ impl Fs {
     /// unlink by someone else cannot come between the new name and the pin (the creator's
     /// open file would then name a freed inode). Unpin it as any other pin.
     pub fn hold_made(&self) {
-        self.shared.pins.hold_made();
+        self.hand.pins.hold_made();
     }
 
     /// Whether `hold_made` was called: every inode an operation makes comes pinned.
     pub fn holds_made(&self) -> bool {
-        self.shared.pins.holds_made()
+        self.hand.pins.holds_made()
     }
 
     /// `pin` for each of `inos`, under one lock of the pins: how many it could not hold.
     pub fn pin_many(&self, inos: &[Ino]) -> usize {
-        self.shared.pin_all(inos)
+        self.pin_all(inos)
     }
 
     /// Drops `n` pins of `ino`; the last one frees it if it was unlinked meanwhile. Unpinning an
@@ -320,7 +320,7 @@ impl Fs {
         };
         let r = self.free_orphans(&free);
         for _ in &free {
-            self.shared.pins.releases.released_one();
+            self.hand.pins.releases.released_one();
         }
         r
     }

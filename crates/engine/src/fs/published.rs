@@ -212,6 +212,14 @@ pub struct Published {
     enabled: bool,
 }
 
+/// Nothing published, nothing kept: what an `Inner` has until a front end's handle gives it
+/// its own (`Fs::launch`).
+impl Default for Published {
+    fn default() -> Published {
+        Published::new(16, false)
+    }
+}
+
 impl Published {
     /// `limit`: most inodes, and most name slots (of up to `BUCKET` names each), kept
     /// published after a sweep.

@@ -41,7 +41,7 @@ impl Fs {
     ) -> Result<()> {
         let mut cookie = cookie;
         let first = dir_ino_offset(1, 0);
-        while let Some((parent, page)) = self.shared.published.readdir(dir, cookie.max(first)) {
+        while let Some((parent, page)) = self.hand.published.readdir(dir, cookie.max(first)) {
             Counters::inc(&self.shared.counters.readdir_lock_free);
             if cookie == 0 && !f(&dot(dir)) {
                 return Ok(());
@@ -61,7 +61,7 @@ impl Fs {
             cookie = page.to;
         }
         let mut g = self.lock();
-        if !self.shared.published.enabled() {
+        if !self.hand.published.enabled() {
             return g.readdir_in(dir, cookie, f).map(drop);
         }
         // What `f` took, for the next readdir to find without the lock: the first
@@ -150,7 +150,7 @@ impl Fs {
         // the module notes), while the directory's listing has room. The batch took every
         // entry it was offered: the last one ends the run.
         let named = batch.iter().filter(|e| e.cookie > 2).count();
-        if scan.single && self.shared.published.listing_room(dir, named) {
+        if scan.single && self.hand.published.listing_room(dir, named) {
             let run: Vec<(DirEntryOut, InodeItem)> = batch
                 .iter()
                 .zip(&items)
@@ -241,7 +241,7 @@ impl Fs {
             return false;
         }
         // Under the operation lock, so no operation comes between the check and the pins.
-        self.shared.pin_all(inos);
+        self.pin_all(inos);
         drop(g);
         true
     }

@@ -250,7 +250,7 @@ impl Fs {
 
     /// Tells `held` of `ino`, removed, when a front end pins it.
     fn tell_held(&self, ino: Ino, held: &mut dyn FnMut(Ino)) {
-        if self.shared.pins.contains(ino) {
+        if self.hand.pins.contains(ino) {
             held(ino);
         }
     }

@@ -68,7 +68,7 @@ pub(crate) struct SpaceReport {
 }
 
 impl Inner {
-    fn bpn(&self) -> u64 {
+    pub(super) fn bpn(&self) -> u64 {
         self.store.blocks_per_node()
     }
 
@@ -83,21 +83,7 @@ impl Inner {
     /// from empty (an append split), and their pointers in new internal nodes up to a new
     /// root.
     pub(crate) fn run_nodes(&self, items: u64, bytes: u64) -> u64 {
-        if items == 0 {
-            return 0;
-        }
-        let level = self.fs_tree.level as u64;
-        let ns = self.store.node_size;
-        let leaves = (2 * bytes).div_ceil(leaf_capacity(ns) as u64) + 1;
-        let per_internal = (internal_capacity(ns) as u64 / 2).max(2);
-        let mut nodes = (level + 1) + leaves;
-        let mut below = leaves;
-        for _ in 0..=level {
-            let up = below.div_ceil(per_internal) + 1;
-            nodes += up;
-            below = up;
-        }
-        nodes + 1
+        run_nodes_at(self.fs_tree.level, self.store.node_size, items, bytes)
     }
 
     /// Blocks kept for deletes, so a full file system can always be emptied: 0.5% of the
@@ -142,7 +128,7 @@ impl Inner {
         let inodes = self.inodes.dirty_count() as u64 * (self.fs_tree.level as u64 + 1) * bpn;
         let n = self.lives.orphans.pending_len() as u64;
         let orphans = self.run_nodes(n, n * (ITEM_HEADER_SIZE as u64 + 1)) * bpn;
-        inodes + orphans + self.commit_base() + self.commit_roots()
+        inodes + orphans + self.commit_base() + self.commit_roots() + self.others_commit_need()
     }
 
     /// Refuses with NoSpace unless `items` item changes (and the commit after them) fit.
@@ -323,4 +309,22 @@ impl Inner {
             avail: avail - sums,
         }
     }
+}
+
+/// `Inner::run_nodes` in a tree of `level` with nodes of `ns` bytes.
+pub(crate) fn run_nodes_at(level: u8, ns: u32, items: u64, bytes: u64) -> u64 {
+    if items == 0 {
+        return 0;
+    }
+    let level = level as u64;
+    let leaves = (2 * bytes).div_ceil(leaf_capacity(ns) as u64) + 1;
+    let per_internal = (internal_capacity(ns) as u64 / 2).max(2);
+    let mut nodes = (level + 1) + leaves;
+    let mut below = leaves;
+    for _ in 0..=level {
+        let up = below.div_ceil(per_internal) + 1;
+        nodes += up;
+        below = up;
+    }
+    nodes + 1
 }

@@ -114,10 +114,19 @@ impl Fs {
     /// error or damage met midway, the file system stops writing and the image keeps its
     /// state from before.
     pub fn rollback(mut self, id: u64) -> Result<RolledBack> {
+        if self.hand.secondary {
+            return Err(Error::Busy("a subvolume opened beside the file system"));
+        }
+        if !self.lock().trees.alone() {
+            return Err(Error::Busy("subvolumes are open beside the file system"));
+        }
         self.stop_committer();
         self.release_all()?;
         let mut g = self.lock();
         g.writable()?;
+        if !g.trees.alone() {
+            return Err(Error::Busy("subvolumes are open beside the file system"));
+        }
         if !g.in_place.is_empty() {
             return Err(Error::Busy("writes are in flight"));
         }

@@ -352,6 +352,7 @@ impl Inner {
         }
         let nodes = tree.count_nodes(&mut self.store)?;
         let clones = super::clones::Clones::loaded(writable, origins, active, &list)?;
+        self.trees.primary = active;
         self.snapshots = Snapshots {
             tree: Some(tree),
             nodes,

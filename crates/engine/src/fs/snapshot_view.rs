@@ -101,6 +101,10 @@ impl Fs {
             // for its views as a snapshot's does).
             let parked = (g.snapshots.clones.items.get(&id))
                 .filter(|s| s.item.root.block.get() != 0 && !s.dropping());
+            // One open beside the primary is not parked: it changes (`trees`).
+            if parked.is_some() && g.trees.is_open(super::trees::active_of(id)) {
+                return Err(Error::Busy("the subvolume is open, writable"));
+            }
             let Some(snap) = (g.snapshots.list.get(&id))
                 .filter(|s| !s.dropping())
                 .or(parked)

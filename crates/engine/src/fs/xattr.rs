@@ -370,7 +370,7 @@ impl Fs {
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
         check_name(name)?;
         self.acl_allowed(name)?;
-        if let Some(v) = self.shared.published.getxattr(ino, name) {
+        if let Some(v) = self.hand.published.getxattr(ino, name) {
             Counters::inc(&self.shared.counters.xattr_lock_free);
             return v.ok_or(Error::NoData);
         }
@@ -400,7 +400,7 @@ impl Fs {
     }
 
     fn listxattr_all(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
-        if let Some(names) = self.shared.published.listxattr(ino) {
+        if let Some(names) = self.hand.published.listxattr(ino) {
             Counters::inc(&self.shared.counters.xattr_lock_free);
             return Ok(names);
         }

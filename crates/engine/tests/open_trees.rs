@@ -1,0 +1,382 @@
+//! Several writable trees open at once through one file system (`fs::trees`): the file
+//! system's own tree beside a clone of its snapshot, a writable snapshot and an empty
+//! subvolume, each served by a handle of its own, changed in turns at random by the
+//! workload of the snapshot tests, against a model of each (what each showed when last
+//! changed, `digest`). Handles close and open again, the image closes and opens again with
+//! fsck clean, snapshots are taken through each handle and shown as taken; at the end every
+//! tree and snapshot is deleted and fsck finds no block held or leaked. Then the same from
+//! threads at once, and a crash at every write prefix while two trees change and are made
+//! durable by syncs and fsyncs (one through the log, one by commits).
+mod common;
+use common::digest::{digest, digest_crash_stable};
+use common::workload::{check, every_crash_image, step, World};
+use common::*;
+use idxfs_blockdev::MemDevice;
+use idxfs_engine::fs::Fs;
+use idxfs_engine::testutil::Rng;
+use idxfs_engine::{Error, OpenOptions};
+use idxfs_format::FS_SUBVOL_ID;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+const VIEW_CACHE: usize = 1 << 20;
+
+/// Writable trees: the file system's own (with `w`'s files), a clone of a snapshot of it, a
+/// writable snapshot of it and an empty subvolume: their ids and worlds, in that order.
+fn four_trees(fs: &Fs, w: &World) -> Vec<(u64, World)> {
+    let s = fs.snapshot(b"s").expect("snapshot");
+    let c = fs.make_clone(s, b"c").expect("clone");
+    let ws = fs.writable_snapshot(b"ws").expect("writable snapshot");
+    let e = fs.make_subvolume(b"e", ME).expect("empty subvolume");
+    vec![
+        (FS_SUBVOL_ID, w.clone()),
+        (c, w.clone()),
+        (ws, w.clone()),
+        (e, World::default()),
+    ]
+}
+
+/// Opens `dev` and every tree of `ids` beside it (the first is the file system's own).
+fn open_all(dev: &Arc<MemDevice>, ids: &[u64]) -> Vec<Fs> {
+    open_all_with(dev, ids, opts())
+}
+
+fn open_all_with(dev: &Arc<MemDevice>, ids: &[u64], o: OpenOptions) -> Vec<Fs> {
+    let fs = Fs::open(dev.clone(), o).expect("open");
+    let mut v: Vec<Fs> = (ids[1..].iter())
+        .map(|&id| {
+            fs.open_subvolume(id)
+                .unwrap_or_else(|e| panic!("open subvolume {id} beside: {e}"))
+        })
+        .collect();
+    v.insert(0, fs);
+    v
+}
+
+/// Closes the trees opened beside first, then the file system.
+fn close_all(handles: Vec<Fs>) {
+    let mut it = handles.into_iter();
+    let first = it.next().expect("the file system");
+    for h in it {
+        h.close().expect("close a subvolume");
+    }
+    first.close().expect("close");
+}
+
+#[test]
+fn trees_open_at_once_each_keep_their_own_state() {
+    let (mut rng, seed) = Rng::from_env("open trees model");
+    let (dev, fs) = mem_fs_with(160 << 20, 4096);
+    let mut w = World {
+        fsync: true,
+        ..Default::default()
+    };
+    for _ in 0..30 {
+        step(&fs, &mut rng, &mut w);
+    }
+    let trees = four_trees(&fs, &w);
+    let ids: Vec<u64> = trees.iter().map(|t| t.0).collect();
+    let mut worlds: Vec<World> = trees.into_iter().map(|t| t.1).collect();
+    fs.close().expect("close");
+    let mut handles = open_all(&dev, &ids);
+    // What each tree showed when last changed.
+    let mut shown: Vec<String> = handles.iter().map(digest).collect();
+    assert_eq!(
+        shown[1], shown[2],
+        "the clone and the writable snapshot start alike"
+    );
+    assert!(
+        matches!(handles[0].open_subvolume(ids[1]), Err(Error::Busy(_))),
+        "a tree open beside is not opened twice"
+    );
+    assert!(matches!(
+        handles[0].open_subvolume(FS_SUBVOL_ID),
+        Err(Error::Busy(_))
+    ));
+    assert!(matches!(
+        handles[0].delete_snapshot(ids[1]),
+        Err(Error::Busy(_))
+    ));
+    assert!(matches!(
+        handles[0].open_snapshot(ids[2], VIEW_CACHE),
+        Err(Error::Busy(_))
+    ));
+    // Snapshots taken through the handles: id -> what its tree showed then.
+    let mut snaps: BTreeMap<u64, String> = BTreeMap::new();
+    let (mut reopens, mut handle_reopens, mut syncs) = (0, 0, 0);
+    for round in 0..10 {
+        for _ in 0..50 {
+            let t = rng.below(handles.len() as u64) as usize;
+            step(&handles[t], &mut rng, &mut worlds[t]);
+            shown[t] = digest(&handles[t]);
+        }
+        for (t, h) in handles.iter().enumerate() {
+            assert_eq!(
+                digest(h),
+                shown[t],
+                "seed {seed} round {round}: tree {} changed by another's operations",
+                ids[t]
+            );
+            assert_eq!(
+                h.active_subvolume(),
+                ids[t],
+                "seed {seed}: each handle acts on its tree"
+            );
+        }
+        match rng.below(4) {
+            0 => {
+                handles[rng.below(4) as usize].sync().expect("sync");
+                syncs += 1;
+            }
+            1 => {
+                // One tree's handle closes (the tree parks) and opens again.
+                let t = 1 + rng.below(3) as usize;
+                let h = handles.remove(t);
+                h.close().expect("close a subvolume");
+                let h = handles[0].open_subvolume(ids[t]).expect("open it again");
+                assert_eq!(
+                    digest(&h),
+                    shown[t],
+                    "seed {seed}: tree {} after parking",
+                    ids[t]
+                );
+                handles.insert(t, h);
+                handle_reopens += 1;
+            }
+            2 => {
+                close_all(std::mem::take(&mut handles));
+                check(&dev, &format!("seed {seed} round {round}"));
+                handles = open_all(&dev, &ids);
+                for (t, h) in handles.iter().enumerate() {
+                    assert_eq!(digest(h), shown[t], "seed {seed}: tree {} reopened", ids[t]);
+                }
+                reopens += 1;
+            }
+            _ => {
+                let t = rng.below(4) as usize;
+                let id = handles[t]
+                    .snapshot(format!("r{round}").as_bytes())
+                    .expect("snapshot through a handle");
+                snaps.insert(id, shown[t].clone());
+            }
+        }
+    }
+    for (&id, want) in &snaps {
+        let v = handles[0].open_snapshot(id, VIEW_CACHE).expect("view");
+        assert_eq!(&digest(&v), want, "seed {seed}: snapshot {id} as taken");
+        v.close().expect("close the view");
+    }
+    eprintln!(
+        "seed {seed}: {} steps, {reopens} reopens, {handle_reopens} handles reopened, \
+         {syncs} syncs, {} snapshots",
+        worlds.iter().map(|w| w.n).sum::<u64>(),
+        snaps.len()
+    );
+    close_all(handles);
+    check(&dev, &format!("seed {seed} at the end"));
+    // Everything but the file system's own tree goes, and every block of it comes back.
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    assert_eq!(digest(&fs), shown[0]);
+    let snapshots: Vec<u64> = fs.snapshots().expect("list").iter().map(|s| s.id).collect();
+    for id in snaps.keys().chain(&ids[1..]).chain(&snapshots) {
+        match fs.delete_snapshot(*id) {
+            Ok(()) | Err(Error::NotFound) => {}
+            Err(e) => panic!("seed {seed}: delete {id}: {e}"),
+        }
+        fs.finish_drops().expect("drops");
+    }
+    assert_eq!(fs.subvolumes().len(), 1);
+    fs.close().expect("close");
+    check(&dev, &format!("seed {seed} with everything deleted"));
+}
+
+/// Four threads, one per tree, with syncs, fsyncs and the commit thread among them; then
+/// each tree shows what its thread left, before and after a reopen, fsck clean.
+#[test]
+fn trees_open_at_once_change_from_threads_at_once() {
+    let (mut rng, seed) = Rng::from_env("open trees threads");
+    let (dev, fs) = mem_fs_with(160 << 20, 4096);
+    let mut w = World {
+        fsync: true,
+        ..Default::default()
+    };
+    for _ in 0..20 {
+        step(&fs, &mut rng, &mut w);
+    }
+    let trees = four_trees(&fs, &w);
+    fs.close().expect("close");
+    let ids: Vec<u64> = trees.iter().map(|t| t.0).collect();
+    // The commit thread too, committing whichever tree is in hand when it comes.
+    let every = OpenOptions {
+        commit_interval: Some(std::time::Duration::from_millis(3)),
+        ..opts()
+    };
+    let handles = open_all_with(&dev, &ids, every);
+    let seeds: Vec<u64> = (0..4).map(|_| rng.next_u64()).collect();
+    let shown: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = (handles.iter().zip(trees))
+            .zip(&seeds)
+            .map(|((h, (_, mut w)), &seed)| {
+                s.spawn(move || {
+                    let mut rng = Rng::new(seed);
+                    for i in 0..250 {
+                        step(h, &mut rng, &mut w);
+                        if i % 97 == 0 {
+                            h.sync().expect("sync");
+                        }
+                    }
+                    digest(h)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("a thread panicked"))
+            .collect()
+    });
+    for (t, h) in handles.iter().enumerate() {
+        assert_eq!(digest(h), shown[t], "seed {seed}: tree {}", ids[t]);
+    }
+    close_all(handles);
+    check(&dev, &format!("seed {seed}"));
+    let handles = open_all(&dev, &ids);
+    for (t, h) in handles.iter().enumerate() {
+        assert_eq!(digest(h), shown[t], "seed {seed}: tree {} reopened", ids[t]);
+    }
+    close_all(handles);
+}
+
+/// Every crash prefix while the file system's own tree and an empty subvolume opened beside
+/// it change, made durable by syncs (a commit of both), fsyncs in the file system's tree
+/// (its log: that tree now, the other as last committed) and fsyncs in the subvolume (a
+/// commit): each opens, log replayed, to a pair of states some sync or fsync left, fsck
+/// clean.
+#[test]
+fn every_prefix_with_trees_open_at_once_opens_to_a_durable_state() {
+    let (mut rng, seed) = Rng::from_env("open trees crash");
+    let rec = recorded_with(32 << 20, Some([7; 16]));
+    let open = || Fs::open(rec.clone(), opts()).expect("open");
+    let fs = open();
+    let mut w = World::default();
+    for _ in 0..8 {
+        step(&fs, &mut rng, &mut w);
+    }
+    let e = fs.make_subvolume(b"e", ME).expect("empty subvolume");
+    fs.close().expect("close");
+    let fs = open();
+    let sub = fs.open_subvolume(e).expect("open beside");
+    let mut we = World::default();
+    // Pairs (the file system's tree, the subvolume) some durable point left.
+    let mut durable: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut committed = digest_crash_stable(&sub);
+    durable.insert((digest_crash_stable(&fs), committed.clone()));
+    let (mut logged, mut commits) = (0, 0);
+    for _ in 0..14 {
+        for _ in 0..2 {
+            match rng.chance(50) {
+                true => step(&fs, &mut rng, &mut w),
+                false => step(&sub, &mut rng, &mut we),
+            }
+        }
+        match rng.below(3) {
+            0 => {
+                [&fs, &sub][rng.below(2) as usize].sync().expect("sync");
+                committed = digest_crash_stable(&sub);
+                commits += 1;
+            }
+            1 => {
+                // Logged, or committed when the log cannot take it (the first fsync after
+                // an open commits: `log`).
+                let before = fs.counters().commits.get();
+                fs.fsync(ROOT).expect("fsync in the file system's tree");
+                match fs.counters().commits.get() == before {
+                    true => logged += 1,
+                    false => {
+                        committed = digest_crash_stable(&sub);
+                        commits += 1;
+                    }
+                }
+            }
+            _ => {
+                sub.fsync(ROOT).expect("fsync in the subvolume");
+                committed = digest_crash_stable(&sub);
+                commits += 1;
+            }
+        }
+        durable.insert((digest_crash_stable(&fs), committed.clone()));
+    }
+    // The closes commit both.
+    durable.insert((digest_crash_stable(&fs), digest_crash_stable(&sub)));
+    sub.close().expect("close the subvolume");
+    fs.close().expect("close");
+    eprintln!("seed {seed}: {logged} fsyncs logged, {commits} commits");
+    every_crash_image(&rec, &mut rng, seed, |dev, at| {
+        let fs = Fs::open(dev.clone(), opts()).unwrap_or_else(|e| panic!("{at}: open: {e}"));
+        let pair = match fs.open_subvolume(e) {
+            Ok(sub) => {
+                let p = (digest_crash_stable(&fs), digest_crash_stable(&sub));
+                sub.close().expect("close the subvolume");
+                p
+            }
+            // Before the subvolume's first commit.
+            Err(Error::NotFound) => return,
+            Err(err) => panic!("{at}: open the subvolume: {err}"),
+        };
+        fs.close().expect("close");
+        check(&dev, at);
+        assert!(
+            durable.contains(&pair),
+            "{at}: a state no sync or fsync left:\n{}\n--- subvolume:\n{}\n=== durable:\n{}",
+            pair.0,
+            pair.1,
+            (durable.iter())
+                .map(|(a, b)| format!("{a}\n--- subvolume:\n{b}"))
+                .collect::<Vec<_>>()
+                .join("\n===\n")
+        );
+    });
+}
+
+/// The handle of a tree opened beside refuses what would act on the whole file system, and
+/// the file system refuses a rollback while one is open.
+#[test]
+fn a_tree_open_beside_refuses_whole_file_system_changes() {
+    let (dev, fs) = mem_fs_with(64 << 20, 4096);
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
+    fs.write(f, 0, &[1u8; 10_000]).expect("write");
+    let s = fs.snapshot(b"s").expect("snapshot");
+    let e = fs.make_subvolume(b"e", ME).expect("empty subvolume");
+    let sub = fs.open_subvolume(e).expect("open beside");
+    assert!(matches!(fs.open_subvolume(e), Err(Error::Busy(_))));
+    assert!(matches!(
+        sub.open_subvolume(FS_SUBVOL_ID),
+        Err(Error::Busy(_))
+    ));
+    assert!(matches!(fs.open_subvolume(999), Err(Error::NotFound)));
+    // The subvolume has its own inode numbers: ROOT is its root, f is not there.
+    assert!(matches!(sub.getattr(f), Err(Error::NotFound)));
+    let g = sub
+        .create(ROOT, b"g", 0o644, ME)
+        .expect("create in the subvolume");
+    sub.write(g.ino, 0, &[2u8; 5000]).expect("write");
+    assert!(matches!(fs.lookup(ROOT, b"g"), Err(Error::NotFound)));
+    assert!(
+        matches!(fs.rollback(s), Err(Error::Busy(_))),
+        "a rollback beside an open subvolume"
+    );
+    // The file system's handle went with the refused rollback; the subvolume's still works
+    // and commits.
+    sub.write(g.ino, 5000, &[3u8; 100]).expect("write after");
+    sub.close().expect("close");
+    check(&dev, "after");
+    let fs = Fs::open(
+        dev.clone(),
+        OpenOptions {
+            subvolume: Some(e),
+            ..opts()
+        },
+    )
+    .expect("open the subvolume");
+    let mut want = vec![2u8; 5000];
+    want.extend_from_slice(&[3u8; 100]);
+    assert_eq!(fs.read(g.ino, 0, 5100).expect("read"), want);
+}
