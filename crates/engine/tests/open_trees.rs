@@ -380,3 +380,69 @@ fn a_tree_open_beside_refuses_whole_file_system_changes() {
     want.extend_from_slice(&[3u8; 100]);
     assert_eq!(fs.read(g.ino, 0, 5100).expect("read"), want);
 }
+
+/// Under `-o sync` every change is durable when it returns, in a tree opened beside too
+/// (there by a commit, in the active tree by its log): names made and removed in turns in
+/// both trees, and every crash prefix opens to the pair of states the last change that had
+/// returned by then left, or a later one, fsck clean.
+#[test]
+fn under_sync_every_change_in_either_tree_survives_a_crash_once_returned() {
+    use idxfs_blockdev::Tear;
+    use idxfs_engine::fs::SyncMode;
+    let (mut rng, seed) = Rng::from_env("open trees sync");
+    let rec = recorded_with(16 << 20, Some([8; 16]));
+    let o = OpenOptions {
+        sync: SyncMode::All,
+        ..opts()
+    };
+    let fs = Fs::open(rec.clone(), o.clone()).expect("open");
+    let e = fs.make_subvolume(b"e", ME).expect("empty subvolume");
+    fs.close().expect("close");
+    let fs = Fs::open(rec.clone(), o.clone()).expect("open");
+    let sub = fs.open_subvolume(e).expect("open beside");
+    let pair = |fs: &Fs, sub: &Fs| (digest(fs), digest(sub));
+    // (device events when the change returned, the states it left).
+    let mut states = vec![(rec.events().len(), pair(&fs, &sub))];
+    let mut names: [Vec<Vec<u8>>; 2] = Default::default();
+    for i in 0..24 {
+        let t = rng.below(2) as usize;
+        let h = [&fs, &sub][t];
+        match names[t].len() > 2 && rng.chance(30) {
+            true => {
+                let name = names[t].remove(rng.below(names[t].len() as u64) as usize);
+                h.unlink(ROOT, &name).expect("unlink");
+            }
+            false => {
+                let name = format!("n{i}").into_bytes();
+                h.create(ROOT, &name, 0o644, ME).expect("create");
+                names[t].push(name);
+            }
+        }
+        states.push((rec.events().len(), pair(&fs, &sub)));
+    }
+    sub.close().expect("close the subvolume");
+    fs.close().expect("close");
+    let events = rec.events().len();
+    eprintln!("seed {seed}: {events} device events");
+    for prefix in 0..=events {
+        for tear in [Tear::None, Tear::TornLast(1), Tear::Drop(rng.next_u64())] {
+            let at = format!("seed {seed} prefix {prefix} {tear:?}");
+            let dev = Arc::new(MemDevice::from_bytes(rec.crash_image(prefix, tear).bytes));
+            check(&dev, &at);
+            let fs = Fs::open(dev.clone(), opts()).unwrap_or_else(|e| panic!("{at}: open: {e}"));
+            let Ok(sub) = fs.open_subvolume(e) else {
+                assert!(prefix < states[0].0, "{at}: the subvolume is gone");
+                continue;
+            };
+            let now = pair(&fs, &sub);
+            sub.close().expect("close the subvolume");
+            fs.close().expect("close");
+            // The last change that had returned by this prefix, or a later one.
+            let k = states.iter().rposition(|s| s.0 <= prefix).unwrap_or(0);
+            assert!(
+                states[k..].iter().any(|s| s.1 == now),
+                "{at}: older than change {k}, the last returned"
+            );
+        }
+    }
+}

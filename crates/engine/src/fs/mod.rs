@@ -773,11 +773,16 @@ impl Fs {
 
     /// Makes `ino`'s data and metadata durable, with everything else changed before it: one
     /// batch of the fsync log, whose cost follows what changed since the last fsync (`log`),
-    /// or a commit when there is no log to append to. On a file system stopped by an error
+    /// or a commit when there is no log to append to or the handle's tree was opened beside
+    /// the active one (`trees`). On a file system stopped by an error
     /// the answer is that error (EIO), as the kernel's file systems give: what was asked
     /// cannot be made durable.
     pub fn fsync(&self, ino: Ino) -> Result<()> {
         self.getattr(ino)?;
+        if self.hand.secondary {
+            // The log is the active tree's (`trees`): a commit, written without the lock.
+            return self.sync();
+        }
         // The log this appends to is named by the superblock of a commit in flight: wait for
         // it without the lock (others go on), so the wait under the lock below is short.
         self.shared.flight.wait_written();

@@ -22,8 +22,8 @@
 //! **fsync.** The log carries the primary's changes only: its items are replayed into the
 //! superblock's tree, and its batch reads them from the tree in hand. So a secondary's
 //! changes are never noted for it (`ChangedKeys::unlogged`), and a durability request from
-//! a secondary (fsync, `-o sync`) commits instead (`Inner::make_durable`): correct, and as
-//! costly as a commit. Naming the tree in each logged item is what would make it cheap.
+//! a secondary commits instead: `Fs::fsync` as `sync` does (written without the lock), an
+//! operation under `-o sync` in `Inner::make_durable`. Correct, and as costly as a commit. Naming the tree in each logged item is what would make it cheap.
 //! No block the primary's log may name is one a secondary still names in its last commit:
 //! a block freed after a commit stays pinned until the next one, whichever tree freed it.
 //!
