@@ -21,19 +21,25 @@ use std::sync::Arc;
 
 const VIEW_CACHE: usize = 1 << 20;
 
-/// Writable trees: the file system's own (with `w`'s files), a clone of a snapshot of it, a
-/// writable snapshot of it and an empty subvolume: their ids and worlds, in that order.
-fn four_trees(fs: &Fs, w: &World) -> Vec<(u64, World)> {
+/// A fresh image changed by `steps` random steps, then given writable trees beside the file
+/// system's own: a clone of a snapshot of it, a writable snapshot of it and an empty
+/// subvolume; closed. The image, the trees' ids and worlds, in that order.
+fn four_trees(rng: &mut Rng, steps: usize) -> (Arc<MemDevice>, Vec<u64>, Vec<World>) {
+    let (dev, fs) = mem_fs_with(160 << 20, 4096);
+    let mut w = World {
+        fsync: true,
+        ..Default::default()
+    };
+    for _ in 0..steps {
+        step(&fs, rng, &mut w);
+    }
     let s = fs.snapshot(b"s").expect("snapshot");
     let c = fs.make_clone(s, b"c").expect("clone");
     let ws = fs.writable_snapshot(b"ws").expect("writable snapshot");
     let e = fs.make_subvolume(b"e", ME).expect("empty subvolume");
-    vec![
-        (FS_SUBVOL_ID, w.clone()),
-        (c, w.clone()),
-        (ws, w.clone()),
-        (e, World::default()),
-    ]
+    fs.close().expect("close");
+    let worlds = vec![w.clone(), w.clone(), w, World::default()];
+    (dev, vec![FS_SUBVOL_ID, c, ws, e], worlds)
 }
 
 /// Opens `dev` and every tree of `ids` beside it (the first is the file system's own).
@@ -66,18 +72,7 @@ fn close_all(handles: Vec<Fs>) {
 #[test]
 fn trees_open_at_once_each_keep_their_own_state() {
     let (mut rng, seed) = Rng::from_env("open trees model");
-    let (dev, fs) = mem_fs_with(160 << 20, 4096);
-    let mut w = World {
-        fsync: true,
-        ..Default::default()
-    };
-    for _ in 0..30 {
-        step(&fs, &mut rng, &mut w);
-    }
-    let trees = four_trees(&fs, &w);
-    let ids: Vec<u64> = trees.iter().map(|t| t.0).collect();
-    let mut worlds: Vec<World> = trees.into_iter().map(|t| t.1).collect();
-    fs.close().expect("close");
+    let (dev, ids, mut worlds) = four_trees(&mut rng, 30);
     let mut handles = open_all(&dev, &ids);
     // What each tree showed when last changed.
     let mut shown: Vec<String> = handles.iter().map(digest).collect();
@@ -195,17 +190,7 @@ fn trees_open_at_once_each_keep_their_own_state() {
 #[test]
 fn trees_open_at_once_change_from_threads_at_once() {
     let (mut rng, seed) = Rng::from_env("open trees threads");
-    let (dev, fs) = mem_fs_with(160 << 20, 4096);
-    let mut w = World {
-        fsync: true,
-        ..Default::default()
-    };
-    for _ in 0..20 {
-        step(&fs, &mut rng, &mut w);
-    }
-    let trees = four_trees(&fs, &w);
-    fs.close().expect("close");
-    let ids: Vec<u64> = trees.iter().map(|t| t.0).collect();
+    let (dev, ids, worlds) = four_trees(&mut rng, 20);
     // The commit thread too, committing whichever tree is in hand when it comes.
     let every = OpenOptions {
         commit_interval: Some(std::time::Duration::from_millis(3)),
@@ -214,9 +199,9 @@ fn trees_open_at_once_change_from_threads_at_once() {
     let handles = open_all_with(&dev, &ids, every);
     let seeds: Vec<u64> = (0..4).map(|_| rng.next_u64()).collect();
     let shown: Vec<String> = std::thread::scope(|s| {
-        let hs: Vec<_> = (handles.iter().zip(trees))
+        let hs: Vec<_> = (handles.iter().zip(worlds))
             .zip(&seeds)
-            .map(|((h, (_, mut w)), &seed)| {
+            .map(|((h, mut w), &seed)| {
                 s.spawn(move || {
                     let mut rng = Rng::new(seed);
                     for i in 0..250 {

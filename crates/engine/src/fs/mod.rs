@@ -926,7 +926,9 @@ impl Fs {
     pub fn statfs(&self) -> Result<StatFs> {
         Ok(match &self.shared.views.of {
             Some(v) => v.parent.statfs(&v.parent.published, None),
-            None => (self.shared).statfs(&self.hand.published, Some(self.hand.active)),
+            None => self
+                .shared
+                .statfs(&self.hand.published, Some(self.hand.active)),
         })
     }
 
