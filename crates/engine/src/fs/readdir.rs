@@ -209,10 +209,9 @@ impl Fs {
             _ => 0,
         };
         let want = limit.checked_sub(dots).filter(|&w| w > 0)?;
+        // The handle's tree's: each open tree publishes its own (`trees.rs`).
         let run =
-            self.shared
-                .published
-                .readdir_plus(dir, cookie.max(dir_ino_offset(1, 0)), want)?;
+            (self.hand.published).readdir_plus(dir, cookie.max(dir_ino_offset(1, 0)), want)?;
         let mut entries = Vec::with_capacity(run.entries.len() + dots);
         if cookie == 0 {
             entries.push((dot(dir), Attr::from_item(dir, &run.dir)));

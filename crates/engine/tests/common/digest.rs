@@ -9,6 +9,13 @@ pub fn digest(fs: &Fs) -> String {
     out
 }
 
+/// `digest` of what is under directory `dir` alone.
+pub fn digest_at(fs: &Fs, dir: u64) -> String {
+    let mut out = String::new();
+    walk(fs, dir, "", &mut out, false);
+    out
+}
+
 /// `digest` without the bytes of NOCOW files: what a crash leaves of a committed state, in
 /// which a NOCOW file's blocks hold whatever in-place writes after the commit reached the
 /// device (old or new bytes per block, as btrfs's nodatacow).
@@ -21,6 +28,31 @@ pub fn digest_crash_stable(fs: &Fs) -> String {
 fn walk(fs: &Fs, dir: u64, path: &str, out: &mut String, skip_nocow: bool) {
     let mut es = fs.list(dir).expect("list");
     es.sort_by(|a, b| a.name.cmp(&b.name));
+    // readdirplus (which may answer from what was published without the lock) lists the
+    // same names, with the attributes getattr gives.
+    let mut plus = fs
+        .readdir_plus_batch(dir, 0, usize::MAX)
+        .expect("readdirplus")
+        .entries;
+    plus.retain(|(e, _)| e.name != b"." && e.name != b"..");
+    plus.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+    let listed: Vec<(&[u8], u64)> = es.iter().map(|e| (&e.name[..], e.ino)).collect();
+    assert_eq!(
+        plus.iter()
+            .map(|(e, _)| (&e.name[..], e.ino))
+            .collect::<Vec<_>>(),
+        listed,
+        "{path}/: readdirplus and readdir list different names"
+    );
+    for (e, a) in &plus {
+        let g = fs.getattr(e.ino).expect("getattr");
+        assert_eq!(
+            (a.mode, a.nlink, a.size, a.uid, a.gid),
+            (g.mode, g.nlink, g.size, g.uid, g.gid),
+            "{path}/{}: readdirplus's attributes and getattr's",
+            String::from_utf8_lossy(&e.name)
+        );
+    }
     for e in es {
         let p = format!("{path}/{}", String::from_utf8_lossy(&e.name));
         let a = fs.getattr(e.ino).expect("getattr");
