@@ -8,11 +8,11 @@
 //! threads at once, and a crash at every write prefix while two trees change and are made
 //! durable by syncs and fsyncs (one through the log, one by commits).
 mod common;
-use common::digest::{digest, digest_crash_stable};
+use common::digest::{digest, digest_at, digest_crash_stable};
 use common::workload::{check, every_crash_image, step, World};
 use common::*;
 use idxfs_blockdev::MemDevice;
-use idxfs_engine::fs::Fs;
+use idxfs_engine::fs::{Fs, Unchecked};
 use idxfs_engine::testutil::Rng;
 use idxfs_engine::{Error, OpenOptions};
 use idxfs_format::FS_SUBVOL_ID;
@@ -430,4 +430,56 @@ fn under_sync_every_change_in_either_tree_survives_a_crash_once_returned() {
             );
         }
     }
+}
+
+/// `idxfs cp` between two trees of one mount: a tree copies a whole directory from another
+/// tree open beside it (the file system's own into a subvolume, a clone into the file
+/// system's own), file bytes copied and never blocks shared across trees; each copy is
+/// its source whole, nothing else changes, fsck finds every count right, and a reopen
+/// shows the same.
+#[test]
+fn a_tree_copies_a_directory_from_another_open_beside_by_its_bytes() {
+    let (mut rng, seed) = Rng::from_env("open trees copy");
+    let (dev, ids, _) = four_trees(&mut rng, 150);
+    let h = open_all(&dev, &ids);
+    let (own, clone, empty) = (&h[0], &h[1], &h[3]);
+    let (own_was, clone_was) = (digest(own), digest(clone));
+    let c = empty
+        .copy_tree_from(own, ROOT, ROOT, b"from_own", &Unchecked, |_| {})
+        .unwrap_or_else(|e| panic!("seed {seed}: copy into the subvolume: {e}"));
+    let d = own
+        .copy_tree_from(clone, ROOT, ROOT, b"from_clone", &Unchecked, |_| {})
+        .unwrap_or_else(|e| panic!("seed {seed}: copy into the file system: {e}"));
+    eprintln!("seed {seed}: {} and {} bytes copied", c.bytes, d.bytes);
+    let at = |fs: &Fs, name: &[u8]| fs.lookup(ROOT, name).expect("the copy").ino;
+    let check_all = |h: &[Fs], when: &str| {
+        let (own, clone, empty) = (&h[0], &h[1], &h[3]);
+        let copy = digest_at(empty, at(empty, b"from_own"));
+        assert_eq!(copy, own_was, "seed {seed} {when}: the subvolume's copy");
+        let copy = digest_at(own, at(own, b"from_clone"));
+        assert_eq!(
+            copy, clone_was,
+            "seed {seed} {when}: the file system's copy"
+        );
+        assert_eq!(
+            digest(clone),
+            clone_was,
+            "seed {seed} {when}: the source clone"
+        );
+        // The file system's own tree is what it was beside its new directory.
+        let kept: String = (digest(own).lines())
+            .filter(|l| !l.starts_with("/from_clone"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(
+            kept, own_was,
+            "seed {seed} {when}: the file system's own files"
+        );
+    };
+    check_all(&h, "open");
+    close_all(h);
+    check(&dev, &format!("seed {seed}: after the copies"));
+    let h = open_all(&dev, &ids);
+    check_all(&h, "reopened");
+    close_all(h);
 }

@@ -33,7 +33,9 @@
 //! tree deleted or changed since comes back whole at the cost of its metadata. Beside other
 //! writable trees, a snapshot of another tree names blocks that are not the active tree's
 //! to take (`Clones::may_take_from`): its files' bytes are copied instead, as `cp -a`
-//! copies them, and the rest of the copy is the same.
+//! copies them, and the rest of the copy is the same. So are the files of another
+//! writable tree open through the same file system (`Fs::open_subvolume`, `trees.rs`):
+//! each read of it takes the one operation lock by itself, between this tree's changes.
 //!
 //! The engine checks no permission itself, but one call here does what would have been many
 //! checked calls, so it asks the caller's `CopyAs` before each step, and what each copy's
@@ -282,14 +284,16 @@ impl Fs {
         rules: &dyn CopyAs,
     ) -> Result<CopyJob> {
         let same = std::ptr::eq(from, self);
-        if !same && !self.is_view_of_mine(from) {
+        let sibling = !same && self.is_open_beside(from);
+        if !same && !sibling && !self.is_view_of_mine(from) {
             return Err(Error::Invalid(
-                "a copy from neither this file system nor a snapshot opened beside it",
+                "a copy from neither this file system, a tree open beside it, nor a snapshot \
+                 opened beside it",
             ));
         }
-        // Another tree's snapshot beside other writable trees: its blocks are not the
-        // active tree's to take, so its files' bytes are copied (module docs).
-        let share = same || self.may_take_from(from);
+        // Another tree's snapshot beside other writable trees, or another open tree: its
+        // blocks are not this tree's to take, so its files' bytes are copied (module docs).
+        let share = same || (!sibling && self.may_take_from(from));
         let top = from.getattr(src)?;
         if same && top.mode & S_IFMT == S_IFDIR && self.lock().is_within(dst_parent, top.ino)? {
             return Err(Error::Invalid("a copy of a directory into itself"));

@@ -27,6 +27,10 @@
 //! No block the primary's log may name is one a secondary still names in its last commit:
 //! a block freed after a commit stays pinned until the next one, whichever tree freed it.
 //!
+//! **Who opens them.** A library caller, and the FUSE mount for each parked subvolume its
+//! snapshots directory shows (`idxfs_fuse::snapdir`), which routes each request to the
+//! handle of the tree its inode number names.
+//!
 //! **What an open secondary refuses.** While open it is not parked: its item's root is its
 //! last commit's, not its current one, so it cannot be opened as a view, deleted, switched
 //! to or opened a second time (`Error::Busy`), and rollbacks wait until only one tree is
@@ -275,6 +279,11 @@ impl Fs {
         // Orphans a crash left in it: nothing can hold them any more.
         fs.reclaim_orphans()?;
         Ok(fs)
+    }
+
+    /// Whether `other` is another handle of this file system: another of its open trees.
+    pub(super) fn is_open_beside(&self, other: &Fs) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared) && self.hand.active != other.hand.active
     }
 
     /// Ends a secondary handle (`close` and drop): nothing holds its inodes any more, so its
