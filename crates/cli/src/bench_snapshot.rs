@@ -16,7 +16,8 @@
 //!   file made, written (4 KiB) and fsynced in a directory of the tree, beside the same
 //!   ended by a commit instead (`fsyncs`): the fsync log at work in a clone; and the clone
 //!   opened beside the file system's own tree (`Fs::open_subvolume`), where the same fsync
-//!   commits, and that open and close alone.
+//!   commits, and that open and close alone; and through a mount, the same fsync in its own
+//!   tree and in a writable snapshot of it served beside at `.snapshots/NAME`.
 //! - **rollback** after the same changes at both counts (`mistake`: a directory of 1,000
 //!   files removed, 100 files of 4 KiB made): idxfs's `Fs::rollback` on the unmounted image
 //!   (its commits included; the fastest of `ROUNDS`, the mistake made again before each),
@@ -71,6 +72,10 @@ struct Times {
     /// (a commit), and that open and close (`Fs::open_subvolume`; the fastest of `ROUNDS`).
     fsync_beside: Option<f64>,
     open_beside: Option<f64>,
+    /// idxfs only, medians through a mount (`mount_fsyncs`): the same fsync in the mount's
+    /// own tree, and in a writable snapshot of it served beside at `.snapshots/NAME`.
+    mount_fsync_own: Option<f64>,
+    mount_fsync_beside: Option<f64>,
     /// Back to the snapshot after `mistake`; None where the file system has no way.
     rollback: Option<f64>,
     /// idxfs only: the same in a writable snapshot, back to a snapshot of it.
@@ -398,6 +403,38 @@ fn idxfs_mounted(src: &Path, base: &Path, bytes: u64) -> Result<f64, String> {
     Ok(best)
 }
 
+/// Through a mount the tree was imported into: a file made in `tree/d00000`, 4 KiB written,
+/// fsynced and closed, in the mount's own tree (the log) and in a writable snapshot of it
+/// served beside at `.snapshots/w` (`idxfs subvolume snapshot MOUNT w`; there a commit),
+/// alternately; the medians of `FSYNCS` each.
+fn mount_fsyncs(src: &Path, base: &Path, bytes: u64) -> Result<(f64, f64), String> {
+    use std::io::Write;
+    let (t, tree) = imported(src, base, bytes)?;
+    bench_env::run(
+        Command::new(bench_env::self_exe())
+            .args(["subvolume", "snapshot"])
+            .arg(&t.mp)
+            .arg("w"),
+    )?;
+    let dirs = [tree.join("d00000"), t.mp.join(".snapshots/w/tree/d00000")];
+    let (mut own, mut beside) = (Vec::new(), Vec::new());
+    // The first fsync of a mount commits (a chain of its own comes with its first commit).
+    for i in 0..2 * FSYNCS + 2 {
+        let p = dirs[i % 2].join(format!("mount-fsync{i}"));
+        let s = secs(|| {
+            let mut f = std::fs::File::create(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+            f.write_all(&[7u8; 4096])
+                .and_then(|()| f.sync_all())
+                .map_err(|e| format!("{}: {e}", p.display()))
+        })?;
+        if i >= 2 {
+            [&mut own, &mut beside][i % 2].push(s);
+        }
+    }
+    drop(t);
+    Ok((crate::bench::median(own), crate::bench::median(beside)))
+}
+
 /// The tree imported into a fresh mount, then removed, until synced: by `idxfs rm` (inside
 /// the server) or by `rm -rf` (a request per name through FUSE).
 fn idxfs_removed(src: &Path, base: &Path, bytes: u64, in_server: bool) -> Result<f64, String> {
@@ -552,6 +589,9 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
                     t.rm_rf = Some(idxfs_removed(&src, base, bytes, false)?);
                     t.cp = Some(idxfs_copied(&src, base, bytes, true)?);
                     t.cp_a = Some(idxfs_copied(&src, base, bytes, false)?);
+                    let (own, beside) = mount_fsyncs(&src, base, bytes)?;
+                    t.mount_fsync_own = Some(own);
+                    t.mount_fsync_beside = Some(beside);
                     per("idxfs", i, t)
                 }
                 FsKind::Btrfs => per("btrfs", i, btrfs(&src, base, bytes, inodes)?),
@@ -654,10 +694,18 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
                         "clone opened beside+closed",
                         [t[0].open_beside, t[1].open_beside],
                     ),
+                    (
+                        "fsync through the mount",
+                        [t[0].mount_fsync_own, t[1].mount_fsync_own],
+                    ),
+                    (
+                        "  in .snapshots/NAME",
+                        [t[0].mount_fsync_beside, t[1].mount_fsync_beside],
+                    ),
                 ],
             );
         }
-        let one = |t: &Times| json!({"snapshot_s": t.snap, "command_s": t.cli, "mount_command_s": t.mount, "writable_snapshot_s": t.writable, "clone_s": t.clone, "clone_open_s": t.clone_open, "open_close_s": t.plain_open, "fsync_clone_s": t.fsync_clone, "fsync_own_s": t.fsync_own, "commit_clone_s": t.commit_clone, "fsync_beside_s": t.fsync_beside, "open_beside_s": t.open_beside, "rollback_s": t.rollback, "rollback_clone_s": t.rollback_clone, "idxfs_rm_s": t.rm, "rm_rf_mount_s": t.rm_rf, "idxfs_cp_s": t.cp, "cp_a_mount_s": t.cp_a, "delete_returns_s": t.returns, "space_back_s": t.back});
+        let one = |t: &Times| json!({"snapshot_s": t.snap, "command_s": t.cli, "mount_command_s": t.mount, "writable_snapshot_s": t.writable, "clone_s": t.clone, "clone_open_s": t.clone_open, "open_close_s": t.plain_open, "fsync_clone_s": t.fsync_clone, "fsync_own_s": t.fsync_own, "commit_clone_s": t.commit_clone, "fsync_beside_s": t.fsync_beside, "open_beside_s": t.open_beside, "mount_fsync_own_s": t.mount_fsync_own, "mount_fsync_beside_s": t.mount_fsync_beside, "rollback_s": t.rollback, "rollback_clone_s": t.rollback_clone, "idxfs_rm_s": t.rm, "rm_rf_mount_s": t.rm_rf, "idxfs_cp_s": t.cp, "cp_a_mount_s": t.cp_a, "delete_returns_s": t.returns, "space_back_s": t.back});
         raw.insert(
             label.clone(),
             json!({"small": one(&t[0]), "large": one(&t[1])}),
@@ -675,7 +723,10 @@ pub fn snapshot(scale: Scale, fs: &[FsKind], base: &Path) -> Result<(String, Val
          a clone and in the file system's own tree, in the clone ended by a commit \
          instead, and in the clone opened beside the file system's own tree \
          (Fs::open_subvolume), where the fsync commits, each the median of 100; the clone \
-         opened beside and closed (the close's commit too), the fastest of 3; rollback: back to the snapshot after the same \
+         opened beside and closed (the close's commit too), the fastest of 3; fsync through \
+         the mount: a file made in a directory of 1,000, 4 KiB written, fsynced and closed, \
+         in the mount's own tree and in a writable snapshot of it served beside at \
+         .snapshots/NAME (a commit there), each the median of 100; rollback: back to the snapshot after the same \
          changes at both counts (a directory of 1,000 files removed, 100 files made), idxfs's \
          library call (the fastest of 3; and in a writable snapshot, back to a snapshot of it) and btrfs's subvolume delete and snapshot of the snapshot in its place; \
          idxfs rm and rm -rf: the tree removed from a mount it was imported into, until synced; \

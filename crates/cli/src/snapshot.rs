@@ -294,7 +294,31 @@ pub(crate) fn run_mounted(dir: &Path, ask: Ask) -> Result<(), String> {
         }
         _ => said(e),
     })?;
+    // A subvolume made on a mount with a snapshots directory is served there, writable.
+    let beside = |id: u64, name: &str, dir: &[u8]| {
+        println!(
+            "{m}: subvolume {id} ({name}) is writable at {} beside the tree this mount \
+             serves; a mount of the image with -o subvol={id} serves it by itself",
+            mp.join(std::ffi::OsStr::from_bytes(dir))
+                .join(name)
+                .display()
+        )
+    };
     match (r, &ask) {
+        (Answer::Made(id, Some(dir)), Ask::Clone(from, name)) => {
+            println!("{m}: subvolume {id} ({name}), writable, from snapshot {from}");
+            beside(id, name, &dir)
+        }
+        (Answer::Made(id, Some(dir)), Ask::Writable(name)) => {
+            println!(
+                "{m}: subvolume {id} ({name}), a writable snapshot of the tree this mount serves"
+            );
+            beside(id, name, &dir)
+        }
+        (Answer::Made(id, Some(dir)), Ask::Create(name)) => {
+            println!("{m}: subvolume {id} ({name}), writable, empty");
+            beside(id, name, &dir)
+        }
         (Answer::Made(id, _), Ask::Clone(from, name)) => println!(
             "{m}: subvolume {id} ({name}), writable, from snapshot {from}; this mount goes on \
              serving its own tree: unmount it and mount the image with -o subvol={id}"

@@ -308,13 +308,53 @@ struct World {
     /// Snapshots a subvolume was made from: their delete is refused while anything names
     /// their blocks through them (a clone, a snapshot of one, or one whose drop runs on).
     origins: std::collections::BTreeSet<u64>,
+    /// The parked subvolume the steps run in now (`parked_burst`); None: the mount's tree.
+    inside: Option<String>,
+    /// Parked subvolumes changed through the mount since the last crash: fsynced before
+    /// the next one (an fsync in the mount's own tree logs that tree's changes only).
+    touched: std::collections::BTreeSet<String>,
 }
 
 const DIRS: [&str; 4] = ["", "d0", "d1", "d0/e"];
 
 impl World {
     fn both(&self, rel: &Path) -> (PathBuf, PathBuf) {
-        (self.idx.mp.join(rel), self.tmp.root().join(rel))
+        (self.idx_root().join(rel), self.ref_root().join(rel))
+    }
+
+    /// Where the steps run on idxfs: the mount's root, or during a burst in a parked
+    /// subvolume its root at `.snapshots/NAME`.
+    fn idx_root(&self) -> PathBuf {
+        match &self.inside {
+            Some(n) => self.idx.mp.join(".snapshots").join(n),
+            None => self.idx.mp.clone(),
+        }
+    }
+
+    /// The reference for `idx_root`: the tmpfs tree, or the subvolume's kept at its name.
+    fn ref_root(&self) -> PathBuf {
+        match &self.inside {
+            Some(n) => self.kept.root().join(n),
+            None => self.tmp.root().to_path_buf(),
+        }
+    }
+
+    /// Where the parked subvolumes changed since the last crash show (`touched`), those
+    /// still parked: one deleted since is gone, one served since was fsynced as the mount's.
+    fn touched_roots(&self) -> Vec<PathBuf> {
+        (self.subvols.iter())
+            .filter(|s| self.touched.contains(&s.1))
+            .map(|s| self.idx.mp.join(".snapshots").join(&s.1))
+            .collect()
+    }
+
+    /// The paths the reference holds now, for `path` to pick from.
+    fn refresh_seen(&mut self) {
+        self.seen = tree(&self.ref_root())
+            .into_iter()
+            .map(|(p, _)| p)
+            .filter(|p| !DIRS.iter().any(|d| Path::new(d) == p))
+            .collect();
     }
 
     fn fail(&self, what: &str) -> ! {
@@ -339,16 +379,12 @@ impl World {
     /// A path: most often one that exists (in tmpfs, the reference), else a new one.
     fn path(&mut self) -> PathBuf {
         if self.step.is_multiple_of(16) {
-            self.seen = tree(self.tmp.root())
-                .into_iter()
-                .map(|(p, _)| p)
-                .filter(|p| !DIRS.iter().any(|d| Path::new(d) == p))
-                .collect();
+            self.refresh_seen();
         }
         if self.rng.chance(70) && !self.seen.is_empty() {
             let i = self.rng.below(self.seen.len() as u64) as usize;
             let p = self.seen[i].clone();
-            if fs::symlink_metadata(self.tmp.root().join(&p)).is_ok() {
+            if fs::symlink_metadata(self.ref_root().join(&p)).is_ok() {
                 return p;
             }
             self.seen.swap_remove(i);
@@ -380,8 +416,9 @@ impl World {
         if self.trail.len() > 40 {
             self.trail.remove(0);
         }
-        let a: Vec<PathBuf> = paths.iter().map(|p| self.idx.mp.join(p)).collect();
-        let b: Vec<PathBuf> = paths.iter().map(|p| self.tmp.root().join(p)).collect();
+        let (ia, ib) = (self.idx_root(), self.ref_root());
+        let a: Vec<PathBuf> = paths.iter().map(|p| ia.join(p)).collect();
+        let b: Vec<PathBuf> = paths.iter().map(|p| ib.join(p)).collect();
         let kind = what.split(' ').next().unwrap_or("").to_string();
         // The paths and their directories, whose timestamps the operation may move.
         let mut watched: Vec<PathBuf> = Vec::new();
@@ -403,7 +440,7 @@ impl World {
         }
         let (ta, tb): (Vec<_>, Vec<_>) = watched
             .iter()
-            .map(|p| (times(&self.idx.mp.join(p)), times(&self.tmp.root().join(p))))
+            .map(|p| (times(&ia.join(p)), times(&ib.join(p))))
             .unzip();
         if stamped {
             wait_past(ta.iter().chain(&tb));
@@ -414,10 +451,7 @@ impl World {
             self.fail(&format!("{what}: idxfs gave {ra:?}, tmpfs {rb:?}"));
         }
         if stamped {
-            let (ma, mb) = (
-                moved(&self.idx.mp, &watched, &ta),
-                moved(self.tmp.root(), &watched, &tb),
-            );
+            let (ma, mb) = (moved(&ia, &watched, &ta), moved(&ib, &watched, &tb));
             if ma != mb {
                 let now = |root: &Path| -> Vec<_> {
                     watched.iter().map(|p| times(&root.join(p))).collect()
@@ -426,8 +460,8 @@ impl World {
                     "after {what}: timestamps:\n idxfs {ma:?}\n tmpfs {mb:?}\n \
                      (mtime s, ns, ctime s, ns, inode) before and after: idxfs {ta:?} {:?}, \
                      tmpfs {tb:?} {:?}",
-                    now(&self.idx.mp),
-                    now(self.tmp.root())
+                    now(&ia),
+                    now(&ib)
                 ));
             }
         }
@@ -483,7 +517,7 @@ impl World {
                 },
             );
         } else {
-            if fs::symlink_metadata(self.tmp.root().join(&src)).is_err() {
+            if fs::symlink_metadata(self.ref_root().join(&src)).is_err() {
                 return;
             }
             let mp = self.idx.mp.clone();
@@ -546,6 +580,48 @@ impl World {
         }
         *self.tally.entry(("restore".into(), a.0)).or_default() += 1;
         self.compare_trees("after a restore");
+    }
+
+    /// Ordinary steps run inside a parked subvolume, through `.snapshots/NAME`, where the
+    /// mount serves it writable beside its own tree, against its reference (kept at NAME):
+    /// 1-40 of them, none that remounts, crashes, snapshots or changes the subvolumes
+    /// (`step`), in an empty one after the test's directories are made; then that
+    /// subvolume compared whole. Files held open in it are closed at
+    /// its end (a later delete of the subvolume would make them stale on idxfs only).
+    fn parked_burst(&mut self) {
+        let i = self.rng.below(self.subvols.len() as u64) as usize;
+        let name = self.subvols[i].1.clone();
+        self.trail
+            .push(format!("{}: into parked subvolume {name}", self.step));
+        self.held.clear();
+        self.inside = Some(name.clone());
+        self.touched.insert(name.clone());
+        // An empty one gets the test's directories first, as when it is first served.
+        if self.fresh.remove(&name) {
+            for d in ["d0", "d1", "d0/e"] {
+                let (a, b) = self.both(Path::new(d));
+                fs::create_dir(a).expect("mkdir in a parked subvolume");
+                fs::create_dir(b).expect("mkdir");
+            }
+            chattr_nocow(&self.idx_root().join("d1"));
+        }
+        self.refresh_seen();
+        for _ in 0..1 + self.rng.below(40) {
+            self.step();
+        }
+        self.held.clear();
+        self.inside = None;
+        self.refresh_seen();
+        self.trail
+            .push(format!("{}: out of parked subvolume {name}", self.step));
+        *self
+            .tally
+            .entry(("in a parked subvolume".into(), true))
+            .or_default() += 1;
+        self.compare_parked(
+            "after steps in a parked subvolume",
+            self.subvols[i..=i].iter(),
+        );
     }
 
     /// A snapshot made through the mount (`idxfs snapshot MOUNT NAME`), or one deleted
@@ -759,11 +835,21 @@ impl World {
             let got = tree(&self.idx.mp.join(".snapshots").join(name));
             let want = tree(&self.kept.root().join(name));
             if got != want {
-                let diff: Vec<String> = (got.iter().zip(want.iter()))
-                    .filter(|(x, y)| x != y)
-                    .take(5)
-                    .map(|(x, y)| format!(" shown {x:?}\n then  {y:?}"))
-                    .collect();
+                // Paths on one side only, then paths whose state differs.
+                let only = |a: &Observed, b: &Observed, side: &str| -> Vec<String> {
+                    (a.iter())
+                        .filter(|x| !b.iter().any(|y| y.0 == x.0))
+                        .map(|x| format!(" {side} only {x:?}"))
+                        .collect()
+                };
+                let mut diff = only(&got, &want, "shown");
+                diff.extend(only(&want, &got, "then"));
+                diff.extend(
+                    (got.iter())
+                        .filter_map(|x| want.iter().find(|y| y.0 == x.0 && *y != x).map(|y| (x, y)))
+                        .map(|(x, y)| format!(" shown {x:?}\n then  {y:?}")),
+                );
+                diff.truncate(5);
                 self.fail(&format!(
                     "{when}: subvolume {id} ({name}) differs from the tree it was parked \
                      with ({} and {} paths):\n{}",
@@ -854,10 +940,13 @@ impl World {
         if !self.opts.contains("writeback") {
             return;
         }
-        for (rel, _) in tree(&self.idx.mp) {
-            let p = self.idx.mp.join(&rel);
-            if fs::symlink_metadata(&p).is_ok_and(|m| m.is_file()) {
-                let _ = fs::File::open(&p).and_then(|f| f.sync_all());
+        let subvolumes = self.touched_roots();
+        for root in std::iter::once(self.idx.mp.clone()).chain(subvolumes) {
+            for (rel, _) in tree(&root) {
+                let p = root.join(&rel);
+                if fs::symlink_metadata(&p).is_ok_and(|m| m.is_file()) {
+                    let _ = fs::File::open(&p).and_then(|f| f.sync_all());
+                }
             }
         }
         for (f, _, _) in &self.held {
@@ -926,16 +1015,26 @@ impl World {
     }
 
     fn step(&mut self) {
+        // Inside a parked subvolume (`parked_burst`): no step that remounts, crashes,
+        // snapshots or changes the subvolumes.
+        let inside = self.inside.is_some();
         match self.rng.below(100) {
-            0 => return self.snapshot_step(),
+            0 if !inside => return self.snapshot_step(),
             1 => return self.tree_step(),
             3 if !self.snaps.is_empty() => return self.restore_step(),
             // Half as often as the others: a switch remounts and copies both trees.
-            2 if self.rng.chance(50) => return self.subvolume_step(),
+            2 if !inside && self.rng.chance(50) => return self.subvolume_step(),
+            4 if !inside && !self.subvols.is_empty() => return self.parked_burst(),
+            0 | 2 | 4 => return,
             _ => {}
         }
         let p = self.path();
-        match self.rng.below(32) {
+        let kind = self.rng.below(32);
+        // A remount (22) or a crash (25, the last arm).
+        if inside && matches!(kind, 22 | 25) {
+            return;
+        }
+        match kind {
             0..=3 => {
                 let (off, data) = (self.offset(), {
                     let l = self.len();
@@ -1294,11 +1393,11 @@ impl World {
                     fs::OpenOptions::new()
                         .read(true)
                         .write(true)
-                        .open(self.idx.mp.join(&p)),
+                        .open(self.idx_root().join(&p)),
                     fs::OpenOptions::new()
                         .read(true)
                         .write(true)
-                        .open(self.tmp.root().join(&p)),
+                        .open(self.ref_root().join(&p)),
                 ) {
                     got = Some((a, b, p.clone()));
                 }
@@ -1358,7 +1457,13 @@ impl World {
                 // exactly this state.
                 self.trail.push(format!("{}: fsync + SIGKILL", self.step));
                 self.write_back();
-                // The daemon's fsync makes every change it has durable, not only the root's.
+                // The daemon's fsync makes every change it has durable, not only the root's:
+                // in the mount's own tree by its log, which carries that tree's changes; in
+                // a parked subvolume served beside it by a commit, which writes every tree.
+                for root in self.touched_roots() {
+                    let _ = fs::File::open(root).and_then(|f| f.sync_all());
+                }
+                self.touched.clear();
                 let _ = fs::File::open(&self.idx.mp).and_then(|f| f.sync_all());
                 self.held.clear();
                 self.idx.kill();
@@ -1523,6 +1628,8 @@ fn random_operations_match_tmpfs_across_remounts_and_crashes() {
             origins: Default::default(),
             snap_tree: Default::default(),
             clone_origin: Default::default(),
+            inside: None,
+            touched: Default::default(),
         };
         for d in ["d0", "d1", "d0/e"] {
             let (a, b) = w.both(Path::new(d));
@@ -1580,6 +1687,7 @@ fn random_operations_match_tmpfs_across_remounts_and_crashes() {
         "treerm",
         "subvolume",
         "restore",
+        "in a parked subvolume",
     ] {
         let n = done.get(kind).copied().unwrap_or(0);
         assert!(

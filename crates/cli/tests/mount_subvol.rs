@@ -93,7 +93,7 @@ fn a_clone_mounts_writable_beside_the_file_system_and_goes_with_its_origin() {
 /// parked: the mount goes on serving its own tree) and on an image; an empty subvolume
 /// mounts with an empty root, keeps what was written in it, and deletes like a clone;
 /// `-o subvol=NAME` and `-o snapshot=NAME` mount by name; a mount shows the parked ones
-/// read-only in its snapshots directory, and rmdir there takes an empty one only.
+/// in its snapshots directory, and rmdir there takes an empty one only.
 #[test]
 fn subvolumes_are_made_listed_and_deleted_on_a_mount_and_on_an_image() {
     let mut m = Mounted::root_only("256M", "");
@@ -138,8 +138,8 @@ fn subvolumes_are_made_listed_and_deleted_on_a_mount_and_on_an_image() {
         assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
         assert!(err.contains(want), "{args:?}: {err}");
     }
-    // The mount still serves its own tree, and shows the parked ones read-only beside
-    // the snapshots.
+    // The mount still serves its own tree, and shows the parked ones beside the
+    // snapshots, writable (`a_parked_subvolume_is_served_writable_in_the_snapshots_directory`).
     assert_eq!(std::fs::read(m.path("f")).expect("read"), b"own");
     let shown = |m: &Mounted| {
         let mut names: Vec<String> = std::fs::read_dir(m.path(".snapshots"))
@@ -154,7 +154,7 @@ fn subvolumes_are_made_listed_and_deleted_on_a_mount_and_on_an_image() {
         std::fs::read(m.path(".snapshots/work/f")).expect("read in the parked clone"),
         b"own"
     );
-    let e = std::fs::write(m.path(".snapshots/scratch/x"), b"x").expect_err("read-only");
+    let e = std::fs::write(m.path(".snapshots/base/x"), b"x").expect_err("a snapshot");
     assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
     let e = std::fs::remove_dir(m.path(".snapshots/work")).expect_err("not empty");
     assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY), "{e}");
@@ -485,6 +485,155 @@ fn another_user_cannot_make_or_delete_snapshots_or_subvolumes() {
         out.contains("\tbase\t") && !out.contains("mine") && !out.contains("writable"),
         "{out}"
     );
+    m.unmount();
+    m.assert_fsck_clean();
+}
+
+/// A parked writable subvolume is served writable at `.snapshots/NAME` beside the mount's
+/// own tree (`Fs::open_subvolume` behind the mount): every kind of change inside it, with
+/// inode numbers of its own; EXDEV for a rename or link between it and the file system's
+/// tree, as between two btrfs subvolumes, while `cp` across copies the bytes and `cp`
+/// inside it shares them; a file unlinked while open is read to its end; `chattr +C`,
+/// `idxfs cp` and `idxfs rm` inside it and across; an fsync in it survives a SIGKILL of
+/// the server; and what the mount wrote there is the subvolume's own when it is mounted
+/// by itself. fsck clean after each.
+#[test]
+fn a_parked_subvolume_is_served_writable_in_the_snapshots_directory() {
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::MetadataExt;
+    let mut m = Mounted::root_only("256M", "");
+    let mp = m.mp.to_str().expect("utf8").to_string();
+    std::fs::write(m.path("own"), vec![7u8; 200_000]).expect("write");
+    ok(&["subvolume", "create", &mp, "scratch"]);
+    let sub = m.path(".snapshots/scratch");
+    let p = |rel: &str| sub.join(rel);
+    let errno = |r: std::io::Result<()>| r.expect_err("refused").raw_os_error();
+
+    std::fs::create_dir(p("d")).expect("mkdir in the subvolume");
+    std::fs::write(p("d/f"), vec![3u8; 300_000]).expect("write");
+    std::fs::rename(p("d/f"), p("f")).expect("rename inside");
+    std::fs::hard_link(p("f"), p("d/g")).expect("link inside");
+    std::os::unix::fs::symlink("f", p("s")).expect("symlink");
+    setxattr(&p("f"), "user.k", b"v");
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(p("f"))
+        .expect("open");
+    file.set_len(100_000).expect("truncate");
+    drop(file);
+    std::fs::set_permissions(p("f"), std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("chmod");
+    let f = std::fs::metadata(p("f")).expect("stat");
+    let own = std::fs::metadata(m.path("own")).expect("stat");
+    assert_eq!((f.nlink(), f.len(), f.mode() & 0o7777), (2, 100_000, 0o600));
+    assert_eq!(
+        std::fs::read_link(p("s")).expect("readlink").to_str(),
+        Some("f")
+    );
+    assert_eq!(f.dev(), own.dev(), "one mount");
+    assert_ne!(f.ino(), own.ino(), "numbers of its own");
+    assert_eq!(
+        std::fs::read(m.path("own")).expect("read"),
+        vec![7u8; 200_000]
+    );
+    assert!(!m.path("f").exists() && !m.path("d").exists());
+
+    // Between trees: EXDEV for rename and link; cp copies across and shares inside.
+    let exdev = Some(libc::EXDEV);
+    assert_eq!(errno(std::fs::rename(m.path("own"), p("own"))), exdev);
+    assert_eq!(errno(std::fs::rename(p("f"), m.path("f"))), exdev);
+    assert_eq!(errno(std::fs::hard_link(m.path("own"), p("own"))), exdev);
+    let cp = |a: &std::path::Path, b: &std::path::Path| {
+        let st = std::process::Command::new("cp").arg(a).arg(b).status();
+        assert!(st.expect("cp").success(), "cp {a:?} {b:?}");
+    };
+    cp(&m.path("own"), &p("own"));
+    cp(&p("f"), &m.path("f"));
+    assert_eq!(std::fs::read(p("own")).expect("read"), vec![7u8; 200_000]);
+    assert_eq!(
+        std::fs::read(m.path("f")).expect("read"),
+        vec![3u8; 100_000]
+    );
+    std::fs::write(p("big"), vec![9u8; 16 << 20]).expect("write");
+    let before = used_bytes(&m.mp);
+    cp(&p("big"), &p("big2"));
+    let grew = used_bytes(&m.mp).saturating_sub(before);
+    assert!(grew < 4 << 20, "a copy inside shares: {grew} bytes used");
+    assert_eq!(std::fs::read(p("big2")).expect("read"), vec![9u8; 16 << 20]);
+
+    // An open file keeps its data past its last name (its pin is the subvolume's).
+    let mut open = std::fs::File::open(p("d/g")).expect("open");
+    std::fs::remove_file(p("f")).expect("unlink");
+    std::fs::remove_file(p("d/g")).expect("unlink the last name");
+    let mut data = Vec::new();
+    open.read_to_end(&mut data).expect("read after the unlink");
+    assert_eq!(data, vec![3u8; 100_000]);
+    open.rewind().expect("seek");
+    drop(open);
+
+    // chattr +C; idxfs cp and rm inside and across.
+    let st = std::process::Command::new("chattr")
+        .arg("+C")
+        .arg(p("d"))
+        .status();
+    assert!(st.expect("chattr").success());
+    std::fs::write(p("d/n"), b"nocow").expect("write");
+    let out = std::process::Command::new("lsattr")
+        .arg(p("d/n"))
+        .output()
+        .expect("lsattr");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains('C'),
+        "{out:?}"
+    );
+    let s = |rel: &str| format!("{mp}/.snapshots/scratch/{rel}");
+    ok(&["cp", &s("d"), &s("d2")]);
+    assert_eq!(std::fs::read(p("d2/n")).expect("read"), b"nocow");
+    ok(&["cp", &s("d"), &format!("{mp}/from_sub")]);
+    ok(&["cp", &format!("{mp}/own"), &s("own2")]);
+    assert_eq!(std::fs::read(m.path("from_sub/n")).expect("read"), b"nocow");
+    assert_eq!(std::fs::read(p("own2")).expect("read"), vec![7u8; 200_000]);
+    ok(&["rm", &s("d2")]);
+    assert!(!p("d2").exists());
+
+    // fsync inside, then the server killed: the bytes are there at the next mount.
+    let mut durable = std::fs::File::create(p("durable")).expect("create");
+    durable.write_all(&[5u8; 70_000]).expect("write");
+    durable.sync_all().expect("fsync in the subvolume");
+    drop(durable);
+    m.kill();
+    m.assert_fsck_clean();
+    m.mount("");
+    assert_eq!(
+        std::fs::read(p("durable")).expect("read"),
+        vec![5u8; 70_000]
+    );
+    // An empty root only goes by rmdir; what it holds stays.
+    let e = std::fs::remove_dir(&sub).expect_err("not empty");
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY), "{e}");
+    m.unmount();
+    m.assert_fsck_clean();
+
+    // Mounted by itself: what the mount wrote there.
+    m.mount("subvol=scratch");
+    let mut names: Vec<String> = std::fs::read_dir(&m.mp)
+        .expect("list")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["big", "big2", "d", "durable", "own", "own2", "s"]);
+    assert_eq!(std::fs::read(m.path("d/n")).expect("read"), b"nocow");
+    assert_eq!(
+        std::fs::read(m.path("big2")).expect("read"),
+        vec![9u8; 16 << 20]
+    );
+    m.unmount();
+    m.mount("subvol=5");
+    assert_eq!(
+        std::fs::read(m.path("f")).expect("read"),
+        vec![3u8; 100_000]
+    );
+    assert_eq!(std::fs::read(m.path("from_sub/n")).expect("read"), b"nocow");
     m.unmount();
     m.assert_fsck_clean();
 }

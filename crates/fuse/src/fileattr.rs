@@ -20,11 +20,19 @@ pub const FSGETXATTR: u32 = 0x801c_581f;
 const FSXATTR_SIZE: usize = 28;
 
 impl IdxFuse {
-    pub(crate) fn setflags_request(&self, ino: INodeNo, in_data: &[u8], reply: ReplyIoctl) {
+    /// FS_IOC_SETFLAGS of inode `i` of `fs`, the kernel's `ino`.
+    pub(crate) fn setflags_request(
+        &self,
+        fs: &Fs,
+        i: u64,
+        ino: INodeNo,
+        in_data: &[u8],
+        reply: ReplyIoctl,
+    ) {
         let Some(raw) = in_data.get(..4).and_then(|b| <[u8; 4]>::try_from(b).ok()) else {
             return reply.error(Errno::EINVAL);
         };
-        if let Err(e) = self.fs.set_flags(ino.0, u32::from_ne_bytes(raw) as u64) {
+        if let Err(e) = fs.set_flags(i, u32::from_ne_bytes(raw) as u64) {
             return reply.error(errno(&e));
         }
         // The change time moved, and the kernel would keep the one it has (for an hour by

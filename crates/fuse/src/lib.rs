@@ -350,37 +350,45 @@ impl IdxFuse {
     }
 
     /// The engine that reads `ino`, and its number there: the file system's, or an open
-    /// snapshot's; `in_dir`: the errno for the snapshots directory itself.
+    /// snapshot's or subvolume's; `in_dir`: the errno for the snapshots directory itself.
     fn tree(&self, ino: INodeNo, in_dir: Errno) -> Result<(Tree<'_>, u64), Errno> {
         match self.place(ino) {
             Place::Live => Ok((Tree::Live(&self.fs), ino.0)),
-            Place::View(v) => Ok((Tree::View(v.fs), v.ino)),
+            Place::View(v) => {
+                let i = v.ino;
+                Ok((Tree::View(v), i))
+            }
             Place::Dir => Err(in_dir),
             Place::Stale => Err(Errno::ESTALE),
         }
     }
 
-    /// `ino` for a change: the file system's own, or the errno a change elsewhere gets
+    /// The tree that changes `ino`, and its number there: the file system's own, or a
+    /// writable subvolume's shown in the snapshots directory; else the errno a change gets
     /// (a snapshot is read-only; a deleted one's numbers are stale).
-    fn changeable(&self, ino: INodeNo) -> Result<u64, Errno> {
+    fn changeable(&self, ino: INodeNo) -> Result<(Tree<'_>, u64), Errno> {
         if ino.0 >> snapdir::SHIFT == 0 {
-            return Ok(ino.0);
+            return Ok((Tree::Live(&self.fs), ino.0));
         }
         match self.place(ino) {
+            Place::View(v) if v.writable => {
+                let i = v.ino;
+                Ok((Tree::View(v), i))
+            }
             Place::Stale => Err(Errno::ESTALE),
             _ => Err(Errno::EROFS),
         }
     }
 
-    /// The errno of a rename or link between `a` and `b` when either is not the file
-    /// system's own: EXDEV between a snapshot and anything else, EROFS inside one.
-    fn across(&self, a: INodeNo, b: INodeNo) -> Option<Errno> {
-        let tree = |i: INodeNo| i.0 >> snapdir::SHIFT;
-        match (tree(a), tree(b)) {
-            (0, 0) => None,
-            (x, y) if x == y => Some(self.changeable(a).err().unwrap_or(Errno::EROFS)),
-            _ => Some(Errno::EXDEV),
+    /// The tree of a rename or link between `a` and `b`, and their numbers there: both
+    /// must be in one writable tree (`changeable`); EXDEV between two trees, as between
+    /// two btrfs subvolumes.
+    fn across(&self, a: INodeNo, b: INodeNo) -> Result<(Tree<'_>, u64, u64), Errno> {
+        if a.0 >> snapdir::SHIFT != b.0 >> snapdir::SHIFT {
+            return Err(Errno::EXDEV);
         }
+        let (t, a) = self.changeable(a)?;
+        Ok((t, a, b.0 & (snapdir::DIR_INO - 1)))
     }
 
     /// Whether `name` in `parent` is the snapshots directory: the root's name for it, where
@@ -401,11 +409,15 @@ impl IdxFuse {
         }
     }
 
-    /// Replies with an entry inside a snapshot: nothing there changes, and the engine keeps
-    /// no pins for it (nothing is unlinked in a snapshot).
+    /// Replies with an entry inside a snapshot or subvolume: a writable subvolume's holds a
+    /// pin for the kernel's lookup count, as the file system's own do (`entry`); a
+    /// snapshot's none (nothing is unlinked in a snapshot).
     fn view_entry(&self, v: &View, r: Result<Attr, Error>, ttl: Duration, reply: ReplyEntry) {
         match r {
             Ok(a) => {
+                if v.writable {
+                    v.fs.pin(a.ino);
+                }
                 let a = v.attr(a);
                 reply.entry(&ttl, &file_attr(&a), Generation(a.generation))
             }
@@ -421,7 +433,11 @@ impl IdxFuse {
         };
         match name {
             b"." => self.snapdir_entry(reply),
-            b".." => self.entry(self.fs.getattr(INodeNo::ROOT.0), reply),
+            b".." => self.entry(
+                &Tree::Live(&self.fs),
+                self.fs.getattr(INodeNo::ROOT.0),
+                reply,
+            ),
             _ => match d.lookup(&self.fs, name) {
                 Ok(v) => {
                     let r = v.fs.getattr(v.ino);
@@ -453,7 +469,8 @@ impl IdxFuse {
         Ok(out)
     }
 
-    /// readdirplus of a snapshot's directory: no pins and no read-ahead (`view_entry`).
+    /// readdirplus of a snapshot's or subvolume's directory: no read-ahead, and pins as
+    /// `view_entry` takes them.
     fn readdirplus_in_view(&self, v: &View, offset: u64, mut reply: ReplyDirectoryPlus) {
         use std::sync::atomic::Ordering::Relaxed;
         let limit = self.plus_fit.load(Relaxed) + 32;
@@ -465,10 +482,11 @@ impl IdxFuse {
             true => self.snapdir.as_ref().map(|d| d.attr(&self.fs)),
             false => None,
         };
-        for (e, a) in batch.entries {
+        let mut added = 0;
+        for (e, a) in &batch.entries {
             let a = match (&up, e.name.as_slice()) {
                 (Some(Ok(up)), b"..") => up.clone(),
-                _ => v.attr(a),
+                _ => v.attr(a.clone()),
             };
             let name = OsStr::from_bytes(&e.name);
             let generation = Generation(a.generation);
@@ -482,6 +500,11 @@ impl IdxFuse {
             ) {
                 break;
             }
+            added += 1;
+        }
+        if v.writable {
+            // Before the reply: the kernel may forget them as soon as it has it.
+            v.fs.pin_many(&kernel_held(&batch.entries[..added]));
         }
         reply.ok()
     }
@@ -566,10 +589,14 @@ impl IdxFuse {
         done(reply, r)
     }
 
-    /// A name inside a snapshot; its root's ".." is the snapshots directory.
+    /// A name inside a snapshot or subvolume; its root's ".." is the snapshots directory.
+    /// "." is a lookup by number (`lookup`): stale once the inode has no name left.
     fn lookup_in_view(&self, v: &View, name: &[u8], reply: ReplyEntry) {
         let r = match name {
-            b"." => v.fs.getattr(v.ino),
+            b"." => v.fs.getattr(v.ino).and_then(|a| match a.nlink {
+                0 => Err(Error::NotFound),
+                _ => Ok(a),
+            }),
             b".." if v.ino == INodeNo::ROOT.0 => return self.snapdir_entry(reply),
             _ => v.fs.lookup(v.ino, name),
         };
@@ -598,23 +625,24 @@ impl IdxFuse {
     /// Set-group-ID goes unless the caller is root or in the file's group: the kernel's
     /// CAP_FSETID test, as far as a FUSE request shows it (the flag that says it exactly
     /// comes only with FUSE_SETXATTR_EXT, which fuser does not parse).
+    #[allow(clippy::too_many_arguments)]
     fn set_acl(
         &self,
         req: &Request,
-        ino: INodeNo,
+        fs: &Fs,
+        ino: u64,
         name: &[u8],
         value: &[u8],
         flags: i32,
         reply: ReplyEmpty,
     ) {
-        let kill_sgid = match self.fs.getattr(ino.0) {
+        let kill_sgid = match fs.getattr(ino) {
             Ok(a) => req.uid() != 0 && a.mode & 0o2000 != 0 && kill::outside_group(req, a.gid),
             Err(e) => return reply.error(errno(&e)),
         };
         done(
             reply,
-            self.fs
-                .setxattr_with(ino.0, name, value, flags as u32, kill_sgid),
+            fs.setxattr_with(ino, name, value, flags as u32, kill_sgid),
         )
     }
 
@@ -626,7 +654,16 @@ impl IdxFuse {
 
     /// `system.posix_acl_access` with ACLs off: an ACL the mode says in full is a chmod of
     /// the permission bits (`acl.rs`); one naming other users or groups is not kept.
-    fn set_access_acl(&self, req: &Request, ino: INodeNo, value: &[u8], reply: ReplyEmpty) {
+    /// `ino`: the kernel's number, of an inode of `t`.
+    fn set_access_acl(
+        &self,
+        req: &Request,
+        t: &Tree,
+        ino: INodeNo,
+        value: &[u8],
+        reply: ReplyEmpty,
+    ) {
+        let i = ino.0 & (snapdir::DIR_INO - 1);
         let bits = match acl::access(value) {
             acl::Access::Mode(bits) => bits,
             acl::Access::Extended => return reply.error(Errno::EOPNOTSUPP),
@@ -638,7 +675,7 @@ impl IdxFuse {
         let Some(notifier) = self.notifier.get() else {
             return reply.error(Errno::EOPNOTSUPP);
         };
-        let a = match self.fs.getattr(ino.0) {
+        let a = match t.getattr(i) {
             Ok(a) => a,
             Err(e) => return reply.error(errno(&e)),
         };
@@ -649,7 +686,7 @@ impl IdxFuse {
             mode: Some(mode),
             ..SetAttr::default()
         };
-        if let Err(e) = self.fs.setattr(ino.0, &set) {
+        if let Err(e) = t.setattr(i, &set) {
             return reply.error(errno(&e));
         }
         // Before the reply, so the caller's next stat or exec sees the new mode. ENOENT (the
@@ -661,12 +698,13 @@ impl IdxFuse {
         }
     }
 
-    /// What a change to `ino` asked by `req` drops (`kill`); `asked`: the kernel's kill flag.
-    fn kill(&self, req: &Request, ino: INodeNo, asked: bool) -> Result<Kill, Error> {
+    /// What a change to `ino` of `fs` asked by `req` drops (`kill`); `asked`: the kernel's
+    /// kill flag.
+    fn kill(&self, req: &Request, fs: &Fs, ino: u64, asked: bool) -> Result<Kill, Error> {
         if !asked {
             return Ok(Kill::default());
         }
-        Ok(kill::for_request(req, &self.fs.getattr(ino.0)?, true))
+        Ok(kill::for_request(req, &fs.getattr(ino)?, true))
     }
 
     /// After a forget: while replies hand off, wait before reading /dev/fuse again, so the
@@ -687,20 +725,28 @@ impl IdxFuse {
         self.requests.count(op, req.uid() == 0)
     }
 
-    /// Replies with an entry an operation made or linked: the engine pinned it already, under
-    /// the operation's lock (`Fs::hold_made`), for the lookup count the reply gives.
-    fn entry_made(&self, r: Result<Attr, Error>, reply: ReplyEntry) {
+    /// Replies with an entry an operation of tree `t` made or linked: the engine pinned it
+    /// already, under the operation's lock (`Fs::hold_made`), for the lookup count the reply
+    /// gives.
+    fn entry_made(&self, t: &Tree, r: Result<Attr, Error>, reply: ReplyEntry) {
         match r {
-            Ok(a) => reply.entry(&self.set.ttl, &file_attr(&a), Generation(a.generation)),
+            Ok(a) => {
+                let a = t.attr(a);
+                reply.entry(&self.set.ttl, &file_attr(&a), Generation(a.generation))
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
 
-    /// Replies with an entry the kernel now holds: one lookup count, one engine pin.
-    fn entry(&self, r: Result<Attr, Error>, reply: ReplyEntry) {
+    /// Replies with an entry of tree `t` the kernel now holds: one lookup count, one engine
+    /// pin (none in a snapshot, `view_entry`).
+    fn entry(&self, t: &Tree, r: Result<Attr, Error>, reply: ReplyEntry) {
         match r {
             Ok(a) => {
-                self.fs.pin(a.ino);
+                if t.pins() {
+                    t.pin(a.ino);
+                }
+                let a = t.attr(a);
                 reply.entry(&self.set.ttl, &file_attr(&a), Generation(a.generation));
             }
             Err(e) => reply.error(errno(&e)),
@@ -708,11 +754,47 @@ impl IdxFuse {
     }
 }
 
-/// The engine a request reads (`IdxFuse::tree`): the file system's own handle, borrowed (no
-/// shared count touched on the hot path), or an open snapshot's.
+/// The engine a request acts on (`IdxFuse::tree`, `changeable`): the file system's own
+/// handle, borrowed (no shared count touched on the hot path), or an open snapshot's or
+/// subvolume's, whose inode numbers the kernel sees in its slot (`snapdir`).
 enum Tree<'a> {
     Live(&'a Fs),
-    View(Arc<Fs>),
+    View(View),
+}
+
+impl Tree<'_> {
+    /// `a` as the kernel sees it: its number (and generation) in the tree's slot.
+    fn attr(&self, a: Attr) -> Attr {
+        match self {
+            Tree::Live(_) => a,
+            Tree::View(v) => v.attr(a),
+        }
+    }
+
+    /// The kernel's number for the tree's inode `ino`.
+    fn out(&self, ino: u64) -> u64 {
+        match self {
+            Tree::Live(_) => ino,
+            Tree::View(v) => v.out(ino),
+        }
+    }
+
+    /// Whether the kernel's lookups of its inodes hold engine pins: in the file system's
+    /// own tree and a writable subvolume's, not in a snapshot.
+    fn pins(&self) -> bool {
+        match self {
+            Tree::Live(_) => true,
+            Tree::View(v) => v.writable,
+        }
+    }
+
+    /// The tree's own handle, shared: the file system's (`live`) or the view's.
+    fn shared(&self, live: &Arc<Fs>) -> Arc<Fs> {
+        match self {
+            Tree::Live(_) => live.clone(),
+            Tree::View(v) => v.fs.clone(),
+        }
+    }
 }
 
 impl std::ops::Deref for Tree<'_> {
@@ -720,7 +802,7 @@ impl std::ops::Deref for Tree<'_> {
     fn deref(&self) -> &Fs {
         match self {
             Tree::Live(fs) => fs,
-            Tree::View(fs) => fs,
+            Tree::View(v) => &v.fs,
         }
     }
 }
@@ -954,7 +1036,7 @@ impl Filesystem for IdxFuse {
                 0 => Err(Error::NotFound),
                 _ => Ok(a),
             });
-            return self.entry(r, reply);
+            return self.entry(&Tree::Live(&self.fs), r, reply);
         }
         match self.fs.lookup(parent.0, bytes(name)) {
             Err(Error::NotFound)
@@ -967,7 +1049,7 @@ impl Filesystem for IdxFuse {
                 self.snapdir_entry(reply)
             }
             Err(Error::NotFound) => reply.entry(&self.set.ttl, &negative_entry(), Generation(0)),
-            r => self.entry(r, reply),
+            r => self.entry(&Tree::Live(&self.fs), r, reply),
         }
     }
 
@@ -975,9 +1057,12 @@ impl Filesystem for IdxFuse {
         let _in = self.begin(Op::Forget, req);
         // An error here (a failed device) already turned the file system read-only; the
         // orphan stays listed and is freed at the next mount.
-        // Inodes of snapshots hold no pins (`view_entry`).
+        // Inodes of snapshots hold no pins (`view_entry`); a writable subvolume's are held
+        // by its handle while it is open.
         if ino.0 >> snapdir::SHIFT == 0 {
             let _ = self.fs.unpin(ino.0, nlookup);
+        } else if let Some((fs, i)) = self.snapdir.as_ref().and_then(|d| d.pinned(ino.0)) {
+            let _ = fs.unpin(i, nlookup);
         }
         drop(_in);
         self.after_forget();
@@ -995,6 +1080,13 @@ impl Filesystem for IdxFuse {
             .collect();
         // As in `forget`: an error left the file system read-only, orphans stay listed.
         let _ = self.fs.unpin_many(&list);
+        // A writable subvolume's, one by one (as `forget`).
+        let d = self.snapdir.as_ref();
+        for n in nodes.iter().filter(|n| n.nodeid().0 >> snapdir::SHIFT != 0) {
+            if let Some((fs, i)) = d.and_then(|d| d.pinned(n.nodeid().0)) {
+                let _ = fs.unpin(i, n.nlookup());
+            }
+        }
         drop(_in);
         self.after_forget();
     }
@@ -1036,10 +1128,11 @@ impl Filesystem for IdxFuse {
         reply: ReplyAttr,
     ) {
         let _in = self.begin(Op::Setattr, req);
-        if let Err(e) = self.changeable(ino) {
-            return reply.error(e);
-        }
-        let kill = match self.kill(req, ino, kill_suidgid && size.is_some()) {
+        let (t, ino) = match self.changeable(ino) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
+        let kill = match self.kill(req, &t, ino, kill_suidgid && size.is_some()) {
             Ok(k) => k,
             Err(e) => return reply.error(errno(&e)),
         };
@@ -1053,8 +1146,8 @@ impl Filesystem for IdxFuse {
             ctime: ctime.map(engine_time),
             kill,
         };
-        match self.fs.setattr(ino.0, &set) {
-            Ok(a) => reply.attr(&self.set.ttl, &file_attr(&a)),
+        match t.setattr(ino, &set) {
+            Ok(a) => reply.attr(&self.set.ttl, &file_attr(&t.attr(a))),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -1082,15 +1175,14 @@ impl Filesystem for IdxFuse {
         reply: ReplyEntry,
     ) {
         let _in = self.begin(Op::Mknod, req);
-        if let Err(e) = self.changeable(parent) {
-            return reply.error(e);
-        }
+        let (t, parent) = match self.changeable(parent) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
         // The umask is the engine's to apply (FUSE_DONT_MASK; without it the kernel applied
         // it already, and again changes nothing).
-        let r = self
-            .fs
-            .mknod_umask(parent.0, bytes(name), mode, owner(req), rdev as u64, umask);
-        self.entry_made(r, reply)
+        let r = t.mknod_umask(parent, bytes(name), mode, owner(req), rdev as u64, umask);
+        self.entry_made(&t, r, reply)
     }
 
     /// O_TMPFILE. The engine pins the file once itself (the kernel's one lookup count), and
@@ -1105,10 +1197,14 @@ impl Filesystem for IdxFuse {
         reply: ReplyCreate,
     ) {
         let _in = self.begin(Op::Tmpfile, req);
-        if let Err(e) = self.changeable(parent) {
-            return reply.error(e);
-        }
-        match self.fs.tmpfile_umask(parent.0, mode, owner(req), umask) {
+        let (t, parent) = match self.changeable(parent) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
+        match t
+            .tmpfile_umask(parent, mode, owner(req), umask)
+            .map(|a| t.attr(a))
+        {
             Ok(a) => reply.created(
                 &self.set.ttl,
                 &file_attr(&a),
@@ -1133,29 +1229,30 @@ impl Filesystem for IdxFuse {
         if parent.0 == snapdir::DIR_INO && self.snapdir.is_some() {
             return self.snapshot_by_mkdir(req, bytes(name), reply);
         }
-        if let Err(e) = self.changeable(parent) {
-            return reply.error(e);
-        }
-        let r = self.fs.mknod_umask(
-            parent.0,
+        let (t, parent) = match self.changeable(parent) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
+        let r = t.mknod_umask(
+            parent,
             bytes(name),
             libc::S_IFDIR | (mode & 0o7777),
             owner(req),
             0,
             umask,
         );
-        self.entry_made(r, reply)
+        self.entry_made(&t, r, reply)
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _in = self.begin(Op::Unlink, req);
-        if let Err(e) = self.changeable(parent) {
-            return reply.error(e);
-        }
         if self.names_snapdir(parent, bytes(name)) {
             return reply.error(Errno::EROFS);
         }
-        done(reply, self.fs.unlink(parent.0, bytes(name)))
+        match self.changeable(parent) {
+            Ok((t, parent)) => done(reply, t.unlink(parent, bytes(name))),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -1163,13 +1260,13 @@ impl Filesystem for IdxFuse {
         if parent.0 == snapdir::DIR_INO && self.snapdir.is_some() {
             return self.delete_by_rmdir(req, bytes(name), reply);
         }
-        if let Err(e) = self.changeable(parent) {
-            return reply.error(e);
-        }
         if self.names_snapdir(parent, bytes(name)) {
             return reply.error(Errno::EROFS);
         }
-        done(reply, self.fs.rmdir(parent.0, bytes(name)))
+        match self.changeable(parent) {
+            Ok((t, parent)) => done(reply, t.rmdir(parent, bytes(name))),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn symlink(
@@ -1181,16 +1278,17 @@ impl Filesystem for IdxFuse {
         reply: ReplyEntry,
     ) {
         let _in = self.begin(Op::Symlink, req);
-        if let Err(e) = self.changeable(parent) {
-            return reply.error(e);
-        }
-        let r = self.fs.symlink(
-            parent.0,
+        let (t, parent) = match self.changeable(parent) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
+        let r = t.symlink(
+            parent,
             bytes(link_name),
             target.as_os_str().as_bytes(),
             owner(req),
         );
-        self.entry_made(r, reply)
+        self.entry_made(&t, r, reply)
     }
 
     fn rename(
@@ -1204,18 +1302,19 @@ impl Filesystem for IdxFuse {
         reply: ReplyEmpty,
     ) {
         let _in = self.begin(Op::Rename, req);
-        if let Some(e) = self.across(parent, newparent) {
-            return reply.error(e);
-        }
+        let (t, parent_in, newparent) = match self.across(parent, newparent) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
         if self.names_snapdir(parent, bytes(name)) {
             return reply.error(Errno::EROFS);
         }
         done(
             reply,
-            self.fs.rename(
-                parent.0,
+            t.rename(
+                parent_in,
                 bytes(name),
-                newparent.0,
+                newparent,
                 bytes(newname),
                 flags.bits(),
             ),
@@ -1231,11 +1330,12 @@ impl Filesystem for IdxFuse {
         reply: ReplyEntry,
     ) {
         let _in = self.begin(Op::Link, req);
-        if let Some(e) = self.across(ino, newparent) {
-            return reply.error(e);
-        }
-        let r = self.fs.link(ino.0, newparent.0, bytes(newname));
-        self.entry_made(r, reply)
+        let (t, ino, newparent) = match self.across(ino, newparent) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
+        let r = t.link(ino, newparent, bytes(newname));
+        self.entry_made(&t, r, reply)
     }
 
     fn open(&self, req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -1293,9 +1393,10 @@ impl Filesystem for IdxFuse {
         reply: ReplyWrite,
     ) {
         let _in = self.begin(Op::Write, req);
-        if let Err(e) = self.changeable(ino) {
-            return reply.error(e);
-        }
+        let (t, ino) = match self.changeable(ino) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
         // A delayed write from the page cache (of a file mapped or written through the
         // writeback cache) is not the caller's direct I/O, whatever the file's flags. This
         // kernel sends such writes without open flags (mount_direct_io's mapped file, cut to
@@ -1308,6 +1409,7 @@ impl Filesystem for IdxFuse {
         // FUSE_HANDLE_KILLPRIV_V2: the writer lacks CAP_FSETID.
         let kill = match self.kill(
             req,
+            &t,
             ino,
             write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID),
         ) {
@@ -1320,7 +1422,7 @@ impl Filesystem for IdxFuse {
             times: !self.set.writeback,
             kill,
         };
-        let r = self.fs.write_with(ino.0, offset, data, how);
+        let r = t.write_with(ino, offset, data, how);
         match r {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(&e)),
@@ -1353,6 +1455,7 @@ impl Filesystem for IdxFuse {
         let _in = self.begin(Op::Fsync, req);
         match self.place(ino) {
             Place::Live => done(reply, self.fs.fsync(ino.0)),
+            Place::View(v) if v.writable => done(reply, v.fs.fsync(v.ino)),
             // A snapshot is durable since it was made.
             Place::Dir | Place::View(_) => reply.ok(),
             Place::Stale => reply.error(Errno::ESTALE),
@@ -1512,6 +1615,7 @@ impl Filesystem for IdxFuse {
         let _in = self.begin(Op::Fsyncdir, req);
         match self.place(ino) {
             Place::Live => done(reply, self.fs.fsync(ino.0)),
+            Place::View(v) if v.writable => done(reply, v.fs.fsync(v.ino)),
             // A snapshot is durable since it was made.
             Place::Dir | Place::View(_) => reply.ok(),
             Place::Stale => reply.error(Errno::ESTALE),
@@ -1546,22 +1650,20 @@ impl Filesystem for IdxFuse {
         reply: ReplyEmpty,
     ) {
         let _in = self.begin(Op::Setxattr, req);
-        if let Err(e) = self.changeable(ino) {
-            return reply.error(e);
-        }
+        let (t, i) = match self.changeable(ino) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
         if self.set.acl && acl::is_acl(bytes(name)) {
-            return self.set_acl(req, ino, bytes(name), value, flags, reply);
+            return self.set_acl(req, &t, i, bytes(name), value, flags, reply);
         }
         if bytes(name) == acl::ACCESS {
-            return self.set_access_acl(req, ino, value, reply);
+            return self.set_access_acl(req, &t, ino, value, reply);
         }
         if xattr_unsupported(bytes(name)) {
             return reply.error(Errno::EOPNOTSUPP);
         }
-        done(
-            reply,
-            self.fs.setxattr(ino.0, bytes(name), value, flags as u32),
-        )
+        done(reply, t.setxattr(i, bytes(name), value, flags as u32))
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -1601,13 +1703,14 @@ impl Filesystem for IdxFuse {
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _in = self.begin(Op::Removexattr, req);
-        if let Err(e) = self.changeable(ino) {
-            return reply.error(e);
-        }
+        let (t, ino) = match self.changeable(ino) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
         if !self.set.acl && acl::is_acl(bytes(name)) {
             // Nothing beyond the mode is kept, so nothing is removed (`acl.rs`); the owner or
             // root only, as for setting one.
-            return match self.fs.getattr(ino.0) {
+            return match t.getattr(ino) {
                 Ok(a) if acl::may_change(file_owner(&a), owner(req)) => reply.ok(),
                 Ok(_) => reply.error(Errno::EPERM),
                 Err(e) => reply.error(errno(&e)),
@@ -1616,7 +1719,7 @@ impl Filesystem for IdxFuse {
         if self.unsupported(bytes(name)) {
             return reply.error(Errno::EOPNOTSUPP);
         }
-        done(reply, self.fs.removexattr(ino.0, bytes(name)))
+        done(reply, t.removexattr(ino, bytes(name)))
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
@@ -1673,19 +1776,19 @@ impl Filesystem for IdxFuse {
         reply: ReplyEmpty,
     ) {
         let _in = self.begin(Op::Fallocate, req);
-        if let Err(e) = self.changeable(ino) {
-            return reply.error(e);
-        }
+        let (t, ino) = match self.changeable(ino) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
         // FUSE passes no kill flag with fallocate (and KILLPRIV_V2 drops the kernel's own
         // setattr for it): a caller other than root counts as lacking CAP_FSETID.
-        let kill = match self.kill(req, ino, req.uid() != 0) {
+        let kill = match self.kill(req, &t, ino, req.uid() != 0) {
             Ok(k) => k,
             Err(e) => return reply.error(errno(&e)),
         };
         done(
             reply,
-            self.fs
-                .fallocate_with(ino.0, offset, length, mode as u32, kill)
+            t.fallocate_with(ino, offset, length, mode as u32, kill)
                 .map(|_| ()),
         )
     }
@@ -1693,7 +1796,9 @@ impl Filesystem for IdxFuse {
     /// copy_file_range(2) between two files of this mount: the engine shares the source's
     /// blocks where offsets are block-aligned (`engine/src/fs/clone.rs`), so `cp` of a large
     /// file moves no data. The kernel has checked the open modes and flushed the source's
-    /// cached writes; it drops the destination's cached pages after the reply.
+    /// cached writes; it drops the destination's cached pages after the reply. Inside one
+    /// writable tree, or out of a snapshot into one; between two writable trees EXDEV, and
+    /// the kernel copies the bytes itself.
     fn copy_file_range(
         &self,
         req: &Request,
@@ -1708,38 +1813,35 @@ impl Filesystem for IdxFuse {
         reply: ReplyWrite,
     ) {
         let _in = self.begin(Op::CopyFileRange, req);
-        if let Err(e) = self.changeable(ino_out) {
-            return reply.error(e);
-        }
+        let (t, out) = match self.changeable(ino_out) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
         // As with fallocate, no kill flag comes with the request: a caller other than root
         // counts as lacking CAP_FSETID.
-        let kill = match self.kill(req, ino_out, req.uid() != 0) {
+        let kill = match self.kill(req, &t, out, req.uid() != 0) {
             Ok(k) => k,
             Err(e) => return reply.error(errno(&e)),
         };
         // The reply's count is 32 bits; a longer copy is a short one, which callers repeat.
         let len = len.min(u64::from(u32::MAX) & !4095);
-        if ino_in.0 >> snapdir::SHIFT != 0 {
-            // Out of a snapshot: its blocks are shared where a copy inside the file system
-            // would share them (`Fs::copy_from_snapshot`).
+        if ino_in.0 >> snapdir::SHIFT != ino_out.0 >> snapdir::SHIFT {
+            // Out of a snapshot: its blocks are shared where a copy inside the tree would
+            // share them (`Fs::copy_from_snapshot`).
             let view = match self.place(ino_in) {
-                Place::View(v) => v,
+                Place::View(v) if !v.writable => v,
                 Place::Dir => return reply.error(Errno::EISDIR),
-                _ => return reply.error(Errno::ESTALE),
+                Place::Stale => return reply.error(Errno::ESTALE),
+                Place::Live | Place::View(_) => return reply.error(Errno::EXDEV),
             };
-            let to = (ino_out.0, offset_out);
-            let r = self
-                .fs
-                .copy_from_snapshot(&view.fs, view.ino, offset_in, to.0, to.1, len, kill);
+            let r = t.copy_from_snapshot(&view.fs, view.ino, offset_in, out, offset_out, len, kill);
             return match r {
                 Ok(n) => reply.written(n as u32),
                 Err(e) => reply.error(errno(&e)),
             };
         }
-        match self
-            .fs
-            .copy_range(ino_in.0, offset_in, ino_out.0, offset_out, len, kill)
-        {
+        let ino_in = ino_in.0 & (snapdir::DIR_INO - 1);
+        match t.copy_range(ino_in, offset_in, out, offset_out, len, kill) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(&e)),
         }
@@ -1781,7 +1883,7 @@ impl Filesystem for IdxFuse {
                 Err(e) => reply.error(e),
             },
             c if fileattr::SETFLAGS.contains(&c) => match self.changeable(ino) {
-                Ok(_) => self.setflags_request(ino, in_data, reply),
+                Ok((t, i)) => self.setflags_request(&t, i, ino, in_data, reply),
                 Err(e) => reply.error(e),
             },
             fileattr::FSGETXATTR => match self.tree(ino, Errno::ENOTTY) {
@@ -1844,14 +1946,14 @@ impl IdxFuse {
         }
     }
 
-    /// `idxfs rm` (`rmtree.rs`): on a directory of the file system, from anyone the kernel let
-    /// open it, held to the checks `rm -rf` would meet (`permission.rs`).
+    /// `idxfs rm` (`rmtree.rs`): on a directory of the file system or of a writable
+    /// subvolume, from anyone the kernel let open it, held to the checks `rm -rf` would meet
+    /// (`permission.rs`).
     fn rmtree_request(&self, req: &Request, ino: INodeNo, in_data: &[u8], reply: ReplyIoctl) {
-        match self.place(ino) {
-            Place::Live => {}
-            Place::Stale => return reply.error(Errno::ESTALE),
-            Place::Dir | Place::View(_) => return reply.error(Errno::EROFS),
-        }
+        let (t, parent) = match self.changeable(ino) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
         let Some(name) = rmtree::decode(in_data) else {
             return reply.error(Errno::EINVAL);
         };
@@ -1867,14 +1969,18 @@ impl IdxFuse {
             }),
         };
         let mut held = Vec::new();
-        let started = self
-            .fs
-            .remove_tree_start(ino.0, name, rules.as_dyn(), &mut |i| held.push(i));
+        let started =
+            t.remove_tree_start(parent, name, rules.as_dyn(), &mut |i| held.push(t.out(i)));
+        let inside = match &t {
+            Tree::Live(_) => None,
+            Tree::View(v) => Some((v.fs.clone(), v.slot)),
+        };
         let work = started.map(|removal| slices::RemoveWork {
             rules,
             removal,
             parent: ino.0,
             name: name.to_vec(),
+            inside,
         });
         match work {
             Ok(w) => self.rmtree_slice_with(req.uid(), w, held, reply),
@@ -1891,7 +1997,8 @@ impl IdxFuse {
         self.rmtree_slice_with(uid, job, Vec::new(), reply)
     }
 
-    /// `rmtree_slice`, `held` being inodes removed before it that the kernel must forget.
+    /// `rmtree_slice`, `held` being inodes removed before it that the kernel must forget
+    /// (by the kernel's numbers).
     fn rmtree_slice_with(
         &self,
         uid: u32,
@@ -1900,12 +2007,16 @@ impl IdxFuse {
         reply: ReplyIoctl,
     ) {
         let until = Some(std::time::Instant::now() + slices::slice());
-        let r = self.fs.remove_tree_step(
+        let (fs, slot): (&Fs, u64) = match &job.inside {
+            Some((fs, slot)) => (fs, *slot),
+            None => (&self.fs, 0),
+        };
+        let r = fs.remove_tree_step(
             &mut job.removal,
             job.rules.as_dyn(),
             until,
             &mut |_| {},
-            &mut |i| held.push(i),
+            &mut |i| held.push(slot << snapdir::SHIFT | i),
         );
         self.forget_removed(job.parent, &job.name, &held);
         let d = job.removal.removed();
@@ -1943,13 +2054,15 @@ impl IdxFuse {
         }
     }
 
-    /// `idxfs cp` (`cptree.rs`): on the destination's parent directory; the source on the
-    /// file system or in one of its snapshots. Root and the mount's owner copy as root's
-    /// `cp -a` does; anyone else as their own `cp -a` would (`permission::CopyChecks`).
-    /// Makes the top copy, then copies its first slice (`slices`).
+    /// `idxfs cp` (`cptree.rs`): on the destination's parent directory, in the file system
+    /// or a writable subvolume; the source in any tree of the mount (another writable
+    /// tree's files are copied by their bytes, `Fs::copy_tree_start`). Root and the mount's
+    /// owner copy as root's `cp -a` does;
+    /// anyone else as their own `cp -a` would (`permission::CopyChecks`). Makes the top
+    /// copy, then copies its first slice (`slices`).
     fn cptree_request(&self, req: &Request, ino: INodeNo, in_data: &[u8], reply: ReplyIoctl) {
-        let dst_parent = match self.changeable(ino) {
-            Ok(i) => i,
+        let (t, dst_parent) = match self.changeable(ino) {
+            Ok(t) => t,
             Err(e) => return reply.error(e),
         };
         let rules = match req.uid() == 0 || req.uid() == self.set.owner_uid {
@@ -1985,10 +2098,12 @@ impl IdxFuse {
             Ok(s) => s,
             Err(e) => return reply.error(errno(&e)),
         };
+        let into = match &t {
+            Tree::Live(_) => None,
+            Tree::View(v) => Some(v.fs.clone()),
+        };
         let from: &Fs = view.as_deref().unwrap_or(&self.fs);
-        let started = self
-            .fs
-            .copy_tree_start(from, src, dst_parent, ask.dst, rules.as_dyn());
+        let started = t.copy_tree_start(from, src, dst_parent, ask.dst, rules.as_dyn());
         // The kernel may hold a negative entry for the new name and the directory's old
         // times and link count, whatever part was made; the copy's later slices make
         // entries only below the name.
@@ -2002,6 +2117,7 @@ impl IdxFuse {
                 let work = slices::CopyWork {
                     rules,
                     from: view,
+                    into,
                     copy,
                     names,
                 };
@@ -2015,10 +2131,9 @@ impl IdxFuse {
     /// so far, and a token to go on with while more remains.
     fn cptree_slice(&self, uid: u32, mut job: slices::CopyWork, reply: ReplyIoctl) {
         let from: &Fs = job.from.as_deref().unwrap_or(&self.fs);
+        let into: &Fs = job.into.as_deref().unwrap_or(&self.fs);
         let until = Some(std::time::Instant::now() + slices::slice());
-        let r = self
-            .fs
-            .copy_tree_step(from, &mut job.copy, job.rules.as_dyn(), until, &mut |_| {});
+        let r = into.copy_tree_step(from, &mut job.copy, job.rules.as_dyn(), until, &mut |_| {});
         let c = job.copy.copied();
         let first = match &job.rules {
             slices::CopyRules::Checked(checks) => checks
@@ -2068,10 +2183,12 @@ impl IdxFuse {
         let Some(ask) = snapshot::decode(in_data) else {
             return reply.error(Errno::EINVAL);
         };
+        // Where what is made shows: a snapshot read-only, a subvolume writable (`snapdir`).
+        let shown = self.snapdir.as_ref().map(|d| d.name());
         let r = match ask {
             snapshot::Ask::Make(name) => self.fs.snapshot(&name).map(|id| {
                 log::info!("snapshot {id} ({}) made", String::from_utf8_lossy(&name));
-                snapshot::encode_made(id, self.snapdir.as_ref().map(|d| d.name()))
+                snapshot::encode_made(id, shown)
             }),
             snapshot::Ask::Delete(id) => match &self.snapdir {
                 Some(d) => d.delete(&self.fs, id),
@@ -2086,14 +2203,14 @@ impl IdxFuse {
                     "subvolume {id} ({}) made from snapshot {origin}",
                     String::from_utf8_lossy(&name)
                 );
-                snapshot::encode_made(id, None)
+                snapshot::encode_made(id, shown)
             }),
             snapshot::Ask::Writable(name) => self.fs.writable_snapshot(&name).map(|id| {
                 log::info!(
                     "subvolume {id} ({}) made, a writable snapshot",
                     String::from_utf8_lossy(&name)
                 );
-                snapshot::encode_made(id, None)
+                snapshot::encode_made(id, shown)
             }),
             snapshot::Ask::Create(name) => {
                 let owner = idxfs_engine::fs::Owner {
@@ -2105,7 +2222,7 @@ impl IdxFuse {
                         "subvolume {id} ({}) made, empty",
                         String::from_utf8_lossy(&name)
                     );
-                    snapshot::encode_made(id, None)
+                    snapshot::encode_made(id, shown)
                 })
             }
             snapshot::Ask::Subvolumes => Ok(snapshot::encode_subvolumes(&self.fs.subvolumes())),
@@ -2124,9 +2241,10 @@ impl IdxFuse {
         let Some(server) = self.import.as_ref() else {
             return reply.error(Errno::ENOTTY);
         };
-        if let Err(e) = self.changeable(ino) {
-            return reply.error(e);
-        }
+        let (t, parent) = match self.changeable(ino) {
+            Ok(t) => t,
+            Err(e) => return reply.error(e),
+        };
         if req.uid() != 0 && req.uid() != self.set.owner_uid {
             return reply.error(Errno::EPERM);
         }
@@ -2139,7 +2257,7 @@ impl IdxFuse {
             pid: req.pid(),
         };
         let (session, out) = match r.op {
-            import::Op::Begin => match server.begin(&self.fs, ino.0, r.payload, who) {
+            import::Op::Begin => match server.begin(&t.shared(&self.fs), parent, r.payload, who) {
                 Ok(session) => {
                     // The kernel may hold a negative entry for the new name (the client
                     // looked for it) and the directory's old times and link count.

@@ -71,8 +71,11 @@ impl CopyRules {
 /// A copy between two of its slices.
 pub struct CopyWork {
     pub rules: CopyRules,
-    /// The snapshot it copies from (None: the file system itself).
+    /// The snapshot it copies from, or the subvolume it copies inside (None: the file
+    /// system itself).
     pub from: Option<Arc<Fs>>,
+    /// The writable subvolume it copies into (None: the file system itself).
+    pub into: Option<Arc<Fs>>,
     pub copy: CopyJob,
     /// For the log line at its end: the source's and the copy's names.
     pub names: (Vec<u8>, Vec<u8>),
@@ -102,6 +105,9 @@ pub struct RemoveWork {
     pub removal: RemoveJob,
     pub parent: u64,
     pub name: Vec<u8>,
+    /// The writable subvolume it removes in, and its slot: the high bits of the kernel's
+    /// numbers for its inodes (None: the file system itself).
+    pub inside: Option<(Arc<Fs>, u64)>,
 }
 
 /// A job and who may go on with it.
@@ -174,6 +180,7 @@ mod tests {
             CopyWork {
                 rules: CopyRules::Kept,
                 from: None,
+                into: None,
                 copy,
                 names,
             }

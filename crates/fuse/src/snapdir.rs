@@ -8,7 +8,7 @@
 //!   so `find`, `du`, `cp -a` and backup tools that walk the mount do not walk every snapshot.
 //! - **What serves it.** Each snapshot looked up is opened beside the file system
 //!   (`Fs::open_snapshot`: a read-only engine on the same device with its own caches) once,
-//!   and stays open until the unmount or its delete. Every change in it is refused (EROFS),
+//!   and stays open until the unmount or its delete. Every change in a snapshot is refused (EROFS),
 //!   a rename or link between it and the file system is EXDEV, and a copy out of it
 //!   (copy_file_range, as `cp` sends) shares the snapshot's blocks as a copy inside the file
 //!   system does (`Fs::copy_from_snapshot`): restoring a file moves no data.
@@ -29,10 +29,19 @@
 //!   mount's owner only (what `idxfs snapshot MOUNT` allows); mkdir is refused on a
 //!   `-o writeback` mount, whose written pages the kernel may still hold.
 //! - **Parked writable subvolumes** (`idxfs subvolume`, `--clone`) are shown beside the
-//!   snapshots, by name, read-only as they were parked: a parked tree does not change until
-//!   an open makes it active, and its delete waits for its view as a snapshot's does. This
-//!   mount's own tree is not shown, nor the file system's own when a subvolume is active (it
-//!   has no name). A change in one is EROFS: one writable tree per mount, the one it serves.
+//!   snapshots, by name, and served writable: the first lookup opens the tree beside the
+//!   mount's own (`Fs::open_subvolume`: the same store, transaction and commits, a handle
+//!   of its own), and every request inside it goes to that handle, with the kernel's
+//!   numbers made as for a snapshot. A rename, link or `idxfs cp`/`rm` between it and
+//!   another tree is EXDEV, as between two btrfs subvolumes; a copy_file_range out of it
+//!   into another tree is EXDEV too (the kernel then copies the bytes). Unlike a snapshot's,
+//!   its inodes hold engine pins for the kernel's lookups, as the file system's own do, so
+//!   a file unlinked while open keeps its data until the kernel forgets it. On a read-only
+//!   mount it is opened read-only, as a snapshot, and stays so until the next mount (a
+//!   remount read-write does not reopen it). Its delete (rmdir of its empty root, or
+//!   `idxfs subvolume delete`) closes it first, as a snapshot's does, and closing commits
+//!   what it holds. This mount's own tree is not shown, nor the file system's own when a
+//!   subvolume is active (it has no name).
 //! - **Deleting** through the mount (`idxfs snapshot MOUNT --delete ID`, or rmdir) retires the slot,
 //!   waits for requests inside the snapshot to end, closes it and then deletes it (the
 //!   engine refuses the delete of a snapshot it has open). A file of it still open answers
@@ -56,10 +65,36 @@ const VIEW_CACHE_BYTES: usize = 64 << 20;
 /// How long a delete waits for requests inside the snapshot to end.
 const DRAIN_WAIT: Duration = Duration::from_secs(10);
 
+impl Drop for Snapdir {
+    /// At the unmount: each writable subvolume open here is closed, which commits it, before
+    /// the file system's own handle closes (`serve`); a failure is said, as the file
+    /// system's own close failing is.
+    fn drop(&mut self) {
+        let slots = std::mem::take(&mut self.write().slots);
+        for slot in slots.into_values() {
+            if let Slot::Shown {
+                id,
+                fs: Some((fs, true)),
+            } = slot
+            {
+                if let Ok(fs) = Arc::try_unwrap(fs) {
+                    if let Err(e) = fs.close() {
+                        log::error!("subvolume {id} could not be closed: {e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// What a slot holds.
 enum Slot {
-    /// Given to snapshot `id`, open once looked up.
-    Shown { id: u64, fs: Option<Arc<Fs>> },
+    /// Given to snapshot or subvolume `id`, open once looked up (with whether it was
+    /// opened writable).
+    Shown {
+        id: u64,
+        fs: Option<(Arc<Fs>, bool)>,
+    },
     /// Its snapshot was deleted: its numbers are stale for the rest of the mount.
     Retired,
 }
@@ -89,7 +124,7 @@ pub enum Place {
     Stale,
 }
 
-/// An open snapshot and the number of one of its inodes.
+/// An open snapshot or subvolume and the number of one of its inodes.
 pub struct View {
     pub fs: Arc<Fs>,
     pub slot: u64,
@@ -97,6 +132,9 @@ pub struct View {
     pub id: u64,
     /// The engine's number inside the snapshot.
     pub ino: u64,
+    /// A parked writable subvolume opened writable (module docs): changes go to `fs`, and
+    /// the kernel's lookups of its inodes hold pins there.
+    pub writable: bool,
 }
 
 impl View {
@@ -160,30 +198,64 @@ impl Snapdir {
             _ => {}
         }
         match self.open(live, slot) {
-            Some((fs, id)) => Place::View(View {
+            Some((fs, id, writable)) => Place::View(View {
                 fs,
                 slot,
                 id,
                 ino: local,
+                writable,
             }),
             None => Place::Stale,
         }
     }
 
-    /// The open snapshot in `slot`, opened now if it was only listed; None for a retired or
-    /// unknown slot, or a snapshot that went meanwhile.
-    fn open(&self, live: &Fs, slot: u64) -> Option<(Arc<Fs>, u64)> {
+    /// The open writable subvolume `ino` belongs to, and its number there: None for the
+    /// file system's own numbers, a snapshot's, or a slot not open (nothing of it is
+    /// pinned). Opens nothing: what a forget needs.
+    pub fn pinned(&self, ino: u64) -> Option<(Arc<Fs>, u64)> {
+        match self.read().slots.get(&(ino >> SHIFT))? {
+            Slot::Shown {
+                fs: Some((fs, true)),
+                ..
+            } => Some((fs.clone(), ino & (DIR_INO - 1))),
+            _ => None,
+        }
+    }
+
+    /// The open snapshot or subvolume in `slot` (with whether it is writable), opened now
+    /// if it was only listed; None for a retired or unknown slot, or one that went
+    /// meanwhile.
+    fn open(&self, live: &Fs, slot: u64) -> Option<(Arc<Fs>, u64, bool)> {
         match self.read().slots.get(&slot)? {
-            Slot::Shown { fs: Some(fs), id } => return Some((fs.clone(), *id)),
+            Slot::Shown {
+                fs: Some((fs, w)),
+                id,
+            } => return Some((fs.clone(), *id, *w)),
             Slot::Shown { fs: None, .. } => {}
             Slot::Retired => return None,
         }
         let mut s = self.write();
         match s.slots.get_mut(&slot)? {
-            Slot::Shown { fs: Some(fs), id } => Some((fs.clone(), *id)),
+            Slot::Shown {
+                fs: Some((fs, w)),
+                id,
+            } => Some((fs.clone(), *id, *w)),
             Slot::Shown { id, fs } => {
-                let view = match live.open_snapshot(*id, VIEW_CACHE_BYTES) {
-                    Ok(v) => Arc::new(v),
+                let opened = match live.subvolumes().iter().any(|s| s.id == *id) {
+                    // A parked writable subvolume: writable beside the mount's own tree,
+                    // read-only as a snapshot on a read-only mount.
+                    true => match live.open_subvolume(*id) {
+                        Err(Error::ReadOnly) => live
+                            .open_snapshot(*id, VIEW_CACHE_BYTES)
+                            .map(|v| (v, false)),
+                        r => r.map(|v| (v, true)),
+                    },
+                    false => live
+                        .open_snapshot(*id, VIEW_CACHE_BYTES)
+                        .map(|v| (v, false)),
+                };
+                let (view, writable) = match opened {
+                    Ok((v, w)) => (Arc::new(v), w),
                     // Deleted meanwhile (its numbers are stale), or unreadable: said once
                     // per request, as the damage a read meets is.
                     Err(crate::Error::NotFound) => return None,
@@ -192,8 +264,8 @@ impl Snapdir {
                         return None;
                     }
                 };
-                *fs = Some(view.clone());
-                Some((view, *id))
+                *fs = Some((view.clone(), writable));
+                Some((view, *id, writable))
             }
             Slot::Retired => None,
         }
@@ -244,12 +316,13 @@ impl Snapdir {
     pub fn lookup(&self, live: &Fs, name: &[u8]) -> Result<View, Error> {
         let id = Snapdir::id_of(live, name)?;
         let slot = self.slot_of(id).ok_or(Error::NoSpace)?;
-        let (fs, id) = self.open(live, slot).ok_or(Error::NotFound)?;
+        let (fs, id, writable) = self.open(live, slot).ok_or(Error::NotFound)?;
         Ok(View {
             fs,
             slot,
             id,
             ino: ROOT,
+            writable,
         })
     }
 
@@ -288,7 +361,7 @@ impl Snapdir {
                 let mut s = self.write();
                 match s.by_id.remove(&id) {
                     Some(slot) => match s.slots.insert(slot, Slot::Retired) {
-                        Some(Slot::Shown { fs, .. }) => fs,
+                        Some(Slot::Shown { fs, .. }) => fs.map(|(fs, _)| fs),
                         _ => None,
                     },
                     None => None,
@@ -296,9 +369,11 @@ impl Snapdir {
             };
             if let Some(mut fs) = open {
                 // Requests that took it before the slot went hold it a moment longer.
+                // Closing a writable one commits what it holds; a failure there is the
+                // file system's (read-only from then on), and the delete then fails too.
                 loop {
                     match Arc::try_unwrap(fs) {
-                        Ok(fs) => break drop(fs),
+                        Ok(fs) => break fs.close()?,
                         Err(still) if Instant::now() < deadline => {
                             fs = still;
                             std::thread::sleep(Duration::from_millis(1));

@@ -5,14 +5,16 @@
 //! mount's owner may ask. A snapshot made so is one point in time beside the mount's other
 //! callers: the engine makes it under its lock after a commit, with no write in flight. A
 //! deleted one gives its blocks back in the background (the commit thread's drop steps). A
-//! writable subvolume made so is parked: the mount goes on serving its own tree, and a later
-//! mount of the image with `-o subvol=ID` serves the new one.
+//! writable subvolume made so is parked: the mount goes on serving its own tree and serves
+//! the new one writable beside it in its snapshots directory (`snapdir`), and a later mount
+//! of the image with `-o subvol=ID` serves it by itself.
 //!
 //! The argument, `ARG_SIZE` bytes each way: in, `op` u8 (`MAKE`, `DELETE`, `LIST`, `CLONE`,
 //! `CREATE`, `SUBVOLUMES`, `WRITABLE`), the name's length u8, 6 zero bytes, an id u64
 //! (little-endian: the snapshot to delete, or a clone's origin), the name; out, for `MAKE`,
 //! `CLONE`, `CREATE` and `WRITABLE` the new id u64, the length u8 and name of the mount's
-//! snapshots directory (`snapdir`; 0: not shown, and always 0 for a subvolume), for `LIST` a
+//! snapshots directory (`snapdir`, where a snapshot shows read-only and a subvolume
+//! writable; 0: not shown), for `LIST` a
 //! count u32 and a `more` u8 (entries left out for room), then each entry: id u64,
 //! generation u64, source u64 (the tree it was taken of; 0: not recorded), dropping u8, the
 //! name's length u8, the name; for `SUBVOLUMES` the same count and `more`, then each entry:
