@@ -246,13 +246,20 @@ type Observed = Vec<(PathBuf, String)>;
 
 /// `Observed` of `root`.
 fn tree(root: &Path) -> Observed {
+    try_tree(root).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `tree`, or why a directory could not be listed.
+fn try_tree(root: &Path) -> Result<Observed, String> {
     let mut out = Vec::new();
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
-        let mut names: Vec<OsString> = fs::read_dir(root.join(&rel))
-            .expect("read_dir")
-            .map(|e| e.expect("entry").file_name())
-            .collect();
+        let dir = root.join(&rel);
+        let list = fs::read_dir(&dir).map_err(|e| format!("read_dir {}: {e}", dir.display()))?;
+        let mut names: Vec<OsString> = list
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<std::io::Result<_>>()
+            .map_err(|e| format!("read_dir {}: {e}", dir.display()))?;
         names.sort();
         for n in names {
             let r = rel.join(&n);
@@ -264,7 +271,7 @@ fn tree(root: &Path) -> Observed {
         }
     }
     out.sort();
-    out
+    Ok(out)
 }
 
 struct World {
@@ -355,6 +362,12 @@ impl World {
             .map(|(p, _)| p)
             .filter(|p| !DIRS.iter().any(|d| Path::new(d) == p))
             .collect();
+    }
+
+    /// `tree` of idxfs's `root`; a directory that cannot be listed fails the run with its
+    /// trail.
+    fn idx_tree(&self, root: &Path) -> Observed {
+        try_tree(root).unwrap_or_else(|e| self.fail(&e))
     }
 
     fn fail(&self, what: &str) -> ! {
@@ -832,7 +845,7 @@ impl World {
     /// `compare_subvolumes` for the parked subvolumes `which`.
     fn compare_parked<'a>(&self, when: &str, which: impl Iterator<Item = &'a (u64, String)>) {
         for (id, name) in which {
-            let got = tree(&self.idx.mp.join(".snapshots").join(name));
+            let got = self.idx_tree(&self.idx.mp.join(".snapshots").join(name));
             let want = tree(&self.kept.root().join(name));
             if got != want {
                 // Paths on one side only, then paths whose state differs.
@@ -884,7 +897,7 @@ impl World {
 
     fn compare_snapshots(&self, when: &str) {
         for (id, name, want) in &self.snaps {
-            let got = tree(&self.idx.mp.join(".snapshots").join(name));
+            let got = self.idx_tree(&self.idx.mp.join(".snapshots").join(name));
             if &got != want {
                 let diff: Vec<String> = got
                     .iter()
@@ -912,7 +925,7 @@ impl World {
             let i = self.step % self.subvols.len();
             self.compare_parked(when, self.subvols[i..=i].iter());
         }
-        let (a, b) = (tree(&self.idx.mp), tree(self.tmp.root()));
+        let (a, b) = (self.idx_tree(&self.idx.mp), tree(self.tmp.root()));
         if a != b {
             let diff: Vec<String> = a
                 .iter()

@@ -596,6 +596,28 @@ fn a_parked_subvolume_is_served_writable_in_the_snapshots_directory() {
     ok(&["rm", &s("d2")]);
     assert!(!p("d2").exists());
 
+    // The snapshots directory's entries are cached as any (a walk asks nothing), and the
+    // server drops them when what they show comes or goes by command: a subvolume deleted
+    // so no longer shows, one made shows at once, and the directory's link count follows.
+    let links = || {
+        std::fs::metadata(m.path(".snapshots"))
+            .expect("stat")
+            .nlink()
+    };
+    ok(&["subvolume", "create", &mp, "gone"]);
+    std::fs::write(p("../gone/x"), b"x").expect("write in another subvolume");
+    // Its attributes cached too (a stat after the write): nothing asks the server again.
+    std::fs::metadata(p("../gone")).expect("stat");
+    let before = links();
+    ok(&["subvolume", "delete", &mp, "gone"]);
+    assert!(!p("../gone").exists(), "a deleted subvolume still shows");
+    assert_eq!(links(), before - 1);
+    assert!(!p("../later").exists());
+    ok(&["snapshot", &mp, "later"]);
+    assert!(p("../later/own").exists(), "a snapshot made shows at once");
+    assert_eq!(links(), before);
+    ok(&["snapshot", &mp, "--delete", "later"]);
+
     // fsync inside, then the server killed: the bytes are there at the next mount.
     let mut durable = std::fs::File::create(p("durable")).expect("create");
     durable.write_all(&[5u8; 70_000]).expect("write");

@@ -399,13 +399,28 @@ impl IdxFuse {
             && matches!(self.fs.lookup(parent.0, name), Err(Error::NotFound))
     }
 
-    /// Replies with the snapshots directory's entry (zero TTL: its link count follows the
-    /// snapshots).
-    fn snapdir_entry(&self, reply: ReplyEntry) {
+    /// Replies with the snapshots directory's entry, for `ttl`: the mount's for the root's
+    /// name of it (a path walk through it then asks nothing; `snapdir_changed` drops the
+    /// link count the kernel keeps when a snapshot comes or goes), zero by number.
+    fn snapdir_entry(&self, ttl: Duration, reply: ReplyEntry) {
         match self.snapdir.as_ref().map(|d| d.attr(&self.fs)) {
-            Some(Ok(a)) => reply.entry(&Duration::ZERO, &file_attr(&a), Generation(0)),
+            Some(Ok(a)) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
             Some(Err(e)) => reply.error(errno(&e)),
             None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    /// A snapshot or subvolume came or went (`gone`: its name, when it went by anything but
+    /// an rmdir through the kernel, which drops the entry itself): the kernel forgets the
+    /// snapshots directory's attributes (its link count) and that entry. Not from inside a
+    /// request on the directory itself, whose lock the kernel holds while it waits (an
+    /// mkdir or rmdir there: `gone` None then, as the kernel makes or drops the entry).
+    fn snapdir_changed(&self, gone: Option<&[u8]>) {
+        if let Some(n) = self.notifier.get() {
+            if let Some(name) = gone {
+                let _ = n.inval_entry(INodeNo(snapdir::DIR_INO), OsStr::from_bytes(name));
+            }
+            let _ = n.inval_inode(INodeNo(snapdir::DIR_INO), -1, 0);
         }
     }
 
@@ -425,14 +440,16 @@ impl IdxFuse {
         }
     }
 
-    /// A name in the snapshots directory: a snapshot's root (zero TTL, so a snapshot made
-    /// or deleted shows at the next walk), or "." and ".." by number (`lookup`).
+    /// A name in the snapshots directory: a snapshot's root, for the mount's TTL (a walk
+    /// through it then asks nothing; its delete drops the kernel's entry, `snapdir_changed`,
+    /// and a number of a deleted one is stale anyway), or "." and ".." by number (`lookup`).
+    /// A name not there is an error, which the kernel does not keep.
     fn lookup_in_snapdir(&self, name: &[u8], reply: ReplyEntry) {
         let Some(d) = &self.snapdir else {
             return reply.error(Errno::ESTALE);
         };
         match name {
-            b"." => self.snapdir_entry(reply),
+            b"." => self.snapdir_entry(Duration::ZERO, reply),
             b".." => self.entry(
                 &Tree::Live(&self.fs),
                 self.fs.getattr(INodeNo::ROOT.0),
@@ -441,7 +458,7 @@ impl IdxFuse {
             _ => match d.lookup(&self.fs, name) {
                 Ok(v) => {
                     let r = v.fs.getattr(v.ino);
-                    self.view_entry(&v, r, Duration::ZERO, reply)
+                    self.view_entry(&v, r, self.set.ttl, reply)
                 }
                 Err(e) => reply.error(errno(&e)),
             },
@@ -509,7 +526,8 @@ impl IdxFuse {
         reply.ok()
     }
 
-    /// readdirplus of the snapshots directory: each snapshot's root, opened (zero TTL).
+    /// readdirplus of the snapshots directory: each snapshot's root, opened (the mount's
+    /// TTL, as `lookup_in_snapdir`).
     fn readdirplus_in_snapdir(&self, offset: u64, mut reply: ReplyDirectoryPlus) {
         let list = match self.snapdir_listing(offset) {
             Ok(l) => l,
@@ -524,12 +542,11 @@ impl IdxFuse {
             };
             // A snapshot deleted since the list was read is left out.
             let Some(Ok(a)) = a else { continue };
-            let zero = Duration::ZERO;
             if reply.add(
                 INodeNo(ino),
                 cookie,
                 &name,
-                &zero,
+                &self.set.ttl,
                 &file_attr(&a),
                 Generation(0),
             ) {
@@ -597,7 +614,7 @@ impl IdxFuse {
                 0 => Err(Error::NotFound),
                 _ => Ok(a),
             }),
-            b".." if v.ino == INodeNo::ROOT.0 => return self.snapdir_entry(reply),
+            b".." if v.ino == INodeNo::ROOT.0 => return self.snapdir_entry(Duration::ZERO, reply),
             _ => v.fs.lookup(v.ino, name),
         };
         match r {
@@ -1046,7 +1063,7 @@ impl Filesystem for IdxFuse {
                         .as_ref()
                         .is_some_and(|d| d.name() == bytes(name)) =>
             {
-                self.snapdir_entry(reply)
+                self.snapdir_entry(self.set.ttl, reply)
             }
             Err(Error::NotFound) => reply.entry(&self.set.ttl, &negative_entry(), Generation(0)),
             r => self.entry(&Tree::Live(&self.fs), r, reply),
@@ -2185,6 +2202,13 @@ impl IdxFuse {
         };
         // Where what is made shows: a snapshot read-only, a subvolume writable (`snapdir`).
         let shown = self.snapdir.as_ref().map(|d| d.name());
+        // What the snapshots directory shows changes, and a delete's name, for the kernel
+        // to forget its entry (`snapdir_changed`).
+        let changes = !matches!(ask, snapshot::Ask::List | snapshot::Ask::Subvolumes);
+        let gone = match &ask {
+            snapshot::Ask::Delete(id) => snapdir::Snapdir::name_of(&self.fs, *id),
+            _ => None,
+        };
         let r = match ask {
             snapshot::Ask::Make(name) => self.fs.snapshot(&name).map(|id| {
                 log::info!("snapshot {id} ({}) made", String::from_utf8_lossy(&name));
@@ -2228,6 +2252,9 @@ impl IdxFuse {
             snapshot::Ask::Subvolumes => Ok(snapshot::encode_subvolumes(&self.fs.subvolumes())),
             snapshot::Ask::List => self.fs.snapshots().map(|l| snapshot::encode_list(&l)),
         };
+        if r.is_ok() && changes {
+            self.snapdir_changed(gone.as_deref());
+        }
         match r {
             Ok(out) => reply.ioctl(0, &out),
             Err(e) => reply.error(errno(&e)),

@@ -21,9 +21,13 @@
 //!   file handle kept across a remount, whose slot may then name another snapshot, is
 //!   stale rather than that snapshot's file. `1 << 48` is the directory itself. Slots run
 //!   out after 65,533 snapshots shown in one mount (ENOSPC for more until the next mount).
-//! - **Caching.** The directory's entries and attributes go out with a zero TTL, so a
-//!   snapshot made or deleted shows at the next path walk; inside a snapshot nothing
-//!   changes, and the mount's TTL applies.
+//! - **Caching.** The directory's entry in the root and its entries go out with the mount's
+//!   TTL, so a path walk through `.snapshots/NAME` asks the server nothing, as one through
+//!   any directory; when one is made or deleted other than by mkdir or rmdir there (which
+//!   the kernel accounts itself), the server tells the kernel to forget the directory's
+//!   attributes (its link count) and the deleted one's entry (`IdxFuse::snapdir_changed`).
+//!   A name not there is an error the kernel does not keep, so a snapshot made shows at the
+//!   next walk. Looked up by number (".", "..") the directory goes out with a zero TTL.
 //! - **Making and deleting by name**, as ZFS's `.zfs/snapshot` allows: `mkdir
 //!   MOUNT/.snapshots/NAME` makes snapshot NAME and `rmdir` deletes it, from root or the
 //!   mount's owner only (what `idxfs snapshot MOUNT` allows); mkdir is refused on a
@@ -46,7 +50,8 @@
 //!   waits for requests inside the snapshot to end, closes it and then deletes it (the
 //!   engine refuses the delete of a snapshot it has open). A file of it still open answers
 //!   ESTALE from then on, as over NFS, for whatever the kernel asks (what it has cached of
-//!   the file it may still return).
+//!   the file it may still return). A delete the engine refuses (the origin of a subvolume)
+//!   gives the slot back: the kernel's numbers for it, and its cached entry, work again.
 use idxfs_engine::fs::Attr;
 use idxfs_engine::{Error, Fs};
 use std::collections::{BTreeMap, HashMap};
@@ -312,6 +317,13 @@ impl Snapdir {
             .ok_or(Error::NotFound)
     }
 
+    /// The name snapshot or parked subvolume `id` is shown by, if it is.
+    pub fn name_of(live: &Fs, id: u64) -> Option<Vec<u8>> {
+        (Snapdir::shown(live).ok()?.into_iter())
+            .find(|s| s.0 == id)
+            .map(|s| s.1)
+    }
+
     /// The snapshot named `name`, open, with its root's number.
     pub fn lookup(&self, live: &Fs, name: &[u8]) -> Result<View, Error> {
         let id = Snapdir::id_of(live, name)?;
@@ -353,42 +365,68 @@ impl Snapdir {
     }
 
     /// Deletes snapshot `id` (module docs): its slot goes stale, requests inside it end, it
-    /// is closed, and then the engine deletes it.
+    /// is closed, and then the engine deletes it. A delete the engine refuses (an origin
+    /// still in use) leaves it shown under the numbers it had, opened again at the next
+    /// request in it.
     pub fn delete(&self, live: &Fs, id: u64) -> Result<(), Error> {
         let deadline = Instant::now() + DRAIN_WAIT;
+        let mut first = None;
         loop {
-            let open = {
+            let (slot, open) = {
                 let mut s = self.write();
                 match s.by_id.remove(&id) {
                     Some(slot) => match s.slots.insert(slot, Slot::Retired) {
-                        Some(Slot::Shown { fs, .. }) => fs.map(|(fs, _)| fs),
-                        _ => None,
+                        Some(Slot::Shown { fs, .. }) => (Some(slot), fs.map(|(fs, _)| fs)),
+                        _ => (Some(slot), None),
                     },
-                    None => None,
+                    None => (None, None),
                 }
             };
-            if let Some(mut fs) = open {
-                // Requests that took it before the slot went hold it a moment longer.
-                // Closing a writable one commits what it holds; a failure there is the
-                // file system's (read-only from then on), and the delete then fails too.
-                loop {
-                    match Arc::try_unwrap(fs) {
-                        Ok(fs) => break fs.close()?,
-                        Err(still) if Instant::now() < deadline => {
-                            fs = still;
-                            std::thread::sleep(Duration::from_millis(1));
-                        }
-                        Err(_) => {
-                            return Err(Error::Busy("the snapshot is being read in the mount"))
-                        }
-                    }
+            first = first.or(slot);
+            let r = match open {
+                Some(fs) => Snapdir::close(fs, deadline),
+                None => Ok(()),
+            };
+            match r.and_then(|()| live.delete_snapshot(id)) {
+                Ok(()) => return Ok(()),
+                // A lookup gave it a slot again between the two: that one goes too.
+                Err(Error::Busy(_))
+                    if self.read().by_id.contains_key(&id) && Instant::now() < deadline =>
+                {
+                    continue
+                }
+                Err(e) => {
+                    self.restore(id, first);
+                    return Err(e);
                 }
             }
-            match live.delete_snapshot(id) {
-                // A lookup opened it again between the two: retire that slot too.
-                Err(Error::Busy(_)) if Instant::now() < deadline => continue,
-                r => return r,
+        }
+    }
+
+    /// Closes an open snapshot or subvolume once the requests that took it before its slot
+    /// went have let go of it. Closing a writable one commits what it holds; a failure there
+    /// is the file system's (read-only from then on), and the delete then fails too.
+    fn close(mut fs: Arc<Fs>, deadline: Instant) -> Result<(), Error> {
+        loop {
+            match Arc::try_unwrap(fs) {
+                Ok(fs) => return fs.close(),
+                Err(still) if Instant::now() < deadline => {
+                    fs = still;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(_) => return Err(Error::Busy("the snapshot is being read in the mount")),
             }
+        }
+    }
+
+    /// Snapshot `id`, whose delete was refused, shown in `slot` again (the one it had), unless
+    /// a lookup gave it another meanwhile.
+    fn restore(&self, id: u64, slot: Option<u64>) {
+        let Some(slot) = slot else { return };
+        let mut s = self.write();
+        if let std::collections::hash_map::Entry::Vacant(e) = s.by_id.entry(id) {
+            e.insert(slot);
+            s.slots.insert(slot, Slot::Shown { id, fs: None });
         }
     }
 }
