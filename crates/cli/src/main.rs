@@ -131,9 +131,9 @@ enum Cmd {
     /// every later change gone, every snapshot kept (an unmounted image only). TARGET: an
     /// unmounted image, or a directory on an idxfs mount (root or the mount's owner only). A
     /// mount shows its snapshots at MOUNT/.snapshots/NAME; `-o snapshot=ID` mounts one alone.
-    /// --clone ID|NAME NAME makes a writable subvolume from a snapshot, served by a mount of
-    /// the image with `-o subvol=ID` (5: the file system's own tree again); --delete deletes
-    /// one (see `idxfs subvolume`).
+    /// --clone ID|NAME NAME makes a writable subvolume from a snapshot, served writable at
+    /// MOUNT/.snapshots/NAME, or alone by a mount of the image with `-o subvol=ID` (5: the
+    /// file system's own tree again); --delete deletes one (see `idxfs subvolume`).
     Snapshot {
         target: PathBuf,
         /// The new snapshot's name (1 to 255 bytes, no '/').
@@ -156,9 +156,10 @@ enum Cmd {
     /// writable (or read-only) snapshot of the tree TARGET serves, `list TARGET` lists them,
     /// `delete TARGET ID|NAME` deletes one (or a snapshot: its blocks come back before this
     /// returns on an unmounted image, in the background on a mount); `idxfs snapshot TARGET
-    /// --clone SNAP NAME` makes one from a snapshot, in constant time. A mount serves one
-    /// writable tree: `idxfs mount IMAGE DIR -o subvol=ID|NAME` (5: the file system's own);
-    /// one made on a mount is served by the image's next mount with `-o subvol=ID|NAME`.
+    /// --clone SNAP NAME` makes one from a snapshot, in constant time. A mount serves the
+    /// image's active tree (`idxfs mount IMAGE DIR -o subvol=ID|NAME` makes one active; 5:
+    /// the file system's own), and every other one with a name writable beside it at
+    /// MOUNT/.snapshots/NAME, one made on the mount too.
     /// TARGET: an unmounted image, or a directory on an idxfs mount (root or the mount's
     /// owner only).
     Subvolume {

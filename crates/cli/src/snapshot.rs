@@ -6,7 +6,8 @@
 //! from snapshots (`Fs::make_clone`, `--clone`), as writable snapshots of the tree served
 //! (`Fs::writable_snapshot`, `idxfs subvolume snapshot`) or empty (`Fs::make_subvolume`,
 //! `idxfs subvolume create`), are made, listed and deleted on an unmounted image or by a
-//! mount's server; `idxfs mount -o subvol=ID` serves one (one writable tree per mount).
+//! mount's server; `idxfs mount -o subvol=ID` makes one the tree a mount serves, and a
+//! mount serves the others writable at `MOUNT/.snapshots/NAME`.
 use idxfs_engine::fs::{SnapshotInfo, SubvolumeInfo};
 use idxfs_engine::{Error, Fs, OpenOptions};
 use std::os::unix::ffi::OsStrExt;
