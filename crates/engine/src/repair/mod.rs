@@ -115,7 +115,10 @@ pub fn repair(dev: &Arc<dyn BlockDevice>, hash: NameHash) -> Result<Repaired> {
     };
     let block = |b: u64| {
         let mut buf = vec![0u8; BLOCK_SIZE as usize];
-        dev.read_at(&mut buf, b * BLOCK_SIZE).ok().map(|()| buf)
+        // A block from damaged metadata may lie past any device: unreadable, as one past
+        // this device is.
+        let at = b.checked_mul(BLOCK_SIZE)?;
+        dev.read_at(&mut buf, at).ok().map(|()| buf)
     };
     let active_plan = plan::plan(
         salvaged.items,

@@ -556,7 +556,10 @@ fn walk(
         root.level.get() as u8,
     )];
     while let Some((block, generation, level)) = stack.pop() {
-        dev.read_at(&mut buf, block * BLOCK_SIZE)
+        // A pointer from damaged metadata may name a block past any device.
+        let at = (block.checked_mul(BLOCK_SIZE))
+            .ok_or_else(|| format!("node {block}: past the device"))?;
+        dev.read_at(&mut buf, at)
             .map_err(|e| format!("node {block}: {e}"))?;
         let exp = Expect {
             block,

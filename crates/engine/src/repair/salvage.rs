@@ -101,6 +101,22 @@ pub(super) fn walk(
             let hi = r.below.map_or("the end".to_string(), |k| k.to_string());
             format!("keys from {lo} to {hi}")
         };
+        // A pointer from damaged metadata (a root in the superblock or an item) may name a
+        // block past the device: lost, as a node that cannot be read.
+        if block
+            .checked_add(bpn)
+            .is_none_or(|end| end > sb.total_blocks.get())
+        {
+            out.lost.push(format!(
+                "{name} node {block}: past the device's {} blocks: {} lost",
+                sb.total_blocks.get(),
+                keys(&range)
+            ));
+            if owner == TREE_FS {
+                out.lost_ranges.push(range);
+            }
+            continue;
+        }
         if let Err(e) = dev.read_at(&mut buf, block * BLOCK_SIZE) {
             out.lost.push(format!(
                 "{name} node {block}: read failed ({e}): {} lost",
@@ -154,6 +170,38 @@ pub(super) fn walk(
                     below,
                 },
             ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{walk, Salvaged};
+    use idxfs_blockdev::MemDevice;
+    use idxfs_format::superblock::{RootPtr, Superblock};
+    use idxfs_format::{BLOCK_SIZE, TREE_FS};
+    use zerocopy::FromZeros;
+
+    /// A root pointer from damaged metadata may name any block: one past the device, or so
+    /// far that its byte offset overflows, is a lost subtree, not a panic (the image fuzz
+    /// test met the overflow in a repair).
+    #[test]
+    fn a_root_past_the_device_is_lost_not_a_panic() {
+        let dev = MemDevice::new(64 * BLOCK_SIZE);
+        let mut sb = Superblock::new_zeroed();
+        sb.node_size = 4096.into();
+        sb.total_blocks = 64.into();
+        for block in [64, 1 << 60, u64::MAX] {
+            let root = RootPtr {
+                block: block.into(),
+                ..RootPtr::default()
+            };
+            let mut out = Salvaged::default();
+            walk(&dev, &sb, &root, TREE_FS, &mut out, &mut |_, _| {});
+            assert_eq!(out.lost.len(), 1, "block {block}: {:?}", out.lost);
+            assert!(out.lost[0].contains("past the device"), "{:?}", out.lost);
+            assert_eq!(out.lost_ranges.len(), 1);
+            assert!(out.busy.is_empty() && out.items.is_empty());
         }
     }
 }
