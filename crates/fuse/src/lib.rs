@@ -388,7 +388,7 @@ impl IdxFuse {
             return Err(Errno::EXDEV);
         }
         let (t, a) = self.changeable(a)?;
-        Ok((t, a, b.0 & (snapdir::DIR_INO - 1)))
+        Ok((t, a, snapdir::local(b.0)))
     }
 
     /// Whether `name` in `parent` is the snapshots directory: the root's name for it, where
@@ -680,7 +680,7 @@ impl IdxFuse {
         value: &[u8],
         reply: ReplyEmpty,
     ) {
-        let i = ino.0 & (snapdir::DIR_INO - 1);
+        let i = snapdir::local(ino.0);
         let bits = match acl::access(value) {
             acl::Access::Mode(bits) => bits,
             acl::Access::Extended => return reply.error(Errno::EOPNOTSUPP),
@@ -1857,7 +1857,7 @@ impl Filesystem for IdxFuse {
                 Err(e) => reply.error(errno(&e)),
             };
         }
-        let ino_in = ino_in.0 & (snapdir::DIR_INO - 1);
+        let ino_in = snapdir::local(ino_in.0);
         match t.copy_range(ino_in, offset_in, out, offset_out, len, kill) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(&e)),

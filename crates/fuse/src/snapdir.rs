@@ -62,6 +62,11 @@ pub const SHIFT: u32 = 48;
 /// The directory's own inode number.
 pub const DIR_INO: u64 = 1 << SHIFT;
 const FIRST_SLOT: u64 = 2;
+/// The engine's number inside its tree of the kernel's `ino` (its slot cut off).
+pub fn local(ino: u64) -> u64 {
+    ino & (DIR_INO - 1)
+}
+
 /// A snapshot's root, in the engine's numbering: the kernel's root id is the engine's root.
 const ROOT: u64 = fuser::INodeNo::ROOT.0;
 const LAST_SLOT: u64 = (1 << (64 - SHIFT)) - 1;
@@ -196,7 +201,7 @@ impl Snapdir {
     /// Where `ino` belongs; a snapshot given a slot but not open yet is opened here.
     pub fn place(&self, live: &Fs, ino: u64) -> Place {
         let slot = ino >> SHIFT;
-        let local = ino & (DIR_INO - 1);
+        let local = local(ino);
         match slot {
             0 => return Place::Live,
             1 if local == 0 => return Place::Dir,
@@ -222,7 +227,7 @@ impl Snapdir {
             Slot::Shown {
                 fs: Some((fs, true)),
                 ..
-            } => Some((fs.clone(), ino & (DIR_INO - 1))),
+            } => Some((fs.clone(), local(ino))),
             _ => None,
         }
     }
