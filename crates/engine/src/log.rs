@@ -4,10 +4,11 @@
 //! A commit writes each tree node a transaction changed, so its cost grows with how spread
 //! the changes are: 100 creates in a directory of a million names touch about 100 leaves of
 //! the name-hash index. An fsync instead appends one batch to the log (format: `log.rs` of the
-//! format crate): the current value, or absence, of each fs-tree item whose key changed since
-//! the last batch (`ChangedKeys`), and the inode counters. Its cost follows what
-//! changed, never the size of a directory. The next commit makes all of it part of the trees
-//! and starts an empty log.
+//! format crate): the current value, or absence, of each item of the fsynced handle's tree
+//! whose key changed since that tree's last batch (`TreeKeys`), and the tree's inode
+//! counters; the batch of a tree opened beside the active one starts with a record naming it
+//! (`fs::trees`). Its cost follows what changed, never the size of a directory. The next
+//! commit makes all of it part of the trees and starts an empty log.
 //!
 //! What keeps a batch true until that commit:
 //! - Data before names: file data is written to newly allocated blocks before the items that
@@ -22,7 +23,8 @@
 //!   every block carrying a chain's generation was written into that chain by one writer.
 //!
 //! Replay at open ([`replay`]): follow the chain, keep whole batches, and apply each item's
-//! last state over the committed trees. Space follows from the items: blocks the logged
+//! last state over the committed trees, each in the tree its batch names (a parked
+//! subvolume's new root and counters go into its item). Space follows from the items: blocks the logged
 //! extents name and the committed ones did not are marked used; blocks only the committed
 //! extents named are let go of by those extents' generation, as the operation did (freed,
 //! held for a snapshot, or left to a clone's origin: `fs::clones`). Then a commit (on a
@@ -33,6 +35,7 @@
 use crate::btree::Tree;
 use crate::counters::Counters;
 use crate::error::Result;
+use crate::fs::trees::id_of;
 use crate::fs::Inner;
 use crate::log_io::{LogBatch, LogIo, LogSync};
 use crate::space::Kind;
@@ -42,6 +45,7 @@ use idxfs_format::log::{
     LogRecord, LOG_BATCH_END, LOG_PAYLOAD,
 };
 use idxfs_format::superblock::RootPtr;
+use idxfs_format::versions::INCOMPAT_LOG_TREES;
 use idxfs_format::{ensure, Corrupt, ItemType, Key, BLOCK_SIZE, MAX_INO, ROOT_INO, SUPER_COPIES};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -50,44 +54,64 @@ use std::sync::Arc;
 /// changed node once (cheaper than logging that many items one by one).
 const MAX_BATCH_ITEMS: usize = 1 << 16;
 
-/// Keys of fs-tree items changed since the last fsync batch or commit, repeats included: what
-/// the next batch logs. The trees report each change into `Store::changes` (`btree::changes`).
+/// Keys of the items of one fs tree changed since that tree's last fsync batch or the
+/// commit, repeats included: what its next batch logs. Each open tree has its own
+/// (`fs::trees` swaps them with the tree in hand).
 #[derive(Debug, Default)]
-pub struct ChangedKeys {
+pub struct TreeKeys {
     keys: Vec<Key>,
-    /// More than `KEYS_MAX` changed: the next fsync commits instead.
+    /// More than `KEYS_MAX` changed: the next fsync in this tree commits instead.
     overflow: bool,
-    /// A tree beside the primary is in hand (`fs::trees`): its changes are not the log's.
-    pub unlogged: bool,
 }
 
-impl ChangedKeys {
+impl TreeKeys {
     /// Keys kept for the next fsync (about 6 MiB); a transaction that changes more without
     /// an fsync is cheaper to commit than to log.
     const KEYS_MAX: usize = 1 << 18;
-
-    /// Notes that the item `key` of tree `owner` changed; only the fs tree is logged.
-    #[inline]
-    pub fn note(&mut self, owner: u64, key: Key) {
-        if owner == idxfs_format::TREE_FS && !self.unlogged {
-            if self.keys.len() < Self::KEYS_MAX {
-                self.keys.push(key);
-            } else {
-                self.overflow = true;
-            }
-        }
-    }
-
-    /// The next fsync commits instead of logging: the transaction changed state a batch
-    /// cannot carry (a held run, `fs::restore`).
-    pub fn commit_next(&mut self) {
-        self.overflow = true;
-    }
 
     /// Forgets the keys: a commit or an fsync batch took them.
     pub fn clear(&mut self) {
         self.keys.clear();
         self.overflow = false;
+    }
+}
+
+/// What the next fsync logs: the keys of the tree in hand, which the trees report each
+/// change into (`Store::changes`, `btree::changes`), and whether the transaction changed
+/// state no batch can carry.
+#[derive(Debug, Default)]
+pub struct ChangedKeys {
+    /// The tree in hand's.
+    pub tree: TreeKeys,
+    /// The next fsync in any tree commits instead of logging: the transaction changed state
+    /// outside the fs trees that a replay would not redo (held runs let go of: `snapshot`),
+    /// which a block another tree's batch names may depend on.
+    commit_next: bool,
+}
+
+impl ChangedKeys {
+    /// Notes that the item `key` of tree `owner` changed; only fs trees are logged.
+    #[inline]
+    pub fn note(&mut self, owner: u64, key: Key) {
+        if owner == idxfs_format::TREE_FS {
+            let t = &mut self.tree;
+            if t.keys.len() < TreeKeys::KEYS_MAX {
+                t.keys.push(key);
+            } else {
+                t.overflow = true;
+            }
+        }
+    }
+
+    /// The next fsync commits instead of logging (see the field).
+    pub fn commit_next(&mut self) {
+        self.commit_next = true;
+    }
+
+    /// Forgets the tree in hand's keys and whether to commit: the commit took them.
+    pub fn clear(&mut self) {
+        self.tree.clear();
+        self.commit_next = false;
     }
 }
 
@@ -161,17 +185,25 @@ impl Inner {
         // What a commit would write first: orphan items and cached inode changes.
         self.write_new_orphans()?;
         self.write_back_inodes()?;
-        if self.store.changes.log.overflow {
+        let changed = &self.store.changes.log;
+        if changed.commit_next || changed.tree.overflow {
             return Ok(LogSync::Commit);
         }
-        if self.store.changes.log.keys.is_empty() {
+        // A tree beside the primary names itself in its batches (`LogRecord::Tree`), which
+        // only a chain whose superblock has the bit may carry: a commit made while a tree is
+        // open beside sets it (`txn`), so the first fsync after the open commits.
+        let beside = self.in_hand() != self.trees.primary;
+        if beside && self.txn.sb.incompat.get() & INCOMPAT_LOG_TREES == 0 {
+            return Ok(LogSync::Commit);
+        }
+        if changed.tree.keys.is_empty() {
             // Earlier batches may still be on their way: this fsync's changes are in them.
             return Ok(LogSync::Wait {
                 upto: self.log.io.issued(),
                 flush_data: self.log.take_data_unflushed(),
             });
         }
-        let mut keys = std::mem::take(&mut self.store.changes.log.keys);
+        let mut keys = std::mem::take(&mut self.store.changes.log.tree.keys);
         keys.sort_unstable();
         keys.dedup();
         if keys.len() > MAX_BATCH_ITEMS {
@@ -179,6 +211,9 @@ impl Inner {
         }
         let tree = self.fs_tree;
         let mut payload = Vec::new();
+        if beside {
+            encode_log_record(&LogRecord::Tree(id_of(self.in_hand())), &mut payload);
+        }
         for k in keys {
             let r = match tree.get(&mut self.store, &k)? {
                 Some(v) => LogRecord::Put(k, v),
@@ -338,6 +373,48 @@ pub fn read_chain(
     })
 }
 
+/// One tree's share of the log: each item's last logged state, and its last counters.
+#[derive(Default)]
+struct TreeLog {
+    items: BTreeMap<Key, Option<Vec<u8>>>,
+    counters: Option<(u64, u64)>,
+}
+
+/// A tree the log names, as the replay changes it.
+struct Target {
+    /// Its subvolume id (`fs::trees::id_of`).
+    id: u64,
+    /// `Clones::active`'s value for it: the rules on whose blocks are whose are its.
+    active: u64,
+    /// Its committed root, then the replayed one.
+    tree: Tree,
+    /// Its committed counters (next inode number, inode count).
+    counters: (u64, u64),
+    log: TreeLog,
+    /// The committed extents' blocks its changed items named, each with its generation.
+    old: Vec<(u64, u64, u64)>,
+    counts: Vec<Count>,
+}
+
+/// Runs `f` with the tree `tree` in hand, with the clone rules of tree `active`, as the
+/// operations that logged it ran; the primary's come back after. `tree` is the tree as `f`
+/// left it.
+fn in_tree<R>(
+    inner: &mut Inner,
+    tree: &mut Tree,
+    active: &mut u64,
+    f: impl FnOnce(&mut Inner) -> Result<R>,
+) -> Result<R> {
+    std::mem::swap(&mut inner.fs_tree, tree);
+    std::mem::swap(&mut inner.snapshots.clones.active, active);
+    inner.store.changes.shape_seq += 1;
+    let r = f(inner);
+    std::mem::swap(&mut inner.fs_tree, tree);
+    std::mem::swap(&mut inner.snapshots.clones.active, active);
+    inner.store.changes.shape_seq += 1;
+    r
+}
+
 /// Replays the log the superblock names, if any, over the just-opened trees. Returns how many
 /// batches were applied; the caller commits when there were any.
 pub(crate) fn replay(inner: &mut Inner) -> Result<u64> {
@@ -364,11 +441,13 @@ pub(crate) fn replay(inner: &mut Inner) -> Result<u64> {
         inner.log.blocks = vec![head];
         return Ok(0);
     }
-    // Each record is an item's state at its fsync: the last one wins.
-    let mut items: BTreeMap<Key, Option<Vec<u8>>> = BTreeMap::new();
-    let mut counters = None;
+    // Each record is an item's state at its fsync: the last one wins, per tree.
+    let primary = id_of(inner.snapshots.clones.active);
+    let mut logs: BTreeMap<u64, TreeLog> = BTreeMap::new();
     let max_item = idxfs_format::node::max_item_size(inner.store.node_size);
     for (i, b) in batches.iter().enumerate() {
+        // A batch's records are the superblock's tree's until a tree record says otherwise.
+        let mut log = logs.entry(primary).or_default();
         for r in decode_log_records(b, &format!("log batch {i}"))? {
             match r {
                 LogRecord::Put(k, v) => {
@@ -379,78 +458,139 @@ pub(crate) fn replay(inner: &mut Inner) -> Result<u64> {
                         v.len(),
                         format!("<= {max_item}")
                     );
-                    items.insert(k, Some(v));
+                    log.items.insert(k, Some(v));
                 }
                 LogRecord::Delete(k) => {
                     check_key(&k)?;
-                    items.insert(k, None);
+                    log.items.insert(k, None);
                 }
                 LogRecord::Counters {
                     next_ino,
                     inode_count,
-                } => counters = Some((next_ino, inode_count)),
+                } => log.counters = Some((next_ino, inode_count)),
+                LogRecord::Tree(id) => {
+                    ensure!(
+                        inner.txn.sb.incompat.get() & INCOMPAT_LOG_TREES != 0,
+                        format!("fsync log batch {i}: a record naming tree {id}"),
+                        "in an image without incompat bit INCOMPAT_LOG_TREES",
+                        "none"
+                    );
+                    log = logs.entry(id).or_default();
+                }
             }
         }
     }
-    // Space: each block's count of naming extents moves by what the changed extent items
-    // name after the log less what they named before (`counts`). Blocks that go from no
-    // extent to some are taken before any tree change can allocate them; blocks left with
-    // none are freed after. The counts the log's shared-block items then give must be
-    // exactly those (`check_counts`): a log that names a block already in use without
-    // saying it is shared is damaged.
-    let tree = inner.fs_tree;
-    // `old`: the committed extents' blocks, with each extent's generation (`born`).
-    let (mut old, mut new) = (Vec::new(), Vec::new());
-    for (k, v) in items
-        .iter()
-        .filter(|(k, _)| k.item_type() == Some(ItemType::Extent))
-    {
-        if let Some(o) = tree.get(&mut inner.store, k)? {
-            old.extend(extent_blocks(&o, k, total)?);
-        }
-        if let Some(v) = v {
-            new.extend(extent_blocks(v, k, total)?.map(|(s, n, _)| (s, n)));
-        }
+    let mut targets = Vec::new();
+    for (id, log) in logs {
+        let (tree, active, counters) = match id == primary {
+            true => (
+                inner.fs_tree,
+                inner.snapshots.clones.active,
+                (inner.txn.next_ino, inner.txn.inode_count),
+            ),
+            false => inner.parked_for_replay(id)?,
+        };
+        targets.push(Target {
+            id,
+            active,
+            tree,
+            counters,
+            log,
+            old: Vec::new(),
+            counts: Vec::new(),
+        });
     }
-    let old_runs: Vec<(u64, u64)> = old.iter().map(|&(s, n, _)| (s, n)).collect();
-    let counts = counts_before(inner, &deltas(&new, &old_runs))?;
-    let taken: Vec<(u64, u64)> = counts
-        .iter()
-        .filter(|c| c.before == 0)
-        .map(|c| (c.start, c.blocks))
-        .chain(chain.iter().map(|&b| (b, 1)))
-        .collect();
+    // Space: each block's count of naming extents, per tree, moves by what the changed
+    // extent items name after the log less what they named before (`counts`). Blocks that
+    // go from no extent to some, in any tree, are taken before any tree change can allocate
+    // them; blocks left with none are let go of after every tree changed. The counts the
+    // log's shared-block items then give must be exactly those (`check_counts`): a log that
+    // names a block already in use without saying it is shared is damaged. A block is new
+    // to at most one tree: a block the committed state names is not reused before the next
+    // commit (pinned when freed), and a tree never shares blocks with another it did not
+    // name already (`fs::clones`); two trees taking one block fails `reserve`.
+    let mut taken: Vec<(u64, u64)> = chain.iter().map(|&b| (b, 1)).collect();
+    for t in &mut targets {
+        let items = &t.log.items;
+        let (old, counts) = in_tree(inner, &mut t.tree, &mut t.active, |inner| {
+            let tree = inner.fs_tree;
+            // `old`: the committed extents' blocks, with each extent's generation (`born`).
+            let (mut old, mut new) = (Vec::new(), Vec::new());
+            for (k, v) in items
+                .iter()
+                .filter(|(k, _)| k.item_type() == Some(ItemType::Extent))
+            {
+                if let Some(o) = tree.get(&mut inner.store, k)? {
+                    old.extend(extent_blocks(&o, k, total)?);
+                }
+                if let Some(v) = v {
+                    new.extend(extent_blocks(v, k, total)?.map(|(s, n, _)| (s, n)));
+                }
+            }
+            let old_runs: Vec<(u64, u64)> = old.iter().map(|&(s, n, _)| (s, n)).collect();
+            let counts = counts_before(inner, &deltas(&new, &old_runs))?;
+            Ok((old, counts))
+        })?;
+        taken.extend(
+            (counts.iter())
+                .filter(|c| c.before == 0)
+                .map(|c| (c.start, c.blocks)),
+        );
+        (t.old, t.counts) = (old, counts);
+    }
     reserve(inner, &taken)?;
-    let mut fs_tree: Tree = inner.fs_tree;
-    for (k, v) in items {
-        match v {
-            Some(v) => fs_tree.put(&mut inner.store, k, v)?,
-            None => {
-                fs_tree.delete(&mut inner.store, &k)?;
+    for t in &mut targets {
+        let items = std::mem::take(&mut t.log.items);
+        let counts = &t.counts;
+        in_tree(inner, &mut t.tree, &mut t.active, |inner| {
+            let mut tree = inner.fs_tree;
+            for (k, v) in items {
+                match v {
+                    Some(v) => tree.put(&mut inner.store, k, v)?,
+                    None => {
+                        tree.delete(&mut inner.store, &k)?;
+                    }
+                }
             }
-        }
+            inner.fs_tree = tree;
+            check_counts(inner, counts)
+        })?;
     }
-    inner.fs_tree = fs_tree;
-    check_counts(inner, &counts)?;
     // Blocks no extent names any more are let go of as the operation that let go of them
     // did: by the generation of the committed extents that named them, which says whether
     // a snapshot may name them (held) and, in a clone, whether they are its origin's (kept).
-    let freed: Vec<(u64, u64)> = (counts.iter())
-        .filter(|c| c.after == 0)
-        .map(|c| (c.start, c.blocks))
-        .collect();
-    for (start, n, born) in born_pieces(&old, &freed) {
-        inner.free_or_hold(start, n, false, born)?;
+    for t in &mut targets {
+        let freed: Vec<(u64, u64)> = (t.counts.iter())
+            .filter(|c| c.after == 0)
+            .map(|c| (c.start, c.blocks))
+            .collect();
+        let old = &t.old;
+        in_tree(inner, &mut t.tree, &mut t.active, |inner| {
+            for (start, n, born) in born_pieces(old, &freed) {
+                inner.free_or_hold(start, n, false, born)?;
+            }
+            Ok(())
+        })?;
     }
-    if let Some((next_ino, inode_count)) = counters {
-        ensure!(
-            next_ino > ROOT_INO && next_ino <= MAX_INO && next_ino >= inner.txn.next_ino,
-            "fsync log next inode",
-            next_ino,
-            format!("in {}..={MAX_INO}", inner.txn.next_ino)
-        );
-        inner.txn.next_ino = next_ino;
-        inner.txn.inode_count = inode_count;
+    for t in targets {
+        let (mut next_ino, mut inode_count) = t.counters;
+        if let Some((next, count)) = t.log.counters {
+            ensure!(
+                next > ROOT_INO && next <= MAX_INO && next >= next_ino,
+                format!("fsync log next inode of tree {}", t.id),
+                next,
+                format!("in {next_ino}..={MAX_INO}")
+            );
+            (next_ino, inode_count) = (next, count);
+        }
+        match t.id == primary {
+            true => {
+                inner.fs_tree = t.tree;
+                inner.txn.next_ino = next_ino;
+                inner.txn.inode_count = inode_count;
+            }
+            false => inner.park_replayed(t.id, &t.tree, next_ino, inode_count)?,
+        }
     }
     // The chain's blocks stay used until the commit after the replay is durable.
     inner.log.blocks = chain;

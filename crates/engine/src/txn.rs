@@ -549,6 +549,11 @@ impl Inner {
         if sb.log_root.block.get() != 0 {
             incompat |= idxfs_format::versions::INCOMPAT_LOG;
         }
+        // Only a chain this commit names while a tree is open beside may name trees (`log`).
+        match self.trees.alone() {
+            true => incompat &= !idxfs_format::versions::INCOMPAT_LOG_TREES,
+            false => incompat |= idxfs_format::versions::INCOMPAT_LOG_TREES,
+        }
         // Clones are what the bit keeps older readers from: none left, none kept from.
         let clones = &self.snapshots.clones;
         if !clones.any() && clones.items.is_empty() && clones.active == 0 {

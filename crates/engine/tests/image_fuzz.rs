@@ -28,7 +28,7 @@ const BLOCK: usize = 4096;
 /// (taken as a crash image after the last fsync, so the log replays at open). `clone`: also
 /// a writable subvolume made from the snapshot, changed and snapshotted while it was active,
 /// then parked, and an empty one written to and parked (the orphan is freed by the closes
-/// that takes).
+/// that takes), then opened beside the file system's own tree, its fsyncs logged too.
 fn base_image(clone: bool) -> Vec<u8> {
     let mem = Arc::new(MemDevice::new(8 << 20));
     Fs::mkfs(
@@ -100,8 +100,8 @@ fn base_image(clone: bool) -> Vec<u8> {
     fs.delete_snapshot(gone).expect("delete");
     fs.drop_step().expect("drop step");
     fs.sync().expect("sync");
-    let fs = match clone {
-        false => fs,
+    let (fs, beside) = match clone {
+        false => (fs, None),
         true => {
             let kept = (fs.snapshots().expect("list").iter())
                 .find(|s| s.name == b"kept")
@@ -142,7 +142,13 @@ fn base_image(clone: bool) -> Vec<u8> {
             let fs = open_as(w);
             fs.write(g, 4096, &vec![3u8; 4096]).expect("write");
             fs.close().expect("close");
-            open_as(idxfs_format::FS_SUBVOL_ID)
+            // The empty one opened beside the file system's own tree again, changed and
+            // committed: its fsyncs below log batches that name it.
+            let fs = open_as(idxfs_format::FS_SUBVOL_ID);
+            let sub = fs.open_subvolume(e).expect("open beside");
+            sub.mkdir(ROOT, b"beside", 0o755, ME).expect("mkdir beside");
+            fs.sync().expect("sync");
+            (fs, Some(sub))
         }
     };
     // After the commit: changes that reach the image only through the log.
@@ -154,7 +160,15 @@ fn base_image(clone: bool) -> Vec<u8> {
         fs.write(f, 0, &vec![9u8; 5000]).expect("write");
         fs.truncate(first_file, 100 * i).expect("truncate");
         fs.fsync(f).expect("fsync");
+        if let Some(sub) = &beside {
+            let b = (sub.create(ROOT, format!("logged{i}").as_bytes(), 0o644, ME))
+                .expect("create beside")
+                .ino;
+            sub.write(b, 0, &vec![8u8; 6000]).expect("write beside");
+            sub.fsync(b).expect("fsync beside");
+        }
     }
+    std::mem::forget(beside);
     std::mem::forget(fs);
     rec.crash_image(rec.event_count(), Tear::None).bytes
 }

@@ -231,10 +231,10 @@ fn trees_open_at_once_change_from_threads_at_once() {
 }
 
 /// Every crash prefix while the file system's own tree and an empty subvolume opened beside
-/// it change, made durable by syncs (a commit of both), fsyncs in the file system's tree
-/// (its log: that tree now, the other as last committed) and fsyncs in the subvolume (a
-/// commit): each opens, log replayed, to a pair of states some sync or fsync left, fsck
-/// clean.
+/// it change, made durable by syncs (a commit of both) and fsyncs in either tree (that
+/// tree's batch of the log, naming it: that tree now, the other as last made durable; or a
+/// commit when the log cannot take it): each opens, log replayed into each tree, to a pair
+/// of states some sync or fsync left, fsck clean.
 #[test]
 fn every_prefix_with_trees_open_at_once_opens_to_a_durable_state() {
     let (mut rng, seed) = Rng::from_env("open trees crash");
@@ -252,48 +252,51 @@ fn every_prefix_with_trees_open_at_once_opens_to_a_durable_state() {
     let mut we = World::default();
     // Pairs (the file system's tree, the subvolume) some durable point left.
     let mut durable: BTreeSet<(String, String)> = BTreeSet::new();
-    let mut committed = digest_crash_stable(&sub);
-    durable.insert((digest_crash_stable(&fs), committed.clone()));
-    let (mut logged, mut commits) = (0, 0);
-    for _ in 0..14 {
+    let mut now = [digest_crash_stable(&fs), digest_crash_stable(&sub)];
+    durable.insert((now[0].clone(), now[1].clone()));
+    let (mut logged, mut commits) = ([0; 2], 0);
+    for _ in 0..16 {
         for _ in 0..2 {
             match rng.chance(50) {
                 true => step(&fs, &mut rng, &mut w),
                 false => step(&sub, &mut rng, &mut we),
             }
         }
-        match rng.below(3) {
+        let before = fs.counters().commits.get();
+        let which = match rng.below(3) {
             0 => {
                 [&fs, &sub][rng.below(2) as usize].sync().expect("sync");
-                committed = digest_crash_stable(&sub);
-                commits += 1;
+                None
             }
-            1 => {
+            t => {
                 // Logged, or committed when the log cannot take it (the first fsync after
-                // an open commits: `log`).
-                let before = fs.counters().commits.get();
-                fs.fsync(ROOT).expect("fsync in the file system's tree");
-                match fs.counters().commits.get() == before {
-                    true => logged += 1,
-                    false => {
-                        committed = digest_crash_stable(&sub);
-                        commits += 1;
-                    }
-                }
+                // an open, or the first in the subvolume while the image lacks the bit that
+                // lets the log name trees, commits: `log`).
+                let t = t as usize - 1;
+                [&fs, &sub][t].fsync(ROOT).expect("fsync");
+                Some(t)
             }
-            _ => {
-                sub.fsync(ROOT).expect("fsync in the subvolume");
-                committed = digest_crash_stable(&sub);
+        };
+        match which.filter(|_| fs.counters().commits.get() == before) {
+            Some(t) => {
+                now[t] = digest_crash_stable([&fs, &sub][t]);
+                logged[t] += 1;
+            }
+            None => {
+                now = [digest_crash_stable(&fs), digest_crash_stable(&sub)];
                 commits += 1;
             }
         }
-        durable.insert((digest_crash_stable(&fs), committed.clone()));
+        durable.insert((now[0].clone(), now[1].clone()));
     }
     // The closes commit both.
     durable.insert((digest_crash_stable(&fs), digest_crash_stable(&sub)));
     sub.close().expect("close the subvolume");
     fs.close().expect("close");
-    eprintln!("seed {seed}: {logged} fsyncs logged, {commits} commits");
+    eprintln!(
+        "seed {seed}: {} fsyncs logged in the file system's tree, {} in the subvolume, {commits} commits",
+        logged[0], logged[1]
+    );
     every_crash_image(&rec, &mut rng, seed, |dev, at| {
         let fs = Fs::open(dev.clone(), opts()).unwrap_or_else(|e| panic!("{at}: open: {e}"));
         let pair = match fs.open_subvolume(e) {
@@ -482,4 +485,138 @@ fn a_tree_copies_a_directory_from_another_open_beside_by_its_bytes() {
     let h = open_all(&dev, &ids);
     check_all(&h, "reopened");
     close_all(h);
+}
+
+/// An fsync in a tree opened beside is one batch of the log that names the tree, not a
+/// commit: in a clone (whose origin's blocks it never lets go of) and in an empty
+/// subvolume. A crash right after opens, the log replayed into each tree, to each tree as
+/// its fsync left it and the file system's own as its last commit left it, fsck clean, every
+/// block accounted for.
+#[test]
+fn an_fsync_in_a_tree_open_beside_is_a_log_batch_replayed_into_that_tree() {
+    use idxfs_blockdev::Tear;
+    let rec = recorded_with(48 << 20, Some([9; 16]));
+    let fs = Fs::open(rec.clone(), opts()).expect("open");
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create").ino;
+    fs.write(f, 0, &[1u8; 300_000]).expect("write");
+    let s = fs.snapshot(b"s").expect("snapshot");
+    let c = fs.make_clone(s, b"c").expect("clone");
+    let e = fs.make_subvolume(b"e", ME).expect("empty subvolume");
+    fs.close().expect("close");
+    let fs = Fs::open(rec.clone(), opts()).expect("open");
+    let (clone, empty) = (
+        fs.open_subvolume(c).expect("open the clone beside"),
+        fs.open_subvolume(e).expect("open the subvolume beside"),
+    );
+    // This mount's first commit starts its log and lets the log name trees.
+    fs.mkdir(ROOT, b"first-commit", 0o755, ME).expect("mkdir");
+    fs.sync().expect("sync");
+    let committed = digest_crash_stable(&fs);
+    // Changes in all three trees; the clone's overwrite and unlink let go of its origin's
+    // blocks (kept) and of its own (freed at the replay's commit).
+    let g = fs
+        .create(ROOT, b"g", 0o644, ME)
+        .expect("create in the fs tree");
+    fs.write(g.ino, 0, b"not fsynced").expect("write");
+    clone
+        .write(f, 4096, &[2u8; 50_000])
+        .expect("overwrite in the clone");
+    let h = clone.create(ROOT, b"h", 0o644, ME).expect("create").ino;
+    clone.write(h, 0, &[3u8; 90_000]).expect("write");
+    let d = empty.mkdir(ROOT, b"d", 0o755, ME).expect("mkdir").ino;
+    for i in 0..40u8 {
+        let a = (empty.create(d, format!("x{i}").as_bytes(), 0o644, ME)).expect("create");
+        empty.write(a.ino, 0, &[i; 5000]).expect("write");
+    }
+    let (commits, batches) = (fs.counters().commits.get(), fs.counters().log_batches.get());
+    clone.fsync(h).expect("fsync in the clone");
+    // Then changed again and made durable again: the later batch wins.
+    clone.write(h, 80_000, &[4u8; 30_000]).expect("write");
+    clone
+        .unlink(ROOT, b"f")
+        .expect("unlink the origin's file in the clone");
+    clone.fsync(ROOT).expect("fsync in the clone");
+    empty.fsync(d).expect("fsync in the subvolume");
+    assert_eq!(
+        (
+            fs.counters().commits.get() - commits,
+            fs.counters().log_batches.get() - batches
+        ),
+        (0, 3),
+        "three fsyncs in trees opened beside: three log batches, no commit"
+    );
+    let want = (
+        committed,
+        digest_crash_stable(&clone),
+        digest_crash_stable(&empty),
+    );
+    let at_fsync = rec.events().len();
+    // A crash now: nothing after the fsyncs reached the device.
+    let dev = Arc::new(MemDevice::from_bytes(
+        rec.crash_image(at_fsync, Tear::None).bytes,
+    ));
+    drop((clone, empty));
+    std::mem::forget(fs);
+    check(&dev, "after the crash");
+    // Read-only, the replay in memory only: the trees show it as views (the replayed ones
+    // through this file system's cache) and refuse changes.
+    let ro = Fs::open(
+        dev.clone(),
+        OpenOptions {
+            read_only: true,
+            ..opts()
+        },
+    )
+    .expect("open read-only after the crash");
+    assert!(matches!(ro.open_subvolume(c), Err(Error::ReadOnly)));
+    let (vc, ve) = (
+        ro.open_snapshot(c, VIEW_CACHE).expect("view of the clone"),
+        ro.open_snapshot(e, VIEW_CACHE)
+            .expect("view of the subvolume"),
+    );
+    assert_eq!(
+        (
+            digest_crash_stable(&ro),
+            digest_crash_stable(&vc),
+            digest_crash_stable(&ve)
+        ),
+        want,
+        "read-only, the log replayed in memory"
+    );
+    assert!(matches!(
+        ve.create(ROOT, b"no", 0o644, ME),
+        Err(Error::ReadOnly)
+    ));
+    drop((vc, ve));
+    ro.close().expect("close read-only");
+    let fs = Fs::open(dev.clone(), opts()).expect("open after the crash");
+    assert!(
+        fs.counters().log_replayed_batches.get() >= 3,
+        "the batches were replayed"
+    );
+    let (clone, empty) = (
+        fs.open_subvolume(c).expect("open the clone"),
+        fs.open_subvolume(e).expect("open the subvolume"),
+    );
+    let got = (
+        digest_crash_stable(&fs),
+        digest_crash_stable(&clone),
+        digest_crash_stable(&empty),
+    );
+    assert_eq!(got.0, want.0, "the file system's tree: its last commit");
+    assert_eq!(got.1, want.1, "the clone: its last fsync");
+    assert_eq!(got.2, want.2, "the subvolume: its last fsync");
+    clone.close().expect("close the clone");
+    empty.close().expect("close the subvolume");
+    fs.close().expect("close");
+    check(&dev, "after the replay");
+    // Every tree and snapshot deleted: every block comes back.
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    for id in [e, c, s] {
+        fs.delete_snapshot(id).expect("delete");
+        fs.finish_drops().expect("drops");
+    }
+    assert_eq!(fs.subvolumes().len(), 1);
+    fs.close().expect("close");
+    check(&dev, "after deleting everything");
 }

@@ -13,8 +13,12 @@
 //! A batch's payload, concatenated over its blocks, is a sequence of records:
 //! `kind u8, key [17], value length u32, value`. [`LOG_PUT`]: the fs-tree item `key` now holds
 //! the value; [`LOG_DELETE`]: it no longer exists (length 0); [`LOG_COUNTERS`]: key zero, value
-//! `next_ino u64, inode_count u64`. Each record is the item's state at the fsync, so later
-//! batches override earlier ones and replay order within a batch does not matter.
+//! `next_ino u64, inode_count u64`; [`LOG_TREE`]: key zero, value `subvolume id u64`, and the
+//! records after it in the same batch are of that writable tree (a parked subvolume opened
+//! beside the active one); records before any `LOG_TREE` are the superblock's tree's (its
+//! `fs_root`, its `next_ino` and `inode_count`). `LOG_TREE` needs incompat bit
+//! `INCOMPAT_LOG_TREES`. Each record is the item's state at the fsync, so later batches
+//! override earlier ones and replay order within a batch does not matter.
 use crate::key::KEY_SIZE;
 use crate::{ensure, Corrupt, Key, BLOCK_SIZE};
 use zerocopy::little_endian::{U32, U64};
@@ -27,6 +31,7 @@ pub const LOG_BATCH_END: u32 = 1;
 pub const LOG_PUT: u8 = 1;
 pub const LOG_DELETE: u8 = 2;
 pub const LOG_COUNTERS: u8 = 3;
+pub const LOG_TREE: u8 = 4;
 
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
@@ -148,7 +153,12 @@ pub fn decode_log_block<'a>(
 pub enum LogRecord {
     Put(Key, Vec<u8>),
     Delete(Key),
-    Counters { next_ino: u64, inode_count: u64 },
+    Counters {
+        next_ino: u64,
+        inode_count: u64,
+    },
+    /// The records after it, to the end of the batch or the next one, are of subvolume `id`.
+    Tree(u64),
 }
 
 /// Appends `r` to a batch's payload.
@@ -157,20 +167,27 @@ pub fn encode_log_record(r: &LogRecord, out: &mut Vec<u8>) {
         LogRecord::Put(k, v) => (LOG_PUT, *k, v),
         LogRecord::Delete(k) => (LOG_DELETE, *k, &[]),
         LogRecord::Counters { .. } => (LOG_COUNTERS, Key::MIN, &[]),
+        LogRecord::Tree(_) => (LOG_TREE, Key::MIN, &[]),
     };
     out.push(kind);
     out.extend_from_slice(&key.encode());
-    if let LogRecord::Counters {
-        next_ino,
-        inode_count,
-    } = r
-    {
-        out.extend_from_slice(&16u32.to_le_bytes());
-        out.extend_from_slice(&next_ino.to_le_bytes());
-        out.extend_from_slice(&inode_count.to_le_bytes());
-    } else {
-        out.extend_from_slice(&(val.len() as u32).to_le_bytes());
-        out.extend_from_slice(val);
+    match r {
+        LogRecord::Counters {
+            next_ino,
+            inode_count,
+        } => {
+            out.extend_from_slice(&16u32.to_le_bytes());
+            out.extend_from_slice(&next_ino.to_le_bytes());
+            out.extend_from_slice(&inode_count.to_le_bytes());
+        }
+        LogRecord::Tree(id) => {
+            out.extend_from_slice(&8u32.to_le_bytes());
+            out.extend_from_slice(&id.to_le_bytes());
+        }
+        _ => {
+            out.extend_from_slice(&(val.len() as u32).to_le_bytes());
+            out.extend_from_slice(val);
+        }
     }
 }
 
@@ -204,11 +221,15 @@ pub fn decode_log_records(mut data: &[u8], what: &str) -> Result<Vec<LogRecord>,
                     inode_count: u64::from_le_bytes(b.try_into().unwrap_or([0; 8])),
                 }
             }
+            LOG_TREE => {
+                ensure!(len == 8, at("tree length"), len, 8);
+                LogRecord::Tree(u64::from_le_bytes(val.try_into().unwrap_or([0; 8])))
+            }
             k => {
                 return Err(Corrupt::new(
                     at("kind"),
                     k,
-                    "1 (put), 2 (delete) or 3 (counters)",
+                    "1 (put), 2 (delete), 3 (counters) or 4 (tree)",
                 ))
             }
         };
@@ -275,6 +296,8 @@ mod tests {
                 next_ino: 10,
                 inode_count: 4,
             },
+            LogRecord::Tree(257),
+            LogRecord::Delete(Key::new(6, ItemType::DirHash, 77)),
         ];
         let mut b = Vec::new();
         for r in &rs {
@@ -288,5 +311,10 @@ mod tests {
         let mut k = b.clone();
         k[0] = 9;
         assert!(decode_log_records(&k, "t").is_err(), "unknown kind");
+        // A tree record whose value is not one u64.
+        let mut t = Vec::new();
+        encode_log_record(&LogRecord::Tree(3), &mut t);
+        t[1 + KEY_SIZE] = 7;
+        assert!(decode_log_records(&t, "t").is_err(), "tree length");
     }
 }

@@ -27,7 +27,8 @@ pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_LOG
     | INCOMPAT_SHARED_BLOCKS
     | INCOMPAT_SUBVOLUMES
     | INCOMPAT_CLONES
-    | INCOMPAT_HIDDEN_ORIGINS;
+    | INCOMPAT_HIDDEN_ORIGINS
+    | INCOMPAT_LOG_TREES;
 /// (2026-11-21) The superblock's `log_root` names an fsync log chain (seed 003, `log.rs`): a
 /// reader that does not replay it would miss what was fsynced after the commit. Set by every
 /// commit that names a log.
@@ -69,6 +70,13 @@ pub const INCOMPAT_CLONES: u64 = 64;
 /// blocks would never come back. Set by the commit that makes the first one, cleared by the
 /// commit after the last is gone.
 pub const INCOMPAT_HIDDEN_ORIGINS: u64 = 128;
+/// (2026-11-28) The fsync log names the tree of its records (`log::LOG_TREE`): an fsync in a
+/// subvolume opened beside the active tree appends its items to the log, to be replayed into
+/// that subvolume's tree. A reader that does not know the record would refuse the log, or
+/// replay another tree's items into the active one. Set by every commit made while a
+/// subvolume is open beside the active tree (only a chain those commits name may carry the
+/// record), cleared by the others.
+pub const INCOMPAT_LOG_TREES: u64 = 256;
 /// Read-only-compatible features: unknown bits allow a read-only open.
 pub const COMPAT_RO_SUPPORTED: u64 = COMPAT_RO_DATA_SUMS;
 /// (2026-11-24) `DataSum` items: crc32c of file blocks written copy-on-write. A reader that

@@ -57,6 +57,10 @@ fn constants_sizes_and_item_types_match() {
             "INCOMPAT_HIDDEN_ORIGINS",
             versions::INCOMPAT_HIDDEN_ORIGINS.to_string(),
         ),
+        (
+            "INCOMPAT_LOG_TREES",
+            versions::INCOMPAT_LOG_TREES.to_string(),
+        ),
         ("ROOT_INO", ROOT_INO.to_string()),
         ("FIRST_FREE_INO", FIRST_FREE_INO.to_string()),
         ("MAX_INO", MAX_INO.to_string()),

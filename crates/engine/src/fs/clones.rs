@@ -57,7 +57,8 @@
 //! blocks of the clone's own (`Fs::share_blocks`), since a second name of a block no
 //! extent of the clone names would be a count the clone does not have.
 //!
-//! **fsync in a clone logs** as in the file system's own tree: a log replay lets go of the
+//! **fsync in a clone logs** as in the file system's own tree, whether it is the active
+//! tree or one opened beside it (`trees`): a log replay lets go of the
 //! blocks the logged changes leave unnamed by the generations of the committed extents that
 //! named them (`log::born_pieces`), so `free_or_hold` keeps the origin's as it did before
 //! the crash.
@@ -74,8 +75,8 @@
 //! once the tree the origin was taken of lets go of them: it keeps the origin (its own
 //! `SubvolumeOrigin` item, the clone's origin) until its drop ends, as the clone does.
 //!
-//! Not built yet (`docs/snapshots.md`): several writable trees served by one mount (the
-//! engine opens them at once, `trees`; the mount shows the parked ones read-only).
+//! Several writable trees may be open at once (`trees`), and one mount serves them all
+//! (`idxfs_fuse::snapdir`).
 use super::snapshot::{root_ptr, tree_at, Snap};
 use super::{Fs, Inner, Reserve};
 use crate::error::{Error, Result};

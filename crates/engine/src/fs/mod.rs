@@ -88,7 +88,7 @@ mod shared;
 mod snapshot;
 mod snapshot_view;
 mod tmpfile;
-mod trees;
+pub(crate) mod trees;
 pub mod types;
 mod xattr;
 
@@ -772,17 +772,13 @@ impl Fs {
     }
 
     /// Makes `ino`'s data and metadata durable, with everything else changed before it: one
-    /// batch of the fsync log, whose cost follows what changed since the last fsync (`log`),
-    /// or a commit when there is no log to append to or the handle's tree was opened beside
-    /// the active one (`trees`). On a file system stopped by an error
+    /// batch of the fsync log, whose cost follows what changed in the handle's tree since its
+    /// last fsync (`log`; a tree opened beside the active one logs as that one does, `trees`),
+    /// or a commit when there is no log to append to. On a file system stopped by an error
     /// the answer is that error (EIO), as the kernel's file systems give: what was asked
     /// cannot be made durable.
     pub fn fsync(&self, ino: Ino) -> Result<()> {
         self.getattr(ino)?;
-        if self.hand.secondary {
-            // The log is the active tree's (`trees`): a commit, written without the lock.
-            return self.sync();
-        }
         // The log this appends to is named by the superblock of a commit in flight: wait for
         // it without the lock (others go on), so the wait under the lock below is short.
         self.shared.flight.wait_written();
@@ -1368,12 +1364,7 @@ impl Inner {
         // The log is named by the superblock of the last commit, which may still be in flight:
         // a batch may not return before that superblock is durable.
         self.reap_wait()?;
-        // The log is the primary's (`trees`): a tree beside it is made durable by a commit.
-        let log = match self.in_hand() == self.trees.primary {
-            true => self.log_build()?,
-            false => LogSync::Commit,
-        };
-        match log {
+        match self.log_build()? {
             LogSync::Commit => {
                 Counters::inc(&self.store.counters.log_fallback_commits);
                 self.commit()?;

@@ -92,7 +92,10 @@ impl Fs {
     /// Opens snapshot `id` read-only beside this file system, with a node cache of at most
     /// `cache_bytes`: reads answer as the snapshot was made while this file system goes on.
     /// The snapshot cannot be deleted (EBUSY) until the returned `Fs` is dropped. `id` may
-    /// also be a parked writable subvolume (`clones`), shown read-only as it was parked.
+    /// also be a parked writable subvolume (`clones`), shown read-only as it was parked; one
+    /// that a log replay changed on this read-only open is opened beside instead (a handle
+    /// as `open_subvolume`'s, refusing every change as this file system does), since only
+    /// this file system's cache holds what the replay made of it.
     pub fn open_snapshot(&self, id: u64, cache_bytes: usize) -> Result<Fs> {
         let (mut inner, view_of, opts) = {
             let g = self.lock();
@@ -104,6 +107,11 @@ impl Fs {
             // One open beside the primary is not parked: it changes (`trees`).
             if parked.is_some() && g.trees.is_open(super::trees::active_of(id)) {
                 return Err(Error::Busy("the subvolume is open, writable"));
+            }
+            // Changed by a replay on this read-only open: only this store has its nodes.
+            if parked.is_some() && g.trees.unwritten.contains(&id) {
+                drop(g);
+                return self.open_beside(id, false);
             }
             let Some(snap) = (g.snapshots.list.get(&id))
                 .filter(|s| !s.dropping())

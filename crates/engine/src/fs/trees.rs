@@ -19,13 +19,20 @@
 //! superblock takes the primary's. So a crash opens to the last commit of every tree, each
 //! whole, fsck clean.
 //!
-//! **fsync.** The log carries the primary's changes only: its items are replayed into the
-//! superblock's tree, and its batch reads them from the tree in hand. So a secondary's
-//! changes are never noted for it (`ChangedKeys::unlogged`), and a durability request from
-//! a secondary commits instead: `Fs::fsync` as `sync` does (written without the lock), an
-//! operation under `-o sync` in `Inner::make_durable`. Correct, and as costly as a commit. Naming the tree in each logged item is what would make it cheap.
-//! No block the primary's log may name is one a secondary still names in its last commit:
-//! a block freed after a commit stays pinned until the next one, whichever tree freed it.
+//! **fsync.** Each open tree has its own log keys (`log::TreeKeys`, swapped in with the
+//! tree): an fsync through a handle logs what its tree changed since its last batch, as
+//! the primary's does, and a secondary's batch starts with a record naming it
+//! (`LogRecord::Tree`), so the replay applies its items to its tree and writes the new root
+//! and counters into its `Subvolume` item. Such a record needs incompat bit
+//! `INCOMPAT_LOG_TREES`, which every commit made while a secondary is open sets: the first
+//! fsync in a secondary after it opens commits instead. A commit takes every tree's keys.
+//! Why one tree's batch needs nothing of another's: no operation changes two trees (rename
+//! and link between them are refused, a copy between them copies bytes), and the replay's
+//! space rules hold across trees because no block the committed state names is reused
+//! before the next commit (a block freed after a commit stays pinned until then, whichever
+//! tree freed it), nor is data freed by any tree once a batch was written (`Log::written`);
+//! state outside the fs trees that a batch cannot carry (held runs let go of) makes the
+//! next fsync in every tree commit (`ChangedKeys::commit_next`).
 //!
 //! **Who opens them.** A library caller, and the FUSE mount for each parked subvolume its
 //! snapshots directory shows (`idxfs_fuse::snapdir`), which routes each request to the
@@ -43,6 +50,7 @@ use crate::btree::{LeafHint, Tree};
 use crate::error::{Error, Result};
 use crate::fs::ino_runs::InoRuns;
 use crate::inode_cache::InodeCache;
+use crate::log::TreeKeys;
 use idxfs_format::roots::SUBVOL_DROPPING;
 use idxfs_format::FS_SUBVOL_ID;
 use std::collections::BTreeMap;
@@ -60,6 +68,8 @@ pub(crate) struct TreeState {
     pins: Arc<Pins>,
     published: Arc<Published>,
     dir_ino_hint: LeafHint,
+    /// What its next fsync logs (`log`).
+    log_keys: TreeKeys,
     /// `Clones::active`'s value for this tree: 0 for the file system's own, else its id.
     active: u64,
 }
@@ -73,6 +83,10 @@ pub(crate) struct OpenTrees {
     out: BTreeMap<u64, TreeState>,
     /// The open secondaries, in hand or not.
     secondaries: std::collections::BTreeSet<u64>,
+    /// Parked trees (subvolume ids) a log replay changed on a read-only open: their new
+    /// nodes are in this store's cache only, where a view (a store of its own, reading the
+    /// device) would not find them, so `Fs::open_snapshot` opens them beside, read-only.
+    pub unwritten: std::collections::BTreeSet<u64>,
 }
 
 impl OpenTrees {
@@ -84,6 +98,15 @@ impl OpenTrees {
     /// Whether only the primary is open.
     pub fn alone(&self) -> bool {
         self.secondaries.is_empty()
+    }
+}
+
+/// The subvolume id of the tree `Clones::active` value `active` names.
+pub(crate) fn id_of(active: u64) -> u64 {
+    if active == 0 {
+        FS_SUBVOL_ID
+    } else {
+        active
     }
 }
 
@@ -109,6 +132,7 @@ impl TreeState {
         std::mem::swap(&mut self.pins, &mut g.lives.pins);
         std::mem::swap(&mut self.published, &mut g.published);
         std::mem::swap(&mut self.dir_ino_hint, &mut g.dir_ino_hint);
+        std::mem::swap(&mut self.log_keys, &mut g.store.changes.log.tree);
         std::mem::swap(&mut self.active, &mut g.snapshots.clones.active);
     }
 }
@@ -136,7 +160,6 @@ impl Inner {
         self.trees.out.insert(held, s);
         // Cursors and leaf hints of the other tree must not be trusted in this one.
         self.store.changes.shape_seq += 1;
-        self.store.changes.log.unlogged = active != self.trees.primary;
         Ok(())
     }
 
@@ -152,6 +175,8 @@ impl Inner {
             self.write_back_inodes()?;
             self.txn.ino_runs.expire();
             if t != self.trees.primary {
+                // The commit makes all of it durable (the primary's: `Inner::log_start`).
+                self.store.changes.log.tree.clear();
                 let root = super::snapshot::root_ptr(&self.fs_tree);
                 let (next_ino, count) = (self.txn.next_ino, self.txn.inode_count);
                 let clones = &mut self.snapshots.clones;
@@ -164,6 +189,48 @@ impl Inner {
                 s.item.inode_count = count.into();
                 clones.changed_items.insert(t);
             }
+        }
+        Ok(())
+    }
+
+    /// Parked writable tree `id` as a log replay finds it (`log::replay`, at open, before any
+    /// tree is opened beside): its committed root, `Clones::active` value and counters. A
+    /// tree that is not a parked writable one is damage: no batch names any other.
+    pub(crate) fn parked_for_replay(&self, id: u64) -> Result<(Tree, u64, (u64, u64))> {
+        let s = (self.snapshots.clones.items.get(&id))
+            .filter(|s| s.item.root.block.get() != 0 && !s.dropping())
+            .ok_or_else(|| {
+                idxfs_format::Corrupt::new(
+                    format!("fsync log records of tree {id}"),
+                    "not a parked writable subvolume",
+                    "one",
+                )
+            })?;
+        let counters = (s.item.next_ino.get(), s.item.inode_count.get());
+        Ok((s.tree(), active_of(id), counters))
+    }
+
+    /// Writes parked tree `id`'s root and counters, as a log replay left them, into its
+    /// item, as a commit of it open beside would (`settle_trees`).
+    pub(crate) fn park_replayed(
+        &mut self,
+        id: u64,
+        tree: &Tree,
+        next_ino: u64,
+        inode_count: u64,
+    ) -> Result<()> {
+        let generation = self.store.generation;
+        let clones = &mut self.snapshots.clones;
+        let Some(s) = clones.items.get_mut(&id) else {
+            return Err(Error::Invalid("engine bug: a replayed tree lost its item"));
+        };
+        s.item.root = super::snapshot::root_ptr(tree);
+        s.item.generation = generation.into();
+        s.item.next_ino = next_ino.into();
+        s.item.inode_count = inode_count.into();
+        clones.changed_items.insert(id);
+        if self.policy.read_only {
+            self.trees.unwritten.insert(id);
         }
         Ok(())
     }
@@ -186,8 +253,17 @@ impl Inner {
 
     /// Opens parked writable tree `id` beside the others, and puts it in hand: its state
     /// from its item, its orphans loaded. `published`: the new handle's.
-    fn open_secondary(&mut self, id: u64, cache: usize, published: Arc<Published>) -> Result<()> {
-        self.writable()?;
+    /// `writable`: refused on a file system that is not (else opened read-only there).
+    fn open_secondary(
+        &mut self,
+        id: u64,
+        cache: usize,
+        published: Arc<Published>,
+        writable: bool,
+    ) -> Result<()> {
+        if writable {
+            self.writable()?;
+        }
         let active = active_of(id);
         if self.trees.is_open(active) {
             return Err(Error::Busy("the subvolume is open already"));
@@ -206,6 +282,7 @@ impl Inner {
             pins: Default::default(),
             published,
             dir_ino_hint: Default::default(),
+            log_keys: Default::default(),
             active,
         };
         self.trees.out.insert(active, state);
@@ -249,6 +326,13 @@ impl Fs {
     /// for no such subvolume; ReadOnly on a read-only file system or a snapshot. Its orphans
     /// (files a crash left unlinked) are freed before it returns.
     pub fn open_subvolume(&self, id: u64) -> Result<Fs> {
+        self.open_beside(id, true)
+    }
+
+    /// `open_subvolume`; `writable` false: on a read-only file system too, whose refusals
+    /// of every change then hold for the new handle (`Fs::open_snapshot` of a tree in
+    /// `OpenTrees::unwritten`).
+    pub(super) fn open_beside(&self, id: u64, writable: bool) -> Result<Fs> {
         if self.shared.views.of.is_some() {
             return Err(Error::ReadOnly);
         }
@@ -258,7 +342,7 @@ impl Fs {
         ));
         let (active, pins) = {
             let mut g = self.shared.lock();
-            g.open_secondary(id, self.shared.cache_entries, published.clone())?;
+            g.open_secondary(id, self.shared.cache_entries, published.clone(), writable)?;
             let pins = g.lives.pins.clone();
             if self.hand.pins.holds_made() {
                 pins.hold_made();
