@@ -1470,9 +1470,10 @@ impl World {
                 // exactly this state.
                 self.trail.push(format!("{}: fsync + SIGKILL", self.step));
                 self.write_back();
-                // The daemon's fsync makes every change it has durable, not only the root's:
-                // in the mount's own tree by its log, which carries that tree's changes; in
-                // a parked subvolume served beside it by a commit, which writes every tree.
+                // The daemon's fsync makes every change of the tree it is in durable, not
+                // only the root's: by that tree's batch of the log (a parked subvolume served
+                // beside: a batch naming its tree), or a commit, which writes every tree. So
+                // each tree touched is fsynced.
                 for root in self.touched_roots() {
                     let _ = fs::File::open(root).and_then(|f| f.sync_all());
                 }
