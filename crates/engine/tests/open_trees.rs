@@ -15,6 +15,7 @@ use idxfs_blockdev::MemDevice;
 use idxfs_engine::fs::{Fs, Unchecked};
 use idxfs_engine::testutil::Rng;
 use idxfs_engine::{Error, OpenOptions};
+use idxfs_format::versions::INCOMPAT_LOG_TREES;
 use idxfs_format::FS_SUBVOL_ID;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -557,6 +558,12 @@ fn an_fsync_in_a_tree_open_beside_is_a_log_batch_replayed_into_that_tree() {
     ));
     drop((clone, empty));
     std::mem::forget(fs);
+    // The commit made while both were open let its log name trees.
+    let incompat = |dev: &MemDevice| {
+        let sb = idxfs_engine::fs::read_superblock(dev).expect("superblock");
+        sb.incompat.get() & INCOMPAT_LOG_TREES
+    };
+    assert_ne!(incompat(&dev), 0, "the log may name trees");
     check(&dev, "after the crash");
     // Read-only, the replay in memory only: the trees show it as views (the replayed ones
     // through this file system's cache) and refuse changes.
@@ -619,4 +626,9 @@ fn an_fsync_in_a_tree_open_beside_is_a_log_batch_replayed_into_that_tree() {
     assert_eq!(fs.subvolumes().len(), 1);
     fs.close().expect("close");
     check(&dev, "after deleting everything");
+    assert_eq!(
+        incompat(&dev),
+        0,
+        "a commit with no tree open beside clears the bit"
+    );
 }
