@@ -458,6 +458,15 @@ impl Inner {
         self.txn.changed || self.store.changes.mod_seq != self.txn.frozen_seq
     }
 
+    /// The superblock lets its log name trees while no tree is open beside any more: the
+    /// next commit clears the bit (`freeze_primary`) even with nothing else to write, so an
+    /// image whose subvolumes were all closed opens in code that does not know the bit.
+    fn log_trees_bit_stale(&self) -> bool {
+        self.trees.alone()
+            && !self.policy.read_only
+            && self.txn.sb.incompat.get() & idxfs_format::versions::INCOMPAT_LOG_TREES != 0
+    }
+
     /// Steps 1-3: waits for a commit in flight, then freezes the running transaction.
     /// None when nothing changed. The caller writes the result (`Frozen::write`), posts it to
     /// `self.txn.flight`, and reaps.
@@ -474,6 +483,7 @@ impl Inner {
             && self.others_commit_need() == 0
             && self.txn.incompat_wanted == 0
             && self.txn.compat_ro_wanted == 0
+            && !self.log_trees_bit_stale()
         {
             return Ok(None);
         }

@@ -632,3 +632,28 @@ fn an_fsync_in_a_tree_open_beside_is_a_log_batch_replayed_into_that_tree() {
         "a commit with no tree open beside clears the bit"
     );
 }
+
+/// The bit that lets the log name trees (`INCOMPAT_LOG_TREES`) is set by a commit made while
+/// a tree is open beside, and cleared by the next commit without one, the close of a file
+/// system with nothing else to write included: a cleanly closed image keeps no feature bit
+/// it no longer needs.
+#[test]
+fn a_close_with_no_tree_open_beside_clears_the_log_s_tree_bit() {
+    let (dev, fs) = mem_fs_with(32 << 20, 4096);
+    let e = fs.make_subvolume(b"e", ME).expect("empty subvolume");
+    let bit = |dev: &MemDevice| {
+        let sb = idxfs_engine::fs::read_superblock(dev).expect("superblock");
+        sb.incompat.get() & INCOMPAT_LOG_TREES
+    };
+    assert_eq!(bit(&dev), 0);
+    let sub = fs.open_subvolume(e).expect("open beside");
+    sub.create(ROOT, b"f", 0o644, ME).expect("create");
+    fs.sync().expect("sync");
+    assert_ne!(bit(&dev), 0, "committed with a tree open beside");
+    // Nothing changed since: the subvolume's close has nothing to commit.
+    sub.close().expect("close the subvolume");
+    assert_ne!(bit(&dev), 0);
+    fs.close().expect("close");
+    assert_eq!(bit(&dev), 0, "the close cleared it");
+    check(&dev, "after");
+}
