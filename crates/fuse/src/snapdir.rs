@@ -40,8 +40,11 @@
 //!   another tree is EXDEV, as between two btrfs subvolumes; a copy_file_range out of it
 //!   into another tree is EXDEV too (the kernel then copies the bytes). Unlike a snapshot's,
 //!   its inodes hold engine pins for the kernel's lookups, as the file system's own do, so
-//!   a file unlinked while open keeps its data until the kernel forgets it. On a read-only
-//!   mount it is opened read-only, as a snapshot, and stays so until the next mount (a
+//!   a file unlinked while open keeps its data until the kernel forgets it. An fsync inside
+//!   it is a batch of the fsync log that names its tree, as cheap as in the mount's own. On
+//!   a read-only mount it is opened read-only, as a snapshot (or, when the open's log
+//!   replay changed it, beside the mount's own tree, whose cache alone holds what the
+//!   replay made of it: `Fs::open_snapshot`), and stays so until the next mount (a
 //!   remount read-write does not reopen it). Its delete (rmdir of its empty root, or
 //!   `idxfs subvolume delete`) closes it first, as a snapshot's does, and closing commits
 //!   what it holds. This mount's own tree is not shown, nor the file system's own when a
