@@ -35,7 +35,6 @@
 use crate::btree::Tree;
 use crate::counters::Counters;
 use crate::error::Result;
-use crate::fs::trees::id_of;
 use crate::fs::Inner;
 use crate::log_io::{LogBatch, LogIo, LogSync};
 use crate::space::Kind;
@@ -212,7 +211,10 @@ impl Inner {
         let tree = self.fs_tree;
         let mut payload = Vec::new();
         if beside {
-            encode_log_record(&LogRecord::Tree(id_of(self.in_hand())), &mut payload);
+            encode_log_record(
+                &LogRecord::Tree(self.snapshots.clones.active_id()),
+                &mut payload,
+            );
         }
         for k in keys {
             let r = match tree.get(&mut self.store, &k)? {
@@ -382,7 +384,7 @@ struct TreeLog {
 
 /// A tree the log names, as the replay changes it.
 struct Target {
-    /// Its subvolume id (`fs::trees::id_of`).
+    /// Its subvolume id (`Clones::active_id`).
     id: u64,
     /// `Clones::active`'s value for it: the rules on whose blocks are whose are its.
     active: u64,
@@ -442,7 +444,7 @@ pub(crate) fn replay(inner: &mut Inner) -> Result<u64> {
         return Ok(0);
     }
     // Each record is an item's state at its fsync: the last one wins, per tree.
-    let primary = id_of(inner.snapshots.clones.active);
+    let primary = inner.snapshots.clones.active_id();
     let mut logs: BTreeMap<u64, TreeLog> = BTreeMap::new();
     let max_item = idxfs_format::node::max_item_size(inner.store.node_size);
     for (i, b) in batches.iter().enumerate() {

@@ -1256,13 +1256,6 @@ fn a_deleted_subvolume_s_space_comes_back_beside_an_older_snapshot() {
 }
 
 /// The superblock's incompat bits (closed image).
-fn incompat(dev: &Arc<MemDevice>) -> u64 {
-    idxfs_engine::fs::read_superblock(&**dev)
-        .expect("superblock")
-        .incompat
-        .get()
-}
-
 /// A writable snapshot (`Fs::writable_snapshot`, as `btrfs subvolume snapshot`) is a clone
 /// of the tree as it is now whose origin is hidden: listed by no one, not deleted, cloned
 /// or rolled back to by id, and deleted by the drop that ends its last use. Either side

@@ -559,11 +559,8 @@ fn an_fsync_in_a_tree_open_beside_is_a_log_batch_replayed_into_that_tree() {
     drop((clone, empty));
     std::mem::forget(fs);
     // The commit made while both were open let its log name trees.
-    let incompat = |dev: &MemDevice| {
-        let sb = idxfs_engine::fs::read_superblock(dev).expect("superblock");
-        sb.incompat.get() & INCOMPAT_LOG_TREES
-    };
-    assert_ne!(incompat(&dev), 0, "the log may name trees");
+    let bit = |dev: &MemDevice| incompat(dev) & INCOMPAT_LOG_TREES;
+    assert_ne!(bit(&dev), 0, "the log may name trees");
     check(&dev, "after the crash");
     // Read-only, the replay in memory only: the trees show it as views (the replayed ones
     // through this file system's cache) and refuse changes.
@@ -627,7 +624,7 @@ fn an_fsync_in_a_tree_open_beside_is_a_log_batch_replayed_into_that_tree() {
     fs.close().expect("close");
     check(&dev, "after deleting everything");
     assert_eq!(
-        incompat(&dev),
+        bit(&dev),
         0,
         "a commit with no tree open beside clears the bit"
     );
@@ -641,10 +638,7 @@ fn an_fsync_in_a_tree_open_beside_is_a_log_batch_replayed_into_that_tree() {
 fn a_close_with_no_tree_open_beside_clears_the_log_s_tree_bit() {
     let (dev, fs) = mem_fs_with(32 << 20, 4096);
     let e = fs.make_subvolume(b"e", ME).expect("empty subvolume");
-    let bit = |dev: &MemDevice| {
-        let sb = idxfs_engine::fs::read_superblock(dev).expect("superblock");
-        sb.incompat.get() & INCOMPAT_LOG_TREES
-    };
+    let bit = |dev: &MemDevice| incompat(dev) & INCOMPAT_LOG_TREES;
     assert_eq!(bit(&dev), 0);
     let sub = fs.open_subvolume(e).expect("open beside");
     sub.create(ROOT, b"f", 0o644, ME).expect("create");

@@ -146,6 +146,12 @@ impl Clones {
         !self.origins.is_empty() || !self.items.is_empty() || self.active != 0
     }
 
+    /// Parked writable tree `id`'s item: one with a root (the superblock's has none) that
+    /// is not being deleted.
+    pub fn parked(&self, id: u64) -> Option<&Snap> {
+        (self.items.get(&id)).filter(|s| s.item.root.block.get() != 0 && !s.dropping())
+    }
+
     /// The active tree's id: `FS_SUBVOL_ID` for the file system's own.
     pub fn active_id(&self) -> u64 {
         match self.active {
@@ -287,10 +293,7 @@ impl Inner {
             return Ok(());
         }
         self.writable()?;
-        let parked = (self.snapshots.clones.items.get(&id))
-            .filter(|s| s.item.root.block.get() != 0 && s.item.flags.get() & SUBVOL_DROPPING == 0)
-            .cloned()
-            .ok_or(Error::NotFound)?;
+        let parked = (self.snapshots.clones.parked(id).cloned()).ok_or(Error::NotFound)?;
         self.commit()?;
         let generation = self.store.generation - 1;
         let root = root_ptr(&self.fs_tree);
@@ -345,9 +348,7 @@ impl Inner {
         if target == self.snapshots.clones.active {
             return Ok(());
         }
-        let s = (self.snapshots.clones.items.get(&id))
-            .filter(|s| s.item.root.block.get() != 0 && s.item.flags.get() & SUBVOL_DROPPING == 0)
-            .ok_or(Error::NotFound)?;
+        let s = self.snapshots.clones.parked(id).ok_or(Error::NotFound)?;
         self.fs_tree = s.tree();
         self.txn.next_ino = s.item.next_ino.get();
         self.txn.inode_count = s.item.inode_count.get();

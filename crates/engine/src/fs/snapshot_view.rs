@@ -102,8 +102,7 @@ impl Fs {
             // A snapshot, or a parked writable subvolume: neither changes while it is open
             // (a parked tree changes only when an open makes it active, and its delete waits
             // for its views as a snapshot's does).
-            let parked = (g.snapshots.clones.items.get(&id))
-                .filter(|s| s.item.root.block.get() != 0 && !s.dropping());
+            let parked = g.snapshots.clones.parked(id);
             // One open beside the primary is not parked: it changes (`trees`).
             if parked.is_some() && g.trees.is_open(super::trees::active_of(id)) {
                 return Err(Error::Busy("the subvolume is open, writable"));

@@ -51,7 +51,6 @@ use crate::error::{Error, Result};
 use crate::fs::ino_runs::InoRuns;
 use crate::inode_cache::InodeCache;
 use crate::log::TreeKeys;
-use idxfs_format::roots::SUBVOL_DROPPING;
 use idxfs_format::FS_SUBVOL_ID;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -98,15 +97,6 @@ impl OpenTrees {
     /// Whether only the primary is open.
     pub fn alone(&self) -> bool {
         self.secondaries.is_empty()
-    }
-}
-
-/// The subvolume id of the tree `Clones::active` value `active` names.
-pub(crate) fn id_of(active: u64) -> u64 {
-    if active == 0 {
-        FS_SUBVOL_ID
-    } else {
-        active
     }
 }
 
@@ -177,17 +167,9 @@ impl Inner {
             if t != self.trees.primary {
                 // The commit makes all of it durable (the primary's: `Inner::log_start`).
                 self.store.changes.log.tree.clear();
-                let root = super::snapshot::root_ptr(&self.fs_tree);
-                let (next_ino, count) = (self.txn.next_ino, self.txn.inode_count);
-                let clones = &mut self.snapshots.clones;
-                let Some(s) = clones.items.get_mut(&t) else {
-                    return Err(Error::Invalid("engine bug: an open tree lost its item"));
-                };
-                s.item.root = root;
-                s.item.generation = generation.into();
-                s.item.next_ino = next_ino.into();
-                s.item.inode_count = count.into();
-                clones.changed_items.insert(t);
+                let (tree, next_ino, count) =
+                    (self.fs_tree, self.txn.next_ino, self.txn.inode_count);
+                self.write_parked(t, &tree, generation, next_ino, count)?;
             }
         }
         Ok(())
@@ -197,17 +179,37 @@ impl Inner {
     /// tree is opened beside): its committed root, `Clones::active` value and counters. A
     /// tree that is not a parked writable one is damage: no batch names any other.
     pub(crate) fn parked_for_replay(&self, id: u64) -> Result<(Tree, u64, (u64, u64))> {
-        let s = (self.snapshots.clones.items.get(&id))
-            .filter(|s| s.item.root.block.get() != 0 && !s.dropping())
-            .ok_or_else(|| {
-                idxfs_format::Corrupt::new(
-                    format!("fsync log records of tree {id}"),
-                    "not a parked writable subvolume",
-                    "one",
-                )
-            })?;
+        let s = self.snapshots.clones.parked(id).ok_or_else(|| {
+            idxfs_format::Corrupt::new(
+                format!("fsync log records of tree {id}"),
+                "not a parked writable subvolume",
+                "one",
+            )
+        })?;
         let counters = (s.item.next_ino.get(), s.item.inode_count.get());
         Ok((s.tree(), active_of(id), counters))
+    }
+
+    /// Writes writable tree `id`'s root `tree` and its counters into its item, for the
+    /// commit of `generation` to write (`settle_trees`, and a log replay's).
+    fn write_parked(
+        &mut self,
+        id: u64,
+        tree: &Tree,
+        generation: u64,
+        next_ino: u64,
+        inode_count: u64,
+    ) -> Result<()> {
+        let clones = &mut self.snapshots.clones;
+        let Some(s) = clones.items.get_mut(&id) else {
+            return Err(Error::Invalid("engine bug: a writable tree lost its item"));
+        };
+        s.item.root = super::snapshot::root_ptr(tree);
+        s.item.generation = generation.into();
+        s.item.next_ino = next_ino.into();
+        s.item.inode_count = inode_count.into();
+        clones.changed_items.insert(id);
+        Ok(())
     }
 
     /// Writes parked tree `id`'s root and counters, as a log replay left them, into its
@@ -219,16 +221,7 @@ impl Inner {
         next_ino: u64,
         inode_count: u64,
     ) -> Result<()> {
-        let generation = self.store.generation;
-        let clones = &mut self.snapshots.clones;
-        let Some(s) = clones.items.get_mut(&id) else {
-            return Err(Error::Invalid("engine bug: a replayed tree lost its item"));
-        };
-        s.item.root = super::snapshot::root_ptr(tree);
-        s.item.generation = generation.into();
-        s.item.next_ino = next_ino.into();
-        s.item.inode_count = inode_count.into();
-        clones.changed_items.insert(id);
+        self.write_parked(id, tree, self.store.generation, next_ino, inode_count)?;
         if self.policy.read_only {
             self.trees.unwritten.insert(id);
         }
@@ -268,9 +261,7 @@ impl Inner {
         if self.trees.is_open(active) {
             return Err(Error::Busy("the subvolume is open already"));
         }
-        let s = (self.snapshots.clones.items.get(&id))
-            .filter(|s| s.item.root.block.get() != 0 && s.item.flags.get() & SUBVOL_DROPPING == 0)
-            .ok_or(Error::NotFound)?;
+        let s = self.snapshots.clones.parked(id).ok_or(Error::NotFound)?;
         let state = TreeState {
             fs_tree: s.tree(),
             next_ino: s.item.next_ino.get(),

@@ -12,6 +12,14 @@ pub const ME: Owner = Owner {
     gid: 1000,
 };
 
+/// The incompat feature bits of the superblock on `dev`.
+pub fn incompat(dev: &MemDevice) -> u64 {
+    idxfs_engine::fs::read_superblock(dev)
+        .expect("superblock")
+        .incompat
+        .get()
+}
+
 pub fn opts() -> OpenOptions {
     OpenOptions {
         commit_interval: None,
