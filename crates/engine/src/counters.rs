@@ -127,6 +127,8 @@ counters! {
     fills_beside: "of those, a copy-on-write file's (preallocated blocks converted with their sums after)",
     in_flight_waits: "operations that waited, without the lock, for a write writing blocks they keep part of (or would fill) without the lock",
     pin_alloc_failures: "pins not taken because the pin index could not allocate",
+    op_lock_handoffs: "times a thread waiting for the operation lock asked for it: nobody else takes it until the asker has (`fs::op_lock`)",
+    op_lock_sleeps: "times a thread waiting for the operation lock slept in it after spinning `fs::op_lock::SPIN_MAX` (a long hold)",
     pins_refused_gone: "pins refused because the inode's last name went before them and it is being freed (its holder gets ENOENT)",
     space_waits_for_release: "operations refused for space that ran again after an unlinked file's holder let go of it",
 }

@@ -51,7 +51,10 @@
 //!   (see the README's table), so the tree changes of two writers never overlap, though
 //!   their data I/O does. That is most of a create (nearly all of it is the two directory
 //!   indexes' and the inode's inserts; docs/benchmarks.md, "concurrency"), so a second
-//!   creating thread adds no throughput. Two writers creating in two directories do change
+//!   creating thread adds no throughput. The lock is handed between threads taking it back
+//!   to back about once per 200 µs, not once per operation (`op_lock`), so that the tree
+//!   change's working set stays in one CPU's cache: 2 creating threads make 0.8-0.9x of
+//!   one, where a plain mutex made 0.6x. Two writers creating in two directories do change
 //!   mostly different leaves (each directory's inodes are numbered from runs of its own,
 //!   `ino_runs`), which is what locks per node would let run side by side.
 //! - An operation refused for space while an unlinked file is kept for its holder waits
@@ -71,6 +74,7 @@ mod in_place;
 pub(crate) mod ino_runs;
 mod inode_flags;
 mod layout;
+mod op_lock;
 mod orphan;
 mod pins;
 mod policy;
@@ -122,7 +126,7 @@ use idxfs_format::{
     ItemType, Key, BLOCK_SIZE, FIRST_FREE_INO, NAME_MAX, ROOT_INO, SUPER_COPIES, TREE_FS,
     TREE_SPACE,
 };
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use zerocopy::IntoBytes;
@@ -299,7 +303,8 @@ pub(crate) struct OpScope {
 }
 
 struct Shared {
-    inner: Mutex<Inner>,
+    /// The operation lock (`op_lock`: a mutex handed between threads rarely).
+    inner: op_lock::OpLock<Inner>,
     /// The same as the allocator's: waited on without the lock (`write_op`).
     fence: Arc<crate::space::read_fence::ReadFence>,
     /// What the last finished operation in the primary tree left (inodes, names, symlink
@@ -623,7 +628,7 @@ impl Fs {
             total_blocks: inner.store.total_blocks,
             acl: opts.acl,
             cache_entries: opts.inode_cache_entries,
-            inner: Mutex::new(inner),
+            inner: op_lock::OpLock::new(inner, counters.clone()),
             views: snapshot_view::Views {
                 open: Default::default(),
                 of: view_of,
@@ -1043,7 +1048,7 @@ fn commit_loop(weak: std::sync::Weak<Shared>, every: Duration) {
 /// The operation lock held: the engine state, and on release the inodes the holder changed
 /// published for lock-free readers (`published`).
 pub(crate) struct Locked<'a> {
-    g: MutexGuard<'a, Inner>,
+    g: op_lock::OpGuard<'a, Inner>,
     /// What the holder read and wants published with its changes (`publish_read`).
     read: published::Read,
 }
