@@ -53,8 +53,8 @@
 //!   indexes' and the inode's inserts; docs/benchmarks.md, "concurrency"), so a second
 //!   creating thread adds no throughput. The lock is handed between threads taking it back
 //!   to back about once per 200 µs, not once per operation (`op_lock`), so that the tree
-//!   change's working set stays in one CPU's cache: 2 creating threads make 0.8-0.9x of
-//!   one, where a plain mutex made 0.6x. Two writers creating in two directories do change
+//!   change's working set stays in one CPU's cache: a second creating thread costs less
+//!   than with a plain mutex, but still adds nothing. Two writers creating in two directories do change
 //!   mostly different leaves (each directory's inodes are numbered from runs of its own,
 //!   `ino_runs`), which is what locks per node would let run side by side.
 //! - An operation refused for space while an unlinked file is kept for its holder waits

@@ -1,20 +1,19 @@
 //! The operation lock: a mutex whose waiters spin, and hand it between threads rarely.
 //!
 //! Every tree change runs under one lock (`Shared::inner`; per-node latches are not built,
-//! issue 22). Between two threads changing trees back to back, a plain `Mutex` lost a third
-//! of one thread's rate (2 threads creating in 2 directories: 0.65x of 1, `idxfs bench
-//! concurrency` on 2026-11-28), for two reasons:
+//! issue 22). Between two threads changing trees back to back, a plain `Mutex` costs twice
+//! (docs/benchmarks.md, "concurrency", has the measurements):
 //! - while a waiter sleeps in the futex, every unlock is a wake-up system call, and the
-//!   sleeper wakes on a CPU that had halted (tens of µs on this VM);
+//!   sleeper wakes on a CPU that may have halted;
 //! - each time the lock changes threads, the working set of the tree change (the leaves
 //!   being filled, the allocator, the caches) moves to the other CPU's cache. A waiter
-//!   spinning on `try_lock` takes the lock in the holder's every gap between operations:
-//!   tried by hand, the rate fell to 0.61x though context switches fell from 36,043 to 849.
+//!   spinning on `try_lock` takes the lock in the holder's every gap between operations,
+//!   which moves it more often still.
 //!
 //! So a thread that finds the lock taken spins, reading the lock's state once per [`POLL`]
-//! (each read takes the holder's cache line away from it: read on every turn of the loop,
-//! two threads' creates stayed at 0.7x of one with a handoff per 5,000 creates), and takes
-//! it when one of these holds:
+//! (each read takes the holder's cache line away from it, so reading on every turn of the
+//! loop slows the holder even when the lock changes hands rarely), and takes it when one of
+//! these holds:
 //! - **nobody took it since the last poll**: the holder is in one long hold, or gone. It
 //!   tries the mutex, as a plain mutex's waiter would: a thread that comes back only after
 //!   a round trip (a FUSE worker) keeps nobody waiting longer than a poll past its release;
@@ -28,10 +27,9 @@
 //!   turn, so it changes threads once per `HANDOFF_AFTER`, not once per operation; a
 //!   thread that mostly does other things (an fsync's flush, data I/O outside the lock, a
 //!   FUSE round trip) asks soon or at once, and waits about one operation of the other's.
-//!   A patience measured by the time since the thread last let go of the lock instead kept
-//!   a thread doing create, write and fsync beside a creating one waiting up to
-//!   `HANDOFF_AFTER` at each of its acquisitions but the first (in one run of `idxfs bench
-//!   concurrency`, 545 fsyncs/s against the plain mutex's 1,067).
+//!   The share, not the time since the thread last let go of the lock: a thread doing
+//!   create, write and fsync takes the lock three times in a row, and would wait out the
+//!   whole patience at each but the first.
 //!
 //! After [`SPIN_MAX`] a waiter sleeps in the mutex, asker or not (a long hold: a commit's
 //! freeze). Every acquisition is the mutex's own, so the exclusion is `Mutex`'s; the rules
@@ -39,10 +37,10 @@
 //! takes the mutex once it is free, but for sleepers in the mutex, each of which holds it
 //! once and then obeys the flag; an asker that sleeps is woken by the mutex as any sleeper.
 //!
-//! A spinning waiter yields its CPU at each look (another thread runnable there, one woken
-//! from its I/O or the commit thread, runs first: without that, on 2 CPUs, 1 fsyncing and 1
-//! creating thread made a third of the fsyncs), and spins for at most `SPIN_MAX`; on this
-//! VM a CPU that sleeps halts, and waking it costs more than the spin.
+//! A spinning waiter yields its CPU at each look: another thread runnable there (one woken
+//! from its I/O, the commit thread) runs first, where a spin would keep it off the CPU
+//! while the holder needs it to go on. It spins for at most `SPIN_MAX`: a CPU that sleeps
+//! may halt, and waking it costs more than the spin.
 use crate::counters::Counters;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -51,7 +49,8 @@ use std::time::{Duration, Instant};
 
 /// How often a spinning waiter reads the lock's state.
 pub(crate) const POLL: Duration = Duration::from_micros(4);
-/// The longest a waiter waits before it asks for the lock (about 100 creates on this VM).
+/// The longest a waiter waits before it asks for the lock: what a thread taking it back to
+/// back holds it for while another waits.
 pub(crate) const HANDOFF_AFTER: Duration = Duration::from_micros(200);
 /// A waiter sleeps in the mutex after spinning this long.
 pub(crate) const SPIN_MAX: Duration = Duration::from_micros(400);
@@ -116,7 +115,7 @@ impl<T> std::ops::DerefMut for OpGuard<'_, T> {
 
 impl<T> Drop for OpGuard<'_, T> {
     fn drop(&mut self) {
-        let at = std::ptr::from_ref(self.lock) as usize;
+        let at = self.lock.id();
         let now = Instant::now();
         SHARE.with(|c| {
             let (lock, before, share) = c.get();
@@ -180,10 +179,15 @@ impl<T> OpLock<T> {
     /// lock (`SHARE`; none for a thread new to it).
     fn patience(&self) -> Duration {
         let (at, _, share) = SHARE.with(Cell::get);
-        match at == std::ptr::from_ref(self) as usize {
+        match at == self.id() && share.is_finite() {
             true => HANDOFF_AFTER.mul_f32(share.clamp(0.0, 1.0)),
             false => Duration::ZERO,
         }
+    }
+
+    /// Which lock a thread's `SHARE` is of: its address.
+    fn id(&self) -> usize {
+        std::ptr::from_ref(self) as usize
     }
 
     #[cold]
