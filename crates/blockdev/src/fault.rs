@@ -1,5 +1,6 @@
-//! A device that fails on command: after N more writes, on every flush, or on reads of a range.
-//! Models a failing disk at the only boundary the engine has.
+//! A device that fails on command: after N more writes, for the next N writes, on every
+//! write as a full disk (ENOSPC: the file system under a sparse image file filled up), on
+//! every flush, or on every read. Models a failing disk at the only boundary the engine has.
 use crate::BlockDevice;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -8,6 +9,10 @@ pub struct FaultDevice<D> {
     inner: D,
     /// Writes left before every write fails; negative = never.
     writes_left: AtomicI64,
+    /// The next this many writes fail (EIO), then writes go through again.
+    refuse_next: AtomicI64,
+    /// Every write fails with ENOSPC.
+    full: AtomicBool,
     fail_flush: AtomicBool,
     fail_reads: AtomicBool,
 }
@@ -17,6 +22,8 @@ impl<D: BlockDevice> FaultDevice<D> {
         FaultDevice {
             inner,
             writes_left: AtomicI64::new(-1),
+            refuse_next: AtomicI64::new(0),
+            full: AtomicBool::new(false),
             fail_flush: AtomicBool::new(false),
             fail_reads: AtomicBool::new(false),
         }
@@ -24,6 +31,15 @@ impl<D: BlockDevice> FaultDevice<D> {
     /// After `n` more successful writes, every write fails with EIO.
     pub fn fail_writes_after(&self, n: i64) {
         self.writes_left.store(n, Ordering::SeqCst);
+    }
+    /// The next `n` writes fail with EIO; those after them go through.
+    pub fn refuse_next_writes(&self, n: i64) {
+        self.refuse_next.store(n, Ordering::SeqCst);
+    }
+    /// While on, every write fails with ENOSPC, as a sparse image file's do once the file
+    /// system holding it is full.
+    pub fn set_full(&self, on: bool) {
+        self.full.store(on, Ordering::SeqCst);
     }
     pub fn set_fail_flush(&self, on: bool) {
         self.fail_flush.store(on, Ordering::SeqCst);
@@ -33,6 +49,8 @@ impl<D: BlockDevice> FaultDevice<D> {
     }
     pub fn heal(&self) {
         self.fail_writes_after(-1);
+        self.refuse_next_writes(0);
+        self.set_full(false);
         self.set_fail_flush(false);
         self.set_fail_reads(false);
     }
@@ -53,6 +71,17 @@ impl<D: BlockDevice> BlockDevice for FaultDevice<D> {
         self.inner.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        if self.full.load(Ordering::SeqCst) {
+            return Err(io::Error::from(io::ErrorKind::StorageFull));
+        }
+        let refused = self
+            .refuse_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n > 0).then(|| n - 1)
+            });
+        if refused.is_ok() {
+            return Err(eio("write"));
+        }
         let left = self.writes_left.load(Ordering::SeqCst);
         if left == 0 {
             return Err(eio("write"));

@@ -30,6 +30,15 @@ pub enum Error {
     /// A seek for data or a hole at or past the end of the file (ENXIO).
     NoSuchOffset,
     Io(std::io::Error),
+    /// The device refused a commit's write (a full disk under an image file, a write error):
+    /// the commit waits, whole, in memory and is written again at the next durability
+    /// request or commit (`txn`, "A stalled commit"). The file system goes on; what was asked
+    /// to be durable is not yet (ENOSPC when the device said it is full, else EIO).
+    Unwritten(std::io::Error),
+    /// The device refused a write of file data before the operation changed anything (a
+    /// full disk under an image file, a write error): ENOSPC when the device is full, else
+    /// EIO. The file system goes on.
+    WriteRefused(std::io::Error),
     Corrupt(Corrupt),
     /// A file block read from the device does not match its checksum (`fs::data_sum`):
     /// EIO for this read, but not damage that stops the file system.
@@ -86,6 +95,10 @@ impl Error {
             Error::NotSupported(_) => libc_consts::EOPNOTSUPP,
             Error::NoSuchOffset => libc_consts::ENXIO,
             Error::Io(_) | Error::Corrupt(_) | Error::DataSum { .. } => libc_consts::EIO,
+            Error::Unwritten(e) | Error::WriteRefused(e) => match device_full(e) {
+                true => libc_consts::ENOSPC,
+                false => libc_consts::EIO,
+            },
             Error::InFlight | Error::Busy(_) => libc_consts::EBUSY,
             Error::Denied(_) => libc_consts::EACCES,
             Error::NotPermitted(_) => libc_consts::EPERM,
@@ -96,6 +109,15 @@ impl Error {
     pub fn is_fatal(&self) -> bool {
         matches!(self, Error::Io(_) | Error::Corrupt(_))
     }
+}
+
+/// The device is out of space (or over a quota): what a sparse image file's writes meet when
+/// the file system holding it fills.
+pub fn device_full(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    )
 }
 
 /// The few errno values the engine names (Linux numbering), kept here so the engine needs no libc.
@@ -141,6 +163,12 @@ impl fmt::Display for Error {
             Error::NotSupported(what) => write!(f, "not supported: {what}"),
             Error::NoSuchOffset => write!(f, "no data or hole past the end of the file"),
             Error::Io(e) => write!(f, "I/O error: {e}"),
+            Error::WriteRefused(e) => write!(f, "the device refused a write of file data: {e}"),
+            Error::Unwritten(e) => write!(
+                f,
+                "the device refused a commit's write ({e}); the changes are kept in memory \
+                 and written at the next commit"
+            ),
             Error::Corrupt(c) => write!(f, "{c}"),
             Error::DataSum { ino, block } => write!(
                 f,

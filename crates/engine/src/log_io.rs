@@ -15,9 +15,14 @@
 //!   was n makes batches 1..=n durable.
 //! - *Group flush.* One flush at a time; an fsync whose batch a finished flush covered
 //!   returns without a flush of its own, so concurrent fsyncs share one.
-//! - *Failure.* A failed write or flush makes that batch, and every later one, impossible to
-//!   make durable: their fsyncs return the error, and the caller stops the file system, as a
-//!   failed log write under the lock always has.
+//! - *Failure.* A failed write or flush makes that batch, and every later one of the chain,
+//!   impossible to make durable. A failed *flush* stops the file system (the device may
+//!   have dropped any write since the one before, file data included). A *refused write*
+//!   (a full disk under the image, a write error) does not: the fsyncs of that batch and of
+//!   every later one get `Error::Unwritten` and commit instead (`Shared::finish_log`),
+//!   since the running transaction holds every change their batches carried; the commit
+//!   starts a new chain, and its reap clears the old chain's failure
+//!   ([`LogIo::chain_replaced`]).
 //! - *No write lands on a reused block.* A batch's blocks belong to the running
 //!   transaction's chain; a commit frees them (pinned) when it freezes, and they become
 //!   reusable when it is reaped. The reap first waits until every batch numbered before the
@@ -62,6 +67,10 @@ struct IoState {
     flushing: bool,
     /// The first batch that can never be durable (its write, or a flush covering it, failed).
     failed: Option<u64>,
+    /// What the device said of the first refused write (a failed flush instead: `Other`).
+    failed_kind: Option<std::io::ErrorKind>,
+    /// A flush failed: the file system stops.
+    flush_failed: bool,
 }
 
 impl std::fmt::Debug for LogIo {
@@ -104,12 +113,14 @@ impl LogIo {
         self.lock().issued
     }
 
-    /// Batch `no`'s write returned.
-    fn end(&self, no: u64, ok: bool) {
+    /// Batch `no`'s write returned: `Err` with what the device said when it failed.
+    fn end(&self, no: u64, r: std::result::Result<(), std::io::ErrorKind>) {
         let mut s = self.lock();
         debug_assert!(no > s.ended && no <= s.issued, "batch {no} ended twice");
-        if !ok {
+        let ok = r.is_ok();
+        if let Err(kind) = r {
             s.failed = Some(s.failed.map_or(no, |f| f.min(no)));
+            s.failed_kind.get_or_insert(kind);
         }
         s.early.push((no, ok));
         while let Some(i) = s.early.iter().position(|e| e.0 == s.ended + 1) {
@@ -132,15 +143,42 @@ impl LogIo {
         }
     }
 
+    /// A flush failed (the data flush before a batch): the file system stops.
+    fn flush_failed(&self) {
+        self.lock().flush_failed = true;
+    }
+
+    /// A commit whose freeze came after batch `fence` was issued is durable, and every batch
+    /// up to it has ended: that commit holds every change those batches carried, and the
+    /// chain they were in is no longer named. A refused write among them no longer keeps
+    /// later batches, of the new chain, from being durable. Under the operation lock, at the
+    /// reap: no batch of the new chain is issued before it (an fsync reaps first).
+    pub fn chain_replaced(&self, fence: u64) {
+        let mut s = self.lock();
+        if s.flush_failed || s.issued != fence || s.ended != fence {
+            return;
+        }
+        if s.failed.take().is_some() {
+            s.failed_kind = None;
+            s.written = s.ended;
+            s.durable = s.durable.max(fence);
+            self.changed.notify_all();
+        }
+    }
+
     /// Waits until batch `no` and every batch before it are durable, flushing `dev` when no
-    /// flush running or finished covers them. Err when one of them failed.
+    /// flush running or finished covers them. Err when one of them failed: `Unwritten`
+    /// when a write was refused (commit instead), `Io` after a failed flush.
     pub fn wait_durable(&self, no: u64, dev: &dyn BlockDevice) -> Result<()> {
         let mut s = self.lock();
         loop {
             if let Some(f) = s.failed.filter(|&f| f <= no) {
-                return Err(Error::Io(std::io::Error::other(format!(
-                    "fsync log batch {f} could not be written"
-                ))));
+                let kind = s.failed_kind.unwrap_or(std::io::ErrorKind::Other);
+                let e = std::io::Error::new(kind, format!("fsync log batch {f} was not written"));
+                return Err(match s.flush_failed {
+                    true => Error::Io(e),
+                    false => Error::Unwritten(e),
+                });
             }
             if s.durable >= no {
                 return Ok(());
@@ -157,6 +195,7 @@ impl LogIo {
                     Err(_) => {
                         let first = s.durable + 1;
                         s.failed = Some(s.failed.map_or(first, |f| f.min(first)));
+                        s.flush_failed = true;
                     }
                 }
                 self.changed.notify_all();
@@ -193,20 +232,28 @@ pub struct LogBatch {
 
 impl LogSync {
     /// Does the I/O without the operation lock and returns once the fsync's changes are
-    /// durable. On Err the caller stops the file system.
+    /// durable. On `Unwritten` the caller commits instead; on any other Err it stops the
+    /// file system.
     pub fn finish(self, dev: &dyn BlockDevice, io: &LogIo, counters: &Counters) -> Result<()> {
         match self {
             LogSync::Commit => Ok(()),
             LogSync::Wait { upto, flush_data } => {
                 if flush_data {
-                    dev.flush()?;
+                    dev.flush().inspect_err(|_| io.flush_failed())?;
                 }
                 io.wait_durable(upto, dev)
             }
             LogSync::Write(mut batch) => {
                 let r = batch.write_blocks(dev, counters);
                 batch.ended = true;
-                io.end(batch.no, r.is_ok());
+                match &r {
+                    Ok(()) => io.end(batch.no, Ok(())),
+                    Err(Error::Unwritten(e)) => io.end(batch.no, Err(e.kind())),
+                    Err(_) => {
+                        io.flush_failed();
+                        io.end(batch.no, Err(std::io::ErrorKind::Other));
+                    }
+                }
                 r?;
                 io.wait_durable(batch.no, dev)
             }
@@ -226,13 +273,15 @@ impl LogBatch {
         }
     }
 
+    /// `Io` when the data flush before it failed, `Unwritten` when a write was refused.
     fn write_blocks(&self, dev: &dyn BlockDevice, counters: &Counters) -> Result<()> {
         if self.flush_data {
             dev.flush()?;
         }
         let mut blocks = 0;
         for (at, buf) in &self.runs {
-            dev.write_at(buf, at * BLOCK_SIZE)?;
+            dev.write_at(buf, at * BLOCK_SIZE)
+                .map_err(Error::Unwritten)?;
             blocks += buf.len() as u64 / BLOCK_SIZE;
         }
         Counters::add(&counters.log_blocks, blocks);
@@ -243,7 +292,7 @@ impl LogBatch {
 impl Drop for LogBatch {
     fn drop(&mut self) {
         if !self.ended {
-            self.io.end(self.no, false);
+            self.io.end(self.no, Err(std::io::ErrorKind::Other));
         }
     }
 }
@@ -278,15 +327,15 @@ mod tests {
         let io = LogIo::default();
         let dev = Flushes(MemDevice::new(1 << 20), AtomicU64::new(0));
         let (a, b, c) = (io.issue(), io.issue(), io.issue());
-        io.end(c, true);
-        io.end(b, true);
+        io.end(c, Ok(()));
+        io.end(b, Ok(()));
         std::thread::scope(|s| {
             let waiter = s.spawn(|| io.wait_durable(c, &dev));
             // Batch `a` has not been written: nothing after it may be durable yet.
             std::thread::sleep(std::time::Duration::from_millis(50));
             assert!(!waiter.is_finished(), "batch {c} durable before batch {a}");
             assert_eq!(dev.1.load(Ordering::SeqCst), 0, "flushed too early");
-            io.end(a, true);
+            io.end(a, Ok(()));
             waiter.join().expect("waiter").expect("durable");
         });
         // One flush covered all three; a later wait for any of them needs none.
@@ -301,13 +350,13 @@ mod tests {
         let io = Arc::new(LogIo::default());
         let dev = MemDevice::new(1 << 20);
         let ok = io.issue();
-        io.end(ok, true);
+        io.end(ok, Ok(()));
         let batch = LogBatch::new(io.clone(), false, Vec::new());
         let failed = batch.no;
         // Dropped unwritten (an error between building and writing): it ends as failed.
         drop(batch);
         let later = io.issue();
-        io.end(later, true);
+        io.end(later, Ok(()));
         io.wait_ended(later);
         assert!(
             io.wait_durable(later, &dev).is_err(),

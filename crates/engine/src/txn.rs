@@ -25,8 +25,25 @@
 //! until the *next* commit), and never reads a frozen node from the device (the cache keeps
 //! every node a commit holds). At most one commit is in flight (`Flight`); a second waits for
 //! it. An fsync waits too: the log it appends to is named by the frozen superblock, which must
-//! be durable before the fsync may return. An error in steps 4-5 stops the file system, as a
-//! failed commit always has: the image keeps its previous commit.
+//! be durable before the fsync may return.
+//!
+//! **A stalled commit.** A write in steps 4-5 that the device refuses (the file system under
+//! an image file is full, a write error) *stalls* the commit instead of stopping the file
+//! system: the frozen transaction is kept whole in the flight (`Flight::stall`), nothing of
+//! it being referenced on the device before its superblock is, and the next commit writes it
+//! again first (`Inner::commit_begin`): the same nodes to the same blocks, the same
+//! superblock, so writing it twice is writing it once. Until then it counts as the commit in
+//! flight that never ends: its freed blocks stay pinned, no other transaction freezes, an
+//! fsync commits (writing the stalled one first) instead of logging, and durability requests
+//! that cannot get it written answer `Error::Unwritten` (ENOSPC when the device is full). The
+//! commit thread tries again each period, and a commit to bring dirty nodes under their
+//! bound at most once per `STALL_RETRY`, so space given back under the image lets the file
+//! system go on as if nothing happened. A failed *flush* still stops the file system: after
+//! it, the device may have dropped any write since the previous flush, file data included,
+//! which is no longer in memory to write again (PostgreSQL's "fsyncgate").
+//!
+//! An error in step 1-3 or a failed flush stops the file system: the image keeps its
+//! previous commit.
 //!
 //! A crash before step 5 completes leaves the previous superblock copy pointing at the
 //! previous trees, all of whose blocks are untouched (nothing they use was reused: step 6
@@ -164,40 +181,74 @@ pub struct Frozen {
     node_size: usize,
     counters: Arc<Counters>,
     started: std::time::Instant,
+    /// Writes of it the device refused so far (`Flight::stall`).
+    tries: u64,
+}
+
+/// How a frozen transaction's write ended.
+enum Written {
+    /// Durable: reap it.
+    Done,
+    /// The device refused a write: the transaction, kept whole, is written again later.
+    Stalled(Box<Frozen>, std::io::Error),
+    /// A flush failed: the file system stops.
+    Failed(Error),
 }
 
 impl Frozen {
-    /// Steps 4 and 5. Consumes the frozen nodes, so the cache may evict them once this returns.
-    pub fn write(self) -> Result<()> {
-        write_nodes(
-            self.dev.as_ref(),
-            &self.nodes,
-            self.fsid,
-            self.node_size,
-            &self.counters,
-        )?;
-        drop(self.nodes);
+    /// A stalled commit, written again (`Inner::commit_begin`).
+    pub fn resumed(&self) -> bool {
+        self.tries > 0
+    }
+
+    /// Steps 4 and 5, the outcome posted to `flight` (whose commit this is).
+    pub fn write_to(self, flight: &Flight) {
+        let posting = Posting(flight, false);
+        let tries = self.tries;
+        let w = self.write();
+        if matches!(w, Written::Done) && tries > 0 {
+            log::info!("a stalled commit was written, after {tries} refused tries");
+        }
+        posting.written(w);
+    }
+
+    /// Steps 4 and 5. Consumes the frozen nodes when it succeeds, so the cache may evict them
+    /// then; a refused write gives them back to be written again (module notes).
+    fn write(self) -> Written {
+        let encoded = write_nodes(self.dev.as_ref(), &self.nodes, self.fsid, self.node_size);
+        if let Err(e) = encoded {
+            return Written::Stalled(Box::new(self), e);
+        }
+        Counters::add(&self.counters.node_writes, self.nodes.len() as u64);
+        if let Err(e) = self.dev.flush() {
+            return Written::Failed(e.into());
+        }
         let gen = self.sb.generation.get();
-        self.dev
-            .write_at(&self.sb.encode(), (gen % SUPER_COPIES) * BLOCK_SIZE)?;
-        self.dev.flush()?;
+        let sb = self
+            .dev
+            .write_at(&self.sb.encode(), (gen % SUPER_COPIES) * BLOCK_SIZE);
+        if let Err(e) = sb {
+            return Written::Stalled(Box::new(self), e);
+        }
+        if let Err(e) = self.dev.flush() {
+            return Written::Failed(e.into());
+        }
         Counters::add(
             &self.counters.commit_us,
             self.started.elapsed().as_micros() as u64,
         );
-        Ok(())
+        Written::Done
     }
 }
 
 /// Step 4: every frozen node to its block, contiguous nodes in one write of up to 1 MiB to
-/// keep the device busy with large I/O, then flush.
+/// keep the device busy with large I/O (the caller flushes).
 fn write_nodes(
     dev: &dyn BlockDevice,
     nodes: &[(u64, Arc<Node>)],
     fsid: [u8; 16],
     node_size: usize,
-    counters: &Counters,
-) -> Result<()> {
+) -> std::io::Result<()> {
     let bpn = (node_size as u64 / BLOCK_SIZE).max(1);
     let mut buf: Vec<u8> = Vec::with_capacity(1 << 20);
     let mut run_start = 0u64;
@@ -219,8 +270,6 @@ fn write_nodes(
     if !buf.is_empty() {
         dev.write_at(&buf, run_start * BLOCK_SIZE)?;
     }
-    Counters::add(&counters.node_writes, nodes.len() as u64);
-    dev.flush()?;
     Ok(())
 }
 
@@ -259,7 +308,9 @@ pub fn reap_store(store: &mut Store) {
 pub fn commit_store(store: &mut Store) -> Result<()> {
     let nodes = freeze_store(store);
     let ns = store.node_size as usize;
-    write_nodes(store.dev.as_ref(), &nodes, store.fsid, ns, &store.counters)?;
+    write_nodes(store.dev.as_ref(), &nodes, store.fsid, ns)?;
+    Counters::add(&store.counters.node_writes, nodes.len() as u64);
+    store.dev.flush()?;
     drop(nodes);
     reap_store(store);
     Ok(())
@@ -280,6 +331,13 @@ enum FlightState {
     Idle,
     Writing,
     Done(Result<()>),
+    /// The device refused a write of this commit: it waits to be written again (module
+    /// notes, "A stalled commit"). `tried`: when its last write ended.
+    Stalled {
+        frozen: Box<Frozen>,
+        error: std::io::Error,
+        tried: std::time::Instant,
+    },
 }
 
 impl Flight {
@@ -304,6 +362,49 @@ impl Flight {
         self.changed.notify_all();
     }
 
+    /// The device refused a write of `frozen`: it waits for `resume`. Not posted (nothing for
+    /// `Inner::reap` to do); a waiter for the flight gets `Error::Unwritten`.
+    fn stall(&self, mut frozen: Box<Frozen>, error: std::io::Error) {
+        let mut s = self.lock();
+        frozen.tries += 1;
+        if frozen.tries == 1 {
+            log::warn!(
+                "a commit's write was refused ({error}): kept in memory, written again at the \
+                 next commit or durability request; fsync answers the error until then"
+            );
+        }
+        Counters::inc(&frozen.counters.commit_stalls);
+        *s = FlightState::Stalled {
+            frozen,
+            error,
+            tried: std::time::Instant::now(),
+        };
+        self.changed.notify_all();
+    }
+
+    /// The stalled commit, to be written again: the flight is `Writing` again. None when
+    /// none is stalled.
+    fn resume(&self) -> Option<Frozen> {
+        let mut s = self.lock();
+        match std::mem::replace(&mut *s, FlightState::Writing) {
+            FlightState::Stalled { frozen, .. } => Some(*frozen),
+            other => {
+                *s = other;
+                None
+            }
+        }
+    }
+
+    /// When the stalled commit's last write ended, if one is stalled.
+    pub fn stalled_since(&self) -> Option<std::time::Instant> {
+        match &*self.lock() {
+            FlightState::Stalled { tried, .. } => Some(*tried),
+            _ => None,
+        }
+    }
+
+    /// The result of the commit in flight once it ended (waiting for it with `wait`): a
+    /// stalled one stays, its answer `Error::Unwritten`.
     fn take(&self, wait: bool) -> Option<Result<()>> {
         if !wait && !self.posted.load(Ordering::Acquire) {
             return None;
@@ -317,6 +418,19 @@ impl Flight {
                 self.posted.store(false, Ordering::Release);
                 Some(r)
             }
+            FlightState::Stalled {
+                frozen,
+                error,
+                tried,
+            } => {
+                let answer = std::io::Error::new(error.kind(), error.to_string());
+                *s = FlightState::Stalled {
+                    frozen,
+                    error,
+                    tried,
+                };
+                Some(Err(Error::Unwritten(answer)))
+            }
             other => {
                 *s = other;
                 None
@@ -324,7 +438,8 @@ impl Flight {
         }
     }
 
-    /// Waits, without taking anything, until no commit is being written.
+    /// Waits, without taking anything, until no commit is being written (a stalled one is
+    /// not being written).
     pub fn wait_written(&self) {
         let mut s = self.lock();
         while matches!(*s, FlightState::Writing) {
@@ -355,6 +470,16 @@ impl Posting<'_> {
     pub fn post(mut self, r: Result<()>) {
         self.1 = true;
         self.0.post(r);
+    }
+
+    /// Posts how a commit's write ended.
+    fn written(mut self, w: Written) {
+        self.1 = true;
+        match w {
+            Written::Done => self.0.post(Ok(())),
+            Written::Failed(e) => self.0.post(Err(e)),
+            Written::Stalled(frozen, e) => self.0.stall(frozen, e),
+        }
     }
 }
 
@@ -439,10 +564,14 @@ impl Inner {
     /// The blocks the commit released are discarded before it returns (see
     /// `space::discard`), so what it frees is free when it returns.
     pub fn commit(&mut self) -> Result<()> {
-        if let Some(frozen) = self.commit_begin()? {
-            let flight = self.txn.flight.clone();
-            Posting(&flight, false).post(frozen.write());
+        // A stalled commit is written first, then the running transaction.
+        while let Some(frozen) = self.commit_begin()? {
+            let resumed = frozen.resumed();
+            frozen.write_to(&self.txn.flight.clone());
             self.reap_wait()?;
+            if !resumed {
+                break;
+            }
         }
         let ranges = self.store.alloc.take_discards();
         if !ranges.is_empty() {
@@ -468,14 +597,21 @@ impl Inner {
     }
 
     /// Steps 1-3: waits for a commit in flight, then freezes the running transaction.
-    /// None when nothing changed. The caller writes the result (`Frozen::write`), posts it to
-    /// `self.txn.flight`, and reaps.
+    /// None when nothing changed. A stalled commit instead, if there is one (`resumed`): the
+    /// running transaction freezes only after it is written. The caller writes the result
+    /// (`Frozen::write_to`), and reaps.
     pub(crate) fn commit_begin(&mut self) -> Result<Option<Frozen>> {
-        self.reap_wait()?;
+        match self.reap_wait() {
+            Err(Error::Unwritten(_)) => {}
+            r => r?,
+        }
         if let Some(why) = &self.failed {
             return Err(Error::Io(std::io::Error::other(format!(
                 "file system stopped after an error: {why}"
             ))));
+        }
+        if let Some(stalled) = self.txn.flight.resume() {
+            return Ok(Some(stalled));
         }
         if !self.trees_changed()
             && self.inodes.dirty_count() == 0
@@ -588,6 +724,7 @@ impl Inner {
             node_size: self.store.node_size as usize,
             counters: self.store.counters.clone(),
             started,
+            tries: 0,
         })
     }
 
@@ -599,7 +736,7 @@ impl Inner {
     }
 
     /// Waits for a commit in flight and reaps it; Err when it failed (the file system has
-    /// stopped then).
+    /// stopped then) or stalled (`Error::Unwritten`: it goes on).
     pub(crate) fn reap_wait(&mut self) -> Result<()> {
         match self.txn.flight.take(true) {
             Some(r) => self.finish_flight(r),
@@ -613,9 +750,11 @@ impl Inner {
                 // The blocks of the chain the commit released become reusable now: first
                 // every log batch built before the freeze must have ended (`log_io`).
                 self.log.io.wait_ended(self.log.fence);
+                self.log.io.chain_replaced(self.log.fence);
                 reap_store(&mut self.store);
                 Ok(())
             }
+            Err(e @ Error::Unwritten(_)) => Err(e),
             Err(e) => {
                 self.fail(format!("commit failed: {e}"));
                 Err(e)

@@ -1,5 +1,6 @@
-//! A failing disk and a full disk: clear errors, read-only after an I/O error, nothing lost that
-//! was committed, fsck clean.
+//! A failing disk and a full disk: clear errors, read-only after a failed flush, a commit the
+//! device refuses kept in memory until it takes writes again, nothing lost that was
+//! committed, fsck clean.
 mod common;
 use common::digest::digest;
 use common::*;
@@ -7,8 +8,21 @@ use idxfs_blockdev::{FaultDevice, MemDevice};
 use idxfs_engine::{Error, Fs, MkfsOptions};
 use std::sync::Arc;
 
+/// The image on `mem` as a crash would leave it now: opened from a copy of its bytes, its
+/// digest, after fsck found it clean.
+fn crash_digest(mem: &MemDevice) -> String {
+    let copy = Arc::new(MemDevice::from_bytes(mem.snapshot()));
+    assert_clean(&copy);
+    let fs = Fs::open(copy, opts()).expect("open the crash image");
+    digest(&fs)
+}
+
+/// A commit whose writes the device refuses (EIO on write) stalls instead of stopping the
+/// file system: durability requests answer the error, changes go on in memory, a crash
+/// keeps the last commit, and once the device takes writes again the stalled commit and
+/// everything after it become durable.
 #[test]
-fn write_failure_turns_read_only_and_keeps_last_commit() {
+fn a_refused_commit_write_stalls_and_loses_nothing() {
     let mem = Arc::new(MemDevice::new(32 << 20));
     Fs::mkfs(mem.clone(), &MkfsOptions::default()).expect("mkfs");
     let dev = Arc::new(FaultDevice::new(mem.clone()));
@@ -17,37 +31,116 @@ fn write_failure_turns_read_only_and_keeps_last_commit() {
     fs.write(a.ino, 0, &vec![5u8; 100_000]).expect("write");
     fs.sync().expect("sync");
     let committed = digest(&fs);
-    fs.create(ROOT, b"lost", 0o644, ME).expect("create");
-    dev.fail_writes_after(0);
-    assert!(
-        matches!(fs.sync(), Err(Error::Io(_))),
-        "the failed commit reports EIO"
+    fs.create(ROOT, b"made before", 0o644, ME).expect("create");
+    // One run of nodes lands, then every write is refused: a torn commit, no superblock.
+    dev.fail_writes_after(1);
+    let r = fs.sync();
+    assert!(matches!(r, Err(Error::Unwritten(_))), "{r:?}");
+    assert_eq!(
+        r.map_err(|e| e.errno()),
+        Err(5),
+        "EIO: the device said nothing else"
     );
-    assert!(fs.failure().is_some());
-    assert!(
-        matches!(fs.create(ROOT, b"more", 0o644, ME), Err(Error::ReadOnly)),
-        "read-only after the error"
+    assert!(fs.failure().is_none(), "a refused write stops nothing");
+    assert!(fs.counters().commit_stalls.get() >= 1);
+    // Changes go on in memory; data the device refuses is a clean error.
+    let b = fs
+        .create(ROOT, b"made while refused", 0o644, ME)
+        .expect("create while refused");
+    let r = fs.write(b.ino, 0, &vec![6u8; 3 * 4096]);
+    assert!(matches!(r, Err(Error::WriteRefused(_))), "{r:?}");
+    fs.write(b.ino, 0, b"inline bytes")
+        .expect("an inline write needs no device");
+    let r = fs.fsync(b.ino);
+    assert!(matches!(r, Err(Error::Unwritten(_))), "fsync: {r:?}");
+    fs.mkdir(ROOT, b"dir", 0o755, ME)
+        .expect("mkdir while refused");
+    assert!(fs.failure().is_none());
+    assert_eq!(
+        crash_digest(&mem),
+        committed,
+        "a crash keeps the last commit"
     );
-    // What a caller asks to make durable cannot be: EIO, the failure itself, as the kernel's
-    // file systems answer (not EROFS).
-    let r = fs.fsync(a.ino);
-    assert!(
-        matches!(r, Err(Error::Io(_))),
-        "fsync after the failure: {r:?}"
-    );
-    assert_eq!(r.map_err(|e| e.errno()), Err(5));
-    assert!(matches!(fs.sync(), Err(Error::Io(_))));
-    // Reads still work from memory.
-    assert_eq!(fs.read(a.ino, 0, 10).expect("read"), vec![5u8; 10]);
-    drop(fs);
+    // The device takes writes again: the next durability request writes it all.
     dev.heal();
+    fs.fsync(b.ino).expect("fsync once the device takes writes");
+    let all = digest(&fs);
+    assert!(all.contains("made while refused") && all.contains("dir"));
+    assert_eq!(crash_digest(&mem), all, "a crash now keeps everything");
+    fs.close().expect("close");
     assert_clean(&mem);
     let fs = Fs::open(mem.clone(), opts()).expect("reopen");
-    assert_eq!(
-        digest(&fs),
-        committed,
-        "the last commit is intact, the failed one absent"
-    );
+    assert_eq!(digest(&fs), all);
+}
+
+/// The file system under a sparse image file fills up (every write ENOSPC): writes of data
+/// and fsyncs answer ENOSPC, nothing stops, and once there is room an fsync makes every
+/// change durable, the stalled commit first.
+#[test]
+fn a_full_disk_under_the_image_answers_enospc_and_goes_on_once_it_has_room() {
+    let mem = Arc::new(MemDevice::new(32 << 20));
+    Fs::mkfs(mem.clone(), &MkfsOptions::default()).expect("mkfs");
+    let dev = Arc::new(FaultDevice::new(mem.clone()));
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let a = fs.create(ROOT, b"a", 0o644, ME).expect("create");
+    fs.write(a.ino, 0, &vec![1u8; 64 << 10]).expect("write");
+    fs.fsync(a.ino).expect("fsync");
+    let durable = digest(&fs);
+    dev.set_full(true);
+    // An fsync log batch refused, then the commit it falls back to.
+    let chmod = idxfs_engine::fs::SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    fs.setattr(a.ino, &chmod).expect("chmod while full");
+    let r = fs.fsync(a.ino);
+    assert_eq!(r.map_err(|e| e.errno()), Err(28), "ENOSPC");
+    let b = fs.create(ROOT, b"b", 0o644, ME).expect("create while full");
+    let r = fs.write(b.ino, 0, &vec![2u8; 64 << 10]);
+    assert_eq!(r.map_err(|e| e.errno()), Err(28), "a data write: ENOSPC");
+    // A commit of its own (no log to append to while one is stalled), refused too.
+    let r = fs.fsync(b.ino);
+    assert_eq!(r.map_err(|e| e.errno()), Err(28), "ENOSPC");
+    assert_eq!(fs.sync().map_err(|e| e.errno()), Err(28));
+    assert!(fs.failure().is_none(), "a full disk stops nothing");
+    assert_eq!(crash_digest(&mem), durable, "a crash keeps the last fsync");
+    // Room again.
+    dev.set_full(false);
+    fs.write(b.ino, 0, &vec![2u8; 64 << 10]).expect("write");
+    fs.fsync(b.ino).expect("fsync");
+    let all = digest(&fs);
+    assert_eq!(crash_digest(&mem), all);
+    fs.close().expect("close");
+    assert_clean(&mem);
+}
+
+/// An fsync log batch the device refuses, while the commit after it goes through: the
+/// fsync commits instead and returns success, and the next fsyncs log to the new chain
+/// again (the old chain's failure is behind the commit).
+#[test]
+fn a_refused_log_batch_is_made_durable_by_a_commit() {
+    let mem = Arc::new(MemDevice::new(32 << 20));
+    Fs::mkfs(mem.clone(), &MkfsOptions::default()).expect("mkfs");
+    let dev = Arc::new(FaultDevice::new(mem.clone()));
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let d = fs.mkdir(ROOT, b"d", 0o755, ME).expect("mkdir");
+    fs.sync().expect("sync");
+    fs.create(d.ino, b"first", 0o644, ME).expect("create");
+    let fallbacks = fs.counters().log_fallback_commits.get();
+    dev.refuse_next_writes(1);
+    fs.fsync(d.ino).expect("the fsync commits instead");
+    assert!(fs.failure().is_none());
+    assert_eq!(fs.counters().log_fallback_commits.get(), fallbacks + 1);
+    assert_eq!(crash_digest(&mem), digest(&fs), "durable after the fsync");
+    // Logged again, not committed: the new chain is sound.
+    let batches = fs.counters().log_batches.get();
+    fs.create(d.ino, b"second", 0o644, ME).expect("create");
+    fs.fsync(d.ino).expect("fsync");
+    assert_eq!(fs.counters().log_batches.get(), batches + 1, "a log batch");
+    assert_eq!(fs.counters().log_fallback_commits.get(), fallbacks + 1);
+    assert_eq!(crash_digest(&mem), digest(&fs), "durable by the log");
+    fs.close().expect("close");
+    assert_clean(&mem);
 }
 
 #[test]
@@ -152,7 +245,10 @@ fn a_failed_fill_of_preallocated_blocks_leaves_them_to_the_next_write() {
     let fills = fs.counters().fills_beside.get();
     dev.fail_writes_after(0);
     let r = fs.write(p, 0, &vec![0xaa; 2 * BS]);
-    assert!(matches!(r, Err(Error::Io(_))), "the failed fill: {r:?}");
+    assert!(
+        matches!(r, Err(Error::WriteRefused(_))),
+        "the failed fill: {r:?}"
+    );
     dev.heal();
     assert_eq!(
         fs.counters().fills_beside.get(),

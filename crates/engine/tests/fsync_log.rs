@@ -6,7 +6,7 @@ use common::digest::digest;
 use common::*;
 use idxfs_blockdev::{MemDevice, RecordingDevice, Tear};
 use idxfs_engine::testutil::Rng;
-use idxfs_engine::{Fs, MkfsOptions, OpenOptions};
+use idxfs_engine::{Error, Fs, MkfsOptions, OpenOptions};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -545,6 +545,102 @@ fn fsyncs_after_a_damaged_superblock_copy_survive_every_crash() {
                 i.is_some_and(|i| i >= done),
                 "{at}: not an fsynced state at or after the last returned ({done}): {i:?}"
             );
+        }
+    }
+}
+
+/// Refused writes (`Error::Unwritten`) around fsyncs and commits: an fsync whose batch the
+/// device refuses commits instead, a commit the device refuses stalls and is written again
+/// by the next durability request. Every crash opens to a state some fsync or commit
+/// produced (one that was refused may land later, when written again), never older than
+/// the last that returned success.
+#[test]
+fn every_crash_around_refused_writes_opens_to_a_state_no_older_than_the_last_durable() {
+    let (mut rng, seed) = Rng::from_env("refused writes crash");
+    let rec = recording_device(16 << 20);
+    let dev = Arc::new(idxfs_blockdev::FaultDevice::new(rec.clone()));
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    // (device events when the call returned, digest then, whether it returned success).
+    let mut states = vec![(rec.event_count(), digest(&fs), true)];
+    start_log(&fs);
+    states.push((rec.event_count(), digest(&fs), true));
+    let mut files: Vec<(u64, Vec<u8>)> = Vec::new();
+    let (mut refused, mut n) = (0, 0u64);
+    for round in 0..24 {
+        for _ in 0..rng.below(6) + 1 {
+            n += 1;
+            match rng.below(5) {
+                0..=2 => {
+                    let name = format!("f{n}").into_bytes();
+                    let a = fs.create(ROOT, &name, 0o644, ME).expect("create");
+                    let len = [10usize, 3000, 9000][rng.below(3) as usize];
+                    fs.write(a.ino, 0, &rng.bytes(len)).expect("write");
+                    files.push((a.ino, name));
+                }
+                3 if !files.is_empty() => {
+                    let (_, name) = files.swap_remove(rng.below(files.len() as u64) as usize);
+                    fs.unlink(ROOT, &name).expect("unlink");
+                }
+                _ if !files.is_empty() => {
+                    let ino = files[rng.below(files.len() as u64) as usize].0;
+                    fs.setxattr(ino, b"user.k", &rng.bytes(100), 0)
+                        .expect("setxattr");
+                }
+                _ => {}
+            }
+        }
+        let arm = rng.chance(35);
+        if arm {
+            dev.refuse_next_writes(rng.below(4) as i64 + 1);
+        }
+        let r = match round % 4 {
+            3 => fs.sync(),
+            _ => fs.fsync(files.last().map_or(ROOT, |f| f.0)),
+        };
+        dev.refuse_next_writes(0);
+        match r {
+            Ok(()) => {}
+            Err(Error::Unwritten(_)) if arm => refused += 1,
+            Err(e) => panic!("seed {seed} round {round}: {e}"),
+        }
+        assert!(
+            fs.failure().is_none(),
+            "seed {seed}: a refused write stopped it"
+        );
+        states.push((rec.event_count(), digest(&fs), r.is_ok()));
+    }
+    fs.sync().expect("the last sync, every write taken");
+    states.push((rec.event_count(), digest(&fs), true));
+    let stalls = fs.counters().commit_stalls.get();
+    drop(fs);
+    let events = rec.event_count();
+    eprintln!("seed {seed}: {events} device events, {refused} refused fsyncs or syncs, {stalls} stalled commits");
+    assert!(
+        refused > 0 && stalls > 0,
+        "seed {seed}: nothing was refused"
+    );
+    for prefix in 0..=events {
+        let durable = states
+            .iter()
+            .rposition(|s| s.2 && s.0 <= prefix)
+            .unwrap_or(0);
+        for tear in [Tear::None, Tear::TornLast(1), Tear::Drop(rng.next_u64())] {
+            let img = rec.crash_image(prefix, tear);
+            let dev = Arc::new(MemDevice::from_bytes(img.bytes));
+            assert_clean(&dev);
+            let fs = Fs::open(dev.clone(), opts()).unwrap_or_else(|e| {
+                panic!("seed {seed} prefix {prefix} {tear:?}: open failed: {e}")
+            });
+            let got = digest(&fs);
+            let at = states.iter().rposition(|s| s.1 == got).unwrap_or_else(|| {
+                panic!("seed {seed} prefix {prefix} {tear:?}: opened a state no fsync or commit produced")
+            });
+            assert!(
+                at >= durable,
+                "seed {seed} prefix {prefix} {tear:?}: opened state {at}, but state {durable} was durable"
+            );
+            drop(fs);
+            assert_clean(&dev);
         }
     }
 }

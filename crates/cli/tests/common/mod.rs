@@ -112,7 +112,12 @@ impl Mounted {
     }
 
     fn with(size: &str, opts: &str, allow_other: bool) -> Mounted {
-        let dir = shm_tempdir();
+        Mounted::in_dir(shm_tempdir(), size, opts, allow_other)
+    }
+
+    /// A new image of `size` in `dir` (which the mount deletes when dropped), mounted with
+    /// `opts` (and `-o allow_other` when asked).
+    pub fn in_dir(dir: tempfile::TempDir, size: &str, opts: &str, allow_other: bool) -> Mounted {
         let image = dir.path().join("fs.img");
         let mp = dir.path().join("mnt");
         std::fs::create_dir(&mp).expect("mkdir mount point");

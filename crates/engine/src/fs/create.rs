@@ -248,7 +248,7 @@ impl Fs {
                 if let Err(e) = g.store.dev.write_at(&buf, b * BLOCK_SIZE) {
                     // Just allocated and marked used: freeing cannot fail.
                     let _ = g.store.alloc.free(b, 1, true);
-                    return Err(e.into());
+                    return Err(Error::WriteRefused(e));
                 }
                 g.log.data_unflushed = true;
                 Some(b)

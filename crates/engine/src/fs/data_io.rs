@@ -131,7 +131,8 @@ impl WritePlan {
         let mut at = 0usize;
         for &(s, len) in &self.runs {
             let len = (len * BS) as usize;
-            dev.write_at(&buf[at..at + len], s * BS)?;
+            dev.write_at(&buf[at..at + len], s * BS)
+                .map_err(Error::WriteRefused)?;
             at += len;
         }
         self.sums = sums_of(buf);

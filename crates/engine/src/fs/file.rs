@@ -645,7 +645,7 @@ impl Inner {
             let len = (n * BS) as usize;
             if let Err(e) = self.store.dev.write_at(&buf[at..at + len], s * BS) {
                 self.unalloc(&runs);
-                return Err(e.into());
+                return Err(Error::WriteRefused(e));
             }
             at += len;
         }

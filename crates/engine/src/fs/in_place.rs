@@ -257,7 +257,8 @@ impl Overwrite {
     /// Writes `data` (the whole write the plan was made for) to its blocks.
     pub(crate) fn write(&self, dev: &dyn BlockDevice, data: &[u8]) -> Result<()> {
         for &(disk, at, len) in &self.runs {
-            dev.write_at(&data[at..at + len], disk)?;
+            dev.write_at(&data[at..at + len], disk)
+                .map_err(Error::WriteRefused)?;
         }
         Ok(())
     }
@@ -668,7 +669,7 @@ impl Inner {
                 if summed {
                     new_sums.push((p.start, sums_of(&data[r.clone()])));
                 }
-                self.store.dev.write_at(&data[r], disk * BS)?;
+                (self.store.dev.write_at(&data[r], disk * BS)).map_err(Error::WriteRefused)?;
                 continue;
             }
             let mut buf = vec![0u8; whole];
@@ -693,7 +694,7 @@ impl Inner {
             if summed {
                 new_sums.push((p.start, sums_of(&buf)));
             }
-            self.store.dev.write_at(&buf, disk * BS)?;
+            (self.store.dev.write_at(&buf, disk * BS)).map_err(Error::WriteRefused)?;
         }
         self.in_place.seq += 1;
         self.log.data_unflushed = true;

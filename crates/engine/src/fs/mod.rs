@@ -15,7 +15,11 @@
 //! means the in-memory state may be half-applied, so the file system stops writing and the
 //! running transaction is never committed: the image keeps its last committed state, as after
 //! a crash. Only a failing device or a damaged image gets there: nothing a user can ask for
-//! does (a request that cannot be done is refused before its first change).
+//! does (a request that cannot be done is refused before its first change). A write the
+//! device *refuses* does not stop it: a refused data write is refused before the operation's
+//! first change (`Error::WriteRefused`), and a refused commit waits whole in memory to be
+//! written again (`Error::Unwritten`; `crate::txn`, "A stalled commit"), including one an
+//! operation makes at a checkpoint.
 //!
 //! What runs beside what:
 //! - getattr, lookup, readlink, getxattr, listxattr, readdir and readdirplus take no lock
@@ -347,6 +351,8 @@ const KEPT_WAIT: Duration = Duration::from_millis(200);
 /// How long an operation refused because blocks it keeps part of are being written without
 /// the lock (`Error::InFlight`) waits before it runs again: about one device write.
 const IN_FLIGHT_WAIT: Duration = Duration::from_micros(50);
+/// How often a commit for the dirty-node bound alone writes a stalled commit again (`txn`).
+const STALL_RETRY: Duration = Duration::from_secs(1);
 
 /// A mounted idxfs image.
 pub struct Fs {
@@ -743,6 +749,9 @@ impl Fs {
         let mut over_bound = false;
         let mut log = LogSync::Commit;
         match &r {
+            // A commit inside the operation stalled: what it froze is whole (an operation
+            // commits only where it is), and no more was changed after.
+            Err(Error::Unwritten(_)) => {}
             Err(e) if g.store.changes.mod_seq != g.op.checkpoint || e.is_fatal() => {
                 let why = format!("{e}");
                 g.fail(why);
@@ -759,7 +768,11 @@ impl Fs {
         drop(g);
         self.shared.finish_log(log, None)?;
         if over_bound {
-            self.shared.commit_beside(true)?;
+            match self.shared.commit_beside(true) {
+                // The operation is done; its commit waits (`txn`, "A stalled commit").
+                Err(Error::Unwritten(_)) => {}
+                other => other?,
+            }
         }
         r
     }
@@ -859,12 +872,24 @@ impl Fs {
             return self.close_secondary();
         }
         self.stop_committer();
-        self.release_all()?;
-        let mut g = self.lock();
-        if g.policy.read_only || g.failed.is_some() {
-            return Ok(());
+        let r = self.release_all().and_then(|()| {
+            let mut g = self.lock();
+            if g.policy.read_only || g.failed.is_some() {
+                return Ok(());
+            }
+            g.commit()
+        });
+        match r {
+            // No commit comes after this one to write them (`txn`, "A stalled commit").
+            Err(Error::Unwritten(e)) => Err(Error::Io(std::io::Error::new(
+                e.kind(),
+                format!(
+                    "the device refused the last commit's writes ({e}): the changes since \
+                     the last successful commit or fsync are lost"
+                ),
+            ))),
+            r => r,
         }
-        g.commit()
     }
 
     /// Nothing holds an inode of a closing file system: drop all pins and free the orphans.
@@ -1040,7 +1065,8 @@ fn commit_loop(weak: std::sync::Weak<Shared>, every: Duration) {
                 return;
             }
         }
-        // An error here has already stopped the file system.
+        // An error here has already stopped the file system, or left a stalled commit for
+        // the next tick to write again (`txn`).
         let _ = shared.commit_beside(false);
     }
 }
@@ -1143,34 +1169,59 @@ impl Shared {
     /// makes it durable, with every batch before it. A failure stops the file system.
     /// `held`: the lock, still held (`OpenOptions::bench_log_under_lock` only).
     fn finish_log(&self, log: LogSync, held: Option<Locked<'_>>) -> Result<()> {
-        let r = log.finish(self.dev.as_ref(), &self.log_io, &self.counters);
-        if let Err(e) = &r {
-            held.unwrap_or_else(|| self.lock())
-                .fail(format!("fsync log write failed: {e}"));
+        match log.finish(self.dev.as_ref(), &self.log_io, &self.counters) {
+            // A batch of the chain was refused: the running transaction holds every change
+            // it carried, so a commit makes them durable and starts a new chain (`log_io`).
+            Err(Error::Unwritten(_)) => {
+                let mut g = held.unwrap_or_else(|| self.lock());
+                Counters::inc(&self.counters.log_fallback_commits);
+                g.commit()
+            }
+            Err(e) => {
+                held.unwrap_or_else(|| self.lock())
+                    .fail(format!("fsync log write failed: {e}"));
+                Err(e)
+            }
+            Ok(()) => Ok(()),
         }
-        r
     }
 
     /// Commits with the frozen transaction written outside the lock (see `txn`), and returns
     /// once it is durable. `bound_only`: only if dirty nodes are still past their bound (another
     /// thread may have committed them meanwhile).
+    ///
+    /// A stalled commit is written first (`txn`); for the bound alone, at most once per
+    /// `STALL_RETRY`, so operations past the bound do not each write it again.
     fn commit_beside(&self, bound_only: bool) -> Result<()> {
-        // Wait for a commit in flight without the lock, so that freezing does not wait under it.
-        self.flight.wait_written();
-        let frozen = {
-            let mut g = self.lock();
-            if g.policy.read_only
-                || (bound_only && g.store.changes.dirty_nodes <= g.policy.dirty_nodes_limit)
-            {
-                return Ok(());
-            }
-            g.commit_begin()?
-        };
-        if let Some(frozen) = frozen {
-            txn::Posting(&self.flight, false).post(frozen.write());
+        loop {
+            // Wait for a commit in flight without the lock, so that freezing does not wait
+            // under it.
+            self.flight.wait_written();
+            let frozen = {
+                let mut g = self.lock();
+                if g.policy.read_only
+                    || (bound_only && g.store.changes.dirty_nodes <= g.policy.dirty_nodes_limit)
+                {
+                    return Ok(());
+                }
+                if bound_only
+                    && (self.flight.stalled_since()).is_some_and(|t| t.elapsed() < STALL_RETRY)
+                {
+                    return Ok(());
+                }
+                g.commit_begin()?
+            };
+            let Some(frozen) = frozen else {
+                break;
+            };
+            let resumed = frozen.resumed();
+            frozen.write_to(&self.flight);
             let mut g = self.lock();
             g.reap_wait()?;
             g.durable_ok()?;
+            if !resumed {
+                break;
+            }
         }
         self.discard_beside();
         Ok(())
@@ -1367,8 +1418,15 @@ impl Inner {
     /// large).
     fn make_durable(&mut self) -> Result<LogSync> {
         // The log is named by the superblock of the last commit, which may still be in flight:
-        // a batch may not return before that superblock is durable.
-        self.reap_wait()?;
+        // a batch may not return before that superblock is durable. A stalled one never
+        // will on its own: commit, writing it first.
+        match self.reap_wait() {
+            Err(Error::Unwritten(_)) => {
+                self.commit()?;
+                return Ok(LogSync::Commit);
+            }
+            r => r?,
+        }
         match self.log_build()? {
             LogSync::Commit => {
                 Counters::inc(&self.store.counters.log_fallback_commits);
