@@ -38,7 +38,9 @@
 //! that cannot get it written answer `Error::Unwritten` (ENOSPC when the device is full). The
 //! commit thread tries again each period, and a commit to bring dirty nodes under their
 //! bound at most once per `STALL_RETRY`, so space given back under the image lets the file
-//! system go on as if nothing happened. A failed *flush* still stops the file system: after
+//! system go on as if nothing happened. Past twice the bound (the cache cannot drop dirty
+//! nodes), operations are refused before their first change with the stall's error
+//! (`Fs::write_op_once`). A failed *flush* still stops the file system: after
 //! it, the device may have dropped any write since the previous flush, file data included,
 //! which is no longer in memory to write again (PostgreSQL's "fsyncgate").
 //!

@@ -5,7 +5,7 @@ mod common;
 use common::digest::digest;
 use common::*;
 use idxfs_blockdev::{FaultDevice, MemDevice};
-use idxfs_engine::{Error, Fs, MkfsOptions};
+use idxfs_engine::{Error, Fs, MkfsOptions, OpenOptions};
 use std::sync::Arc;
 
 /// The image on `mem` as a crash would leave it now: opened from a copy of its bytes, its
@@ -70,6 +70,50 @@ fn a_refused_commit_write_stalls_and_loses_nothing() {
     fs.close().expect("close");
     assert_clean(&mem);
     let fs = Fs::open(mem.clone(), opts()).expect("reopen");
+    assert_eq!(digest(&fs), all);
+}
+
+/// While a commit is stalled, changes in memory stop at twice the dirty-node bound (the
+/// cache cannot drop dirty nodes): past it, operations are refused before their first change
+/// with the stalled commit's error; once the device takes writes, they go on.
+#[test]
+fn changes_past_twice_the_bound_wait_for_a_stalled_commit() {
+    let mem = Arc::new(MemDevice::new(64 << 20));
+    Fs::mkfs(mem.clone(), &MkfsOptions::default()).expect("mkfs");
+    let dev = Arc::new(FaultDevice::new(mem.clone()));
+    let o = OpenOptions {
+        dirty_nodes_limit: 64,
+        ..opts()
+    };
+    let fs = Fs::open(dev.clone(), o).expect("open");
+    let d = fs.mkdir(ROOT, b"d", 0o755, ME).expect("mkdir");
+    fs.sync().expect("sync");
+    dev.set_full(true);
+    fs.create(d.ino, b"x", 0o644, ME).expect("create");
+    assert_eq!(fs.sync().map_err(|e| e.errno()), Err(28));
+    let mut made = 0u64;
+    let refused = loop {
+        match fs.create(d.ino, format!("f{made:06}").as_bytes(), 0o644, ME) {
+            Ok(_) => made += 1,
+            Err(e) => break e,
+        }
+        assert!(made < 200_000, "changes piled up without end");
+    };
+    assert!(matches!(refused, Error::Unwritten(_)), "{refused:?}");
+    assert_eq!(refused.errno(), 28);
+    assert!(made > 0 && fs.failure().is_none());
+    dev.set_full(false);
+    fs.sync().expect("sync once there is room");
+    fs.create(d.ino, b"after", 0o644, ME).expect("create after");
+    let all = digest(&fs);
+    assert_eq!(
+        all.matches("/d/f").count() as u64,
+        made,
+        "every create kept"
+    );
+    fs.close().expect("close");
+    assert_clean(&mem);
+    let fs = Fs::open(mem, opts()).expect("reopen");
     assert_eq!(digest(&fs), all);
 }
 

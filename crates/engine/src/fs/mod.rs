@@ -726,6 +726,17 @@ impl Fs {
     ) -> Result<R> {
         let mut g = self.lock();
         g.writable()?;
+        // While a commit is stalled (`txn`), changes pile up in memory, and the cache cannot
+        // drop dirty nodes: past twice their bound, an operation is refused before its first
+        // change unless the stalled commit can be written now (once per `STALL_RETRY`).
+        if g.store.changes.dirty_nodes > g.policy.dirty_nodes_limit.saturating_mul(2) {
+            if let Some(tried) = self.shared.flight.stalled_since() {
+                match tried.elapsed() < STALL_RETRY {
+                    true => g.reap_wait()?,
+                    false => g.commit()?,
+                }
+            }
+        }
         let refused = |g: &Inner, e: &Error| match e {
             Error::NoSpace => Some(g.store.alloc.held_until()),
             _ => None,
