@@ -415,23 +415,14 @@ impl Flight {
         while wait && matches!(*s, FlightState::Writing) {
             s = self.changed.wait(s).unwrap_or_else(|p| p.into_inner());
         }
+        if let FlightState::Stalled { error, .. } = &*s {
+            let answer = std::io::Error::new(error.kind(), error.to_string());
+            return Some(Err(Error::Unwritten(answer)));
+        }
         match std::mem::take(&mut *s) {
             FlightState::Done(r) => {
                 self.posted.store(false, Ordering::Release);
                 Some(r)
-            }
-            FlightState::Stalled {
-                frozen,
-                error,
-                tried,
-            } => {
-                let answer = std::io::Error::new(error.kind(), error.to_string());
-                *s = FlightState::Stalled {
-                    frozen,
-                    error,
-                    tried,
-                };
-                Some(Err(Error::Unwritten(answer)))
             }
             other => {
                 *s = other;

@@ -8,6 +8,18 @@ use idxfs_blockdev::{FaultDevice, MemDevice};
 use idxfs_engine::{Error, Fs, MkfsOptions, OpenOptions};
 use std::sync::Arc;
 
+type Faulty = FaultDevice<Arc<MemDevice>>;
+
+/// A fresh image of `bytes` in memory, behind a device that fails on command, opened with
+/// `o`.
+fn faulty_fs(bytes: u64, o: OpenOptions) -> (Arc<MemDevice>, Arc<Faulty>, Fs) {
+    let mem = Arc::new(MemDevice::new(bytes));
+    Fs::mkfs(mem.clone(), &MkfsOptions::default()).expect("mkfs");
+    let dev = Arc::new(FaultDevice::new(mem.clone()));
+    let fs = Fs::open(dev.clone(), o).expect("open");
+    (mem, dev, fs)
+}
+
 /// The image on `mem` as a crash would leave it now: opened from a copy of its bytes, its
 /// digest, after fsck found it clean.
 fn crash_digest(mem: &MemDevice) -> String {
@@ -23,10 +35,7 @@ fn crash_digest(mem: &MemDevice) -> String {
 /// everything after it become durable.
 #[test]
 fn a_refused_commit_write_stalls_and_loses_nothing() {
-    let mem = Arc::new(MemDevice::new(32 << 20));
-    Fs::mkfs(mem.clone(), &MkfsOptions::default()).expect("mkfs");
-    let dev = Arc::new(FaultDevice::new(mem.clone()));
-    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let (mem, dev, fs) = faulty_fs(32 << 20, opts());
     let a = fs.create(ROOT, b"kept", 0o644, ME).expect("create");
     fs.write(a.ino, 0, &vec![5u8; 100_000]).expect("write");
     fs.sync().expect("sync");
@@ -78,14 +87,11 @@ fn a_refused_commit_write_stalls_and_loses_nothing() {
 /// with the stalled commit's error; once the device takes writes, they go on.
 #[test]
 fn changes_past_twice_the_bound_wait_for_a_stalled_commit() {
-    let mem = Arc::new(MemDevice::new(64 << 20));
-    Fs::mkfs(mem.clone(), &MkfsOptions::default()).expect("mkfs");
-    let dev = Arc::new(FaultDevice::new(mem.clone()));
     let o = OpenOptions {
         dirty_nodes_limit: 64,
         ..opts()
     };
-    let fs = Fs::open(dev.clone(), o).expect("open");
+    let (mem, dev, fs) = faulty_fs(64 << 20, o);
     let d = fs.mkdir(ROOT, b"d", 0o755, ME).expect("mkdir");
     fs.sync().expect("sync");
     dev.set_full(true);
@@ -122,10 +128,7 @@ fn changes_past_twice_the_bound_wait_for_a_stalled_commit() {
 /// change durable, the stalled commit first.
 #[test]
 fn a_full_disk_under_the_image_answers_enospc_and_goes_on_once_it_has_room() {
-    let mem = Arc::new(MemDevice::new(32 << 20));
-    Fs::mkfs(mem.clone(), &MkfsOptions::default()).expect("mkfs");
-    let dev = Arc::new(FaultDevice::new(mem.clone()));
-    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let (mem, dev, fs) = faulty_fs(32 << 20, opts());
     let a = fs.create(ROOT, b"a", 0o644, ME).expect("create");
     fs.write(a.ino, 0, &vec![1u8; 64 << 10]).expect("write");
     fs.fsync(a.ino).expect("fsync");
@@ -163,10 +166,7 @@ fn a_full_disk_under_the_image_answers_enospc_and_goes_on_once_it_has_room() {
 /// again (the old chain's failure is behind the commit).
 #[test]
 fn a_refused_log_batch_is_made_durable_by_a_commit() {
-    let mem = Arc::new(MemDevice::new(32 << 20));
-    Fs::mkfs(mem.clone(), &MkfsOptions::default()).expect("mkfs");
-    let dev = Arc::new(FaultDevice::new(mem.clone()));
-    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let (mem, dev, fs) = faulty_fs(32 << 20, opts());
     let d = fs.mkdir(ROOT, b"d", 0o755, ME).expect("mkdir");
     fs.sync().expect("sync");
     fs.create(d.ino, b"first", 0o644, ME).expect("create");
@@ -189,10 +189,7 @@ fn a_refused_log_batch_is_made_durable_by_a_commit() {
 
 #[test]
 fn flush_failure_is_an_error_too() {
-    let mem = Arc::new(MemDevice::new(32 << 20));
-    Fs::mkfs(mem.clone(), &MkfsOptions::default()).expect("mkfs");
-    let dev = Arc::new(FaultDevice::new(mem.clone()));
-    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let (_mem, dev, fs) = faulty_fs(32 << 20, opts());
     fs.create(ROOT, b"x", 0o644, ME).expect("create");
     dev.set_fail_flush(true);
     assert!(fs.sync().is_err());
@@ -279,10 +276,8 @@ fn full_device_gives_enospc_and_corrupts_nothing() {
 #[test]
 fn a_failed_fill_of_preallocated_blocks_leaves_them_to_the_next_write() {
     const BS: usize = 4096;
-    let mem = Arc::new(MemDevice::new(32 << 20));
-    Fs::mkfs(mem.clone(), &MkfsOptions::default()).expect("mkfs");
-    let dev = Arc::new(FaultDevice::new(mem.clone()));
-    let fs = Arc::new(Fs::open(dev.clone(), opts()).expect("open"));
+    let (mem, dev, fs) = faulty_fs(32 << 20, opts());
+    let fs = Arc::new(fs);
     let p = fs.create(ROOT, b"p", 0o644, ME).expect("create").ino;
     fs.fallocate(p, 0, 4 * BS as u64, 0).expect("fallocate");
     fs.sync().expect("sync");

@@ -106,6 +106,31 @@ fn workload(fs: &Fs, rng: &mut Rng, rounds: usize, rec: &RecordingDevice) -> Vec
     states
 }
 
+/// The crash image of `rec` at `prefix` with `tear`, checked clean (the committed state alone
+/// is consistent, log or not) and opened; the state it opened to (`state_of` its digest:
+/// which state produced it) must be one some fsync or commit produced, no older than
+/// state `durable`. `at` names the image in messages.
+fn open_crash_image(
+    rec: &RecordingDevice,
+    prefix: usize,
+    tear: Tear,
+    durable: usize,
+    state_of: impl Fn(&str) -> Option<usize>,
+    at: &str,
+) -> (Arc<MemDevice>, Fs) {
+    let img = rec.crash_image(prefix, tear);
+    let dev = Arc::new(MemDevice::from_bytes(img.bytes));
+    assert_clean(&dev);
+    let fs = Fs::open(dev.clone(), opts()).unwrap_or_else(|e| panic!("{at}: open failed: {e}"));
+    let got = state_of(&digest(&fs))
+        .unwrap_or_else(|| panic!("{at}: opened a state no fsync or commit produced"));
+    assert!(
+        got >= durable,
+        "{at}: opened state {got}, but state {durable} was durable"
+    );
+    (dev, fs)
+}
+
 #[test]
 fn every_crash_opens_to_an_fsynced_state_no_older_than_the_last_returned() {
     let (mut rng, seed) = Rng::from_env("fsync log crash");
@@ -127,22 +152,10 @@ fn every_crash_opens_to_an_fsynced_state_no_older_than_the_last_returned() {
         // The newest state whose fsync or commit had returned by this prefix.
         let durable = states.iter().rposition(|s| s.0 <= prefix).unwrap_or(0);
         for tear in [Tear::None, Tear::TornLast(1), Tear::Drop(rng.next_u64())] {
-            let img = rec.crash_image(prefix, tear);
-            let dev = Arc::new(MemDevice::from_bytes(img.bytes));
-            // The committed state alone is consistent, log or not.
-            assert_clean(&dev);
-            let fs = Fs::open(dev.clone(), opts()).unwrap_or_else(|e| {
-                panic!("seed {seed} prefix {prefix} {tear:?}: open failed: {e}")
-            });
+            let at = format!("seed {seed} prefix {prefix} {tear:?}");
+            let state = |d: &str| states.iter().rposition(|s| s.1 == d);
+            let (dev, fs) = open_crash_image(&rec, prefix, tear, durable, state, &at);
             replayed += fs.counters().log_replayed_batches.get();
-            let got = digest(&fs);
-            let at = states.iter().rposition(|s| s.1 == got).unwrap_or_else(|| {
-                panic!("seed {seed} prefix {prefix} {tear:?}: opened a state no fsync or commit produced")
-            });
-            assert!(
-                at >= durable,
-                "seed {seed} prefix {prefix} {tear:?}: opened state {at}, but state {durable} was durable"
-            );
             // The replay was committed; the image keeps working, log included.
             assert_clean(&dev);
             let f = fs
@@ -625,20 +638,9 @@ fn every_crash_around_refused_writes_opens_to_a_state_no_older_than_the_last_dur
             .rposition(|s| s.2 && s.0 <= prefix)
             .unwrap_or(0);
         for tear in [Tear::None, Tear::TornLast(1), Tear::Drop(rng.next_u64())] {
-            let img = rec.crash_image(prefix, tear);
-            let dev = Arc::new(MemDevice::from_bytes(img.bytes));
-            assert_clean(&dev);
-            let fs = Fs::open(dev.clone(), opts()).unwrap_or_else(|e| {
-                panic!("seed {seed} prefix {prefix} {tear:?}: open failed: {e}")
-            });
-            let got = digest(&fs);
-            let at = states.iter().rposition(|s| s.1 == got).unwrap_or_else(|| {
-                panic!("seed {seed} prefix {prefix} {tear:?}: opened a state no fsync or commit produced")
-            });
-            assert!(
-                at >= durable,
-                "seed {seed} prefix {prefix} {tear:?}: opened state {at}, but state {durable} was durable"
-            );
+            let at = format!("seed {seed} prefix {prefix} {tear:?}");
+            let state = |d: &str| states.iter().rposition(|s| s.1 == d);
+            let (dev, fs) = open_crash_image(&rec, prefix, tear, durable, state, &at);
             drop(fs);
             assert_clean(&dev);
         }

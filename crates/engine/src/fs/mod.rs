@@ -56,7 +56,7 @@
 //!   their data I/O does. That is most of a create (nearly all of it is the two directory
 //!   indexes' and the inode's inserts; docs/benchmarks.md, "concurrency"), so a second
 //!   creating thread adds no throughput. The lock is handed between threads taking it back
-//!   to back about once per 200 µs, not once per operation (`op_lock`), so that the tree
+//!   to back about once per `op_lock::HANDOFF_AFTER`, not once per operation, so that the tree
 //!   change's working set stays in one CPU's cache: a second creating thread costs less
 //!   than with a plain mutex, but still adds nothing. Two writers creating in two directories do change
 //!   mostly different leaves (each directory's inodes are numbered from runs of its own,
