@@ -247,9 +247,19 @@ impl Inner {
         let bs = BLOCK_SIZE as usize;
         if self.log.zero_next {
             // Rare (one chain after an open that met an unusable superblock copy): written
-            // and flushed under the lock, before the batch that links to it exists.
+            // and flushed under the lock, before the batch that links to it exists. A write
+            // the device refuses makes this fsync a commit, as a refused batch does
+            // (`Shared::finish_log`); a failed flush stops the file system.
             let dev = &self.store.dev;
-            dev.write_at(&vec![0u8; bs], chain[nblocks] * BLOCK_SIZE)?;
+            if dev
+                .write_at(&vec![0u8; bs], chain[nblocks] * BLOCK_SIZE)
+                .is_err()
+            {
+                for &b in &chain[1..] {
+                    self.store.alloc.free(b, 1, true)?;
+                }
+                return Ok(LogSync::Commit);
+            }
             dev.flush()?;
         }
         // Each block encoded where it goes; contiguous blocks go out in one write.

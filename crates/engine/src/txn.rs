@@ -9,9 +9,11 @@
 //! 3. *freeze*: the dirty nodes are taken (shared, `btree::cache`), the superblock is built
 //!    with the new roots and the next transaction's log block, and the generation advances.
 //!    Blocks the frozen transaction freed stay pinned (`Allocator::start_commit`). The first
-//!    commit of an open that met an unusable superblock copy zeroes that log block: it reuses
-//!    the lost copy's generation, whose log chain may lie there (`TxnState::zero_log_head`);
-//! 4. every frozen node is encoded and written to its (new) block, then flush;
+//!    commit of an open that met an unusable superblock copy marks that log block to be
+//!    zeroed: it reuses the lost copy's generation, whose log chain may lie there
+//!    (`TxnState::zero_log_head`);
+//! 4. that log block zeroed, if marked, and every frozen node is encoded and written to its
+//!    (new) block, then flush;
 //! 5. the superblock copy `generation % 2` is written, then flush: the commit is durable;
 //! 6. *reap* (`Inner::reap`): only now do the blocks the committed transaction freed become
 //!    reusable.
@@ -183,6 +185,10 @@ pub struct Frozen {
     node_size: usize,
     counters: Arc<Counters>,
     started: std::time::Instant,
+    /// The block its log chain starts at, when it reuses a lost superblock copy's generation
+    /// (`TxnState::zero_log_head`): zeroed with the nodes, before the flush that precedes
+    /// the superblock, so a refused write of it stalls the commit as a node's does.
+    zero_log_head: Option<u64>,
     /// Writes of it the device refused so far (`Flight::stall`).
     tries: u64,
 }
@@ -217,7 +223,14 @@ impl Frozen {
     /// Steps 4 and 5. Consumes the frozen nodes when it succeeds, so the cache may evict them
     /// then; a refused write gives them back to be written again (module notes).
     fn write(self) -> Written {
-        let encoded = write_nodes(self.dev.as_ref(), &self.nodes, self.fsid, self.node_size);
+        let zeroed = match self.zero_log_head {
+            Some(b) => self
+                .dev
+                .write_at(&[0u8; BLOCK_SIZE as usize], b * BLOCK_SIZE),
+            None => Ok(()),
+        };
+        let encoded = zeroed
+            .and_then(|()| write_nodes(self.dev.as_ref(), &self.nodes, self.fsid, self.node_size));
         if let Err(e) = encoded {
             return Written::Stalled(Box::new(self), e);
         }
@@ -676,14 +689,13 @@ impl Inner {
         // freeze: the block is the next transaction's, so it stays busy until that commits.
         sb.log_root = self.log_start(gen);
         let head = sb.log_root.block.get();
-        if std::mem::take(&mut self.txn.zero_log_head) && head != 0 {
-            // Before the flush that makes the superblock naming it durable (step 4); the
-            // blocks the chain links to later are zeroed as it does (`Log::zero_next`).
-            self.store
-                .dev
-                .write_at(&[0u8; BLOCK_SIZE as usize], head * BLOCK_SIZE)?;
+        // Zeroed by the write, before the flush that makes the superblock naming it durable
+        // (step 4); the blocks the chain links to later are zeroed as it does
+        // (`Log::zero_next`).
+        let zero_log_head = (std::mem::take(&mut self.txn.zero_log_head) && head != 0).then(|| {
             self.log.zero_next = true;
-        }
+            head
+        });
         let mut incompat = sb.incompat.get() | self.txn.incompat_wanted;
         if sb.log_root.block.get() != 0 {
             incompat |= idxfs_format::versions::INCOMPAT_LOG;
@@ -717,6 +729,7 @@ impl Inner {
             node_size: self.store.node_size as usize,
             counters: self.store.counters.clone(),
             started,
+            zero_log_head,
             tries: 0,
         })
     }

@@ -187,6 +187,47 @@ fn a_refused_log_batch_is_made_durable_by_a_commit() {
     assert_clean(&mem);
 }
 
+/// The first commit after an open that met an unusable superblock copy zeroes its log
+/// chain's first block, and the chain's first batch zeroes the block it links to
+/// (`TxnState::zero_log_head`, `Log::zero_next`): a refused write of either is a refused
+/// commit write or a refused batch, which stalls or commits instead, and stops nothing.
+#[test]
+fn refused_zeroing_writes_after_a_damaged_superblock_copy_stop_nothing() {
+    let mem = Arc::new(MemDevice::new(32 << 20));
+    Fs::mkfs(mem.clone(), &MkfsOptions::default()).expect("mkfs");
+    let fs = Fs::open(mem.clone(), opts()).expect("open");
+    fs.create(ROOT, b"first", 0o644, ME).expect("create");
+    fs.sync().expect("commit");
+    fs.create(ROOT, b"second", 0o644, ME).expect("create");
+    fs.close().expect("close");
+    // The older copy made unusable: the open goes by the newer one.
+    let sb = idxfs_engine::fs::read_superblock(mem.as_ref()).expect("superblock");
+    let older = (sb.generation.get() + 1) % idxfs_format::SUPER_COPIES;
+    let mut img = mem.snapshot();
+    img[older as usize * 4096 + 64] ^= 0xff;
+    let mem = Arc::new(MemDevice::from_bytes(img));
+    let dev = Arc::new(FaultDevice::new(mem.clone()));
+    let fs = Fs::open(dev.clone(), opts()).expect("open");
+    let d = fs.mkdir(ROOT, b"d", 0o755, ME).expect("mkdir");
+    // The commit's first write is the log head's zeroing.
+    dev.refuse_next_writes(1);
+    let r = fs.sync();
+    assert!(matches!(r, Err(Error::Unwritten(_))), "{r:?}");
+    assert!(fs.failure().is_none(), "a refused zeroing stops nothing");
+    fs.sync().expect("the stalled commit written again");
+    assert_eq!(crash_digest(&mem), digest(&fs), "durable after the sync");
+    // The chain's first batch zeroes the block it links to first.
+    fs.create(d.ino, b"logged", 0o644, ME).expect("create");
+    let fallbacks = fs.counters().log_fallback_commits.get();
+    dev.refuse_next_writes(1);
+    fs.fsync(d.ino).expect("the fsync commits instead");
+    assert!(fs.failure().is_none());
+    assert_eq!(fs.counters().log_fallback_commits.get(), fallbacks + 1);
+    assert_eq!(crash_digest(&mem), digest(&fs), "durable after the fsync");
+    fs.close().expect("close");
+    assert_clean(&mem);
+}
+
 #[test]
 fn flush_failure_is_an_error_too() {
     let (_mem, dev, fs) = faulty_fs(32 << 20, opts());
