@@ -593,6 +593,9 @@ fn a_copy_under_rules_leaves_out_what_they_refuse_and_goes_on() {
     let big = vec![7u8; 3 << 20];
     file(deep, b"big", 0o640, &big);
     fs.symlink(deep, b"link", b"../ok", ME).expect("symlink");
+    // Its path is told from the names of the directories above it, siblings between.
+    let inner = mk(deep, b"inner", 0o755);
+    file(inner, b"hidden", 0o200, b"unreadable, two down");
     // The modes that refuse, last (the engine checks nothing itself).
     for (ino, mode) in [(closed, 0o311), (blind, 0o655)] {
         let set = SetAttr {
@@ -616,12 +619,13 @@ fn a_copy_under_rules_leaves_out_what_they_refuse_and_goes_on() {
             ("blind/a", "EACCES"),
             ("blind/b", "EACCES"),
             ("closed", "EACCES"),
+            ("deep/inner/hidden", "EACCES"),
             ("dev", "EPERM"),
             ("secret", "EACCES")
         ]
     );
-    assert_eq!(c.refused, 5);
-    assert_eq!((c.files, c.dirs), (4, 4), "{c:?}");
+    assert_eq!(c.refused, 6);
+    assert_eq!((c.files, c.dirs), (4, 5), "{c:?}");
     assert_eq!(c.bytes, 8 + big.len() as u64);
     let copy = fs.lookup(ROOT, b"copy").expect("the copy").ino;
     let look = |path: &[&[u8]]| {

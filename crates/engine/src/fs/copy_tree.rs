@@ -138,29 +138,50 @@ impl CopyAs for Unchecked {
 }
 
 /// A directory being copied: the source (its attributes, for its times, set once
-/// everything in it is made), its copy, where its listing resumes, its path under the top,
-/// the entries of its last batch not copied yet, and the directories that batch made (whose
-/// contents are copied before its next batch).
+/// everything in it is made), its copy, where its listing resumes, its name and where its
+/// parent is on the walk's stack (its path under the top, built only for a refusal: a path
+/// kept per directory would make a chain of directories n deep cost n² bytes), the entries
+/// of its last batch not copied yet, and the directories that batch made (whose contents
+/// are copied before its next batch).
 struct Dir {
     src: Attr,
     copy: Ino,
     cookie: u64,
-    path: Vec<u8>,
+    name: Vec<u8>,
+    /// The parent's index on the stack (None for the top). A directory is pushed above its
+    /// parent and popped before it, so the index holds while it is on the stack.
+    parent: Option<usize>,
     pending: VecDeque<(DirEntryOut, Attr)>,
     made: Vec<Dir>,
 }
 
 impl Dir {
-    fn new(src: Attr, copy: Ino, path: Vec<u8>) -> Dir {
+    fn new(src: Attr, copy: Ino, name: Vec<u8>, parent: Option<usize>) -> Dir {
         Dir {
             src,
             copy,
             cookie: 2,
-            path,
+            name,
+            parent,
             pending: VecDeque::new(),
             made: Vec::new(),
         }
     }
+}
+
+/// The path under the top of the directory at `at` on `stack`, joined with `name` when
+/// given.
+fn path_of(stack: &[Dir], at: usize, name: Option<&[u8]>) -> Vec<u8> {
+    let mut names: Vec<&[u8]> = name.into_iter().collect();
+    let mut next = Some(at);
+    while let Some(i) = next {
+        names.push(&stack[i].name);
+        next = stack[i].parent;
+    }
+    // The top's name is empty: the path is relative to it.
+    names.pop();
+    names.reverse();
+    names.join(&b'/')
 }
 
 /// A copy under way (`Fs::copy_tree_start`, then `Fs::copy_tree_step` until it says done):
@@ -224,16 +245,6 @@ fn refusal(r: Result<()>) -> Result<Option<Error>> {
         Err(why @ (Error::Denied(_) | Error::NotPermitted(_))) => Ok(Some(why)),
         Err(e) => Err(e),
     }
-}
-
-/// `dir`'s path joined with `name`.
-fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut p = dir.to_vec();
-    if !p.is_empty() {
-        p.push(b'/');
-    }
-    p.extend_from_slice(name);
-    p
 }
 
 impl Fs {
@@ -322,7 +333,7 @@ impl Fs {
             return Err(Error::NotFound);
         };
         if top.mode & S_IFMT == S_IFDIR {
-            job.stack.push(Dir::new(top, made, Vec::new()));
+            job.stack.push(Dir::new(top, made, Vec::new(), None));
         }
         Ok(job)
     }
@@ -352,16 +363,16 @@ impl Fs {
                 }
                 continue;
             }
-            let Some(d) = stack.last_mut() else {
+            let Some(at) = stack.len().checked_sub(1) else {
                 return Ok(true);
             };
+            let d = &mut stack[at];
             if let Some((e, src)) = d.pending.pop_front() {
-                let path = join(&d.path, &e.name);
                 if let Some(why) = refusal(self.may_copy(&w, &src))? {
-                    w.refuse(&path, &why);
+                    w.refuse(&path_of(stack, at, Some(&e.name)), &why);
                 } else if let Some(made) = self.copy_entry(&mut w, &src, d.copy, &e.name)? {
                     if src.mode & S_IFMT == S_IFDIR {
-                        d.made.push(Dir::new(src, made, path));
+                        d.made.push(Dir::new(src, made, e.name, Some(at)));
                     }
                 }
                 if until.is_some_and(|t| Instant::now() >= t) {
@@ -393,12 +404,12 @@ impl Fs {
                 // Removed meanwhile: what it held goes with it.
                 Err(Error::NotFound) => batch.clear(),
                 Err(why @ (Error::Denied(_) | Error::NotPermitted(_))) => {
-                    let path = d.path.clone();
-                    w.refuse(&path, &why);
+                    w.refuse(&path_of(stack, at, None), &why);
                     batch.clear();
                 }
                 Err(e) => return Err(e),
             }
+            let d = &mut stack[at];
             let Some((last, _)) = batch.last() else {
                 // Everything in it is made: its times are the source's.
                 let d = stack
@@ -409,9 +420,8 @@ impl Fs {
             };
             d.cookie = last.cookie;
             if let Some(why) = refusal(rules.search(from, &d.src))? {
-                let path = d.path.clone();
                 for (e, _) in &batch {
-                    w.refuse(&join(&path, &e.name), &why);
+                    w.refuse(&path_of(stack, at, Some(&e.name)), &why);
                 }
             } else {
                 d.pending = batch.into();
