@@ -92,14 +92,15 @@ impl Fs {
             if p1 == p2 && n1 == n2 {
                 return Ok(());
             }
-            // A directory may not move below itself.
-            if src_dir && g.is_within(p2, src.ino)? {
+            // A directory may not move below itself (nor can it, within its own parent:
+            // the walk up from a directory as deep as n costs n lookups under the lock).
+            if src_dir && p1 != p2 && g.is_within(p2, src.ino)? {
                 return Err(Error::Invalid("rename of a directory into its own subtree"));
             }
             if flags & RENAME_EXCHANGE != 0 {
                 let dst = dst.ok_or(Error::NotFound)?;
                 let dst_dir = g.is_dir(dst.ino)?;
-                if dst_dir && g.is_within(p1, dst.ino)? {
+                if dst_dir && p1 != p2 && g.is_within(p1, dst.ino)? {
                     return Err(Error::Invalid("rename of a directory into its own subtree"));
                 }
                 if src.ino == dst.ino {
