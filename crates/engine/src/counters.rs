@@ -118,6 +118,7 @@ counters! {
     enospc: "operations refused for lack of space",
     free_batches: "batches of freeing (the items of one leaf) by deletes, truncates and punches",
     trim_orphans: "truncates too large for one batch, recorded as trim orphans until done",
+    trim_batches: "batches of a truncate run as operations of their own after it returned (`Inner::trim_batch`)",
     extent_merges: "writes whose new blocks extended a neighbouring extent instead of adding one",
     extent_conversions: "preallocated block runs a write filled in place and made regular",
     sum_drop_commits: "commits a full device's overwrite in place made to drop the overwritten blocks' data sums before their bytes changed",

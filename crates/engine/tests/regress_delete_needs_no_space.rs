@@ -164,12 +164,18 @@ fn a_truncate_of_many_extents_is_finished_after_a_crash() {
     fs.sync().expect("sync");
     let end = rec.event_count();
     let n = |c: &idxfs_engine::counters::Counter| c.get();
-    let (trims, batches) = (
+    let (trims, batches, after) = (
         n(&fs.counters().trim_orphans),
         n(&fs.counters().free_batches),
+        n(&fs.counters().trim_batches),
     );
     drop(fs);
     assert_eq!(trims, 1, "the truncate took more than one batch");
+    // Each batch after the first its own operation: others go on between them.
+    assert!(
+        after + 1 >= batches,
+        "{after} of {batches} batches after the truncate's own"
+    );
     assert!(
         during >= 10,
         "batches committed in between ({during} commits)"

@@ -318,6 +318,10 @@ impl Inner {
         if is_nocow(&d) || self.is_inline(dst, &d)? {
             return Err(Error::NotSupported("sharing with a NOCOW or inline file"));
         }
+        // Extents past the size not freed yet would show below the new size.
+        if end > d.size.get() && self.trimming(dst) && !self.finish_trim(dst)? {
+            return Err(Error::NoSpace);
+        }
         let drops = self.write_drops(dst, kill)?;
         if drops.any() {
             self.reserve(4, Reserve::Shrink)?;

@@ -516,8 +516,13 @@ impl Inner {
 
     /// Frees the extents past the block holding byte `size` (the size was just cut to it):
     /// in one batch when they fit, else under a `Trim` orphan, so that a commit between
-    /// batches, and a crash after it, leaves a state the next open finishes. Ok(false): space
-    /// ran out first; the orphan stays and `finish_trim` completes it later.
+    /// batches, and a crash after it, leaves a state the next open finishes. The batches
+    /// after the first run once the operation returns, each an operation of its own
+    /// (`Fs::release_orphans`, `trim_batch`), so other operations go on between them: a
+    /// truncate of a file of millions of extents does not hold the lock for all of them.
+    /// Nothing past the size can be seen meanwhile, and whatever would make it visible (a
+    /// write, truncate, preallocation or copy past the size) finishes the trim first.
+    /// Ok(false): space ran out first; the orphan stays and `finish_trim` completes it later.
     pub(crate) fn trim_past_size(&mut self, ino: Ino, size: u64) -> Result<bool> {
         let from = size.div_ceil(BS) * BS;
         let freed = self.trim_edges_and_sums(ino, from, u64::MAX)?;
@@ -526,15 +531,38 @@ impl Inner {
         if !more || !self.has_data_from(ino, from)? {
             return Ok(true);
         }
-        // An unlinked inode (an orphan already) is freed whole later; anything else records
-        // what is left to do.
-        if !self.lives.orphans.is_free(ino) {
-            self.require_incompat(idxfs_format::versions::INCOMPAT_ORPHAN_TRIM);
-            self.lives.orphans.add(ino, OrphanKind::Trim);
-            Counters::inc(&self.store.counters.trim_orphans);
+        if self.lives.orphans.is_free(ino) {
+            // Unlinked (an orphan already): freed whole later, but a write past the size
+            // checks only for a `Trim` orphan, so what is past the size goes now.
+            self.checkpoint();
+            return self.finish_trim(ino);
         }
-        self.checkpoint();
-        self.finish_trim(ino)
+        self.require_incompat(idxfs_format::versions::INCOMPAT_ORPHAN_TRIM);
+        self.lives.orphans.add(ino, OrphanKind::Trim);
+        Counters::inc(&self.store.counters.trim_orphans);
+        self.lives.release.push(ino);
+        Ok(true)
+    }
+
+    /// One batch of what a `Trim` orphan of `ino` says is left (its own operation, from
+    /// `Fs::free_orphans`); drops the orphan when that was the last. Returns whether the
+    /// trim is done.
+    pub(crate) fn trim_batch(&mut self, ino: Ino) -> Result<bool> {
+        if self.policy.knobs.commit_between_batches {
+            self.commit()?;
+        }
+        let from = self.inode(ino)?.size.get().div_ceil(BS) * BS;
+        // Two leaves: one of extents, one of sums.
+        self.reserve(2, Reserve::Shrink)?;
+        Counters::inc(&self.store.counters.trim_batches);
+        let freed = self.trim_edges_and_sums(ino, from, u64::MAX)?;
+        let (f, more) = self.free_batch(ino, from, u64::MAX)?;
+        self.sub_alloc(ino, freed + f)?;
+        if more && self.has_data_from(ino, from)? {
+            return Ok(false);
+        }
+        self.drop_orphan(ino)?;
+        Ok(true)
     }
 
     /// Frees what a `Trim` orphan of `ino` says is left, in batches; drops the orphan when
@@ -887,7 +915,7 @@ impl Fs {
         if size > MAX_FILE_SIZE {
             return Err(Error::FileTooBig);
         }
-        self.write_op(0, Reserve::Shrink, super::Durable::Data, |g| {
+        let r = self.write_op(0, Reserve::Shrink, super::Durable::Data, |g| {
             let it = g.inode(ino)?;
             check_regular(&it)?;
             // A cut inside a block copies its head: not while a write is writing it.
@@ -899,6 +927,8 @@ impl Fs {
             g.reserve_blocks(super::reserve::DELETE_ITEMS, 2, Reserve::Shrink)?;
             let it = g.truncate(ino, size)?;
             Ok(Attr::from_item(ino, &it))
-        })
+        });
+        self.release_orphans();
+        r
     }
 }

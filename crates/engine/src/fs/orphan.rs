@@ -9,7 +9,8 @@
 //!   of one leaf of its items each (`free_inode_batch`), each batch its own operation, so no
 //!   reservation grows with the file's size.
 //! - *Trim*: a linked inode whose extents past its size are still to be freed, because a
-//!   truncate took more than one batch (`Inner::trim_past_size`).
+//!   truncate took more than one batch (`Inner::trim_past_size`): the batches after the
+//!   first run as operations of their own once the truncate's returns, as a Free orphan's.
 //!
 //! The ORPHAN item is written by the commit (or an fsync batch), not by the operation: until
 //! then the operation itself is not durable either, and an orphan freed before the commit
@@ -38,7 +39,8 @@ pub(crate) struct Lives {
     /// Inodes being freed, or trimmed, across operations.
     pub orphans: Orphans,
     /// Inodes whose last name an operation removed while nothing held them, too large to
-    /// free in one batch: freed in batches once the operation returns.
+    /// free in one batch, and inodes a truncate left a `Trim` orphan: freed in batches once
+    /// the operation returns.
     pub release: Vec<Ino>,
 }
 
@@ -353,14 +355,19 @@ impl Fs {
         Ok(done)
     }
 
-    /// Frees orphans nobody holds, each in batches, one operation per batch: other
-    /// operations go on between them, and each reserves for one batch only. A batch refused
-    /// for lack of space leaves the orphan for a later release (the next close or open).
+    /// Frees orphans nobody holds, and trims `Trim` orphans, each in batches, one operation
+    /// per batch: other operations go on between them, and each reserves for one batch
+    /// only. A batch refused for lack of space leaves the orphan for a later release (the
+    /// next close or open; a trim, also the next change that would make it visible).
     pub(crate) fn free_orphans(&self, inos: &[Ino]) -> Result<()> {
         for &ino in inos {
             loop {
                 let r = self.write_op(1, Reserve::Shrink, Durable::Never, |g| {
-                    // Checked again under this lock: a pin may have come meanwhile.
+                    // Checked again under this lock: a pin may have come meanwhile, or
+                    // another operation finished the trim.
+                    if g.trimming(ino) {
+                        return g.trim_batch(ino);
+                    }
                     if !g.is_free_orphan(ino) {
                         return Ok(true);
                     }
@@ -378,7 +385,8 @@ impl Fs {
     }
 
     /// Frees what this mount's operations left to free after they returned: inodes unlinked
-    /// while nothing held them, too large for one batch. The operation that left them has
+    /// while nothing held them, too large for one batch, and what a truncate cut off past
+    /// the first batch (`Inner::trim_past_size`). The operation that left them has
     /// succeeded whatever happens here: an error stopped the file system (and is kept as its
     /// cause), and an orphan not freed now is freed at the next close or open.
     pub(crate) fn release_orphans(&self) {

@@ -14,7 +14,7 @@ impl Fs {
         if set.size.is_some_and(|s| s > super::file::MAX_FILE_SIZE) {
             return Err(Error::FileTooBig);
         }
-        self.write_op(4, Reserve::Shrink, Durable::Data, |g| {
+        let r = self.write_op(4, Reserve::Shrink, Durable::Data, |g| {
             let it = g.inode(ino)?;
             match set.size {
                 // As `Fs::truncate`: a cut inside a block copies its head.
@@ -77,6 +77,9 @@ impl Fs {
                 g.put_xattr(plan)?;
             }
             Ok(Attr::from_item(ino, &it))
-        })
+        });
+        // A truncate's later batches (`Inner::trim_past_size`).
+        self.release_orphans();
+        r
     }
 }
