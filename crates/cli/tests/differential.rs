@@ -501,17 +501,31 @@ impl World {
                 .args(&args[1..])
                 .output()
                 .map_err(|e| e.raw_os_error().unwrap_or(-1))?;
-            // The outcome, not the words: each side says it its own way.
+            // The outcome, not the words: each side says it its own way (printed, for a
+            // failure's diagnosis).
             if out.status.success() {
                 Ok(String::new())
             } else {
+                eprintln!(
+                    "{:?}: {}",
+                    args[0],
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
                 Err(1)
             }
         };
         if self.rng.chance(50) {
             let dst = {
                 let d = DIRS[self.rng.below(DIRS.len() as u64) as usize];
-                Path::new(d).join(format!("copy{}", self.step))
+                // A name neither side has: a burst in a parked subvolume copies more than
+                // once in one step (`cp -a` would copy into or over what it finds).
+                let mut name = Path::new(d).join(format!("copy{}", self.step));
+                let mut k = 0;
+                while fs::symlink_metadata(self.ref_root().join(&name)).is_ok() {
+                    k += 1;
+                    name = Path::new(d).join(format!("copy{}-{k}", self.step));
+                }
+                name
             };
             // On a writeback mount, the kernel's dirty pages are sent and taken first, as
             // for a snapshot (`write_back`).
