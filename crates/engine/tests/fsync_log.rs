@@ -516,16 +516,7 @@ fn a_replay_frees_extents_that_meet_across_a_group_boundary() {
 #[test]
 fn fsyncs_after_a_damaged_superblock_copy_survive_every_crash() {
     let (mut rng, seed) = Rng::from_env("fsync after a damaged superblock copy");
-    let (dev, fs) = mem_fs(16 << 20);
-    fs.create(ROOT, b"first", 0o644, ME).expect("create");
-    fs.sync().expect("commit");
-    fs.create(ROOT, b"second", 0o644, ME).expect("create");
-    fs.close().expect("close");
-    // The older copy made unusable: the open goes by the newer one, and notes it.
-    let sb = idxfs_engine::fs::read_superblock(dev.as_ref()).expect("superblock");
-    let older = (sb.generation.get() + 1) % idxfs_format::SUPER_COPIES;
-    let mut img = dev.snapshot();
-    img[older as usize * 4096 + 64] ^= 0xff;
+    let img = image_with_a_damaged_superblock_copy(16 << 20);
     let rec = Arc::new(RecordingDevice::new(img));
     let fs = Fs::open(rec.clone(), opts()).expect("open");
     let mut states = vec![digest(&fs)];

@@ -525,10 +525,7 @@ impl Inner {
     /// Ok(false): space ran out first; the orphan stays and `finish_trim` completes it later.
     pub(crate) fn trim_past_size(&mut self, ino: Ino, size: u64) -> Result<bool> {
         let from = size.div_ceil(BS) * BS;
-        let freed = self.trim_edges_and_sums(ino, from, u64::MAX)?;
-        let (f, more) = self.free_batch(ino, from, u64::MAX)?;
-        self.sub_alloc(ino, freed + f)?;
-        if !more || !self.has_data_from(ino, from)? {
+        if !self.free_past(ino, from)? {
             return Ok(true);
         }
         if self.lives.orphans.is_free(ino) {
@@ -555,14 +552,20 @@ impl Inner {
         // Two leaves: one of extents, one of sums.
         self.reserve(2, Reserve::Shrink)?;
         Counters::inc(&self.store.counters.trim_batches);
-        let freed = self.trim_edges_and_sums(ino, from, u64::MAX)?;
-        let (f, more) = self.free_batch(ino, from, u64::MAX)?;
-        self.sub_alloc(ino, freed + f)?;
-        if more && self.has_data_from(ino, from)? {
+        if self.free_past(ino, from)? {
             return Ok(false);
         }
         self.drop_orphan(ino)?;
         Ok(true)
+    }
+
+    /// One batch of freeing past byte `from` (block-aligned): the edges and sums there, then
+    /// the extents of one leaf. Returns whether anything is left past `from`.
+    fn free_past(&mut self, ino: Ino, from: u64) -> Result<bool> {
+        let freed = self.trim_edges_and_sums(ino, from, u64::MAX)?;
+        let (f, more) = self.free_batch(ino, from, u64::MAX)?;
+        self.sub_alloc(ino, freed + f)?;
+        Ok(more && self.has_data_from(ino, from)?)
     }
 
     /// Frees what a `Trim` orphan of `ino` says is left, in batches; drops the orphan when

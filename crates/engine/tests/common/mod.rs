@@ -53,6 +53,22 @@ pub fn mem_fs(bytes: u64) -> (Arc<MemDevice>, Fs) {
 }
 
 /// A fresh image of `bytes` with nodes of `node_size`, opened with `opts()`.
+/// A fresh image of `bytes` holding "first" (committed) and "second" (committed at close),
+/// its older superblock copy made unusable: an open goes by the newer one and notes the
+/// damage, so its first commit reuses the lost copy's generation (`TxnState::zero_log_head`).
+pub fn image_with_a_damaged_superblock_copy(bytes: u64) -> Vec<u8> {
+    let (dev, fs) = mem_fs(bytes);
+    fs.create(ROOT, b"first", 0o644, ME).expect("create");
+    fs.sync().expect("commit");
+    fs.create(ROOT, b"second", 0o644, ME).expect("create");
+    fs.close().expect("close");
+    let sb = idxfs_engine::fs::read_superblock(dev.as_ref()).expect("superblock");
+    let older = (sb.generation.get() + 1) % idxfs_format::SUPER_COPIES;
+    let mut img = dev.snapshot();
+    img[older as usize * 4096 + 64] ^= 0xff;
+    img
+}
+
 pub fn mem_fs_with(bytes: u64, node_size: u32) -> (Arc<MemDevice>, Fs) {
     let dev = Arc::new(MemDevice::new(bytes));
     let mkfs = MkfsOptions {
