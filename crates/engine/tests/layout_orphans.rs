@@ -241,6 +241,48 @@ fn seek_data_and_hole() {
     assert_clean(&dev);
 }
 
+/// A sparse copy (GNU cp) asks SEEK_DATA and SEEK_HOLE once per data run. Each answer reads
+/// the extents from its offset only as far as the answer: reading on to the end of the file
+/// made the copy of a file of n extents read n² extents (a 20,000-extent file took 13 s
+/// through the mount, tmpfs 0.1 s).
+#[test]
+fn seek_reads_only_as_far_as_its_answer() {
+    let (dev, fs) = mem_fs(256 << 20);
+    let f = fs.create(ROOT, b"f", 0o644, ME).expect("create");
+    // Data in every other block: runs [2i, 2i+1) blocks, holes between them.
+    let runs = 6000u64;
+    for i in 0..runs {
+        fs.write(f.ino, i * 8192, &[7]).expect("write");
+    }
+    let size = (runs - 1) * 8192 + 1;
+    assert_eq!(fs.getattr(f.ino).expect("attr").size, size);
+    let c = fs.counters();
+    let lookups = || c.node_cache_hits.get() + c.node_reads.get();
+    let before = lookups();
+    let (mut at, mut calls, mut seen) = (0u64, 0u64, 0u64);
+    loop {
+        calls += 1;
+        let data = match fs.seek(f.ino, at, Seek::Data) {
+            Ok(d) => d,
+            Err(Error::NoSuchOffset) => break,
+            Err(e) => panic!("seek data from {at}: {e}"),
+        };
+        assert_eq!(data, seen * 8192, "data run {seen}");
+        calls += 1;
+        let hole = fs.seek(f.ino, data, Seek::Hole).expect("hole");
+        assert_eq!(hole, (data + 4096).min(size), "hole after run {seen}");
+        seen += 1;
+        at = hole;
+    }
+    assert_eq!(seen, runs);
+    // A call costs a descent or two and a step into the next leaf at most (4 here); reading
+    // to the end of the file cost 27 a call at this size, and more the larger the file.
+    let per_call = (lookups() - before) as f64 / calls as f64;
+    assert!(per_call < 10.0, "{per_call:.1} node lookups per seek");
+    fs.close().expect("close");
+    assert_clean(&dev);
+}
+
 #[test]
 fn setgid_directory_passes_group_on() {
     let (dev, fs) = mem_fs(64 << 20);

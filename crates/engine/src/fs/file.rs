@@ -183,9 +183,26 @@ pub(super) fn extent_key(ino: Ino, offset: u64) -> Key {
 impl Inner {
     /// Extents that overlap [start, end), in order.
     pub(crate) fn extents(&mut self, ino: Ino, start: u64, end: u64) -> Result<Vec<Ext>> {
+        let mut out = Vec::new();
+        self.each_extent(ino, start, end, |e| {
+            out.push(e);
+            true
+        })?;
+        Ok(out)
+    }
+
+    /// Visits the extents that overlap [start, end), in order, until `visit` returns false:
+    /// a caller that wants the first extent with some property reads as far as that one
+    /// (`Fs::seek`), not to `end`.
+    pub(crate) fn each_extent(
+        &mut self,
+        ino: Ino,
+        start: u64,
+        end: u64,
+        mut visit: impl FnMut(Ext) -> bool,
+    ) -> Result<()> {
         let tree = self.fs_tree;
         let total = self.store.total_blocks;
-        let mut out = Vec::new();
         let lo = extent_key(ino, 0);
         let from = match tree.last_at_or_before(&mut self.store, lo, extent_key(ino, start))? {
             Some((k, _)) => k,
@@ -203,10 +220,7 @@ impl Inner {
                         item,
                         inline: rest.to_vec(),
                     };
-                    if e.end() > start {
-                        out.push(e);
-                    }
-                    Ok(true)
+                    Ok(e.end() <= start || visit(e))
                 }
                 Err(c) => {
                     err = Some(c);
@@ -214,10 +228,10 @@ impl Inner {
                 }
             },
         )?;
-        if let Some(c) = err {
-            return Err(c.into());
+        match err {
+            Some(c) => Err(c.into()),
+            None => Ok(()),
         }
-        Ok(out)
     }
 
     /// Whether `ino` has an extent at or past byte `from` (one at most is read).
