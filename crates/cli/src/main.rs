@@ -197,7 +197,9 @@ enum Cmd {
         /// uring/nouring (FUSE over io_uring; default: when the kernel allows it),
         /// handoff/nohandoff (ring replies sent at SCHED_IDLE so callers wake on the same CPU;
         /// default on), threads=N, pin/nopin (/dev/fuse workers pinned one per CPU), writeback,
-        /// discard/nodiscard (freed blocks given back to an image file or device; default on),
+        /// holes/noholes (SEEK_DATA/SEEK_HOLE report holes, so sparse copies skip them; off
+        /// by default, as pages a shared writable mapping holds in the kernel would be
+        /// reported as holes; not with writeback), discard/nodiscard (freed blocks given back to an image file or device; default on),
         /// datasum/nodatasum (a crc32c for every block written copy-on-write, checked on
         /// every read; default on),
         /// readdirplus=always|auto (auto: names-only listings skip attributes, but tar, cp and

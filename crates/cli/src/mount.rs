@@ -43,6 +43,7 @@ pub fn mount(a: &MountArgs) -> Result<(), String> {
     for o in a.options {
         cfg.apply(o).map_err(|e| e.to_string())?;
     }
+    cfg.check().map_err(|e| e.to_string())?;
     if cfg.remount {
         let source = std::fs::canonicalize(a.image)
             .unwrap_or_else(|_| a.image.to_path_buf())

@@ -1071,13 +1071,19 @@ impl World {
                     format!("write {} at {off}, {} bytes", p.display(), data.len()),
                     &[&p],
                     |ps| {
-                        io(fs::OpenOptions::new()
+                        let f = fs::OpenOptions::new()
                             .write(true)
                             .create(true)
                             .truncate(false)
                             .mode(0o644)
-                            .open(&ps[0])
-                            .and_then(|f| f.write_all_at(&data, off)))
+                            .open(&ps[0]);
+                        let f = match f {
+                            Ok(f) => f,
+                            Err(e) => return Err(e.raw_os_error().unwrap_or(-1)),
+                        };
+                        // Checked before the close: under `-o writeback` the written pages
+                        // are the kernel's until then.
+                        io(f.write_all_at(&data, off)).and_then(|_| no_data_in_holes(&ps[0]))
                     },
                 );
             }
@@ -1566,6 +1572,61 @@ fn copy_range(src: &Path, from: u64, dst: &Path, at: u64, len: usize) -> Outcome
     Ok(done.to_string())
 }
 
+/// Ok("") when no byte that reads as other than zero lies where SEEK_DATA and SEEK_HOLE
+/// put a hole (a hole may hold zeros, or be reported as data: they need not agree with
+/// tmpfs); else a description of the data called a hole. A sparse copy (GNU cp) skips
+/// what they call a hole, so this is what a copy made at this moment would lose. Pages only
+/// the kernel holds (a mapping's before its msync, the writeback cache's before the close)
+/// are read too: idxfs's server cannot see them (`MountConfig::holes`).
+fn no_data_in_holes(p: &Path) -> Outcome {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    // One descriptor for the lseeks and the read: a close sends the kernel's pages on.
+    let mut f = fs::File::open(p).map_err(|e| e.raw_os_error().unwrap_or(-1))?;
+    let size = f
+        .metadata()
+        .map_err(|e| e.raw_os_error().unwrap_or(-1))?
+        .len() as i64;
+    let mut holes = Vec::new();
+    let mut off = 0i64;
+    while off < size {
+        // SAFETY: lseek on a descriptor we hold.
+        let d = match unsafe { libc::lseek(f.as_raw_fd(), off, libc::SEEK_DATA) } {
+            d if d >= 0 => d.min(size),
+            _ if errno() == libc::ENXIO => size,
+            _ => return Err(errno()),
+        };
+        holes.push((off, d));
+        if d >= size {
+            break;
+        }
+        // SAFETY: as above.
+        let h = unsafe { libc::lseek(f.as_raw_fd(), d, libc::SEEK_HOLE) };
+        if h <= d {
+            return Ok(format!("SEEK_HOLE from data at {d} gave {h}"));
+        }
+        off = h;
+    }
+    let mut data = Vec::new();
+    // SAFETY: as above; back to the start for the read.
+    unsafe { libc::lseek(f.as_raw_fd(), 0, libc::SEEK_SET) };
+    f.read_to_end(&mut data)
+        .map_err(|e| e.raw_os_error().unwrap_or(-1))?;
+    for (from, to) in holes {
+        let (from, to) = (from as usize, (to as usize).min(data.len()));
+        if let Some(i) = data
+            .get(from..to)
+            .and_then(|h| h.iter().position(|&b| b != 0))
+        {
+            return Ok(format!(
+                "SEEK_DATA from {from} gave {to}, past data at {}",
+                from + i
+            ));
+        }
+    }
+    Ok(String::new())
+}
+
 /// Writes `data` at `off` through a shared mapping (growing the file first if it is shorter,
 /// since a mapping cannot), then msync.
 fn mmap_write(p: &Path, off: u64, data: &[u8]) -> Outcome {
@@ -1601,13 +1662,15 @@ fn mmap_write(p: &Path, off: u64, data: &[u8]) -> Outcome {
         let dst =
             std::slice::from_raw_parts_mut(m.cast::<u8>().add((off - start) as usize), data.len());
         dst.copy_from_slice(data);
+        // The written pages are the kernel's alone until the msync.
+        let holes = no_data_in_holes(p);
         let r = libc::msync(m, len, libc::MS_SYNC);
         libc::munmap(m, len);
         if r != 0 {
             return Err(errno());
         }
+        holes.map(|h| format!("mapped{h}"))
     }
-    Ok("mapped".into())
 }
 
 #[test]

@@ -214,7 +214,8 @@ fn posix_operations(opts: &str) -> String {
 #[test]
 fn fallocate_seek_and_unlinked_open_files() {
     use std::os::fd::AsRawFd;
-    let mut m = Mounted::new("256M", "");
+    // `holes`: SEEK_DATA/SEEK_HOLE from the extents (`mount_seek.rs` has the default).
+    let mut m = Mounted::new("256M", "holes");
     let p = m.path("sparse");
     let f = fs::OpenOptions::new()
         .read(true)

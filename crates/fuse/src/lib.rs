@@ -45,6 +45,10 @@
 //!   inode number), O_TMPFILE (`tmpfile`), and `idxfs trim MOUNT` by ioctl (`trim.rs`);
 //! - the image's snapshots at `MOUNT/.snapshots/NAME`, each served by an engine opened
 //!   beside the file system, with inode numbers of their own (`snapdir.rs`);
+//! - lseek's SEEK_DATA/SEEK_HOLE left to the kernel, which then reports the whole file as
+//!   data, unless `-o holes`: the extents say nothing of pages the kernel holds dirty (a
+//!   shared writable mapping's, the writeback cache's), and a sparse copy would get zeros for
+//!   them (`MountConfig::holes`);
 //! - `chattr +C` / `lsattr`: the inode flags ioctls the kernel's fileattr calls send
 //!   (`fileattr.rs`);
 //! - O_DIRECT as ext4 takes it: an offset or length that is not a multiple of 512 is EINVAL
@@ -285,6 +289,9 @@ struct Settings {
     ttl: Duration,
     /// Ask for the kernel's writeback cache.
     writeback: bool,
+    /// Answer SEEK_DATA/SEEK_HOLE from the extents (`MountConfig::holes`); never with the
+    /// writeback cache.
+    holes: bool,
     /// Let the kernel choose plain READDIR where no entry it lists is looked up
     /// (`MountConfig::readdirplus_auto`).
     readdirplus_auto: bool,
@@ -315,6 +322,7 @@ impl IdxFuse {
             set: Settings {
                 ttl: cfg.ttl,
                 writeback: cfg.writeback,
+                holes: cfg.holes && !cfg.writeback,
                 readdirplus_auto: cfg.readdirplus_auto,
                 acl: cfg.acl_here(),
                 pin_cpus: if cfg.pins_threads() {
@@ -1923,6 +1931,11 @@ impl Filesystem for IdxFuse {
         reply: ReplyLseek,
     ) {
         let _in = self.begin(Op::Lseek, req);
+        // Without `-o holes`, ENOSYS: the kernel asks no more on this connection and answers
+        // from its own size, which sees pages it holds dirty (`MountConfig::holes`).
+        if !self.set.holes {
+            return reply.error(Errno::ENOSYS);
+        }
         let what = match whence {
             libc::SEEK_DATA => Seek::Data,
             libc::SEEK_HOLE => Seek::Hole,

@@ -46,6 +46,17 @@ pub struct MountConfig {
     /// requests (the kernel then keeps mtime/ctime and sends them by setattr on close). Off by
     /// default: for small files it adds requests (see the crate docs).
     pub writeback: bool,
+    /// `-o holes`: lseek's SEEK_DATA and SEEK_HOLE answered from the file's extents, so a
+    /// sparse copy (GNU cp, tar, rsync) skips the holes. Off by default: the server cannot
+    /// see pages the kernel holds dirty, which a shared writable mapping makes in any mount
+    /// (until they are written back, at the latest at munmap), and the writeback cache in
+    /// every write until close. An answer from the extents alone calls such pages a hole,
+    /// and a copy made meanwhile gets zeros where the file has data (ZFS's "SEEK_DATA races
+    /// with writes" bug of 2023). Off, the kernel answers from its own size (the whole file
+    /// is data; a sparse copy reads the holes and still writes them as holes), as on every
+    /// FUSE file system without lseek. Refused with `writeback`, whose dirty pages no mapping
+    /// is needed for (`check`).
+    pub holes: bool,
     /// Freed blocks are discarded once nothing can read them, so an image file gives their
     /// space back (`-o discard`, the default; `nodiscard` keeps every block the image ever
     /// used allocated). See `idxfs_engine::space::discard`.
@@ -125,6 +136,7 @@ impl Default for MountConfig {
             fsname: None,
             ttl: Duration::from_secs(3600),
             writeback: false,
+            holes: false,
             discard: true,
             datasum: true,
             threads: None,
@@ -178,6 +190,8 @@ impl MountConfig {
                 "allow_other" => self.allow_other = true,
                 "writeback" => self.writeback = true,
                 "nowriteback" => self.writeback = false,
+                "holes" => self.holes = true,
+                "noholes" => self.holes = false,
                 "discard" => self.discard = true,
                 "nodiscard" => self.discard = false,
                 "datasum" => self.datasum = true,
@@ -282,6 +296,19 @@ impl MountConfig {
                 k if k.starts_with("x-") || k.starts_with("comment") => {}
                 _ => return Err(OptionError(format!("unknown mount option {opt:?}"))),
             }
+        }
+        Ok(())
+    }
+
+    /// Refuses options that cannot go together, once all are applied.
+    pub fn check(&self) -> Result<(), OptionError> {
+        if self.holes && self.writeback {
+            return Err(OptionError(
+                "mount options holes and writeback cannot go together: with the writeback \
+                 cache, data written until a file's close is only in the kernel, and SEEK_DATA \
+                 would call it a hole"
+                    .into(),
+            ));
         }
         Ok(())
     }
@@ -542,6 +569,18 @@ mod tests {
         let k = c.kernel_flags();
         assert_eq!(k & (libc::MS_NODEV | libc::MS_NOSUID), 0);
         assert_eq!(k & libc::MS_NOEXEC, libc::MS_NOEXEC);
+    }
+
+    #[test]
+    fn holes_are_asked_for_and_never_beside_writeback() {
+        let mut c = MountConfig::default();
+        assert!(!c.holes, "the kernel answers lseek by default");
+        c.apply("holes").expect("valid");
+        assert!(c.holes && c.check().is_ok());
+        c.apply("writeback").expect("valid");
+        assert!(c.check().is_err(), "holes beside writeback");
+        c.apply("noholes").expect("valid");
+        assert!(!c.holes && c.check().is_ok());
     }
 
     #[test]
