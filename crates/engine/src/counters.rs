@@ -96,6 +96,7 @@ counters! {
     log_fallback_commits: "fsyncs that committed (no log chain yet, or a change too large for one)",
     log_replayed_batches: "fsync log batches applied at open after a crash",
     inode_cache_hits: "inode lookups served from the inode cache",
+    parent_hits: "directory parents found in the inode cache's map (`dir_parents`), not the tree",
     getattr_lock_free: "getattr answered from the published inodes, without the lock",
     lookup_lock_free: "lookups answered from the published names and inodes, without the lock",
     readlink_lock_free: "readlinks answered from the published symlink targets, without the lock",

@@ -11,6 +11,7 @@
 //! `changed`, so the operation that changed it can publish the new items for lock-free readers
 //! when it ends (`fs::published`). Dropping a clean inode to make room is not a change.
 use crate::btree::cache::{Slab, DIRTY};
+use crate::dir_parents::DirParents;
 use idxfs_format::items::InodeItem;
 
 pub struct InodeCache {
@@ -19,6 +20,8 @@ pub struct InodeCache {
     limit: usize,
     /// Inodes installed, changed or removed since the last `take_changed` (repeats possible).
     changed: Vec<u64>,
+    /// Directories' parents (`dir_parents`): here so that they go wherever the inodes go.
+    pub parents: DirParents,
 }
 
 struct Slot {
@@ -34,6 +37,7 @@ impl InodeCache {
             dirty: 0,
             limit: limit.max(16),
             changed: Vec::new(),
+            parents: DirParents::new(limit.saturating_mul(4)),
         }
     }
 
@@ -79,8 +83,10 @@ impl InodeCache {
         }
     }
 
+    /// The inode was freed.
     pub fn remove(&mut self, ino: u64) {
         self.changed.push(ino);
+        self.parents.forget(ino);
         if let Some(s) = self.slab.remove(ino) {
             if s.dirty {
                 self.dirty -= 1;

@@ -7,6 +7,7 @@ pub mod btree;
 pub mod caller;
 pub mod clock;
 pub mod counters;
+pub mod dir_parents;
 pub mod dump;
 pub mod error;
 pub mod fs;

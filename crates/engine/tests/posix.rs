@@ -232,3 +232,40 @@ fn readdir_is_in_inode_order_and_resumable() {
     fs.close().expect("close");
     assert_clean(&dev);
 }
+
+/// The check that a directory does not move below itself walks up through parents that the
+/// inode cache remembers (`dir_parents`): every rename that moves a directory, an exchange
+/// of two, and an rmdir whose inode number comes back must make it forget, or a later
+/// rename would make a cycle. Each refusal below needs the parents as they are now.
+#[test]
+fn renames_below_oneself_are_refused_after_the_tree_moved() {
+    let (dev, fs) = mem_fs(64 << 20);
+    let mk = |p: u64, n: &[u8]| fs.mkdir(p, n, 0o755, ME).expect("mkdir").ino;
+    let refused = |p1: u64, n1: &[u8], p2: u64, n2: &[u8], flags: u32| {
+        matches!(fs.rename(p1, n1, p2, n2, flags), Err(Error::Invalid(_)))
+    };
+    // a/b/c and d/e; walks from c and e remember their parents.
+    let (a, d) = (mk(ROOT, b"a"), mk(ROOT, b"d"));
+    let (b, e) = (mk(a, b"b"), mk(d, b"e"));
+    let c = mk(b, b"c");
+    assert!(refused(ROOT, b"a", c, b"x", 0));
+    assert!(refused(ROOT, b"d", e, b"x", 0));
+    // b moves under d: d/b/c. d may no longer go under c.
+    fs.rename(a, b"b", d, b"b", 0).expect("move b");
+    assert!(refused(ROOT, b"d", c, b"x", 0));
+    // An exchange: d/e <-> a (so a sits at d/e, e at the root as "a"): d may not go under a.
+    fs.rename(d, b"e", ROOT, b"a", RENAME_EXCHANGE)
+        .expect("exchange");
+    assert!(refused(ROOT, b"d", a, b"x", 0));
+    assert!(!refused(ROOT, b"a", a, b"e2", 0), "e moves under a");
+    // Directories removed and made again, maybe with the same numbers: the new ones' parents.
+    fs.rmdir(b, b"c").expect("rmdir c");
+    fs.rmdir(d, b"b").expect("rmdir b");
+    let b2 = mk(ROOT, b"b2");
+    let c2 = mk(b2, b"c2");
+    assert!(refused(ROOT, b"b2", c2, b"x", 0));
+    assert!(!refused(ROOT, b"d", c2, b"d", 0), "d is no ancestor of c2");
+    assert!(refused(c2, b"d", a, b"x", 0));
+    fs.close().expect("close");
+    assert_clean(&dev);
+}

@@ -18,6 +18,7 @@
 //! 64-bit hash until their item is full) is refused with nothing half-applied.
 use super::Inner;
 use crate::btree::Change;
+use crate::counters::Counters;
 use crate::error::{Error, Result};
 use idxfs_format::items::{
     decode_dir_entries, decode_ext_refs, decode_names, dir_entry_size, encode_dir_entry,
@@ -198,6 +199,7 @@ impl Inner {
     /// Removes the back reference `name` of `child` in `dir`: from the InodeRef item if it is
     /// there, else from the extended reference it took.
     fn remove_back_ref(&mut self, dir: u64, name: &[u8], child: u64) -> Result<()> {
+        self.inodes.parents.forget(child);
         let rkey = Key::new(child, ItemType::InodeRef, dir);
         // A back reference that does not decode is corruption: report it and leave the item
         // as it is (never rewrite what could not be read).
@@ -380,6 +382,10 @@ impl Inner {
         if dir == idxfs_format::ROOT_INO {
             return Ok(dir);
         }
+        if let Some(p) = self.inodes.parents.get(dir) {
+            Counters::inc(&self.store.counters.parent_hits);
+            return Ok(p);
+        }
         let mut parent = None;
         let tree = self.fs_tree;
         tree.scan(
@@ -391,14 +397,15 @@ impl Inner {
                 Ok(false)
             },
         )?;
-        parent.ok_or_else(|| {
+        let parent = parent.ok_or_else(|| {
             idxfs_format::Corrupt::new(
                 format!("directory {dir} back reference"),
                 "none",
                 "one INODE_REF item",
             )
-            .into()
-        })
+        })?;
+        self.inodes.parents.insert(dir, parent);
+        Ok(parent)
     }
 
     /// Writes a fresh inode item into the tree and the cache.

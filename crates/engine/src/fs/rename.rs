@@ -10,12 +10,16 @@ use idxfs_format::ROOT_INO;
 const RENAME_ITEMS: u64 = 13;
 
 impl Inner {
-    /// True if `dir` is `anc` or lies below it.
+    /// True if `dir` is `anc` or lies below it. One parent per level, from the inode cache's
+    /// map of parents where it has them (`crate::dir_parents`), else from the tree.
     pub(super) fn is_within(&mut self, mut dir: Ino, anc: Ino) -> Result<bool> {
         // A directory met twice on the way up is a cycle: corruption. (A cap on the walk
         // would call a deep but valid tree corrupt, and one from the image's inode count
-        // would let a damaged image spin for ever.)
-        let mut seen = std::collections::HashSet::new();
+        // would let a damaged image spin for ever.) Brent's method finds one without a set
+        // of every directory passed: `mark` is the directory met at the last power of two
+        // steps since the one before, so a cycle brings the walk back to it within twice
+        // the walk's length to the cycle and around it.
+        let (mut mark, mut steps, mut span) = (dir, 0u64, 1u64);
         loop {
             if dir == anc {
                 return Ok(true);
@@ -23,7 +27,8 @@ impl Inner {
             if dir == ROOT_INO {
                 return Ok(false);
             }
-            if !seen.insert(dir) {
+            dir = self.parent_of(dir)?;
+            if dir == mark {
                 return Err(idxfs_format::Corrupt::new(
                     format!("directory {dir} ancestry"),
                     "a cycle",
@@ -31,7 +36,10 @@ impl Inner {
                 )
                 .into());
             }
-            dir = self.parent_of(dir)?;
+            steps += 1;
+            if steps == span {
+                (mark, steps, span) = (dir, 0, span.saturating_mul(2));
+            }
         }
     }
 
@@ -154,5 +162,59 @@ impl Fs {
         })?;
         self.release_orphans();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::fs::{Fs, MkfsOptions, OpenOptions, Owner};
+    use crate::Error;
+    use idxfs_blockdev::MemDevice;
+    use idxfs_format::items::encode_names;
+    use idxfs_format::{ItemType, Key, ROOT_INO};
+    use std::sync::Arc;
+
+    const ME: Owner = Owner { uid: 0, gid: 0 };
+
+    /// A walk up that meets a cycle (a damaged image whose directories name each other as
+    /// parents) is corruption, found at any cycle length; the map of parents answers what
+    /// the tree does.
+    #[test]
+    fn a_cycle_of_parents_is_corruption_at_any_length() {
+        for len in [1u64, 2, 3, 5, 8, 13] {
+            let dev = Arc::new(MemDevice::new(64 << 20));
+            Fs::mkfs(dev.clone(), &MkfsOptions::default()).expect("mkfs");
+            let fs = Fs::open(dev, OpenOptions::default()).expect("open");
+            // A chain root/d0/d1/.../d{len+2}, then d2's back reference pointed at the
+            // last: d2 -> d{len+1} -> ... -> d3 -> d2 is a cycle `len` long.
+            let mut chain = vec![ROOT_INO];
+            for i in 0..len + 2 {
+                let d = fs.mkdir(
+                    *chain.last().expect("root"),
+                    format!("d{i}").as_bytes(),
+                    0o755,
+                    ME,
+                );
+                chain.push(d.expect("mkdir").ino);
+            }
+            let other = fs.mkdir(ROOT_INO, b"other", 0o755, ME).expect("mkdir").ino;
+            let mut g = fs.lock();
+            let (d2, last) = (chain[3], *chain.last().expect("chain"));
+            assert!(!g.is_within(last, other).expect("a sound walk"));
+            assert!(g.is_within(last, chain[1]).expect("a sound walk"));
+            assert_eq!(g.inodes.parents.get(d2), Some(chain[2]), "remembered");
+            let mut tree = g.fs_tree;
+            tree.delete(&mut g.store, &Key::new(d2, ItemType::InodeRef, chain[2]))
+                .expect("delete");
+            let name = encode_names(&[b"d2".to_vec()]);
+            tree.put(&mut g.store, Key::new(d2, ItemType::InodeRef, last), name)
+                .expect("put");
+            g.fs_tree = tree;
+            g.inodes.parents.forget(d2);
+            match g.is_within(last, other) {
+                Err(Error::Corrupt(c)) => assert!(c.to_string().contains("a cycle"), "{c}"),
+                r => panic!("cycle of {len}: {r:?}"),
+            }
+        }
     }
 }
