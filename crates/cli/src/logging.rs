@@ -46,9 +46,14 @@ impl log::Log for Logger {
     }
 }
 
-/// The log file of a background mount of `image`.
+/// The log file of a background mount of `image`. An image that does not exist yet is the
+/// file `--create` is about to make (a mount of a missing image without it is refused
+/// before it logs), so its log sits beside it too, where the next mount's goes.
 pub fn log_path(image: &Path) -> PathBuf {
-    let is_file = std::fs::metadata(image).is_ok_and(|m| m.is_file());
+    let is_file = match std::fs::metadata(image) {
+        Ok(m) => m.is_file(),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    };
     if is_file {
         let mut p = image.as_os_str().to_owned();
         p.push(".log");
@@ -144,6 +149,12 @@ mod tests {
         let img = dir.path().join("data.img");
         std::fs::write(&img, b"").expect("write");
         assert_eq!(log_path(&img), dir.path().join("data.img.log"));
+        let made = dir.path().join("made.img");
+        assert_eq!(
+            log_path(&made),
+            dir.path().join("made.img.log"),
+            "an image --create is about to make"
+        );
         assert_eq!(
             log_path(Path::new("/dev/loop7")),
             PathBuf::from("/var/log/idxfs-loop7.log")
