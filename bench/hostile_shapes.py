@@ -5,12 +5,20 @@ extents while another thread creates a file every millisecond. Prints the times 
 creates' latency beside the truncate (docs/benchmarks.md, "Hostile shapes").
 
     python3 bench/hostile_shapes.py chain DIR DEPTH
+    python3 bench/hostile_shapes.py rename DIR DEPTH
     python3 bench/hostile_shapes.py truncate DIR EXTENTS
+    python3 bench/hostile_shapes.py sparse DIR EXTENTS
+
+`rename` makes a chain (as `chain`, at DIR/rchain) and times renames of a directory at its
+bottom: into a sibling directory and back, and within its own directory (median of 40).
+`sparse` writes a file of EXTENTS data runs (1 byte every 8 KiB), then times a walk over
+it with SEEK_DATA/SEEK_HOLE and a `cp` of it (its lseeks and reads).
 
 Then, for the chain on an idxfs mount: `idxfs cp DIR/chain DIR/copy`, `idxfs rm DIR/copy`,
 with the server's memory from /proc/PID/status.
 """
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -60,6 +68,55 @@ def truncate(root, extents):
           % (len(lat), lat[-1] * 1e3, lat[int(len(lat) * 0.99)] * 1e3))
 
 
+def rename(root, depth):
+    os.chdir(root)
+    os.mkdir("rchain")
+    os.chdir("rchain")
+    for _ in range(depth):
+        os.mkdir("d")
+        os.chdir("d")
+    for d in ("a", "b", "a/x"):
+        os.mkdir(d)
+
+    def median(pairs):
+        ts = []
+        for _ in range(20):
+            for src, dst in pairs:
+                t = time.time()
+                os.rename(src, dst)
+                ts.append(time.time() - t)
+        ts.sort()
+        return ts[len(ts) // 2] * 1e3
+
+    across = median([("a/x", "b/x"), ("b/x", "a/x")])
+    within = median([("a/x", "a/y"), ("a/y", "a/x")])
+    print("renames at depth %d: into a sibling %.2f ms, within its directory %.2f ms"
+          % (depth, across, within))
+
+
+def sparse(root, extents):
+    p = os.path.join(root, "sparse")
+    fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o644)
+    for i in range(extents):
+        os.pwrite(fd, b"z", i * 8192)
+    os.fsync(fd)
+    t = time.time()
+    pos, runs = 0, 0
+    while True:
+        try:
+            data = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError:
+            break
+        pos = os.lseek(fd, data, os.SEEK_HOLE)
+        runs += 1
+    walk = time.time() - t
+    os.close(fd)
+    t = time.time()
+    subprocess.run(["cp", p, p + ".copy"], check=True)
+    print("%d extents: SEEK_DATA/SEEK_HOLE walk %.2f s (%d data runs seen), cp %.2f s"
+          % (extents, walk, runs, time.time() - t))
+
+
 if __name__ == "__main__":
     what, root, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    {"chain": chain, "truncate": truncate}[what](root, n)
+    {"chain": chain, "rename": rename, "truncate": truncate, "sparse": sparse}[what](root, n)
