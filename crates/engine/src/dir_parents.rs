@@ -2,11 +2,11 @@
 //!
 //! A directory has one name, so one `InodeRef` item, keyed by its parent: `Inner::parent_of`
 //! finds it with a tree scan (a descent and a leaf). A walk up a deep tree makes one per
-//! level, under the operation lock: the check that a rename does not move a directory below
-//! itself, from a directory 20,000 deep, took 22 ms that way. Here a level is a lookup in an
-//! XArray keyed by inode number (seed 000): a chain of directories made one after another
-//! has neighbouring numbers, so its levels share leaves (a hash map, tried first, cost a
-//! cache miss a level, 6 ms for those 20,000). A node that cannot be allocated leaves the
+//! level, under the operation lock (the check that a rename does not move a directory below
+//! itself walks from the target to the root). Here a level is a lookup in an XArray keyed by
+//! inode number (seed 000): a chain of directories made one after another has neighbouring
+//! numbers, so its levels share leaves, where a hash map costs a cache miss a level (measured
+//! in docs/benchmarks.md, "Hostile shapes"). A node that cannot be allocated leaves the
 //! entry out: the next walk reads the tree there.
 //!
 //! Coherence: an entry is the directory's `InodeRef` as it was read. Only
@@ -54,14 +54,6 @@ impl DirParents {
     pub fn forget(&mut self, dir: u64) {
         self.map.remove_mut(dir);
     }
-
-    pub fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
-    }
 }
 
 #[cfg(test)]
@@ -74,13 +66,13 @@ mod tests {
         for d in 0..16 {
             p.insert(100 + d, d);
         }
-        assert_eq!((p.len(), p.get(105)), (16, Some(5)));
+        assert_eq!((p.map.len(), p.get(105)), (16, Some(5)));
         p.forget(105);
         assert_eq!(p.get(105), None);
         p.insert(105, 7);
         assert_eq!(p.get(105), Some(7));
         p.insert(200, 1);
-        assert_eq!((p.len(), p.get(200), p.get(101)), (1, Some(1), None));
+        assert_eq!((p.map.len(), p.get(200), p.get(101)), (1, Some(1), None));
         p.insert(300, u64::MAX);
         assert_eq!(p.get(300), None, "no such parent kept");
     }
