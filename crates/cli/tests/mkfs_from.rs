@@ -816,3 +816,163 @@ fn what_cannot_be_copied_is_refused_in_one_line_and_an_image_it_made_goes() {
         "what was copied is a clean file system: {out}{err}"
     );
 }
+
+/// Levels of `deep_chain`: their path (5-6 bytes a level) passes PATH_MAX four times over.
+const DEEP: usize = 3000;
+
+/// `name` in the directory open as `dir`, opened with `flags` (never following a symlink).
+fn open_at(dir: &std::os::fd::OwnedFd, name: &str, flags: i32) -> std::os::fd::OwnedFd {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let c = CString::new(name).expect("no NUL");
+    // SAFETY: a NUL-terminated name in an open directory; the descriptor is ours.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags | libc::O_NOFOLLOW, 0o640) };
+    assert!(
+        fd >= 0,
+        "openat {name}: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: just opened, owned by nobody else.
+    unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
+}
+
+fn open_dir(path: &Path) -> std::os::fd::OwnedFd {
+    std::fs::File::open(path).expect("open dir").into()
+}
+
+/// What the deep test compares of `name` in `dir`: type and mode, owner, size (not of a
+/// directory), mtime, xattrs (through the directory's descriptor in /proc, as no path from
+/// the top fits in PATH_MAX), and a file's bytes or a symlink's target.
+fn entry_at(dir: &std::os::fd::OwnedFd, name: &str) -> String {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStringExt;
+    let c = CString::new(name).expect("no NUL");
+    let mut st = std::mem::MaybeUninit::<libc::stat64>::zeroed();
+    // SAFETY: a NUL-terminated name and a stat buffer to fill.
+    let r = unsafe {
+        libc::fstatat64(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    assert_eq!(r, 0, "fstatat {name}: {}", std::io::Error::last_os_error());
+    // SAFETY: fstatat filled it.
+    let st = unsafe { st.assume_init() };
+    let kind = st.st_mode & libc::S_IFMT;
+    let size = (kind != libc::S_IFDIR).then_some(st.st_size);
+    let via = PathBuf::from(format!("/proc/self/fd/{}/{name}", dir.as_raw_fd()));
+    let data = match kind {
+        libc::S_IFREG => {
+            let f = std::fs::File::from(open_at(dir, name, libc::O_RDONLY));
+            let mut b = Vec::new();
+            std::io::Read::read_to_end(&mut &f, &mut b).expect("read");
+            b
+        }
+        libc::S_IFLNK => std::fs::read_link(&via)
+            .expect("readlink")
+            .into_os_string()
+            .into_vec(),
+        _ => Vec::new(),
+    };
+    format!(
+        "{name}: mode {:o} owner {}:{} size {size:?} mtime {}.{} xattrs {:?} data {:?}",
+        st.st_mode,
+        st.st_uid,
+        st.st_gid,
+        st.st_mtime,
+        st.st_mtime_nsec,
+        xattrs(&via),
+        String::from_utf8_lossy(&data)
+    )
+}
+
+/// A chain of `DEEP` directories under `top`; every 700th level also holds a file, a
+/// symlink and a FIFO (each with an xattr), and an xattr of its own. Made by descriptors,
+/// as no path from `top` to the bottom fits in PATH_MAX.
+fn deep_chain(top: &Path) {
+    use std::os::fd::AsRawFd;
+    let mut dir = open_dir(top);
+    for level in 1..=DEEP {
+        let name = CString::new(format!("d{level}")).expect("no NUL");
+        // SAFETY: a NUL-terminated name in an open directory.
+        let r = unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o750) };
+        assert_eq!(r, 0, "mkdirat: {}", std::io::Error::last_os_error());
+        dir = open_at(
+            &dir,
+            &format!("d{level}"),
+            libc::O_RDONLY | libc::O_DIRECTORY,
+        );
+        if level % 700 == 0 {
+            let proc = |n: &str| PathBuf::from(format!("/proc/self/fd/{}/{n}", dir.as_raw_fd()));
+            let f = open_at(&dir, "f", libc::O_WRONLY | libc::O_CREAT);
+            std::io::Write::write_all(
+                &mut std::fs::File::from(f),
+                format!("level {level}").as_bytes(),
+            )
+            .expect("write");
+            std::os::unix::fs::symlink(format!("to{level}"), proc("s")).expect("symlink");
+            let fifo = CString::new("p").expect("no NUL");
+            // SAFETY: a NUL-terminated name in an open directory.
+            let r = unsafe { libc::mkfifoat(dir.as_raw_fd(), fifo.as_ptr(), 0o640) };
+            assert_eq!(r, 0, "mkfifoat: {}", std::io::Error::last_os_error());
+            for (n, x) in [
+                ("s", "trusted.s"),
+                ("p", "trusted.p"),
+                ("f", "user.f"),
+                (".", "user.d"),
+            ] {
+                let (c, v) = (cpath(&proc(n)), format!("{x}{level}"));
+                let xc = CString::new(x).expect("no NUL");
+                // SAFETY: NUL-terminated path and name, a buffer of the given length.
+                let r = unsafe {
+                    libc::lsetxattr(c.as_ptr(), xc.as_ptr(), v.as_ptr().cast(), v.len(), 0)
+                };
+                assert_eq!(r, 0, "lsetxattr {n}: {}", std::io::Error::last_os_error());
+            }
+        }
+    }
+}
+
+/// Walks the chains under `a` and `b` side by side by descriptors, and asserts that every
+/// entry of every level is the same in both.
+fn assert_same_chain(a: &Path, b: &Path) {
+    let (mut da, mut db) = (open_dir(a), open_dir(b));
+    let dir = libc::O_RDONLY | libc::O_DIRECTORY;
+    for level in 1..=DEEP {
+        let next = format!("d{level}");
+        let want = entry_at(&da, &next);
+        assert_eq!(entry_at(&db, &next), want);
+        da = open_at(&da, &next, dir);
+        db = open_at(&db, &next, dir);
+        if level % 700 == 0 {
+            for n in ["f", "s", "p", "."] {
+                let want = entry_at(&da, n);
+                assert_eq!(entry_at(&db, n), want, "at level {level}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_tree_deeper_than_path_max_is_copied_by_mkfs_from_and_import() {
+    let dir = shm_tempdir();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    deep_chain(&src);
+    let s = src.to_str().expect("utf8");
+    let mut m = Mounted::new("128M", "");
+    m.unmount();
+    std::fs::remove_file(&m.image).expect("rm image");
+    let (code, out, err) = idxfs(&["mkfs", "--from", s, m.image.to_str().expect("utf8")]);
+    assert_eq!(code, 0, "mkfs --from: {out}{err}");
+    assert!(out.contains(&format!("{DEEP} directories")), "{out}");
+    m.assert_fsck_clean();
+    m.mount("");
+    assert_same_chain(&src, &m.mp);
+    let (code, out, err) = idxfs(&["import", s, m.path("again").to_str().expect("utf8")]);
+    assert_eq!(code, 0, "import: {out}{err}");
+    assert_same_chain(&src, &m.path("again"));
+    m.unmount();
+    m.assert_fsck_clean();
+}

@@ -2,8 +2,8 @@
 //! stats every entry but the directories their listing already names as such, before the
 //! copy can start (the image's size is part of its format). Nothing else runs meanwhile, so
 //! the walk takes every CPU: a few threads share one stack of directories still to list.
-use super::source::{Dir, Entry};
-use std::path::{Path, PathBuf};
+use super::source::{DirPath, Entry};
+use std::path::Path;
 use std::sync::{Condvar, Mutex};
 
 /// Most threads the walk takes; past a few, listing and stat'ing contend in the kernel.
@@ -29,7 +29,7 @@ impl Count {
 
 /// Directories still to list, and how many threads are listing one (they may add more).
 struct Work {
-    todo: Vec<PathBuf>,
+    todo: Vec<DirPath>,
     busy: usize,
     failed: Option<String>,
 }
@@ -39,7 +39,7 @@ struct Work {
 /// size and the entries counted; Err is one line naming the path that failed.
 pub(crate) fn estimate(dir: &Path) -> Result<(u64, u64), String> {
     let work = Mutex::new(Work {
-        todo: vec![dir.to_path_buf()],
+        todo: vec![DirPath::new(dir)],
         busy: 0,
         failed: None,
     });
@@ -120,21 +120,22 @@ fn walker(work: &Mutex<Work>, moved: &Condvar) -> Count {
 }
 
 /// Counts the entries of directory `d` into `count` and its subdirectories into `subdirs`.
-fn list_one(d: &Path, count: &mut Count, subdirs: &mut Vec<PathBuf>) -> Result<(), String> {
-    let open = Dir::open(d).and_then(|h| h.entries().map(|e| (h, e)));
-    let (handle, list) = open.map_err(|e| format!("{}: {e}", d.display()))?;
+fn list_one(d: &DirPath, count: &mut Count, subdirs: &mut Vec<DirPath>) -> Result<(), String> {
+    let open = d.open().and_then(|h| h.entries().map(|e| (h, e)));
+    let (handle, list) = open.map_err(|e| format!("{}: {e}", d.shown().display()))?;
+    let failed = |name: &std::ffi::OsStr, e: std::io::Error| {
+        format!("{}: {e}", d.shown().join(name).display())
+    };
     for Entry { name, dtype } in list {
         count.entries += 1;
         count.names += name.len() as u64;
         if dtype == libc::DT_DIR {
-            subdirs.push(d.join(&name));
+            subdirs.push(d.child(&handle, &name));
             continue;
         }
-        let m = handle
-            .stat(&name)
-            .map_err(|e| format!("{}: {e}", d.join(&name).display()))?;
+        let m = handle.stat(&name).map_err(|e| failed(&name, e))?;
         if m.is_dir() {
-            subdirs.push(d.join(&name));
+            subdirs.push(d.child(&handle, &name));
         } else if m.is_file() || m.is_symlink() {
             // Allocated bytes, so holes cost nothing; a file written since may need more.
             count.data += (m.blocks() * 512).min(m.size()).div_ceil(4096) * 4096;

@@ -4,12 +4,16 @@
 //! no walk of its whole path: by path, each of lstat, open and llistxattr would look up every
 //! component of `DIR/d00042/f0042137` again, for every file.
 //!
-//! Directories are opened by path (once each, when the walk reaches them), so the walk holds
-//! one directory descriptor at a time however wide the tree is.
+//! Directories are opened by path (once each, when the walk reaches them; `DirPath`), so the
+//! walk holds one directory descriptor at a time however wide the tree is. A path that would
+//! grow past `ANCHOR_BYTES` starts again from an open ancestor instead, so a tree deeper than
+//! PATH_MAX is copied too (as `cp -a` and tar copy it), with one descriptor held per
+//! `ANCHOR_BYTES` of the deepest path, and no open resolving more than that many bytes.
 use std::ffi::{CStr, CString, OsStr, OsString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// One entry of a listing: its name and the type `getdents` gave (`libc::DT_*`;
 /// `DT_UNKNOWN` where the source file system does not say).
@@ -104,23 +108,92 @@ fn open_noatime(dir: Option<RawFd>, name: &CStr, flags: i32) -> std::io::Result<
     })
 }
 
-/// An open directory of the source tree.
-pub(super) struct Dir {
-    fd: OwnedFd,
+/// The longest path a `DirPath` resolves from its anchor (or the working directory): a
+/// quarter of PATH_MAX, so an entry's name (at most 255 bytes) always fits after it.
+const ANCHOR_BYTES: usize = libc::PATH_MAX as usize / 4;
+
+/// Where a directory of the source tree is: a path from the working directory (the one
+/// given, then its subdirectories' names appended), or, once that would pass `ANCHOR_BYTES`,
+/// a path from an open ancestor. An anchor is shared by every directory below it until the
+/// next one, and closed when the last of them is done.
+#[derive(Clone)]
+pub(super) struct DirPath {
+    anchor: Option<Arc<OwnedFd>>,
+    /// From the anchor, or from the working directory without one.
+    rel: PathBuf,
+    /// The path the walk started from, for messages.
+    given: Arc<PathBuf>,
 }
 
-impl Dir {
-    /// Opens the directory at `path` (not followed if a symlink).
-    pub fn open(path: &Path) -> std::io::Result<Dir> {
-        let c = cstr(path.as_os_str())?;
+impl DirPath {
+    /// The directory at `path`.
+    pub fn new(path: &Path) -> DirPath {
+        DirPath {
+            anchor: None,
+            rel: path.to_path_buf(),
+            given: Arc::new(path.to_path_buf()),
+        }
+    }
+
+    /// For messages: the whole path while it has no anchor, else the path the walk started
+    /// from and the part below the deepest anchor, joined by "…", so that a message stays
+    /// one line of bounded length however deep the tree.
+    pub fn shown(&self) -> PathBuf {
+        match &self.anchor {
+            None => self.rel.clone(),
+            Some(_) => self.given.join("…").join(&self.rel),
+        }
+    }
+
+    /// Opens it (not followed if a symlink).
+    pub fn open(&self) -> std::io::Result<Dir> {
+        let c = cstr(self.rel.as_os_str())?;
         let fd = open_noatime(
-            None,
+            self.anchor.as_ref().map(|a| a.as_raw_fd()),
             &c,
             libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
         )?;
-        Ok(Dir { fd })
+        Ok(Dir { fd: Arc::new(fd) })
     }
 
+    /// Its subdirectory `name`; `open` is this directory, open (the next anchor, should the
+    /// path grow too long).
+    pub fn child(&self, open: &Dir, name: &OsStr) -> DirPath {
+        if self.rel.as_os_str().len() + 1 + name.len() <= ANCHOR_BYTES {
+            return DirPath {
+                anchor: self.anchor.clone(),
+                rel: self.rel.join(name),
+                given: self.given.clone(),
+            };
+        }
+        DirPath {
+            anchor: Some(open.fd.clone()),
+            rel: PathBuf::from(name),
+            given: self.given.clone(),
+        }
+    }
+
+    /// The path of entry `name` of this directory for the calls that take one (llistxattr,
+    /// lgetxattr): below an anchor, through the anchor's descriptor in /proc.
+    pub fn entry(&self, name: &OsStr) -> std::io::Result<CString> {
+        let p = self.rel.join(name);
+        match &self.anchor {
+            None => cstr(p.as_os_str()),
+            Some(a) => {
+                let proc = PathBuf::from(format!("/proc/self/fd/{}", a.as_raw_fd()));
+                cstr(proc.join(p).as_os_str())
+            }
+        }
+    }
+}
+
+/// An open directory of the source tree; shared as the anchor of the directories below it
+/// whose paths from the last anchor grew too long (`DirPath::child`).
+pub(super) struct Dir {
+    fd: Arc<OwnedFd>,
+}
+
+impl Dir {
     /// The directory's own extended attributes (`XattrsOf::read`).
     pub fn xattrs(&self) -> Result<super::Xattrs, String> {
         XattrsOf::Fd(self.fd.as_raw_fd()).read()
@@ -346,7 +419,47 @@ impl XattrsOf<'_> {
     }
 }
 
-/// `path` as a C string, for the calls that take a path.
-pub(super) fn c_path(path: &Path) -> std::io::Result<CString> {
-    cstr(path.as_os_str())
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_path_past_path_max_opens_from_anchors_and_shows_bounded() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let name = |i: usize| OsString::from(format!("level-{i:05}"));
+        let levels = 3 * libc::PATH_MAX as usize / name(0).len();
+        // Made through the walk's own handles, each level's name from the one above.
+        let mut at = DirPath::new(dir.path());
+        for i in 0..levels {
+            let d = at.open().expect("open");
+            let c = cstr(&name(i)).expect("name");
+            // SAFETY: a NUL-terminated name in an open directory.
+            let r = unsafe { libc::mkdirat(d.fd.as_raw_fd(), c.as_ptr(), 0o755) };
+            assert_eq!(r, 0, "mkdirat: {}", std::io::Error::last_os_error());
+            at = at.child(&d, &name(i));
+            let shown = at.shown();
+            assert!(shown.ends_with(name(i)), "{}", shown.display());
+            let bound = dir.path().as_os_str().len() + ANCHOR_BYTES + 8;
+            assert!(shown.as_os_str().len() <= bound, "{}", shown.display());
+        }
+        assert!(at.shown().to_string_lossy().contains("/…/"));
+        let d = at.open().expect("the bottom opens");
+        let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC;
+        // SAFETY: a NUL-terminated name in an open directory; the descriptor is closed here.
+        let fd = check(unsafe { libc::openat(d.fd.as_raw_fd(), c"bottom".as_ptr(), flags, 0o644) });
+        // SAFETY: just opened, closed once.
+        unsafe { libc::close(fd.expect("create")) };
+        assert!(d.stat(OsStr::new("bottom")).expect("stat").is_file());
+        let mut st = std::mem::MaybeUninit::<libc::stat64>::zeroed();
+        let p = at.entry(OsStr::new("bottom")).expect("path");
+        assert!(p.as_bytes().len() < libc::PATH_MAX as usize);
+        // SAFETY: a NUL-terminated path and a stat buffer.
+        let r = unsafe { libc::lstat64(p.as_ptr(), st.as_mut_ptr()) };
+        assert_eq!(
+            r,
+            0,
+            "lstat by entry(): {}",
+            std::io::Error::last_os_error()
+        );
+    }
 }

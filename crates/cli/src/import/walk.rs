@@ -1,6 +1,6 @@
 //! The reader of `mkfs --from`: lists the source tree and reads each entry into batches for
 //! the writer, in the order the module notes of `super` give.
-use super::source::{c_path, Dir, Entry, Stat, XattrsOf};
+use super::source::{DirPath, Entry, Stat, XattrsOf};
 use super::{Attrs, Item, Kind, BATCH_BYTES, BATCH_ITEMS, CHUNK};
 use idxfs_engine::fs::NEW_FILE_MAX;
 use std::collections::HashMap;
@@ -76,13 +76,16 @@ fn walk_into(dir: &Path, out: &mut Batch) -> Result<(), WalkError> {
     // (dev, ino) of inodes with several names seen so far, to the id of their first name.
     let mut linked: HashMap<(u64, u64), u64> = HashMap::new();
     let mut next_dir = 1usize;
-    let root = Dir::open(dir)
+    let top = DirPath::new(dir);
+    let root = top
+        .open()
         .and_then(|d| d.stat_self())
         .map_err(|e| failed(dir, e))?;
     // Directories whose entries are still to be made, the next one last.
-    let mut todo = vec![(0usize, dir.to_path_buf(), root)];
-    while let Some((id, path, meta)) = todo.pop() {
-        let d = Dir::open(&path).map_err(|e| failed(&path, e))?;
+    let mut todo = vec![(0usize, top, root)];
+    while let Some((id, at, meta)) = todo.pop() {
+        let path = at.shown();
+        let d = at.open().map_err(|e| failed(&path, e))?;
         let mut entries = d.entries().map_err(|e| failed(&path, e))?;
         entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         let mut subdirs = Vec::new();
@@ -118,7 +121,7 @@ fn walk_into(dir: &Path, out: &mut Batch) -> Result<(), WalkError> {
             } else if m.is_dir() {
                 let kid = next_dir;
                 next_dir += 1;
-                subdirs.push((kid, p.clone(), m));
+                subdirs.push((kid, at.child(&d, &name), m));
                 // Its xattrs go with its attributes, once its entries are made (`DirDone`).
                 (Kind::Dir { id: kid }, Vec::new(), None)
             } else if m.is_file() {
@@ -138,7 +141,7 @@ fn walk_into(dir: &Path, out: &mut Batch) -> Result<(), WalkError> {
                 } else {
                     Kind::Special
                 };
-                let c = c_path(&p).map_err(|e| failed(&p, e))?;
+                let c = at.entry(&name).map_err(|e| failed(&p, e))?;
                 let xattrs = XattrsOf::Path(&c).read().map_err(|e| failed(&p, e))?;
                 (kind, xattrs, None)
             };
