@@ -119,3 +119,48 @@ fn cp_shares_blocks_and_either_side_changes_alone() {
     );
     m.unmount();
 }
+
+/// A copy_file_range request works for a slice and answers with a short copy (`slices.rs`):
+/// with slices of no time (`IDXFS_SLICE_US=0`), one batch (8 MiB) a request, the caller
+/// asking again for the rest; `cp` gets the whole file, shared.
+#[test]
+fn a_copy_answers_a_batch_a_request_when_its_slice_is_up() {
+    const SIZE: usize = (24 << 20) + 5000;
+    let mut m = Mounted::new("256M", "");
+    m.unmount();
+    m.env.push(("IDXFS_SLICE_US", "0".into()));
+    m.mount("");
+    let data = pattern(SIZE);
+    std::fs::write(m.path("big"), &data).expect("write");
+    let src = std::fs::File::open(m.path("big")).expect("open");
+    let dst = std::fs::File::create(m.path("copy")).expect("create");
+    let (mut off_in, mut off_out): (i64, i64) = (0, 0);
+    let mut calls = Vec::new();
+    while (off_in as usize) < SIZE {
+        // SAFETY: copy_file_range(2) between two open files with valid offset pointers.
+        let n = unsafe {
+            libc::copy_file_range(
+                src.as_raw_fd(),
+                &mut off_in,
+                dst.as_raw_fd(),
+                &mut off_out,
+                SIZE - off_in as usize,
+                0,
+            )
+        };
+        assert!(n > 0, "copy_file_range: {}", std::io::Error::last_os_error());
+        calls.push(n as usize);
+    }
+    drop((src, dst));
+    assert_eq!(calls, [8 << 20, 8 << 20, 8 << 20, 5000], "one batch a request");
+    assert!(std::fs::read(m.path("copy")).expect("read") == data, "copy differs");
+    let st = Command::new("cp")
+        .arg(m.path("big"))
+        .arg(m.path("cp"))
+        .status()
+        .expect("run cp");
+    assert!(st.success(), "cp: {st}");
+    assert!(std::fs::read(m.path("cp")).expect("read") == data, "cp's copy differs");
+    m.unmount();
+    m.assert_fsck_clean();
+}

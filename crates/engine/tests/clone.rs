@@ -482,3 +482,48 @@ fn a_destination_that_grows_past_the_copy_before_its_batch_keeps_its_bytes() {
     let fs = Fs::open(dev.clone(), opts()).expect("reopen");
     check(&fs, &[a, b], &[data, want], "a reopen");
 }
+
+#[test]
+fn a_copy_given_a_time_stops_after_its_batch_in_progress_and_the_rest_follows() {
+    let (dev, fs) = mem_fs(96 << 20);
+    let a = fs.create(ROOT, b"a", 0o644, ME).expect("create").ino;
+    let mut rng = Rng::new(11);
+    // Three batches and a bit (`CLONE_BATCH_BLOCKS` is 2,048 blocks).
+    let data = rng.bytes((3 * 2048 + 5) * BS as usize + 77);
+    fs.write(a, 0, &data).expect("write");
+    let len = data.len() as u64;
+    let kill = idxfs_engine::fs::Kill::default();
+    // Aligned (shared) and unaligned (byte by byte, 1 MiB a chunk) copies, each asked for
+    // the whole file at a time already passed: every call does one piece and returns it as
+    // a short copy, and the calls together make the copy.
+    for (name, at, piece) in [(&b"shared"[..], 0, 2048 * BS), (b"bytes", 3, 1 << 20)] {
+        let b = fs.create(ROOT, name, 0o644, ME).expect("create").ino;
+        let (mut done, mut calls) = (0, 0);
+        while done < len {
+            let now = std::time::Instant::now();
+            let n = fs
+                .copy_range_until(a, done, b, at + done, len - done, kill, now)
+                .expect("copy");
+            assert!(n > 0, "a copy given no time still does one piece");
+            assert!(
+                n == piece || done + n == len,
+                "{}: {n} bytes at {done}: not one piece ({piece}) or the rest",
+                String::from_utf8_lossy(name)
+            );
+            done += n;
+            calls += 1;
+        }
+        assert_eq!(calls, len.div_ceil(piece), "one call a piece");
+        let mut want = vec![0u8; at as usize];
+        want.extend_from_slice(&data);
+        check(&fs, &[b], &[want], "copies piece by piece");
+        // Without a time, one call does it all.
+        let c = fs
+            .create(ROOT, &[name, b"2"].concat(), 0o644, ME)
+            .expect("create")
+            .ino;
+        assert_eq!(fs.copy_range(a, 0, c, at, len, kill).expect("copy"), len);
+    }
+    drop(fs);
+    assert_clean(&dev);
+}

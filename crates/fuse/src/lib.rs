@@ -1850,6 +1850,9 @@ impl Filesystem for IdxFuse {
         };
         // The reply's count is 32 bits; a longer copy is a short one, which callers repeat.
         let len = len.min(u64::from(u32::MAX) & !4095);
+        // So is a copy that works past a slice (`slices`): this worker's other callers wait
+        // for one slice at most, not for all of a copy of a file of many extents.
+        let until = std::time::Instant::now() + slices::copy_slice();
         if ino_in.0 >> snapdir::SHIFT != ino_out.0 >> snapdir::SHIFT {
             // Out of a snapshot: its blocks are shared where a copy inside the tree would
             // share them (`Fs::copy_from_snapshot`).
@@ -1859,14 +1862,16 @@ impl Filesystem for IdxFuse {
                 Place::Stale => return reply.error(Errno::ESTALE),
                 Place::Live | Place::View(_) => return reply.error(Errno::EXDEV),
             };
-            let r = t.copy_from_snapshot(&view.fs, view.ino, offset_in, out, offset_out, len, kill);
+            let (src, fs) = (view.ino, &view.fs);
+            let r =
+                t.copy_from_snapshot_until(fs, src, offset_in, out, offset_out, len, kill, until);
             return match r {
                 Ok(n) => reply.written(n as u32),
                 Err(e) => reply.error(errno(&e)),
             };
         }
         let ino_in = snapdir::local(ino_in.0);
-        match t.copy_range(ino_in, offset_in, out, offset_out, len, kill) {
+        match t.copy_range_until(ino_in, offset_in, out, offset_out, len, kill, until) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(&e)),
         }

@@ -20,13 +20,19 @@
 //! The copy runs in batches of `CLONE_BATCH_BLOCKS`, each reserving for itself and ending
 //! in a whole state: a copy refused for space part-way returns the bytes done so far (a
 //! short copy, as copy_file_range allows), and a crash leaves a prefix of the copy, as a
-//! crash in the middle of a long write would.
+//! crash in the middle of a long write would. Each batch is an operation of its own, so
+//! other operations go on between them; a caller that must answer others soon (a FUSE ring
+//! worker serves its CPU's callers one request at a time) gives a time by which the copy
+//! stops after its batch in progress, also a short copy (`copy_range_until`): sharing a file
+//! of many extents takes time in proportion, and any user can make such a file in seconds
+//! (docs/benchmarks.md, "Hostile shapes").
 use super::file::{check_regular, MAX_FILE_SIZE};
 use super::inode_flags::is_nocow;
 use super::{privs, Durable, Fs, Inner, Ino, Kill, Reserve, WriteHow};
 use crate::error::{Error, Result};
 use idxfs_format::items::{EXTENT_INLINE, EXTENT_REGULAR};
 use idxfs_format::BLOCK_SIZE;
+use std::time::Instant;
 
 const BS: u64 = BLOCK_SIZE;
 /// File blocks one batch of a sharing copy covers (8 MiB).
@@ -65,6 +71,36 @@ impl Fs {
         len: u64,
         kill: Kill,
     ) -> Result<u64> {
+        self.copy_range_by(src, src_off, dst, dst_off, len, kill, None)
+    }
+
+    /// `copy_range`, stopping after the batch (module docs) in progress at `until`: a short
+    /// copy when more was left, never an empty one.
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy_range_until(
+        &self,
+        src: Ino,
+        src_off: u64,
+        dst: Ino,
+        dst_off: u64,
+        len: u64,
+        kill: Kill,
+        until: Instant,
+    ) -> Result<u64> {
+        self.copy_range_by(src, src_off, dst, dst_off, len, kill, Some(until))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn copy_range_by(
+        &self,
+        src: Ino,
+        src_off: u64,
+        dst: Ino,
+        dst_off: u64,
+        len: u64,
+        kill: Kill,
+        until: Option<Instant>,
+    ) -> Result<u64> {
         if src_off.checked_add(len).is_none() {
             return Err(Error::Invalid("copy range past the largest offset"));
         }
@@ -77,11 +113,12 @@ impl Fs {
         if let (Some(hook), Plan::Share { .. }) = (hook, &plan) {
             hook();
         }
-        self.run_plan(plan, None, (src, src_off), (dst, dst_off), kill)
+        self.run_plan(plan, None, (src, src_off), (dst, dst_off), kill, until)
     }
 
     /// Carries out `plan` for a copy from `src` (inode, offset) to `dst`; `snapshot`: the
-    /// snapshot `src` is in (`restore`), None for this file system.
+    /// snapshot `src` is in (`restore`), None for this file system; `until`: when it stops
+    /// short (`copy_range_until`).
     pub(super) fn run_plan(
         &self,
         plan: Plan,
@@ -89,24 +126,29 @@ impl Fs {
         (src, src_off): (Ino, u64),
         (dst, dst_off): (Ino, u64),
         kill: Kill,
+        until: Option<Instant>,
     ) -> Result<u64> {
         match plan {
             Plan::Nothing => Ok(0),
             Plan::Copy { len } => {
                 let from = snapshot.unwrap_or(self);
-                self.copy_bytes(from, src, src_off, dst, dst_off, len, kill)
+                self.copy_bytes(from, src, src_off, dst, dst_off, len, kill, until)
             }
             Plan::Share {
                 src_b,
                 dst_b,
                 blocks,
                 dst_end,
-            } => self.share_blocks(snapshot, src, src_b, dst, dst_b, blocks, dst_end, kill),
+            } => {
+                let span = (src_b, dst_b, blocks, dst_end);
+                self.share_blocks(snapshot, src, dst, span, kill, until)
+            }
         }
     }
 
     /// The byte-by-byte copy, through read and write (which drop privileges as any write);
-    /// `from`: the file system `src` is read from (this one, or a snapshot of it).
+    /// `from`: the file system `src` is read from (this one, or a snapshot of it). Stops
+    /// short after the chunk in progress at `until`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn copy_bytes(
         &self,
@@ -117,9 +159,13 @@ impl Fs {
         dst_off: u64,
         len: u64,
         kill: Kill,
+        until: Option<Instant>,
     ) -> Result<u64> {
         let mut done = 0;
         while done < len {
+            if done > 0 && passed(until) {
+                break;
+            }
             let n = (len - done).min(COPY_CHUNK) as usize;
             let data = from.read(src, src_off + done, n)?;
             if data.is_empty() {
@@ -138,24 +184,21 @@ impl Fs {
         Ok(done)
     }
 
-    /// Shares `blocks` blocks of `src` from file block `src_b` as `dst`'s from `dst_b`, in
-    /// batches; returns the bytes copied (fewer only when space ran out after the first
-    /// batch). `snapshot`: `src` is that snapshot's, opened beside this file system
+    /// Shares `blocks` blocks of `src` from file block `src_b` as `dst`'s from `dst_b`
+    /// (`span`: those three and the copy's end in `dst`), in batches; returns the bytes
+    /// copied (fewer only when space ran out after the first batch, or `until` came). `snapshot`: `src` is that snapshot's, opened beside this file system
     /// (`restore`), whose pieces each batch reads under the snapshot's lock first; in a
     /// clone, blocks of its origin that it does not name are copied instead (`clones`,
     /// "Restores and rollbacks into a clone"), in block order with the shared batches, so a
     /// crash leaves a prefix of the copy as before.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn share_blocks(
         &self,
         snapshot: Option<&Fs>,
         src: Ino,
-        src_b: u64,
         dst: Ino,
-        dst_b: u64,
-        blocks: u64,
-        dst_end: u64,
+        (src_b, dst_b, blocks, dst_end): (u64, u64, u64, u64),
         kill: Kill,
+        until: Option<Instant>,
     ) -> Result<u64> {
         // Fixed while the file system is open: the active tree never changes.
         let in_clone = match snapshot {
@@ -164,6 +207,9 @@ impl Fs {
         };
         let mut done = 0;
         while done < blocks {
+            if done > 0 && passed(until) {
+                break;
+            }
             let mut n = (blocks - done).min(CLONE_BATCH_BLOCKS);
             let (sb, db) = (src_b + done, dst_b + done);
             // The batch's end: the copy's, or its last whole block's.
@@ -210,7 +256,7 @@ impl Fs {
                             // Those of the origin's blocks are copied (`clones`).
                             let at = db * BS;
                             let len = (k * BS).min(dst_end - at);
-                            match self.copy_bytes(view, src, sb * BS, dst, at, len, kill) {
+                            match self.copy_bytes(view, src, sb * BS, dst, at, len, kill, until) {
                                 Ok(c) if c == len => {
                                     done += k;
                                     continue;
@@ -234,7 +280,7 @@ impl Fs {
                     let tail = dst_end - at;
                     let src_at = (src_b + done) * BS;
                     let from = snapshot.unwrap_or(self);
-                    let copied = self.copy_bytes(from, src, src_at, dst, at, tail, kill)?;
+                    let copied = self.copy_bytes(from, src, src_at, dst, at, tail, kill, None)?;
                     return Ok(at - dst_b * BS + copied);
                 }
                 Err(Error::NoSpace) if done > 0 => break,
@@ -244,6 +290,11 @@ impl Fs {
         // Bytes: whole blocks, the last one cut at the copy's end.
         Ok((done * BS).min(dst_end - dst_b * BS))
     }
+}
+
+/// Whether `until` has come (never, without one).
+fn passed(until: Option<Instant>) -> bool {
+    until.is_some_and(|t| Instant::now() >= t)
 }
 
 impl Inner {

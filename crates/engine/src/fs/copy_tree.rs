@@ -544,7 +544,7 @@ impl Fs {
             } else if w.st.share {
                 self.copy_from_snapshot(from, s, at, d, at, len, no)?
             } else {
-                self.copy_bytes(from, s, at, d, at, len, no)?
+                self.copy_bytes(from, s, at, d, at, len, no, None)?
             };
             // Nothing: the source got shorter meanwhile.
             f.at = if n == 0 { f.src.size } else { at + n };
