@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Shapes an unprivileged user can make in seconds, against a mounted idxfs (or any file
-system): a chain of directories DEPTH deep, and a truncate to 0 of a file of EXTENTS
-extents while another thread creates a file every millisecond. Prints the times and the
-creates' latency beside the truncate (docs/benchmarks.md, "Hostile shapes").
+system): a chain of directories DEPTH deep, and a file of EXTENTS extents copied
+(copy_file_range), punched and truncated while another thread creates a file every
+millisecond. Prints the times and the creates' latency beside each (docs/benchmarks.md,
+"Hostile shapes").
 
     python3 bench/hostile_shapes.py chain DIR DEPTH
     python3 bench/hostile_shapes.py rename DIR DEPTH
-    python3 bench/hostile_shapes.py truncate DIR EXTENTS
+    python3 bench/hostile_shapes.py extents DIR EXTENTS
     python3 bench/hostile_shapes.py sparse DIR EXTENTS
 
 `rename` makes a chain (as `chain`, at DIR/rchain) and times renames of a directory at its
@@ -17,6 +18,7 @@ it with SEEK_DATA/SEEK_HOLE and a `cp` of it (its lseeks and reads).
 Then, for the chain on an idxfs mount: `idxfs cp DIR/chain DIR/copy`, `idxfs rm DIR/copy`,
 with the server's memory from /proc/PID/status.
 """
+import ctypes
 import os
 import subprocess
 import sys
@@ -35,37 +37,82 @@ def chain(root, depth):
     print("made a chain %d deep in %.1f s" % (depth, time.time() - t))
 
 
-def truncate(root, extents):
+def extents(root, extents):
     fd = os.open(os.path.join(root, "frag"), os.O_CREAT | os.O_RDWR, 0o644)
     t = time.time()
     for i in range(extents):
         os.pwrite(fd, b"z", i * 8192)
     os.fsync(fd)
     print("wrote %d extents in %.1f s" % (extents, time.time() - t))
-    lat, stop = [], threading.Event()
+    size = os.fstat(fd).st_size
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
 
-    def creator():
-        i = 0
-        while not stop.is_set():
-            s = time.time()
-            os.close(os.open(os.path.join(root, "c%d" % i), os.O_CREAT | os.O_WRONLY, 0o644))
-            lat.append(time.time() - s)
-            i += 1
-            time.sleep(0.001)
+    def copy(name):
+        out = os.open(os.path.join(root, name), os.O_CREAT | os.O_RDWR, 0o644)
+        done = 0
+        while done < size:
+            n = os.copy_file_range(fd, out, size - done, done, done)
+            if n == 0:
+                break
+            done += n
+        os.close(out)
 
-    th = threading.Thread(target=creator)
-    th.start()
-    time.sleep(0.3)
-    t = time.time()
-    os.ftruncate(fd, 0)
-    print("truncate to 0: %.3f s" % (time.time() - t))
-    time.sleep(0.3)
-    stop.set()
-    th.join()
+    def punch(name):
+        c = os.open(os.path.join(root, name), os.O_RDWR)
+        # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+        r = libc.fallocate(c, 3, 0, size)
+        os.close(c)
+        if r != 0:
+            raise OSError(ctypes.get_errno(), "fallocate")
+
+    def truncate(name):
+        c = os.open(os.path.join(root, name), os.O_RDWR)
+        os.ftruncate(c, 0)
+        os.close(c)
+
+    # Copies share the file's blocks, so the punch and the truncate of a copy also count
+    # down each block's sharing. The creating thread runs on the CPU of the one that copies,
+    # punches and truncates (whose FUSE requests then go to the same ring queue), or on the
+    # other one.
+    os.sched_setaffinity(0, {0})
+    steps = [("copy_file_range of it", lambda: copy("copy1")),
+             ("punch of all of a copy", lambda: punch("copy1")),
+             ("truncate of a copy to 0", lambda: truncate("copy2"))]
+    for (what, action), cpu in [(s, c) for c in (0, 1) for s in steps]:
+        if what.startswith("truncate"):
+            copy("copy2")
+        lat, stop = [], threading.Event()
+
+        def creator():
+            os.sched_setaffinity(0, {cpu})
+            i = 0
+            while not stop.is_set():
+                s = time.time()
+                p = os.path.join(root, "c%d" % i)
+                os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o644))
+                lat.append(time.time() - s)
+                os.unlink(p)
+                i += 1
+                time.sleep(0.001)
+
+        th = threading.Thread(target=creator)
+        th.start()
+        time.sleep(0.3)
+        t = time.time()
+        action()
+        took = time.time() - t
+        time.sleep(0.3)
+        stop.set()
+        th.join()
+        lat.sort()
+        print("%-24s %.3f s; creates beside it on %s CPU: %d, max %.1f ms, p99 %.1f ms"
+              % (what, took, ("its", "the other")[cpu], len(lat), lat[-1] * 1e3,
+                 lat[int(len(lat) * 0.99)] * 1e3))
+        if what.startswith("truncate"):
+            os.unlink(os.path.join(root, "copy1"))
+            os.unlink(os.path.join(root, "copy2"))
     os.close(fd)
-    lat.sort()
-    print("creates beside it: %d, max %.1f ms, p99 %.1f ms"
-          % (len(lat), lat[-1] * 1e3, lat[int(len(lat) * 0.99)] * 1e3))
 
 
 def rename(root, depth):
@@ -119,4 +166,4 @@ def sparse(root, extents):
 
 if __name__ == "__main__":
     what, root, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    {"chain": chain, "rename": rename, "truncate": truncate, "sparse": sparse}[what](root, n)
+    {"chain": chain, "rename": rename, "extents": extents, "sparse": sparse}[what](root, n)

@@ -148,19 +148,33 @@ fn a_copy_answers_a_batch_a_request_when_its_slice_is_up() {
                 0,
             )
         };
-        assert!(n > 0, "copy_file_range: {}", std::io::Error::last_os_error());
+        assert!(
+            n > 0,
+            "copy_file_range: {}",
+            std::io::Error::last_os_error()
+        );
         calls.push(n as usize);
     }
     drop((src, dst));
-    assert_eq!(calls, [8 << 20, 8 << 20, 8 << 20, 5000], "one batch a request");
-    assert!(std::fs::read(m.path("copy")).expect("read") == data, "copy differs");
+    assert_eq!(
+        calls,
+        [8 << 20, 8 << 20, 8 << 20, 5000],
+        "one batch a request"
+    );
+    assert!(
+        std::fs::read(m.path("copy")).expect("read") == data,
+        "copy differs"
+    );
     let st = Command::new("cp")
         .arg(m.path("big"))
         .arg(m.path("cp"))
         .status()
         .expect("run cp");
     assert!(st.success(), "cp: {st}");
-    assert!(std::fs::read(m.path("cp")).expect("read") == data, "cp's copy differs");
+    assert!(
+        std::fs::read(m.path("cp")).expect("read") == data,
+        "cp's copy differs"
+    );
     m.unmount();
     m.assert_fsck_clean();
 }

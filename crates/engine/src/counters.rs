@@ -120,6 +120,7 @@ counters! {
     free_batches: "batches of freeing (the items of one leaf) by deletes, truncates and punches",
     trim_orphans: "truncates too large for one batch, recorded as trim orphans until done",
     trim_batches: "batches of a truncate run as operations of their own after it returned (`Inner::trim_batch`)",
+    fallocate_slices: "operations of a fallocate after its first, each over the next of its range's extents (`fs/layout.rs`)",
     extent_merges: "writes whose new blocks extended a neighbouring extent instead of adding one",
     extent_conversions: "preallocated block runs a write filled in place and made regular",
     sum_drop_commits: "commits a full device's overwrite in place made to drop the overwritten blocks' data sums before their bytes changed",

@@ -359,3 +359,71 @@ fn tmpfiles_live_while_held_and_take_a_name_by_link() {
     fs.close().expect("close");
     assert_clean(&dev);
 }
+
+/// A fallocate over a range of more extents than one operation covers (`SLICE_EXTENTS`,
+/// 2,048) runs as several operations, and each mode still leaves what one would: bytes
+/// against a model, the size, the blocks the file owns, fsck clean.
+#[test]
+fn a_fallocate_over_many_extents_runs_in_slices_with_every_mode() {
+    use idxfs_engine::fs::FALLOC_ZERO_RANGE;
+    const BS: usize = 4096;
+    const RUNS: usize = 5000;
+    let (dev, fs) = mem_fs(256 << 20);
+    let modes = [
+        FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE,
+        FALLOC_ZERO_RANGE,
+        FALLOC_ZERO_RANGE | FALLOC_KEEP_SIZE,
+        0,
+        FALLOC_KEEP_SIZE,
+    ];
+    for (i, mode) in modes.into_iter().enumerate() {
+        let f = fs
+            .create(ROOT, format!("f{i}").as_bytes(), 0o644, ME)
+            .expect("create");
+        // A data run of 100 bytes at the start of every other block: one extent each.
+        let mut model = vec![0u8; 2 * (RUNS - 1) * BS + 100];
+        for r in 0..RUNS {
+            let at = 2 * r * BS;
+            let bytes = [(r % 251) as u8 + 1; 100];
+            fs.write(f.ino, at as u64, &bytes).expect("write");
+            model[at..at + 100].copy_from_slice(&bytes);
+        }
+        // Unaligned edges, from inside the first run to past the end of the file.
+        let (off, len) = (50u64, (2 * RUNS * BS + 30_000) as u64);
+        let end = (off + len) as usize;
+        let before = n(&fs.counters().fallocate_slices);
+        let a = fs.fallocate(f.ino, off, len, mode).expect("fallocate");
+        assert!(
+            n(&fs.counters().fallocate_slices) - before >= 2,
+            "mode {mode:#x}: {RUNS} extents in one operation"
+        );
+        let grows = mode & (FALLOC_KEEP_SIZE | FALLOC_PUNCH_HOLE) == 0;
+        if mode != 0 && mode != FALLOC_KEEP_SIZE {
+            // Punch and zero-range: the range reads as zeros.
+            let cut = end.min(model.len());
+            model[off as usize..cut].fill(0);
+        }
+        if grows {
+            model.resize(end, 0);
+        }
+        assert_eq!(a.size, model.len() as u64, "mode {mode:#x}: size");
+        let got = fs.read(f.ino, 0, model.len() + BS).expect("read");
+        assert!(got == model, "mode {mode:#x}: bytes differ from the model");
+        // Punched: only the partial first block keeps a block; else every block of the range
+        // is the file's (written or preallocated) and the runs' blocks stay.
+        let owned = a.blocks * 512;
+        match mode {
+            m if m & FALLOC_PUNCH_HOLE != 0 => assert_eq!(owned, BS as u64, "punched"),
+            _ => assert!(
+                owned >= (end as u64).div_ceil(BS as u64) * BS as u64,
+                "{owned}"
+            ),
+        }
+    }
+    fs.sync().expect("sync");
+    assert_clean(&dev);
+}
+
+fn n(c: &idxfs_engine::counters::Counter) -> u64 {
+    c.get()
+}

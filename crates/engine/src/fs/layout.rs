@@ -7,20 +7,52 @@
 //! A hole punched over many extents is freed in bounded batches (`Inner::punch_batched`); a
 //! commit between two batches (only when space runs short) and a crash after it leave the
 //! range partly punched, as on ext4, whose punch also spans transactions.
+//!
+//! Every fallocate runs as a sequence of operations, each over the part of the range that
+//! holds the next `SLICE_EXTENTS` extents (`Inner::slice_end`), so others go on between them:
+//! as one operation, a fallocate over a file of many extents (which any user can make in
+//! seconds) held the lock for all of them (docs/benchmarks.md, "Hostile shapes"). A range
+//! with fewer extents (nearly every one) is one operation, as before. Each slice is a whole
+//! fallocate of its part, so what another operation sees meanwhile is what the same call
+//! over the first parts alone would leave, and an error in a slice leaves the earlier parts
+//! done (as a crash in one would; ext4's own punch and preallocation also span
+//! transactions). Every boundary between slices is an extent's start, so block-aligned:
+//! only the range's own ends rewrite part of a block.
 use super::file::{check_regular, inline_max, MAX_EXTENT_BLOCKS, MAX_FILE_SIZE};
 use super::{
     privs, Attr, Durable, Fs, Inner, Ino, Kill, Reserve, Seek, FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE,
     FALLOC_ZERO_RANGE,
 };
+use crate::counters::Counters;
 use crate::error::{Error, Result};
 use crate::space::Kind;
-use idxfs_format::items::{ExtentItem, EXTENT_PREALLOC};
+use idxfs_format::items::{ExtentItem, InodeItem, EXTENT_PREALLOC};
 use idxfs_format::{ItemType, Key, BLOCK_SIZE};
 use zerocopy::IntoBytes;
 
 const BS: u64 = BLOCK_SIZE;
+/// Extents one operation of a fallocate covers (`slice_end`): as many as a copy's batch
+/// (`clone::CLONE_BATCH_BLOCKS`) names at most.
+pub(crate) const SLICE_EXTENTS: usize = 2048;
 
 impl Inner {
+    /// Where the part of [at, end) that one operation of a fallocate covers ends: before the
+    /// first of its extents past the first `SLICE_EXTENTS`, else `end`. Always past `at`:
+    /// the first extent counted starts before the second does, which ends past `at`.
+    fn slice_end(&mut self, ino: Ino, at: u64, end: u64) -> Result<u64> {
+        let (mut seen, mut stop) = (0, end);
+        self.each_extent(ino, at, end, |e| {
+            seen += 1;
+            if seen > SLICE_EXTENTS {
+                stop = e.offset;
+                return false;
+            }
+            true
+        })?;
+        debug_assert!(at < stop && stop <= end);
+        Ok(stop)
+    }
+
     /// Block ranges [start, end) in [b0, b1) that no extent covers.
     fn holes(&mut self, ino: Ino, b0: u64, b1: u64) -> Result<Vec<(u64, u64)>> {
         let mut out = Vec::new();
@@ -216,49 +248,79 @@ impl Fs {
         } else {
             Reserve::Grow
         };
-        self.write_op(0, kind, Durable::Data, |g| {
-            let it = g.inode(ino)?;
-            check_regular(&it)?;
-            // A punch or a zeroed range from or to the middle of a block rewrites that
-            // block in part: not while a write is writing it.
-            if punch || zero {
-                g.refuse_in_flight_at(ino, off)?;
-                g.refuse_in_flight_at(ino, off + len)?;
-            }
-            let now = g.now();
-            let mode_after = |m: u32| privs::after(m, kill);
-            if punch {
-                // The two partial blocks at the edges (their extents and sums), the cut
-                // extents, the sums of the edge groups; the batches between them reserve for
-                // themselves.
-                g.reserve_blocks(super::reserve::DELETE_ITEMS, 2, Reserve::Shrink)?;
-                g.punch_hole(ino, off, len)?;
-                let it = g.modify_inode(ino, |i| {
-                    i.ctime = now;
-                    i.mtime = now;
-                    i.mode = mode_after(i.mode.get()).into();
-                })?;
-                return Ok(Attr::from_item(ino, &it));
-            }
-            let old = it.size.get();
-            let keep_size = mode & FALLOC_KEEP_SIZE != 0;
-            let new_size = if zero {
-                g.zero_range(ino, off, len, keep_size)?
-            } else {
-                g.preallocate(ino, off, len, keep_size)?
-            };
-            let it = g.modify_inode(ino, |i| {
-                i.ctime = now;
-                i.mode = mode_after(i.mode.get()).into();
-                if new_size != old || zero {
-                    i.size = new_size.into();
-                    i.mtime = now;
-                }
+        let end = off + len;
+        let mut at = off;
+        loop {
+            let (attr, stop) = self.write_op(0, kind, Durable::Data, |g| {
+                let it = g.inode(ino)?;
+                check_regular(&it)?;
+                let stop = g.slice_end(ino, at, end)?;
+                let attr =
+                    g.fallocate_part(ino, &it, (at, stop - at), (punch, zero), mode, kill)?;
+                Ok((attr, stop))
             })?;
-            Ok(Attr::from_item(ino, &it))
-        })
+            if stop == end {
+                return Ok(attr);
+            }
+            Counters::inc(&self.shared.counters.fallocate_slices);
+            at = stop;
+        }
     }
+}
 
+impl Inner {
+    /// One operation of `Fs::fallocate_with`: the fallocate of part `(off, len)` of its
+    /// range; `it` is the file's inode (regular).
+    fn fallocate_part(
+        &mut self,
+        ino: Ino,
+        it: &InodeItem,
+        (off, len): (u64, u64),
+        (punch, zero): (bool, bool),
+        mode: u32,
+        kill: Kill,
+    ) -> Result<Attr> {
+        // A punch or a zeroed range from or to the middle of a block rewrites that
+        // block in part: not while a write is writing it.
+        if punch || zero {
+            self.refuse_in_flight_at(ino, off)?;
+            self.refuse_in_flight_at(ino, off + len)?;
+        }
+        let now = self.now();
+        let mode_after = |m: u32| privs::after(m, kill);
+        if punch {
+            // The two partial blocks at the edges (their extents and sums), the cut
+            // extents, the sums of the edge groups; the batches between them reserve for
+            // themselves.
+            self.reserve_blocks(super::reserve::DELETE_ITEMS, 2, Reserve::Shrink)?;
+            self.punch_hole(ino, off, len)?;
+            let it = self.modify_inode(ino, |i| {
+                i.ctime = now;
+                i.mtime = now;
+                i.mode = mode_after(i.mode.get()).into();
+            })?;
+            return Ok(Attr::from_item(ino, &it));
+        }
+        let old = it.size.get();
+        let keep_size = mode & FALLOC_KEEP_SIZE != 0;
+        let new_size = if zero {
+            self.zero_range(ino, off, len, keep_size)?
+        } else {
+            self.preallocate(ino, off, len, keep_size)?
+        };
+        let it = self.modify_inode(ino, |i| {
+            i.ctime = now;
+            i.mode = mode_after(i.mode.get()).into();
+            if new_size != old || zero {
+                i.size = new_size.into();
+                i.mtime = now;
+            }
+        })?;
+        Ok(Attr::from_item(ino, &it))
+    }
+}
+
+impl Fs {
     /// lseek(2) SEEK_DATA / SEEK_HOLE from `off`. The end of the file counts as a hole.
     ///
     /// The extents are read from `off` only as far as the answer: a sparse copy (GNU cp)
