@@ -8,6 +8,41 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::process::Command;
 
+/// copy_file_range(2) of `len` bytes from `src` to `dst` (made), from offsets `at`, called
+/// until all are copied; each call's count.
+fn copy_all(
+    src: &std::path::Path,
+    dst: &std::path::Path,
+    at: (i64, i64),
+    len: usize,
+) -> Vec<usize> {
+    let src = std::fs::File::open(src).expect("open");
+    let dst = std::fs::File::create(dst).expect("create");
+    let (mut off_in, mut off_out) = at;
+    let (mut done, mut calls) = (0, Vec::new());
+    while done < len {
+        // SAFETY: copy_file_range(2) between two open files with valid offset pointers.
+        let n = unsafe {
+            libc::copy_file_range(
+                src.as_raw_fd(),
+                &mut off_in,
+                dst.as_raw_fd(),
+                &mut off_out,
+                len - done,
+                0,
+            )
+        };
+        assert!(
+            n > 0,
+            "copy_file_range: {}",
+            std::io::Error::last_os_error()
+        );
+        done += n as usize;
+        calls.push(n as usize);
+    }
+    calls
+}
+
 fn pattern(len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| ((i / 4096) as u8).wrapping_mul(7) ^ (i as u8))
@@ -57,30 +92,7 @@ fn cp_shares_blocks_and_either_side_changes_alone() {
     let mut want_big = data.clone();
     want_big[9000..9014].copy_from_slice(b"source changed");
     // Unaligned: copied byte by byte inside the daemon.
-    let src = std::fs::File::open(m.path("big")).expect("open");
-    let dst = std::fs::File::create(m.path("odd")).expect("create");
-    let (mut off_in, mut off_out): (i64, i64) = (4097, 3);
-    let mut left = 3 << 20;
-    while left > 0 {
-        // SAFETY: copy_file_range(2) between two open files with valid offset pointers.
-        let n = unsafe {
-            libc::copy_file_range(
-                src.as_raw_fd(),
-                &mut off_in,
-                dst.as_raw_fd(),
-                &mut off_out,
-                left,
-                0,
-            )
-        };
-        assert!(
-            n > 0,
-            "copy_file_range: {}",
-            std::io::Error::last_os_error()
-        );
-        left -= n as usize;
-    }
-    drop((src, dst));
+    copy_all(&m.path("big"), &m.path("odd"), (4097, 3), 3 << 20);
     let mut want_odd = vec![0u8; 3];
     want_odd.extend_from_slice(&want_big[4097..4097 + (3 << 20)]);
     for (name, want) in [("big", &want_big), ("copy", &want_copy), ("odd", &want_odd)] {
@@ -132,30 +144,7 @@ fn a_copy_answers_a_batch_a_request_when_its_slice_is_up() {
     m.mount("");
     let data = pattern(SIZE);
     std::fs::write(m.path("big"), &data).expect("write");
-    let src = std::fs::File::open(m.path("big")).expect("open");
-    let dst = std::fs::File::create(m.path("copy")).expect("create");
-    let (mut off_in, mut off_out): (i64, i64) = (0, 0);
-    let mut calls = Vec::new();
-    while (off_in as usize) < SIZE {
-        // SAFETY: copy_file_range(2) between two open files with valid offset pointers.
-        let n = unsafe {
-            libc::copy_file_range(
-                src.as_raw_fd(),
-                &mut off_in,
-                dst.as_raw_fd(),
-                &mut off_out,
-                SIZE - off_in as usize,
-                0,
-            )
-        };
-        assert!(
-            n > 0,
-            "copy_file_range: {}",
-            std::io::Error::last_os_error()
-        );
-        calls.push(n as usize);
-    }
-    drop((src, dst));
+    let calls = copy_all(&m.path("big"), &m.path("copy"), (0, 0), SIZE);
     assert_eq!(
         calls,
         [8 << 20, 8 << 20, 8 << 20, 5000],

@@ -502,7 +502,7 @@ fn a_copy_given_a_time_stops_after_its_batch_in_progress_and_the_rest_follows() 
         while done < len {
             let now = std::time::Instant::now();
             let n = fs
-                .copy_range_until(a, done, b, at + done, len - done, kill, now)
+                .copy_range_until(a, done, b, at + done, len - done, kill, Some(now))
                 .expect("copy");
             assert!(n > 0, "a copy given no time still does one piece");
             assert!(

@@ -1852,7 +1852,7 @@ impl Filesystem for IdxFuse {
         let len = len.min(u64::from(u32::MAX) & !4095);
         // So is a copy that works past a slice (`slices`): this worker's other callers wait
         // for one slice at most, not for all of a copy of a file of many extents.
-        let until = std::time::Instant::now() + slices::copy_slice();
+        let until = Some(std::time::Instant::now() + slices::copy_slice());
         if ino_in.0 >> snapdir::SHIFT != ino_out.0 >> snapdir::SHIFT {
             // Out of a snapshot: its blocks are shared where a copy inside the tree would
             // share them (`Fs::copy_from_snapshot`).

@@ -71,27 +71,13 @@ impl Fs {
         len: u64,
         kill: Kill,
     ) -> Result<u64> {
-        self.copy_range_by(src, src_off, dst, dst_off, len, kill, None)
+        self.copy_range_until(src, src_off, dst, dst_off, len, kill, None)
     }
 
-    /// `copy_range`, stopping after the batch (module docs) in progress at `until`: a short
-    /// copy when more was left, never an empty one.
+    /// `copy_range`, stopping after the batch (module docs) in progress at `until` if given:
+    /// a short copy when more was left, never an empty one.
     #[allow(clippy::too_many_arguments)]
     pub fn copy_range_until(
-        &self,
-        src: Ino,
-        src_off: u64,
-        dst: Ino,
-        dst_off: u64,
-        len: u64,
-        kill: Kill,
-        until: Instant,
-    ) -> Result<u64> {
-        self.copy_range_by(src, src_off, dst, dst_off, len, kill, Some(until))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn copy_range_by(
         &self,
         src: Ino,
         src_off: u64,

@@ -27,7 +27,7 @@ use crate::counters::Counters;
 use crate::error::{Error, Result};
 use crate::space::Kind;
 use idxfs_format::items::{ExtentItem, InodeItem, EXTENT_PREALLOC};
-use idxfs_format::{ItemType, Key, BLOCK_SIZE};
+use idxfs_format::{Corrupt, ItemType, Key, BLOCK_SIZE};
 use zerocopy::IntoBytes;
 
 const BS: u64 = BLOCK_SIZE;
@@ -37,8 +37,9 @@ pub(crate) const SLICE_EXTENTS: usize = 2048;
 
 impl Inner {
     /// Where the part of [at, end) that one operation of a fallocate covers ends: before the
-    /// first of its extents past the first `SLICE_EXTENTS`, else `end`. Always past `at`:
-    /// the first extent counted starts before the second does, which ends past `at`.
+    /// first of its extents past the first `SLICE_EXTENTS`, else `end`. Past `at` in a whole
+    /// tree, where extents do not overlap: the second one counted starts where the first, which
+    /// ends past `at`, ends or later. Extents that overlap are corruption, not a loop.
     fn slice_end(&mut self, ino: Ino, at: u64, end: u64) -> Result<u64> {
         let (mut seen, mut stop) = (0, end);
         self.each_extent(ino, at, end, |e| {
@@ -49,7 +50,12 @@ impl Inner {
             }
             true
         })?;
-        debug_assert!(at < stop && stop <= end);
+        if stop <= at {
+            let what = format!("extents of inode {ino} from {at}");
+            return Err(
+                Corrupt::new(what, format!("one starting at {stop}"), "none overlapping").into(),
+            );
+        }
         Ok(stop)
     }
 

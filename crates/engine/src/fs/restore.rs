@@ -56,28 +56,13 @@ impl Fs {
         len: u64,
         kill: Kill,
     ) -> Result<u64> {
-        self.copy_from_snapshot_by(view, src, src_off, dst, dst_off, len, kill, None)
+        self.copy_from_snapshot_until(view, src, src_off, dst, dst_off, len, kill, None)
     }
 
-    /// `copy_from_snapshot`, stopping short after the batch in progress at `until`, as
-    /// `copy_range_until` does.
+    /// `copy_from_snapshot`, stopping short after the batch in progress at `until` if given,
+    /// as `copy_range_until` does.
     #[allow(clippy::too_many_arguments)]
     pub fn copy_from_snapshot_until(
-        &self,
-        view: &Fs,
-        src: Ino,
-        src_off: u64,
-        dst: Ino,
-        dst_off: u64,
-        len: u64,
-        kill: Kill,
-        until: std::time::Instant,
-    ) -> Result<u64> {
-        self.copy_from_snapshot_by(view, src, src_off, dst, dst_off, len, kill, Some(until))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn copy_from_snapshot_by(
         &self,
         view: &Fs,
         src: Ino,
