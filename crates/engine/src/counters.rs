@@ -131,7 +131,7 @@ counters! {
     in_flight_waits: "operations that waited, without the lock, for a write writing blocks they keep part of (or would fill) without the lock",
     pin_alloc_failures: "pins not taken because the pin index could not allocate",
     op_lock_handoffs: "times a thread waiting for the operation lock asked for it: nobody else takes it until the asker has (`fs::op_lock`)",
-    op_lock_sleeps: "times a thread waiting for the operation lock slept in it after spinning `fs::op_lock::SPIN_MAX` (a long hold)",
+    op_lock_sleeps: "waits for the operation lock that went on sleeping between looks after spinning `fs::op_lock::SPIN_MAX` (a long hold)",
     commit_stalls: "commit writes the device refused (a full disk under the image, a write error): the commit waits in memory and is written again (`txn`, \"A stalled commit\")",
     pins_refused_gone: "pins refused because the inode's last name went before them and it is being freed (its holder gets ENOENT)",
     space_waits_for_release: "operations refused for space that ran again after an unlinked file's holder let go of it",

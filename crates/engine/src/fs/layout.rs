@@ -33,7 +33,7 @@ use zerocopy::IntoBytes;
 const BS: u64 = BLOCK_SIZE;
 /// Extents one operation of a fallocate covers (`slice_end`): as many as a copy's batch
 /// (`clone::CLONE_BATCH_BLOCKS`) names at most.
-pub(crate) const SLICE_EXTENTS: usize = 2048;
+pub const SLICE_EXTENTS: usize = 2048;
 
 impl Inner {
     /// Where the part of [at, end) that one operation of a fallocate covers ends: before the
@@ -219,6 +219,38 @@ impl Inner {
 }
 
 impl Fs {
+    /// The most extents a fallocate of `ino` over `len` bytes from `off` can meet or make,
+    /// from the inode alone (no tree walk; without the lock while it is published): the
+    /// blocks the range covers, and for a punch no more than the file owns. A caller that
+    /// would rather not wait for one operation per `SLICE_EXTENTS` of them where it runs
+    /// asks first (the FUSE edge, `fuse/src/long.rs`).
+    pub fn fallocate_extents_at_most(
+        &self,
+        ino: Ino,
+        off: u64,
+        len: u64,
+        mode: u32,
+    ) -> Result<u64> {
+        let covered = off.saturating_add(len).div_ceil(BS) - off / BS;
+        if mode & FALLOC_PUNCH_HOLE == 0 {
+            // A preallocation or a zeroed range may make an extent per block it covers, in
+            // free space cut that finely.
+            return Ok(covered);
+        }
+        Ok(covered.min(owned_blocks(&self.getattr(ino)?)))
+    }
+
+    /// The most extents a truncate of `ino` to `size` can free (see
+    /// `fallocate_extents_at_most`): none when it does not shrink the file, else no more than
+    /// the blocks the file owns.
+    pub fn truncate_extents_at_most(&self, ino: Ino, size: u64) -> Result<u64> {
+        let a = self.getattr(ino)?;
+        if size >= a.size {
+            return Ok(0);
+        }
+        Ok(owned_blocks(&a))
+    }
+
     /// fallocate(2): mode 0 allocates and may grow the size, `FALLOC_KEEP_SIZE` allocates past
     /// the size without changing it, `FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE` frees a range,
     /// `FALLOC_ZERO_RANGE` (with or without `FALLOC_KEEP_SIZE`) makes a range read as zeros and
@@ -272,6 +304,11 @@ impl Fs {
             at = stop;
         }
     }
+}
+
+/// The blocks a file owns, its own or shared.
+fn owned_blocks(a: &Attr) -> u64 {
+    a.blocks.div_ceil(BS / 512)
 }
 
 impl Inner {

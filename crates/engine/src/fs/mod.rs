@@ -107,6 +107,8 @@ pub use copy_tree::{Copied, CopyAs, CopyJob};
 pub use create::LINK_MAX;
 pub use damage::{Damage, OnDamage};
 pub use inode_flags::NOCOW_FL;
+pub use layout::SLICE_EXTENTS;
+pub use op_lock::on_lock_wait;
 pub use readdir::PlusBatch;
 pub use remove_tree::{Permits, RemoveJob, Removed, Unchecked};
 pub use rollback::RolledBack;
