@@ -59,6 +59,7 @@
 //! Coming back from SCHED_IDLE needs the right to raise priority (CAP_SYS_NICE, or an
 //! RLIMIT_NICE that allows nice 0), so a probe thread tries the round trip once per process
 //! first; without that right the workers never drop.
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -177,12 +178,38 @@ fn set_policy(policy: libc::c_int) -> bool {
     unsafe { libc::sched_setscheduler(0, policy, &param) == 0 }
 }
 
+thread_local! {
+    /// The policy this thread takes back when it leaves SCHED_IDLE; Some only while it is
+    /// there.
+    static IDLE_FROM: Cell<Option<libc::c_int>> = const { Cell::new(None) };
+}
+
+/// Takes the calling thread's own policy back if it is at SCHED_IDLE: run by the engine before
+/// the thread waits for its operation lock (`idxfs_engine::fs::on_lock_wait`), whose holder,
+/// running at the normal policy on this CPU (a long request's thread, `long.rs`), would
+/// otherwise keep it off the CPU for as long as it works.
+pub fn leave_idle() {
+    if let Some(normal) = IDLE_FROM.with(Cell::take) {
+        if !set_policy(normal) {
+            IDLE_FROM.with(|f| f.set(Some(normal)));
+        }
+    }
+}
+
+/// Gives a thread started by a worker at SCHED_IDLE, which it inherited, the normal policy:
+/// a thread that takes the engine's lock must not hold it while any normal task keeps it off
+/// its CPU. Failure (no right to leave SCHED_IDLE, when the workers never go there) leaves it
+/// as it was.
+pub fn leave_inherited_idle() {
+    if current_policy() == Some(libc::SCHED_IDLE) {
+        set_policy(libc::SCHED_OTHER);
+    }
+}
+
 /// One worker thread's handoff state.
 pub struct Handoff {
     /// The thread's own policy, restored before it waits; None: handoff off.
     normal: Option<libc::c_int>,
-    /// Whether the thread runs at SCHED_IDLE now.
-    idle: bool,
     /// When the current stay at SCHED_IDLE began: the handoff, or the last request taken
     /// there (`served_idle`).
     since: Option<Instant>,
@@ -199,7 +226,6 @@ impl Handoff {
             .filter(|_| can_return_from_idle());
         Handoff {
             normal,
-            idle: false,
             since: None,
             paused_until: None,
         }
@@ -218,11 +244,13 @@ impl Handoff {
         if self.paused_until.is_some_and(|t| now < t) {
             return false;
         }
-        if !self.idle && self.normal.is_some() {
-            self.idle = set_policy(libc::SCHED_IDLE);
+        if let Some(normal) = self.normal.filter(|_| !self.is_idle()) {
+            if set_policy(libc::SCHED_IDLE) {
+                IDLE_FROM.with(|f| f.set(Some(normal)));
+            }
         }
         self.since = Some(now);
-        self.idle
+        self.is_idle()
     }
 
     /// A request is taken at SCHED_IDLE: its caller waits for it from now on, so the clock
@@ -234,7 +262,7 @@ impl Handoff {
     /// After a stay at SCHED_IDLE: when it was longer than [`STARVED`], gives the thread its
     /// own policy back and pauses handoffs ([`STARVED_PAUSE`]); true then.
     pub fn starved(&mut self) -> bool {
-        let Some(since) = self.since.filter(|_| self.idle) else {
+        let Some(since) = self.since.filter(|_| self.is_idle()) else {
             return false;
         };
         let now = Instant::now();
@@ -249,11 +277,11 @@ impl Handoff {
     /// Gives the thread its own policy back, before it waits for a request: one arriving while
     /// other work holds the CPU must not wait behind it.
     pub fn normal(&mut self) {
-        let Some(normal) = self.normal.filter(|_| self.idle) else {
+        let Some(normal) = self.normal.filter(|_| self.is_idle()) else {
             return;
         };
         if set_policy(normal) {
-            self.idle = false;
+            IDLE_FROM.with(|f| f.set(None));
         } else {
             // Not expected after the probe; stay correct, if slower, and say so once.
             eprintln!(
@@ -264,9 +292,9 @@ impl Handoff {
         }
     }
 
-    /// Whether the thread runs at SCHED_IDLE now.
+    /// Whether the thread runs at SCHED_IDLE now (`leave_idle` may have ended a stay).
     pub fn is_idle(&self) -> bool {
-        self.idle
+        IDLE_FROM.with(Cell::get).is_some()
     }
 }
 

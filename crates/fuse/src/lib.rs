@@ -65,6 +65,7 @@ mod fileattr;
 pub mod handoff;
 pub mod import;
 mod kill;
+mod long;
 mod options;
 pub mod permission;
 mod pin;
@@ -796,6 +797,18 @@ impl Tree<'_> {
         }
     }
 
+    /// `attr`, for a reply sent once `self` is gone (`long`).
+    fn attr_fn(&self) -> impl Fn(Attr) -> Attr + Send + 'static {
+        let view = match self {
+            Tree::Live(_) => None,
+            Tree::View(v) => Some((v.slot, v.id)),
+        };
+        move |a| match view {
+            None => a,
+            Some((slot, id)) => snapdir::attr_in(slot, id, a),
+        }
+    }
+
     /// The kernel's number for the tree's inode `ino`.
     fn out(&self, ino: u64) -> u64 {
         match self {
@@ -1171,10 +1184,22 @@ impl Filesystem for IdxFuse {
             ctime: ctime.map(engine_time),
             kill,
         };
-        match t.setattr(ino, &set) {
-            Ok(a) => reply.attr(&self.set.ttl, &file_attr(&t.attr(a))),
-            Err(e) => reply.error(errno(&e)),
-        }
+        // A truncate over many extents, on a thread of its own (`long`).
+        let extents = match size.map(|s| t.truncate_extents_at_most(ino, s)) {
+            None => 0,
+            Some(Ok(n)) => n,
+            Some(Err(e)) => return reply.error(errno(&e)),
+        };
+        let (ttl, out) = (self.set.ttl, t.attr_fn());
+        long::run(
+            t.shared(&self.fs),
+            extents,
+            move |fs| fs.setattr(ino, &set),
+            move |r| match r {
+                Ok(a) => reply.attr(&ttl, &file_attr(&out(a))),
+                Err(e) => reply.error(errno(&e)),
+            },
+        )
     }
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -1811,10 +1836,20 @@ impl Filesystem for IdxFuse {
             Ok(k) => k,
             Err(e) => return reply.error(errno(&e)),
         };
-        done(
-            reply,
-            t.fallocate_with(ino, offset, length, mode as u32, kill)
-                .map(|_| ()),
+        // Over a file of many extents, on a thread of its own (`long`).
+        let mode = mode as u32;
+        let extents = match t.fallocate_extents_at_most(ino, offset, length, mode) {
+            Ok(n) => n,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        long::run(
+            t.shared(&self.fs),
+            extents,
+            move |fs| {
+                fs.fallocate_with(ino, offset, length, mode, kill)
+                    .map(|_| ())
+            },
+            move |r| done(reply, r),
         )
     }
 

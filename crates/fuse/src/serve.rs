@@ -267,7 +267,7 @@ pub fn serve_with(
             n(&requests.plus_ahead_stale),
         );
         eprintln!(
-            "fuse over io_uring: {} requests, {} malformed, {} entries registered again, {} workers without handoff, {} requests served at SCHED_IDLE after a handoff, {} stays at SCHED_IDLE starved (handoffs paused), {} replies built in place",
+            "fuse over io_uring: {} requests, {} malformed, {} entries registered again, {} workers without handoff, {} requests served at SCHED_IDLE after a handoff, {} stays at SCHED_IDLE starved (handoffs paused), {} replies built in place, {} requests parked while a thread of their own worked",
             n(&uring_stats.requests),
             n(&uring_stats.malformed),
             n(&uring_stats.reregistered),
@@ -275,6 +275,7 @@ pub fn serve_with(
             n(&uring_stats.served_idle),
             n(&uring_stats.starved),
             n(&uring_stats.in_place),
+            n(&uring_stats.parked),
         );
         eprintln!("{}", fs.counters());
     }

@@ -161,11 +161,16 @@ impl View {
     /// A file handle (`FUSE_EXPORT_SUPPORT`) kept across a remount, where the slot may name
     /// another snapshot, then finds a generation that differs, and is stale. The kernel
     /// keeps 32 bits of it, which tell apart any two snapshot ids below 2^32.
-    pub fn attr(&self, mut a: Attr) -> Attr {
-        a.ino = self.out(a.ino);
-        a.generation ^= self.id;
-        a
+    pub fn attr(&self, a: Attr) -> Attr {
+        attr_in(self.slot, self.id, a)
     }
+}
+
+/// `View::attr` of a view in `slot` of snapshot `id`.
+pub fn attr_in(slot: u64, id: u64, mut a: Attr) -> Attr {
+    a.ino |= slot << SHIFT;
+    a.generation ^= id;
+    a
 }
 
 /// A snapshot as the directory lists it.

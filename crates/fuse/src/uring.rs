@@ -76,8 +76,12 @@ const PREFIX: usize = IN_HEADER + OP_IN_MAX;
 /// The kernel wants at least max(8 KiB, max_write, max_pages pages): 1 MiB here; twice that
 /// leaves room should the kernel round differently. Pages never touched are never backed.
 const PAYLOAD: usize = 2 * crate::MAX_WRITE as usize;
-/// Ring entries per queue: one in the worker's hands while the next request is filled in.
-const DEPTH: usize = 2;
+/// Ring entries per queue: one in the worker's hands while the next request is filled in,
+/// and while threads of their own work out the replies of up to `DEPTH - 1` (`park`), one
+/// left to take the CPU's requests.
+/// The kernel hands a request to the entry that came back last, so the others cost nothing
+/// but their buffers, whose pages are never touched until a request comes in them.
+const DEPTH: usize = 4;
 
 const _: () = assert!(std::mem::size_of::<squeue::Entry128>() == 128);
 const _: () = assert!(PREFIX.is_multiple_of(8) && IN_HEADER.is_multiple_of(8));
@@ -102,6 +106,9 @@ pub struct Stats {
     /// Replies whose body the handler built in the entry's reply area (`with_reply_area`),
     /// sent without a copy.
     pub in_place: Counter,
+    /// Requests whose entry the worker parked while a thread of its own worked out the reply
+    /// (`park`, `long.rs`).
+    pub parked: Counter,
 }
 
 /// What a worker does with an entry whose command failed with `errno`.
@@ -238,14 +245,26 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_ne_bytes(a)
 }
 
-/// Takes the reply fuser sends for the request being dispatched.
-#[derive(Default)]
+/// Takes the reply fuser sends for the request in one ring entry: while its handler runs, or
+/// later from a thread of its own when the worker parked the entry (`park`).
 struct Capture {
-    /// The reply, once sent.
-    sent: Mutex<Option<Captured>>,
+    reply: Mutex<Pending>,
     /// The address of the payload area the request's handler was offered, if any: a reply
     /// body that is exactly there is already in place.
     area: AtomicUsize,
+    /// The entry's slot in its queue, and the queue's bell, which a reply to a parked entry
+    /// rings (None: this queue parks nothing).
+    slot: usize,
+    bell: Option<Arc<Bell>>,
+}
+
+/// Where an entry's reply is.
+enum Pending {
+    /// Not sent yet, while the handler runs.
+    Nothing,
+    /// Not sent yet, and the worker went on without it (`park`): the reply rings the bell.
+    Parked,
+    Sent(Captured),
 }
 
 /// A captured reply: its bytes (the `fuse_out_header` first), and when its body was built in
@@ -263,12 +282,46 @@ impl Captured {
 }
 
 impl Capture {
+    fn new(slot: usize, bell: Option<Arc<Bell>>) -> Capture {
+        Capture {
+            reply: Mutex::new(Pending::Nothing),
+            area: AtomicUsize::new(0),
+            slot,
+            bell,
+        }
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        // A panic while this is held leaves at worst a reply that is not sent: its request is
+        // answered EIO.
+        self.reply.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn expect_area(&self, addr: Option<usize>) {
         self.area.store(addr.unwrap_or(0), Ordering::Relaxed);
     }
 
+    /// The reply, if one was sent; the entry waits for its next request after this.
     fn take(&self) -> Option<Captured> {
-        self.sent.lock().unwrap_or_else(|p| p.into_inner()).take()
+        match std::mem::replace(&mut *self.pending(), Pending::Nothing) {
+            Pending::Sent(c) => Some(c),
+            Pending::Nothing | Pending::Parked => None,
+        }
+    }
+
+    /// After a dispatch whose handler asked to park: the reply, when it came already (the
+    /// job ended first, or ran here), else None and the entry is parked until it comes.
+    fn park(&self) -> Option<Captured> {
+        // The area's loan ended with the dispatch: a later reply's body is never in it.
+        self.expect_area(None);
+        let mut p = self.pending();
+        match std::mem::replace(&mut *p, Pending::Parked) {
+            Pending::Sent(c) => {
+                *p = Pending::Nothing;
+                Some(c)
+            }
+            Pending::Nothing | Pending::Parked => None,
+        }
     }
 }
 
@@ -298,9 +351,91 @@ impl ReplySink for Capture {
                 }
             }
         };
-        *self.sent.lock().unwrap_or_else(|p| p.into_inner()) = Some(captured);
+        let parked = {
+            let mut p = self.pending();
+            let parked = matches!(*p, Pending::Parked);
+            *p = Pending::Sent(captured);
+            parked
+        };
+        if parked {
+            if let Some(bell) = &self.bell {
+                bell.ring(self.slot);
+            }
+        }
         Ok(())
     }
+}
+
+/// How the reply to a parked entry reaches its worker, which waits in its ring: the entry's
+/// slot goes on `ready`, and a count on an eventfd that the ring always has a read of in
+/// flight (`BELL`) wakes the worker.
+struct Bell {
+    fd: OwnedFd,
+    ready: Mutex<Vec<usize>>,
+}
+
+impl Bell {
+    fn new() -> io::Result<Bell> {
+        // SAFETY: eventfd has no memory arguments.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor just made and owned by nothing else.
+        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        Ok(Bell {
+            fd,
+            ready: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn ready(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
+        self.ready.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn ring(&self, slot: usize) {
+        self.ready().push(slot);
+        let one = 1u64;
+        // SAFETY: eight bytes from a live u64. An eventfd write fails only when the count
+        // would pass 2^64 - 2, which one count per reply never reaches.
+        let _ = unsafe { libc::write(self.fd.as_raw_fd(), (&raw const one).cast(), 8) };
+    }
+
+    /// The slots whose replies came since the last look.
+    fn take(&self) -> Vec<usize> {
+        std::mem::take(&mut *self.ready())
+    }
+}
+
+/// The ring entry's user data of the bell's read (an entry's is its slot).
+const BELL: u64 = u64::MAX;
+
+/// Whether the request this thread dispatches may be parked, and whether its handler asked.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Park {
+    /// Not on a ring worker, or no entry of its queue would be left to take requests.
+    Closed,
+    Open,
+    Asked,
+}
+
+thread_local! {
+    static PARK: Cell<Park> = const { Cell::new(Park::Closed) };
+}
+
+/// Asks the ring worker dispatching this request not to wait for its reply: it parks the
+/// entry and goes on with its other entries, and the reply, sent from wherever, commits the
+/// entry when it comes (`long.rs`). False, nothing asked: not on a ring worker (fuser's
+/// own threads over /dev/fuse, each serving any caller), or this queue's other entries are
+/// parked already, so none would be left to take its CPU's requests.
+pub(crate) fn park() -> bool {
+    PARK.with(|p| {
+        let open = p.get() != Park::Closed;
+        if open {
+            p.set(Park::Asked);
+        }
+        open
+    })
 }
 
 thread_local! {
@@ -389,7 +524,12 @@ struct Queue<'a> {
     dev: i32,
     dispatcher: &'a Dispatcher<IdxFuse>,
     stats: &'a Stats,
-    capture: Arc<Capture>,
+    /// Each entry's, by slot.
+    captures: Vec<Arc<Capture>>,
+    /// None: the eventfd could not be made, and this queue parks nothing.
+    bell: Option<Arc<Bell>>,
+    /// Entries whose reply is being worked out on a thread of its own (`park`).
+    parked: usize,
     /// Where a request goes when its header and argument do not land 8-byte aligned.
     scratch: Vec<u64>,
     handoff: Handoff,
@@ -409,17 +549,32 @@ impl Queue<'_> {
         if let Some(cpu) = pin {
             crate::pin::pin_current_to(cpu);
         }
+        let bell = match Bell::new() {
+            Ok(b) => Some(Arc::new(b)),
+            Err(e) => {
+                eprintln!(
+                    "idxfs: io_uring queue {qid}: eventfd: {e}; long requests keep the worker"
+                );
+                None
+            }
+        };
         let mut q = Queue {
             qid,
             dev: dev.as_raw_fd(),
             dispatcher,
             stats,
-            capture: Arc::new(Capture::default()),
+            captures: (0..DEPTH)
+                .map(|slot| Arc::new(Capture::new(slot, bell.clone())))
+                .collect(),
+            bell,
+            parked: 0,
             scratch: Vec::new(),
             handoff: Handoff::new(handoff),
             recent,
         };
         if q.handoff.is_on() {
+            // Never wait for the engine's lock at SCHED_IDLE (`handoff::leave_idle`).
+            idxfs_engine::fs::on_lock_wait(Some(crate::handoff::leave_idle));
             recent.worker_hands_off();
         } else if handoff {
             stats.no_handoff.add(1);
@@ -427,6 +582,8 @@ impl Queue<'_> {
         // The entries outlive the ring (declared first, dropped last): closing the ring
         // cancels what the kernel still holds before the buffers go.
         let mut entries: Vec<Entry> = (0..DEPTH).map(|_| Entry::new()).collect();
+        // Where the ring reads the bell's count into; outlives the ring as the entries do.
+        let mut bell_count = Box::new(0u64);
         let mut ring: IoUring<squeue::Entry128, cqueue::Entry> = match IoUring::builder()
             .setup_single_issuer()
             .setup_defer_taskrun()
@@ -440,9 +597,10 @@ impl Queue<'_> {
                 return Ok(());
             }
         };
-        let r = q.run(&mut ring, &mut entries);
+        let r = q.run(&mut ring, &mut entries, &mut bell_count);
         drop(ring);
         drop(entries);
+        drop(bell_count);
         r
     }
 
@@ -450,19 +608,35 @@ impl Queue<'_> {
         &mut self,
         ring: &mut IoUring<squeue::Entry128, cqueue::Entry>,
         entries: &mut [Entry],
+        bell_count: &mut u64,
     ) -> io::Result<()> {
         let mut pending: Vec<squeue::Entry128> = entries
             .iter()
             .enumerate()
             .map(|(i, e)| command(self.dev, CMD_REGISTER, i, 0, self.qid, e))
             .collect();
+        // The bell's read stays in flight for the life of the ring (the read is re-armed as
+        // it completes); closing the ring cancels it.
+        let bell_read = self.bell.as_ref().map(|b| {
+            let read = opcode::Read::new(
+                types::Fd(b.fd.as_raw_fd()),
+                std::ptr::from_mut(bell_count).cast(),
+                8,
+            );
+            squeue::Entry128::from(read.build().user_data(BELL))
+        });
+        pending.extend(bell_read.clone());
         let mut live = entries.len();
         // Per entry: whether its command in flight is a registration (else a commit).
         let mut registering = vec![true; entries.len()];
         let mut done = Vec::with_capacity(entries.len());
         let mut complained = false;
         while live > 0 {
-            let hand_off = !pending.is_empty() && self.handoff.is_on() && self.recent.one_caller();
+            // Not while a request is parked: its thread computes on this CPU (`long.rs`).
+            let hand_off = !pending.is_empty()
+                && self.parked == 0
+                && self.handoff.is_on()
+                && self.recent.one_caller();
             for sqe in pending.drain(..) {
                 // SAFETY: the buffers the SQE points at (an entry's iovecs) live in `entries`,
                 // which outlives the ring.
@@ -518,6 +692,15 @@ impl Queue<'_> {
                     .map(|c| (c.user_data() as usize, c.result())),
             );
             for &(slot, res) in &done {
+                if slot as u64 == BELL {
+                    // Re-armed unless the ring is going away; a read that failed otherwise
+                    // (it does not) would leave parked entries to the next reply's count.
+                    if !matches!(-res, libc::ECANCELED | libc::ENXIO) {
+                        pending.extend(bell_read.clone());
+                    }
+                    self.commit_parked(entries, &mut pending);
+                    continue;
+                }
                 let (Some(e), Some(was_register)) =
                     (entries.get_mut(slot), registering.get_mut(slot))
                 else {
@@ -560,83 +743,131 @@ impl Queue<'_> {
                         self.handoff.normal();
                     }
                 }
-                let commit_id = self.handle(e);
+                let commit_id = self.handle(slot, e);
                 if self.handoff.starved() {
                     self.stats.starved.add(1);
                 }
-                pending.push(command(
-                    self.dev,
-                    CMD_COMMIT_AND_FETCH,
-                    slot,
-                    commit_id,
-                    self.qid,
-                    e,
-                ));
+                match commit_id {
+                    Some(id) => pending.push(command(
+                        self.dev,
+                        CMD_COMMIT_AND_FETCH,
+                        slot,
+                        id,
+                        self.qid,
+                        e,
+                    )),
+                    None => {
+                        self.parked += 1;
+                        self.stats.parked.add(1);
+                    }
+                }
             }
         }
         Ok(())
     }
 
-    /// Runs the request in `e` and leaves its reply there; returns the commit id.
-    fn handle(&mut self, e: &mut Entry) -> u64 {
+    /// Commits the entries whose replies came from threads of their own since the last look.
+    fn commit_parked(&mut self, entries: &mut [Entry], pending: &mut Vec<squeue::Entry128>) {
+        let Some(bell) = &self.bell else { return };
+        for slot in bell.take() {
+            let (Some(e), Some(capture)) = (entries.get_mut(slot), self.captures.get(slot)) else {
+                continue;
+            };
+            let reply = capture.take();
+            debug_assert!(
+                reply.is_some(),
+                "the bell rang for slot {slot} without a reply"
+            );
+            self.parked = self.parked.saturating_sub(1);
+            let commit_id = self.answer(e, reply);
+            pending.push(command(
+                self.dev,
+                CMD_COMMIT_AND_FETCH,
+                slot,
+                commit_id,
+                self.qid,
+                e,
+            ));
+        }
+    }
+
+    /// Runs the request in entry `slot` (`e`) and leaves its reply there; returns the commit
+    /// id, or None when its handler parked it (`park`) and the reply is still to come.
+    fn handle(&mut self, slot: usize, e: &mut Entry) -> Option<u64> {
         self.stats.requests.add(1);
+        let Some(capture) = self.captures.get(slot).cloned() else {
+            return Some(self.answer(e, None));
+        };
         // Disjoint fields: the header area is read while the request is built in `buf`.
         let h = bytes_of(&mut e.headers);
         let in_len = u32_at(h, 0) as usize;
-        let unique = u64_at(h, 8);
         // fuse_in_header: len, opcode, unique, nodeid, uid, gid, then the caller's pid.
         self.recent.request(u32_at(h, 32));
-        let commit_id = u64_at(h, ENT_IN_OUT_AT + 8);
         let payload = u32_at(h, ENT_IN_OUT_AT + 16) as usize;
         let op_len = in_len
             .checked_sub(IN_HEADER + payload)
             .filter(|&n| n <= OP_IN_MAX && payload <= PAYLOAD);
-        let reply = match op_len {
-            None => None,
-            Some(op_len) => {
-                let start = PREFIX - IN_HEADER - op_len;
-                let buf = bytes_of(&mut e.buf);
-                buf[start..start + IN_HEADER].copy_from_slice(&h[..IN_HEADER]);
-                buf[start + IN_HEADER..PREFIX].copy_from_slice(&h[OP_IN_AT..OP_IN_AT + op_len]);
-                // A request without a payload leaves the payload area free until its reply:
-                // the handler may build the reply's bytes there (`with_reply_area`).
-                let (front, area) = buf.split_at_mut(PREFIX);
-                let offered = (payload == 0).then(|| ReplyArea::offer(&mut area[..PAYLOAD]));
-                self.capture.expect_area(offered.as_ref().map(|a| a.addr));
-                let request: &[u8] = if payload == 0 && start.is_multiple_of(8) {
-                    &front[start..PREFIX]
-                } else if start.is_multiple_of(8) {
-                    // `offered` is None: nothing else points into the area.
-                    let buf = bytes_of(&mut e.buf);
-                    &buf[start..PREFIX + payload]
-                } else {
-                    let n = PREFIX + payload - start;
-                    self.scratch.clear();
-                    self.scratch.resize(n.div_ceil(8), 0);
-                    let s = bytes_of(&mut self.scratch);
-                    if payload == 0 {
-                        s[..n].copy_from_slice(&front[start..PREFIX]);
-                    } else {
-                        let buf = bytes_of(&mut e.buf);
-                        s[..n].copy_from_slice(&buf[start..PREFIX + payload]);
-                    }
-                    &s[..n]
-                };
-                let sink: Arc<dyn ReplySink> = self.capture.clone();
-                let sent = self.dispatcher.dispatch(request, sink);
-                // Before anything else touches the buffer: the area's loan ends here.
-                drop(offered);
-                match sent {
-                    Ok(()) => self.capture.take(),
-                    Err(_) => None,
-                }
-            }
+        let Some(op_len) = op_len else {
+            return Some(self.answer(e, None));
         };
+        let start = PREFIX - IN_HEADER - op_len;
+        let buf = bytes_of(&mut e.buf);
+        buf[start..start + IN_HEADER].copy_from_slice(&h[..IN_HEADER]);
+        buf[start + IN_HEADER..PREFIX].copy_from_slice(&h[OP_IN_AT..OP_IN_AT + op_len]);
+        // A request without a payload leaves the payload area free until its reply: the
+        // handler may build the reply's bytes there (`with_reply_area`).
+        let (front, area) = buf.split_at_mut(PREFIX);
+        let offered = (payload == 0).then(|| ReplyArea::offer(&mut area[..PAYLOAD]));
+        capture.expect_area(offered.as_ref().map(|a| a.addr));
+        let request: &[u8] = if payload == 0 && start.is_multiple_of(8) {
+            &front[start..PREFIX]
+        } else if start.is_multiple_of(8) {
+            // `offered` is None: nothing else points into the area.
+            let buf = bytes_of(&mut e.buf);
+            &buf[start..PREFIX + payload]
+        } else {
+            let n = PREFIX + payload - start;
+            self.scratch.clear();
+            self.scratch.resize(n.div_ceil(8), 0);
+            let s = bytes_of(&mut self.scratch);
+            if payload == 0 {
+                s[..n].copy_from_slice(&front[start..PREFIX]);
+            } else {
+                let buf = bytes_of(&mut e.buf);
+                s[..n].copy_from_slice(&buf[start..PREFIX + payload]);
+            }
+            &s[..n]
+        };
+        // One entry stays to take this CPU's requests while the others are parked.
+        let may_park = self.bell.is_some() && self.parked + 1 < DEPTH;
+        PARK.with(|p| p.set(if may_park { Park::Open } else { Park::Closed }));
+        let sink: Arc<dyn ReplySink> = capture.clone();
+        let sent = self.dispatcher.dispatch(request, sink);
+        let asked = PARK.with(|p| p.replace(Park::Closed)) == Park::Asked;
+        // Before anything else touches the buffer: the area's loan ends here.
+        drop(offered);
+        let reply = match sent {
+            Ok(()) if asked => match capture.park() {
+                None => return None,
+                r => r,
+            },
+            Ok(()) => capture.take(),
+            Err(_) => None,
+        };
+        Some(self.answer(e, reply))
+    }
+
+    /// Leaves `reply` in `e` for its commit (EIO when there is none: a request we could not
+    /// parse, or no reply), and returns the commit id. The entry's header area still holds
+    /// the request's.
+    fn answer(&mut self, e: &mut Entry, reply: Option<Captured>) -> u64 {
+        let h = bytes_of(&mut e.headers);
+        let unique = u64_at(h, 8);
+        let commit_id = u64_at(h, ENT_IN_OUT_AT + 8);
         let reply = match reply {
             Some(r) if r.bytes.len() >= OUT_HEADER && r.body_len() <= PAYLOAD => r,
             _ => {
-                // A request we could not parse, or no reply: answer EIO so the caller does not
-                // wait forever and the entry goes back to the kernel.
+                // The caller must not wait forever, and the entry goes back to the kernel.
                 self.stats.malformed.add(1);
                 let mut r = Vec::with_capacity(OUT_HEADER);
                 r.extend_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
@@ -649,7 +880,6 @@ impl Queue<'_> {
             }
         };
         let body = reply.body_len();
-        let h = bytes_of(&mut e.headers);
         h[..OUT_HEADER].copy_from_slice(&reply.bytes[..OUT_HEADER]);
         h[ENT_IN_OUT_AT + 16..ENT_IN_OUT_AT + 20].copy_from_slice(&(body as u32).to_ne_bytes());
         match reply.in_place {
