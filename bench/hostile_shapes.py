@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Shapes an unprivileged user can make in seconds, against a mounted idxfs (or any file
 system): a chain of directories DEPTH deep, and a file of EXTENTS extents copied
-(copy_file_range), punched and truncated while another thread creates a file every
+(copy_file_range), punched, truncated and unlinked while another thread creates a file every
 millisecond. Prints the times and the creates' latency beside each (docs/benchmarks.md,
 "Hostile shapes").
 
@@ -78,10 +78,13 @@ def extents(root, extents):
     os.sched_setaffinity(0, {0})
     steps = [("copy_file_range of it", lambda: copy("copy1")),
              ("punch of all of a copy", lambda: punch("copy1")),
-             ("truncate of a copy to 0", lambda: truncate("copy2"))]
+             ("truncate of a copy to 0", lambda: truncate("copy2")),
+             ("unlink of a copy", lambda: os.unlink(os.path.join(root, "copy3")))]
     for (what, action), cpu in [(s, c) for c in (0, 1) for s in steps]:
         if what.startswith("truncate"):
             copy("copy2")
+        if what.startswith("unlink"):
+            copy("copy3")
         lat, stop = [], threading.Event()
 
         def creator():
